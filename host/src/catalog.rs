@@ -1,0 +1,209 @@
+//! Catalog: what is installed in a plugin directory.
+//!
+//! Owns loading every `*.wasm` file of a directory, its sha256 digest and its
+//! checked descriptors, and availability: a Tool id claimed by exactly one
+//! component is installed; an id claimed by two or more is ambiguous and none
+//! of the claimants is used (never first-wins). A bad file is refused with its
+//! reason and the other plugins still load.
+//!
+//! Architecture invariant: the catalog knows nothing of agents, visibility or
+//! permission, and never compiles or instantiates a component.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use sha2::{Digest as _, Sha256};
+
+use crate::descriptor::{self, CheckedTool, DescriptorError};
+
+/// Largest component file accepted.
+pub const MAX_COMPONENT_BYTES: u64 = 256 << 20;
+
+/// A sha256 digest, shown as lowercase hex.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Digest(pub [u8; 32]);
+
+impl Digest {
+    /// The digest of `bytes`.
+    pub fn of(bytes: &[u8]) -> Self {
+        Digest(Sha256::digest(bytes).into())
+    }
+    /// Lowercase hex.
+    pub fn hex(&self) -> String {
+        hex::encode(self.0)
+    }
+    /// Parse lowercase or uppercase hex.
+    pub fn from_hex(s: &str) -> Option<Self> {
+        let v = hex::decode(s).ok()?;
+        Some(Digest(v.try_into().ok()?))
+    }
+}
+
+impl std::fmt::Debug for Digest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "sha256:{}", self.hex())
+    }
+}
+
+impl std::fmt::Display for Digest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "sha256:{}", self.hex())
+    }
+}
+
+/// One loaded component file.
+#[derive(Debug)]
+pub struct Component {
+    /// Where it was loaded from.
+    pub path: PathBuf,
+    /// sha256 of the file's bytes as loaded.
+    pub digest: Digest,
+    /// Its Tools.
+    pub tools: Vec<Arc<CheckedTool>>,
+}
+
+/// An installed Tool: its checked descriptor and the one component that implements it.
+#[derive(Debug, Clone)]
+pub struct InstalledTool {
+    /// Descriptor, declared capabilities and argument validator.
+    pub tool: Arc<CheckedTool>,
+    /// The implementing component.
+    pub component: Arc<Component>,
+}
+
+/// Availability of one Tool id.
+#[derive(Debug, Clone)]
+pub enum Availability {
+    /// Exactly one component implements it.
+    Installed(InstalledTool),
+    /// Several components claim it; none is used.
+    Ambiguous(Vec<PathBuf>),
+}
+
+/// A file that could not be loaded.
+#[derive(Debug, Clone)]
+pub struct Refused {
+    /// The file.
+    pub path: PathBuf,
+    /// Why, and what to do.
+    pub reason: String,
+}
+
+/// Errors that stop loading a directory as a whole.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    /// The directory cannot be read.
+    #[error("cannot read plugin directory {}: {source}; check `plugins` in the config", path.display())]
+    Directory {
+        /// The directory.
+        path: PathBuf,
+        /// The IO error.
+        source: std::io::Error,
+    },
+}
+
+/// Everything installed in one plugin directory, as loaded at one moment.
+#[derive(Debug, Default)]
+pub struct Catalog {
+    dir: PathBuf,
+    components: Vec<Arc<Component>>,
+    tools: BTreeMap<String, Availability>,
+    refused: Vec<Refused>,
+}
+
+impl Catalog {
+    /// Load every `*.wasm` file of `dir` (not recursive), in file-name order.
+    pub fn load(dir: &Path) -> Result<Catalog, CatalogError> {
+        let entries = std::fs::read_dir(dir)
+            .map_err(|source| CatalogError::Directory { path: dir.to_owned(), source })?;
+        let mut paths: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "wasm"))
+            .collect();
+        paths.sort();
+        let mut catalog = Catalog { dir: dir.to_owned(), ..Default::default() };
+        for path in paths {
+            match load_file(&path) {
+                Ok(c) => catalog.components.push(Arc::new(c)),
+                Err(reason) => catalog.refused.push(Refused { path, reason }),
+            }
+        }
+        catalog.index();
+        Ok(catalog)
+    }
+
+    /// A catalog of already loaded components (tests, embedding hosts).
+    pub fn from_components(components: Vec<Component>) -> Catalog {
+        let mut catalog = Catalog {
+            components: components.into_iter().map(Arc::new).collect(),
+            ..Default::default()
+        };
+        catalog.index();
+        catalog
+    }
+
+    fn index(&mut self) {
+        let mut claims: BTreeMap<String, Vec<InstalledTool>> = BTreeMap::new();
+        for c in &self.components {
+            for t in &c.tools {
+                claims
+                    .entry(t.id().to_owned())
+                    .or_default()
+                    .push(InstalledTool { tool: t.clone(), component: c.clone() });
+            }
+        }
+        self.tools = claims
+            .into_iter()
+            .map(|(id, mut claimants)| {
+                let a = if claimants.len() == 1 {
+                    Availability::Installed(claimants.remove(0))
+                } else {
+                    Availability::Ambiguous(claimants.iter().map(|c| c.component.path.clone()).collect())
+                };
+                (id, a)
+            })
+            .collect();
+    }
+
+    /// The plugin directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+    /// Availability of `id`, if any component claims it.
+    pub fn get(&self, id: &str) -> Option<&Availability> {
+        self.tools.get(id)
+    }
+    /// Every claimed id with its availability, sorted by id.
+    pub fn tools(&self) -> impl Iterator<Item = (&str, &Availability)> {
+        self.tools.iter().map(|(k, v)| (k.as_str(), v))
+    }
+    /// Loaded components.
+    pub fn components(&self) -> &[Arc<Component>] {
+        &self.components
+    }
+    /// Refused files with reasons.
+    pub fn refused(&self) -> &[Refused] {
+        &self.refused
+    }
+}
+
+/// Read one file: size bound, digest, metadata. The error is the reason.
+pub fn load_file(path: &Path) -> Result<Component, String> {
+    let bytes = read_bounded(path)?;
+    let digest = Digest::of(&bytes);
+    let tools = descriptor::read_metadata(&bytes).map_err(|e: DescriptorError| e.to_string())?;
+    Ok(Component { path: path.to_owned(), digest, tools })
+}
+
+/// Read a component file, refusing anything over [`MAX_COMPONENT_BYTES`].
+pub fn read_bounded(path: &Path) -> Result<Vec<u8>, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read: {e}"))?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    if meta.len() > MAX_COMPONENT_BYTES {
+        return Err(format!("{} bytes, more than the {MAX_COMPONENT_BYTES} allowed", meta.len()));
+    }
+    std::fs::read(path).map_err(|e| format!("cannot read: {e}"))
+}

@@ -1,0 +1,444 @@
+//! Runtime: the path of one call, top to bottom (DESIGN.md "The path of one call").
+//!
+//! ```text
+//! snapshot ─► descriptor ─► availability & capability filter ─► argument validation
+//!          ─► gate ─┬─ Allow ─────────────► executor ─► Step commit
+//!                   ├─ Deny ──────────────► blocked result ─► Step commit
+//!                   └─ RequireConfirmation ► Awaiting + ResumeTicket ─► Step commit
+//! ```
+//!
+//! Owns the sequence and nothing else: each decision is made by its own module
+//! (snapshot, gate, executor, commit) and this module only calls them in
+//! order. Every call that reaches a Tool ends in exactly one Step commit.
+//!
+//! Architecture invariant: there is no path from a call to the executor that
+//! does not pass the gate; approval of a ticket goes through the gate again
+//! (`gate::decide_resumed`), so a Deny rule in force wins over an approval.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::commit::{AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, StateChange, StepStore, TicketError};
+use crate::executor::{Captured, Content, Execution, Executor, ExecutorError, GuestCommand};
+use crate::gate::{self, GateOutcome, ToolCall, ToolPermissionVerdict};
+use crate::narrowing::ToolCapabilityNarrowing;
+use crate::snapshot::{Candidate, ExecutableAgentSnapshot};
+
+/// Largest state key a Command may write.
+pub const MAX_STATE_KEY: usize = 256;
+
+/// What a call ended as. Every variant was committed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepResult {
+    /// The Tool's output.
+    Output {
+        /// Journal sequence.
+        seq: i64,
+        /// Content for the model.
+        content: Content,
+    },
+    /// A Tool error the model reads (invalid arguments, failure, trap, timeout, OOM).
+    ToolError {
+        /// Journal sequence.
+        seq: i64,
+        /// Model-visible message.
+        message: String,
+    },
+    /// The gate or the filter blocked it; the model reads the reason.
+    Blocked {
+        /// Journal sequence.
+        seq: i64,
+        /// Why.
+        reason: String,
+    },
+    /// A human must approve; the ticket resumes it.
+    Awaiting {
+        /// Journal sequence.
+        seq: i64,
+        /// The ticket id.
+        ticket: String,
+        /// Unix seconds.
+        expires_at: i64,
+    },
+}
+
+impl StepResult {
+    /// The text the model reads.
+    pub fn model_text(&self) -> String {
+        match self {
+            StepResult::Output { content: Content::Json(v), .. } => v.to_string(),
+            StepResult::Output { content: Content::Text(t), .. } => t.clone(),
+            StepResult::ToolError { message, .. } => message.clone(),
+            StepResult::Blocked { reason, .. } => format!("blocked: {reason}"),
+            StepResult::Awaiting { ticket, .. } => {
+                format!("awaiting human approval; approve with `toolgate approve {ticket}`")
+            }
+        }
+    }
+}
+
+/// Errors for which someone outside the agent loop must act. Nothing about
+/// them is a Tool result.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The Tool is not visible or not installed: to the model it does not exist.
+    #[error("unknown tool `{0}`; `toolgate list` shows the tools this agent can call")]
+    UnknownTool(String),
+    /// The executor could not run the call (committed as an executor error).
+    #[error(transparent)]
+    Executor(#[from] ExecutorError),
+    /// A ticket cannot be used.
+    #[error(transparent)]
+    Ticket(#[from] TicketError),
+    /// The journal failed.
+    #[error(transparent)]
+    Commit(#[from] CommitError),
+    /// The stored call belongs to another agent than this runtime serves.
+    #[error("ticket belongs to agent `{ticket_agent}`; run this with `--agent {ticket_agent}`")]
+    WrongAgent {
+        /// The ticket's agent.
+        ticket_agent: String,
+    },
+}
+
+/// One agent's runtime over an executor and a store.
+pub struct Runtime {
+    snapshot: ExecutableAgentSnapshot,
+    executor: Arc<Executor>,
+    store: Arc<dyn StepStore>,
+    ticket_ttl_secs: i64,
+}
+
+/// A run: a sequence of steps under one narrowing.
+pub struct Run<'r> {
+    runtime: &'r Runtime,
+    id: String,
+    snapshot: ExecutableAgentSnapshot,
+}
+
+/// A random id with `prefix` (128 bits: unguessable, so a ticket id is a capability).
+pub fn new_id(prefix: &str) -> String {
+    let mut b = [0u8; 16];
+    // The OS RNG failing is not recoverable for id generation.
+    if getrandom::fill(&mut b).is_err() {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        b = t.to_le_bytes();
+    }
+    format!("{prefix}-{}", hex::encode(b))
+}
+
+impl Runtime {
+    /// A runtime for `snapshot`.
+    pub fn new(snapshot: ExecutableAgentSnapshot, executor: Arc<Executor>, store: Arc<dyn StepStore>, ticket_ttl_secs: u64) -> Self {
+        Runtime { snapshot, executor, store, ticket_ttl_secs: ticket_ttl_secs as i64 }
+    }
+
+    /// The agent's snapshot.
+    pub fn snapshot(&self) -> &ExecutableAgentSnapshot {
+        &self.snapshot
+    }
+    /// The executor.
+    pub fn executor(&self) -> &Arc<Executor> {
+        &self.executor
+    }
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn StepStore> {
+        &self.store
+    }
+
+    /// Descriptors the model sees.
+    pub fn list(&self) -> Vec<toolgate_sdk::ToolDescriptor> {
+        self.snapshot.list(&|d| self.executor.unhealthy(d))
+    }
+
+    /// Start a run, optionally narrowed (e.g. `DenyAll`: tools disabled).
+    pub fn start_run(&self, id: Option<String>, narrowing: ToolCapabilityNarrowing) -> Result<Run<'_>, CommitError> {
+        let id = id.unwrap_or_else(|| new_id("run"));
+        let snapshot = self.snapshot.narrowed(narrowing);
+        let n = match snapshot.narrowing() {
+            ToolCapabilityNarrowing::Configured => "configured",
+            ToolCapabilityNarrowing::DenyAll => "deny-all",
+        };
+        self.store.begin_run(&id, self.snapshot.agent(), n)?;
+        Ok(Run { runtime: self, id, snapshot })
+    }
+
+    /// Approve a ticket: execute exactly the stored call, once.
+    pub async fn approve(&self, ticket_id: &str) -> Result<StepResult, CallError> {
+        let ticket = self.claim(ticket_id)?;
+        let r = ticket.record().clone();
+        let snapshot = self.snapshot.clone();
+        let call = ToolCall {
+            call_id: r.call_id.clone(),
+            tool_id: r.tool_id.clone(),
+            // Stored by us from a Value; unreadable JSON cannot match the digest below.
+            arguments: serde_json::from_str(&r.arguments).unwrap_or(Value::Null),
+        };
+        let step = Step { run_id: &r.run_id, agent: &r.agent, call: &call };
+        let candidate = match snapshot.candidate(&call.tool_id, &|d| self.executor.unhealthy(d)) {
+            Ok(c) => c,
+            Err(removal) => {
+                let reason = format!("`{}` is no longer available: {removal}", call.tool_id);
+                let seq = step.commit_resolved(self, ticket, "none", OutcomeKind::Blocked, &reason, &Captured::default(), &[])?;
+                return Ok(StepResult::Blocked { seq, reason });
+            }
+        };
+        if ticket.component_digest() != &candidate.installed.component.digest {
+            let err = TicketError::ComponentChanged {
+                ticket: ticket_id.to_owned(),
+                tool: call.tool_id.clone(),
+                was: ticket.component_digest().to_string(),
+                now: candidate.installed.component.digest.to_string(),
+            };
+            step.commit_resolved(self, ticket, "none", OutcomeKind::Blocked, &err.to_string(), &Captured::default(), &[])?;
+            return Err(err.into());
+        }
+        let verdict = gate::decide_resumed(&snapshot, &candidate, &call, &ticket);
+        match GateOutcome::from_verdict(verdict, candidate, call.clone()) {
+            GateOutcome::Execute(allowed) => {
+                let state = self.store.tool_state(&r.agent, &call.tool_id)?;
+                let exec = self.executor.execute(&allowed, state).await;
+                step.finish(self, Some(ticket), exec)
+            }
+            GateOutcome::Blocked { reason } => {
+                let seq = step.commit_resolved(self, ticket, "deny", OutcomeKind::Blocked, &reason, &Captured::default(), &[])?;
+                Ok(StepResult::Blocked { seq, reason })
+            }
+            // decide_resumed never asks again; treat it as a block rather than loop.
+            GateOutcome::AwaitConfirmation { .. } => {
+                let reason = "the approval could not be applied".to_owned();
+                let seq = step.commit_resolved(self, ticket, "ask", OutcomeKind::Blocked, &reason, &Captured::default(), &[])?;
+                Ok(StepResult::Blocked { seq, reason })
+            }
+        }
+    }
+
+    /// Deny a ticket: commit a blocked result; nothing executes.
+    pub fn deny(&self, ticket_id: &str, reason: &str) -> Result<StepResult, CallError> {
+        let ticket = self.claim(ticket_id)?;
+        let r = ticket.record().clone();
+        let call = ToolCall {
+            call_id: r.call_id.clone(),
+            tool_id: r.tool_id.clone(),
+            arguments: serde_json::from_str(&r.arguments).unwrap_or(Value::Null),
+        };
+        let step = Step { run_id: &r.run_id, agent: &r.agent, call: &call };
+        let reason = format!("a human denied `{}`: {reason}", call.tool_id);
+        let seq = step.commit_resolved(self, ticket, "deny", OutcomeKind::Blocked, &reason, &Captured::default(), &[])?;
+        Ok(StepResult::Blocked { seq, reason })
+    }
+
+    fn claim(&self, ticket_id: &str) -> Result<ClaimedTicket, CallError> {
+        let ticket = self.store.claim_ticket(ticket_id, crate::commit::now())??;
+        if ticket.record().agent != self.snapshot.agent() {
+            let ticket_agent = ticket.record().agent.clone();
+            // Not ours to resolve: put nothing back into play, but say whose it is.
+            self.store.abandon_ticket(ticket, "claimed by the wrong agent")?;
+            return Err(CallError::WrongAgent { ticket_agent });
+        }
+        Ok(ticket)
+    }
+}
+
+impl Run<'_> {
+    /// The run id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Make one call: the whole path of DESIGN.md, ending in one Step commit.
+    pub async fn call(&self, tool_id: &str, arguments: Value) -> Result<StepResult, CallError> {
+        let rt = self.runtime;
+        let call = ToolCall { call_id: new_id("call"), tool_id: tool_id.to_owned(), arguments: normalize(arguments) };
+        let step = Step { run_id: &self.id, agent: self.snapshot.agent(), call: &call };
+
+        // 1. Visibility and availability: can only remove.
+        let candidate = match self.snapshot.candidate(tool_id, &|d| rt.executor.unhealthy(d)) {
+            Ok(c) => c,
+            Err(r) if r.is_unknown_to_model() => return Err(CallError::UnknownTool(tool_id.to_owned())),
+            Err(removal) => {
+                let reason = format!("`{tool_id}` is unavailable: {removal}");
+                let seq = step.commit(rt, "none", OutcomeKind::Blocked, &reason, &Captured::default(), &[], None)?;
+                return Ok(StepResult::Blocked { seq, reason });
+            }
+        };
+
+        // 2. Arguments against the descriptor's schema: before the gate, nothing instantiated.
+        if let Err(message) = candidate.installed.tool.validate_arguments(&call.arguments) {
+            let seq = step.commit(rt, "none", OutcomeKind::ToolError, &message, &Captured::default(), &[], None)?;
+            return Ok(StepResult::ToolError { seq, message });
+        }
+
+        // 3. The gate on the exact call.
+        let verdict = gate::decide(&self.snapshot, &candidate, &call);
+        let verdict_name = verdict_name(&verdict);
+        match GateOutcome::from_verdict(verdict, candidate.clone(), call.clone()) {
+            // 4. Effect and durable result.
+            GateOutcome::Execute(allowed) => {
+                let state = rt.store.tool_state(self.snapshot.agent(), tool_id)?;
+                let exec = rt.executor.execute(&allowed, state).await;
+                step.finish(rt, None, exec)
+            }
+            GateOutcome::Blocked { reason } => {
+                let seq = step.commit(rt, verdict_name, OutcomeKind::Blocked, &reason, &Captured::default(), &[], None)?;
+                Ok(StepResult::Blocked { seq, reason })
+            }
+            GateOutcome::AwaitConfirmation { correlation_id } => {
+                let awaiting = awaiting_record(rt, &self.id, self.snapshot.agent(), &call, &candidate, &correlation_id);
+                let text = format!("awaiting approval: ticket {}", awaiting.ticket_id);
+                let seq = step.commit(rt, verdict_name, OutcomeKind::Awaiting, &text, &Captured::default(), &[], Some(&awaiting))?;
+                Ok(StepResult::Awaiting { seq, ticket: awaiting.ticket_id, expires_at: awaiting.expires_at })
+            }
+        }
+    }
+}
+
+fn awaiting_record(rt: &Runtime, run_id: &str, agent: &str, call: &ToolCall, candidate: &Candidate, correlation_id: &str) -> AwaitingRecord {
+    AwaitingRecord {
+        ticket_id: new_id("tkt"),
+        run_id: run_id.to_owned(),
+        agent: agent.to_owned(),
+        call_id: correlation_id.to_owned(),
+        tool_id: call.tool_id.clone(),
+        arguments: call.arguments.to_string(),
+        argument_digest: gate::argument_digest(&call.arguments),
+        component_digest: candidate.installed.component.digest,
+        expires_at: crate::commit::now() + rt.ticket_ttl_secs,
+        state: "pending".into(),
+    }
+}
+
+/// JSON `null` arguments mean `{}`.
+fn normalize(arguments: Value) -> Value {
+    match arguments {
+        Value::Null => Value::Object(Default::default()),
+        v => v,
+    }
+}
+
+fn verdict_name(v: &ToolPermissionVerdict) -> &'static str {
+    match v {
+        ToolPermissionVerdict::Allow => "allow",
+        ToolPermissionVerdict::Deny { .. } => "deny",
+        ToolPermissionVerdict::RequireConfirmation { .. } => "ask",
+    }
+}
+
+/// The step being committed: the one place results reach the store.
+struct Step<'a> {
+    run_id: &'a str,
+    agent: &'a str,
+    call: &'a ToolCall,
+}
+
+impl Step<'_> {
+    #[allow(clippy::too_many_arguments)]
+    fn commit(
+        &self,
+        rt: &Runtime,
+        verdict: &str,
+        outcome: OutcomeKind,
+        result: &str,
+        captured: &Captured,
+        changes: &[StateChange],
+        awaiting: Option<&AwaitingRecord>,
+    ) -> Result<i64, CommitError> {
+        let args = self.call.arguments.to_string();
+        let captured = serde_json::to_string(captured).unwrap_or_default();
+        let step = self.new_step(verdict, outcome, result, &args, &captured);
+        rt.store.commit_step(&step, changes, awaiting)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn commit_resolved(
+        &self,
+        rt: &Runtime,
+        ticket: ClaimedTicket,
+        verdict: &str,
+        outcome: OutcomeKind,
+        result: &str,
+        captured: &Captured,
+        changes: &[StateChange],
+    ) -> Result<i64, CommitError> {
+        let args = self.call.arguments.to_string();
+        let captured = serde_json::to_string(captured).unwrap_or_default();
+        let step = self.new_step(verdict, outcome, result, &args, &captured);
+        rt.store.resolve_ticket(ticket, &step, changes)
+    }
+
+    fn new_step<'s>(&'s self, verdict: &'s str, outcome: OutcomeKind, result: &'s str, args: &'s str, captured: &'s str) -> NewStep<'s> {
+        NewStep {
+            run_id: self.run_id,
+            agent: self.agent,
+            call_id: &self.call.call_id,
+            tool_id: &self.call.tool_id,
+            arguments: args,
+            verdict,
+            outcome,
+            result,
+            captured,
+        }
+    }
+
+    /// Commit an execution: output with its Commands, or the failure.
+    fn finish(&self, rt: &Runtime, ticket: Option<ClaimedTicket>, exec: Result<Execution, ExecutorError>) -> Result<StepResult, CallError> {
+        let commit = |outcome: OutcomeKind, text: &str, captured: &Captured, changes: &[StateChange], ticket: Option<ClaimedTicket>| match ticket {
+            Some(t) => self.commit_resolved(rt, t, "allow", outcome, text, captured, changes),
+            None => self.commit(rt, "allow", outcome, text, captured, changes, None),
+        };
+        let exec = match exec {
+            Ok(e) => e,
+            Err(e) => {
+                // Someone must act (reload, rebuild); the journal still says what happened.
+                commit(OutcomeKind::ExecutorError, &e.to_string(), &Captured::default(), &[], ticket)?;
+                return Err(e.into());
+            }
+        };
+        match exec.result {
+            Ok(out) => match scope_commands(&self.call.tool_id, out.commands) {
+                Ok(changes) => {
+                    let text = match &out.content {
+                        Content::Json(v) => v.to_string(),
+                        Content::Text(t) => t.clone(),
+                    };
+                    let seq = commit(OutcomeKind::Output, &text, &exec.captured, &changes, ticket)?;
+                    Ok(StepResult::Output { seq, content: out.content })
+                }
+                Err(message) => {
+                    let seq = commit(OutcomeKind::ToolError, &message, &exec.captured, &[], ticket)?;
+                    Ok(StepResult::ToolError { seq, message })
+                }
+            },
+            Err(failure) => {
+                let message = failure.to_string();
+                let seq = commit(OutcomeKind::ToolError, &message, &exec.captured, &[], ticket)?;
+                Ok(StepResult::ToolError { seq, message })
+            }
+        }
+    }
+}
+
+/// Check every Command is in the called Tool's own scope; one that is not
+/// turns the whole call into a Tool error and nothing changes.
+fn scope_commands(tool_id: &str, commands: Vec<GuestCommand>) -> Result<Vec<StateChange>, String> {
+    let mut out = Vec::with_capacity(commands.len());
+    for c in commands {
+        if c.scope != tool_id {
+            return Err(format!(
+                "`{tool_id}` returned a Command for the state of `{}`, outside its own scope; nothing was changed",
+                c.scope
+            ));
+        }
+        if c.key.is_empty() || c.key.len() > MAX_STATE_KEY {
+            return Err(format!("`{tool_id}` returned a Command with an empty or over-long key; nothing was changed"));
+        }
+        if let Some(v) = &c.value
+            && serde_json::from_str::<serde::de::IgnoredAny>(v).is_err()
+        {
+            return Err(format!("`{tool_id}` returned a Command for key `{}` whose value is not JSON; nothing was changed", c.key));
+        }
+        out.push(StateChange { key: c.key, value: c.value });
+    }
+    Ok(out)
+}

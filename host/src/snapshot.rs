@@ -1,0 +1,274 @@
+//! Snapshot & filter: what one agent sees, and which candidates survive.
+//!
+//! Owns [`ExecutableAgentSnapshot`], an immutable view built from the config
+//! and a loaded [`Catalog`]: the agent's visible set, its policy, its
+//! narrowing and the host's grants. A reload builds a new snapshot; nobody
+//! mutates one. The availability & capability filter ([`ExecutableAgentSnapshot::candidate`])
+//! removes candidates that are not visible, not installed, ambiguous,
+//! unhealthy, or declare authority the host does not grant — each with a reason.
+//!
+//! Architecture invariant: the filter can only remove. Its output, a
+//! [`Candidate`], is not permission: only the gate turns a candidate into an
+//! executable call, and only on Allow.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
+use toolgate_sdk::{DeclaredCapabilities, ToolDescriptor};
+
+use crate::catalog::{Availability, Catalog, InstalledTool};
+use crate::config::{AgentConfig, Config, ConfigError, Grant};
+use crate::narrowing::{Access, CapabilitySet, ToolCapabilityNarrowing};
+use crate::policy::Policy;
+
+/// Why a Tool is not a candidate for a call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Removal {
+    /// The agent may not see it.
+    #[error("not visible to this agent")]
+    NotVisible,
+    /// No component implements it.
+    #[error("not installed")]
+    NotInstalled,
+    /// Several components claim it.
+    #[error("ambiguous: claimed by {}; remove all but one", .0.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))]
+    Ambiguous(Vec<PathBuf>),
+    /// Its component failed to load into the engine.
+    #[error("unhealthy: {0}")]
+    Unhealthy(String),
+    /// It declares authority the host does not grant.
+    #[error("not granted: {0}")]
+    NotGranted(String),
+}
+
+impl Removal {
+    /// Whether the model should see this as an unknown tool (it may not know
+    /// the Tool exists at all).
+    pub fn is_unknown_to_model(&self) -> bool {
+        matches!(self, Removal::NotVisible | Removal::NotInstalled)
+    }
+}
+
+/// A Tool that passed the filter: installed, visible, healthy, and whose
+/// declared authority the host grants. Not permission.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    /// The installed Tool.
+    pub installed: InstalledTool,
+    /// Declared ∩ granted: the most authority a call may hold.
+    pub authority: CapabilitySet,
+    /// The directory grants behind `authority` (guest path → host directory).
+    pub mounts: Vec<crate::config::DirectoryGrant>,
+}
+
+impl Candidate {
+    /// The descriptor.
+    pub fn descriptor(&self) -> &ToolDescriptor {
+        &self.installed.tool.metadata.descriptor
+    }
+}
+
+/// One line of `list --all`.
+#[derive(Debug, Clone)]
+pub struct Listing {
+    /// The Tool id.
+    pub id: String,
+    /// Its descriptor, when exactly one component declares it.
+    pub descriptor: Option<ToolDescriptor>,
+    /// The component file(s).
+    pub files: Vec<PathBuf>,
+    /// `None` when the model sees it; otherwise why not.
+    pub removed: Option<Removal>,
+}
+
+/// An agent's immutable view of the installed Tools.
+#[derive(Debug, Clone)]
+pub struct ExecutableAgentSnapshot {
+    agent: String,
+    visible: GlobSet,
+    policy: Arc<Policy>,
+    narrowing: ToolCapabilityNarrowing,
+    grants: Arc<Vec<(globset::GlobMatcher, Grant)>>,
+    catalog: Arc<Catalog>,
+}
+
+fn glob(pattern: &str) -> Result<globset::Glob, globset::Error> {
+    GlobBuilder::new(pattern).literal_separator(false).build()
+}
+
+impl ExecutableAgentSnapshot {
+    /// The snapshot of agent `agent` over `catalog`.
+    pub fn build(config: &Config, agent: &str, catalog: Arc<Catalog>) -> Result<Self, ConfigError> {
+        let a: &AgentConfig = config.agent(agent)?;
+        let field = |field: String, message: String| ConfigError::Field {
+            path: config.source.clone().unwrap_or_default(),
+            field,
+            message,
+        };
+        let mut visible = GlobSetBuilder::new();
+        for (i, v) in a.visible.iter().enumerate() {
+            visible.add(glob(v).map_err(|e| field(format!("agents.{agent}.visible[{i}]"), e.to_string()))?);
+        }
+        let visible = visible
+            .build()
+            .map_err(|e| field(format!("agents.{agent}.visible"), e.to_string()))?;
+        let policy = Policy::new(&a.rules, a.default)
+            .map_err(|e| field(format!("agents.{agent}.rules"), e.to_string()))?;
+        let mut grants = Vec::new();
+        for (i, g) in config.grants.iter().enumerate() {
+            let m = glob(&g.tools)
+                .map_err(|e| field(format!("grants[{i}].tools"), e.to_string()))?
+                .compile_matcher();
+            grants.push((m, g.clone()));
+        }
+        Ok(ExecutableAgentSnapshot {
+            agent: agent.to_owned(),
+            visible,
+            policy: Arc::new(policy),
+            narrowing: a.narrowing,
+            grants: Arc::new(grants),
+            catalog,
+        })
+    }
+
+    /// The same view with a run's narrowing merged in: it can only narrow.
+    pub fn narrowed(&self, run: ToolCapabilityNarrowing) -> Self {
+        let mut s = self.clone();
+        s.narrowing = s.narrowing.merge(run);
+        s
+    }
+
+    /// The agent's name.
+    pub fn agent(&self) -> &str {
+        &self.agent
+    }
+    /// The agent's policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+    /// The effective narrowing (agent ∧ run).
+    pub fn narrowing(&self) -> ToolCapabilityNarrowing {
+        self.narrowing
+    }
+    /// The catalog this view was built over.
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
+    /// Whether the model may see `id`.
+    pub fn is_visible(&self, id: &str) -> bool {
+        self.visible.is_match(id)
+    }
+
+    /// The availability & capability filter for one Tool id. `unhealthy`
+    /// reports a component the executor could not load.
+    pub fn candidate(
+        &self,
+        id: &str,
+        unhealthy: &dyn Fn(&crate::catalog::Digest) -> Option<String>,
+    ) -> Result<Candidate, Removal> {
+        if !self.is_visible(id) {
+            return Err(Removal::NotVisible);
+        }
+        let installed = match self.catalog.get(id) {
+            None => return Err(Removal::NotInstalled),
+            Some(Availability::Ambiguous(files)) => return Err(Removal::Ambiguous(files.clone())),
+            Some(Availability::Installed(t)) => t,
+        };
+        if let Some(reason) = unhealthy(&installed.component.digest) {
+            return Err(Removal::Unhealthy(reason));
+        }
+        let (authority, mounts) = self.authority_for(id, &installed.tool.metadata.capabilities)?;
+        Ok(Candidate { installed: installed.clone(), authority, mounts })
+    }
+
+    /// Declared ∩ granted, or the first declared need the host does not grant.
+    fn authority_for(
+        &self,
+        id: &str,
+        declared: &DeclaredCapabilities,
+    ) -> Result<(CapabilitySet, Vec<crate::config::DirectoryGrant>), Removal> {
+        let mut granted = CapabilitySet::default();
+        let mut mounts_all = Vec::new();
+        for (m, g) in self.grants.iter() {
+            if !m.is_match(id) {
+                continue;
+            }
+            for d in &g.directories {
+                let a = access(d.access);
+                let e = granted.directories.entry(d.path.clone()).or_insert(a);
+                *e = (*e).max(a);
+                mounts_all.push(d.clone());
+            }
+            granted.hosts.extend(g.hosts.iter().cloned());
+            granted.credentials.extend(g.credentials.iter().cloned());
+        }
+        let mut wanted = CapabilitySet::default();
+        for d in &declared.directories {
+            wanted.directories.insert(d.path.clone(), access(d.access));
+        }
+        wanted.hosts.extend(declared.hosts.iter().cloned());
+        wanted.credentials.extend(declared.credentials.iter().cloned());
+        if !wanted.is_subset_of(&granted) {
+            return Err(Removal::NotGranted(missing(id, &wanted, &granted)));
+        }
+        let authority = wanted.intersect(&granted);
+        let mounts = mounts_all
+            .into_iter()
+            .filter(|d| authority.directories.contains_key(&d.path))
+            .collect();
+        Ok((authority, mounts))
+    }
+
+    /// Descriptors the model sees: visible and passing the filter, sorted by id.
+    pub fn list(&self, unhealthy: &dyn Fn(&crate::catalog::Digest) -> Option<String>) -> Vec<ToolDescriptor> {
+        self.catalog
+            .tools()
+            .filter_map(|(id, _)| self.candidate(id, unhealthy).ok())
+            .map(|c| c.descriptor().clone())
+            .collect()
+    }
+
+    /// Every claimed id with why it is or is not shown (`list --all`).
+    pub fn list_all(&self, unhealthy: &dyn Fn(&crate::catalog::Digest) -> Option<String>) -> Vec<Listing> {
+        self.catalog
+            .tools()
+            .map(|(id, a)| {
+                let (descriptor, files) = match a {
+                    Availability::Installed(t) => {
+                        (Some(t.tool.metadata.descriptor.clone()), vec![t.component.path.clone()])
+                    }
+                    Availability::Ambiguous(files) => (None, files.clone()),
+                };
+                Listing { id: id.to_owned(), descriptor, files, removed: self.candidate(id, unhealthy).err() }
+            })
+            .collect()
+    }
+}
+
+fn access(a: toolgate_sdk::Access) -> Access {
+    match a {
+        toolgate_sdk::Access::Read => Access::Read,
+        toolgate_sdk::Access::ReadWrite => Access::ReadWrite,
+    }
+}
+
+fn missing(id: &str, wanted: &CapabilitySet, granted: &CapabilitySet) -> String {
+    for (path, a) in &wanted.directories {
+        if granted.directories.get(path).is_none_or(|g| g < a) {
+            return format!(
+                "`{id}` declares directory {path} ({a:?}); add it to a [[grants]] entry whose `tools` matches `{id}`"
+            );
+        }
+    }
+    for h in wanted.hosts.difference(&granted.hosts) {
+        return format!("`{id}` declares host {h}; add it to `hosts` of a [[grants]] entry matching `{id}`");
+    }
+    for c in wanted.credentials.difference(&granted.credentials) {
+        return format!(
+            "`{id}` declares credential {c}; add it to `credentials` of a [[grants]] entry matching `{id}`"
+        );
+    }
+    format!("`{id}` declares authority the host does not grant")
+}
