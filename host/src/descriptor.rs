@@ -302,9 +302,12 @@ fn scan(bytes: &[u8]) -> Result<Scan<'_>, DescriptorError> {
             }
             Payload::ModuleSection { unchecked_range, .. }
             | Payload::ComponentSection { unchecked_range, .. } => {
-                // Nested modules are the guest's code: skip without parsing.
-                parser.skip_section();
+                // Nested modules are the guest's code: skip without parsing
+                // (the outer parser resumes after the nested range).
                 offset += unchecked_range.end - unchecked_range.start;
+                if offset > bytes.len() {
+                    return Err(DescriptorError::Malformed("unexpected end of file".into()));
+                }
             }
             Payload::CustomSection(c) if c.name() == METADATA_SECTION => out.metadata.push(c.data()),
             Payload::ComponentExportSection(reader) => {
@@ -350,16 +353,15 @@ pub fn embed_metadata(component: &[u8], doc: &ComponentMetadata) -> Result<Vec<u
         offset += consumed;
         match payload {
             Payload::Version { encoding: Encoding::Module, .. } => return Err(DescriptorError::CoreModule),
-            Payload::Version { .. } => out.extend_from_slice(&component[start..offset]),
+            Payload::Version { .. } => out.extend_from_slice(slice(component, start, offset)?),
             Payload::ModuleSection { unchecked_range, .. }
             | Payload::ComponentSection { unchecked_range, .. } => {
-                parser.skip_section();
                 offset += unchecked_range.end - unchecked_range.start;
-                out.extend_from_slice(&component[start..offset]);
+                out.extend_from_slice(slice(component, start, offset)?);
             }
             Payload::CustomSection(c) if c.name() == METADATA_SECTION => {}
             Payload::End(_) => break,
-            _ => out.extend_from_slice(&component[start..offset]),
+            _ => out.extend_from_slice(slice(component, start, offset)?),
         }
     }
     let section = wasm_encoder::CustomSection {
@@ -368,4 +370,8 @@ pub fn embed_metadata(component: &[u8], doc: &ComponentMetadata) -> Result<Vec<u
     };
     wasm_encoder::ComponentSection::append_to_component(&section, &mut out);
     Ok(out)
+}
+
+fn slice(bytes: &[u8], start: usize, end: usize) -> Result<&[u8], DescriptorError> {
+    bytes.get(start..end).ok_or_else(|| DescriptorError::Malformed("section extends past the end of the file".into()))
 }

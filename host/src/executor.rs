@@ -541,8 +541,7 @@ fn classify(e: &wasmtime::Error, limits: &Limits, stderr: &Capture) -> ToolFailu
                 if text.contains("memory allocation") {
                     ToolFailure::OutOfMemory(limits.memory_mib)
                 } else {
-                    let last = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message");
-                    ToolFailure::Trapped(format!("panic or abort ({})", truncate(last, 300)))
+                    ToolFailure::Trapped(format!("panic or abort ({})", truncate(&panic_message(&text), 300)))
                 }
             }
             other => ToolFailure::Trapped(other.to_string()),
@@ -553,6 +552,21 @@ fn classify(e: &wasmtime::Error, limits: &Limits, stderr: &Capture) -> ToolFailu
         return ToolFailure::OutOfMemory(limits.memory_mib);
     }
     ToolFailure::Trapped(truncate(&chain, 500))
+}
+
+/// The panic message from a Rust guest's stderr (`thread '…' panicked at …:` then the message).
+fn panic_message(stderr: &str) -> String {
+    let lines: Vec<&str> = stderr.lines().collect();
+    if let Some(i) = lines.iter().rposition(|l| l.contains("panicked at")) {
+        let msg = lines.get(i + 1).copied().unwrap_or_default();
+        return format!("{} {msg}", lines[i].trim());
+    }
+    lines
+        .iter()
+        .rev()
+        .find(|l| !l.trim().is_empty() && !l.starts_with("note:"))
+        .map(|l| l.to_string())
+        .unwrap_or_else(|| "no message".into())
 }
 
 fn truncate(s: &str, max: usize) -> String {

@@ -23,6 +23,7 @@ pub mod descriptor;
 pub mod executor;
 pub mod gate;
 pub mod narrowing;
+pub mod pack;
 pub mod policy;
 pub mod runtime;
 pub mod snapshot;

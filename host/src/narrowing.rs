@@ -169,13 +169,22 @@ mod tests {
     #[test]
     fn merge_all_empty_is_configured() {
         assert_eq!(ToolCapabilityNarrowing::merge_all([]), Configured);
-        assert_eq!(ToolCapabilityNarrowing::merge_all([Configured, Configured]), Configured);
-        assert_eq!(ToolCapabilityNarrowing::merge_all([Configured, DenyAll, Configured]), DenyAll);
+        assert_eq!(
+            ToolCapabilityNarrowing::merge_all([Configured, Configured]),
+            Configured
+        );
+        assert_eq!(
+            ToolCapabilityNarrowing::merge_all([Configured, DenyAll, Configured]),
+            DenyAll
+        );
     }
 
     #[test]
     fn narrowing_serde_is_kebab_case() {
-        assert_eq!(serde_json::to_string(&DenyAll).ok().as_deref(), Some("\"deny-all\""));
+        assert_eq!(
+            serde_json::to_string(&DenyAll).ok().as_deref(),
+            Some("\"deny-all\"")
+        );
         assert_eq!(
             serde_json::from_str::<ToolCapabilityNarrowing>("\"configured\"").ok(),
             Some(Configured)

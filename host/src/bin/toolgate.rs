@@ -1,1 +1,334 @@
-fn main(){}
+//! `toolgate`: the command-line host. Parses arguments (clap) and calls the
+//! library; all decisions live there. Data goes to stdout, diagnostics to
+//! stderr as `toolgate: <cause chain>` plus a `hint:` where there is a fix.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context as _, Result};
+use clap::{Parser, Subcommand};
+use serde_json::json;
+use toolgate::commit::StepStore;
+use toolgate::runtime::StepResult;
+use toolgate::{Catalog, Config, ExecutableAgentSnapshot, Executor, ExecutorSettings, Runtime, SqliteJournal, ToolCapabilityNarrowing};
+
+/// Exit codes: callers (scripts, CI) tell outcomes apart without parsing text.
+mod exit {
+    pub const OUTPUT: u8 = 0;
+    pub const HOST_ERROR: u8 = 1;
+    pub const USAGE: u8 = 2;
+    pub const CONFIG: u8 = 3;
+    pub const TOOL_ERROR: u8 = 10;
+    pub const BLOCKED: u8 = 11;
+    pub const AWAITING: u8 = 12;
+}
+
+#[derive(Parser)]
+#[command(name = "toolgate", version, about = "A WebAssembly plugin host for AI-agent Tools")]
+struct Cli {
+    /// Config file.
+    #[arg(long, short, global = true, default_value = "toolgate.toml")]
+    config: PathBuf,
+    /// Agent whose view and policy apply.
+    #[arg(long, global = true, default_value = "default")]
+    agent: String,
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Embed a built component's descriptors in its metadata section.
+    Pack {
+        /// The component built by `cargo build --target wasm32-wasip2`.
+        input: PathBuf,
+        /// Where to write the shippable component.
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Show a component's descriptors, declared capabilities and digest (nothing runs).
+    Inspect {
+        /// The component file.
+        file: PathBuf,
+    },
+    /// List the tools the agent sees.
+    List {
+        /// Also list hidden, ambiguous, ungranted tools and refused files, with reasons.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Call a tool through the whole path: filter, gate, sandbox, commit.
+    Call {
+        /// Tool id.
+        tool: String,
+        /// Arguments as a JSON object.
+        #[arg(long, default_value = "{}")]
+        args: String,
+        /// Continue this run instead of starting a new one.
+        #[arg(long)]
+        run: Option<String>,
+        /// Start the run with tools disabled (every call is blocked).
+        #[arg(long)]
+        no_tools: bool,
+    },
+    /// Approve a ticket: execute exactly the stored call, once.
+    Approve {
+        /// Ticket id.
+        ticket: String,
+    },
+    /// Deny a ticket: commit a blocked result.
+    Deny {
+        /// Ticket id.
+        ticket: String,
+        /// Why (the model reads it).
+        #[arg(long, default_value = "denied by operator")]
+        reason: String,
+    },
+    /// Show the journal.
+    Journal {
+        /// Only this run.
+        #[arg(long)]
+        run: Option<String>,
+        /// Show pending tickets instead of steps.
+        #[arg(long)]
+        awaiting: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("TOOLGATE_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("toolgate: cannot start the async runtime: {e}");
+            return ExitCode::from(exit::HOST_ERROR);
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("toolgate: {e:#}");
+            let code = if let Some(c) = e.downcast_ref::<toolgate::config::ConfigError>() {
+                eprintln!("hint: {}", config_hint(c));
+                exit::CONFIG
+            } else if e.downcast_ref::<toolgate::runtime::CallError>().is_some_and(|c| matches!(c, toolgate::runtime::CallError::UnknownTool(_))) {
+                exit::USAGE
+            } else {
+                exit::HOST_ERROR
+            };
+            ExitCode::from(code)
+        }
+    }
+}
+
+fn config_hint(e: &toolgate::config::ConfigError) -> &'static str {
+    match e {
+        toolgate::config::ConfigError::Read { .. } => "run from the directory holding toolgate.toml or pass --config FILE",
+        _ => "see the config reference in README.md",
+    }
+}
+
+struct Host {
+    config: Config,
+    runtime: Runtime,
+}
+
+fn open_host(cli: &Cli) -> Result<Host> {
+    let config = Config::load(&cli.config)?;
+    let catalog = Arc::new(Catalog::load(&config.plugins)?);
+    for r in catalog.refused() {
+        tracing::warn!(file = %r.path.display(), "refused: {}", r.reason);
+    }
+    let snapshot = ExecutableAgentSnapshot::build(&config, &cli.agent, catalog)?;
+    let executor = Arc::new(Executor::new(ExecutorSettings::new(config.limits.clone(), Some(config.cache.clone())))?);
+    let store: Arc<dyn StepStore> = Arc::new(SqliteJournal::open(&config.store)?);
+    let runtime = Runtime::new(snapshot, executor, store, config.limits.ticket_ttl_secs);
+    Ok(Host { config, runtime })
+}
+
+async fn run(cli: Cli) -> Result<u8> {
+    match &cli.command {
+        Command::Pack { input, output } => pack(input, output).await,
+        Command::Inspect { file } => inspect(file, cli.json),
+        Command::List { all } => {
+            let host = open_host(&cli)?;
+            list(&host, *all, cli.json)
+        }
+        Command::Call { tool, args, run, no_tools } => {
+            let host = open_host(&cli)?;
+            let arguments: serde_json::Value = serde_json::from_str(args)
+                .with_context(|| format!("--args is not JSON: {args}"))?;
+            let narrowing = if *no_tools { ToolCapabilityNarrowing::DenyAll } else { ToolCapabilityNarrowing::Configured };
+            let run = host.runtime.start_run(run.clone(), narrowing)?;
+            let result = run.call(tool, arguments).await?;
+            Ok(report(&result, Some(run.id()), cli.json))
+        }
+        Command::Approve { ticket } => {
+            let host = open_host(&cli)?;
+            let result = host.runtime.approve(ticket).await?;
+            Ok(report(&result, None, cli.json))
+        }
+        Command::Deny { ticket, reason } => {
+            let host = open_host(&cli)?;
+            let result = host.runtime.deny(ticket, reason)?;
+            Ok(report(&result, None, cli.json))
+        }
+        Command::Journal { run, awaiting } => {
+            let config = Config::load(&cli.config)?;
+            let store = SqliteJournal::open(&config.store)?;
+            journal(&store, run.as_deref(), *awaiting, cli.json)
+        }
+    }
+}
+
+/// Print a step result; the exit code says which kind it was.
+fn report(result: &StepResult, run: Option<&str>, as_json: bool) -> u8 {
+    let (kind, code) = match result {
+        StepResult::Output { .. } => ("output", exit::OUTPUT),
+        StepResult::ToolError { .. } => ("tool_error", exit::TOOL_ERROR),
+        StepResult::Blocked { .. } => ("blocked", exit::BLOCKED),
+        StepResult::Awaiting { .. } => ("awaiting", exit::AWAITING),
+    };
+    if as_json {
+        let mut v = json!({ "outcome": kind, "result": result.model_text() });
+        if let StepResult::Output { content: toolgate::executor::Content::Json(j), .. } = result {
+            v["result"] = j.clone();
+        }
+        if let StepResult::Awaiting { ticket, expires_at, .. } = result {
+            v["ticket"] = json!(ticket);
+            v["expires_at"] = json!(expires_at);
+        }
+        if let Some(r) = run {
+            v["run"] = json!(r);
+        }
+        println!("{v}");
+    } else {
+        match result {
+            StepResult::Output { .. } => println!("{}", result.model_text()),
+            StepResult::Awaiting { ticket, .. } => {
+                println!("awaiting approval: ticket {ticket}");
+                eprintln!("hint: approve with `toolgate approve {ticket}` or deny with `toolgate deny {ticket} --reason ...`");
+            }
+            StepResult::Blocked { reason, .. } => println!("blocked: {reason}"),
+            other => println!("{kind}: {}", other.model_text()),
+        }
+    }
+    code
+}
+
+async fn pack(input: &Path, output: &Path) -> Result<u8> {
+    let bytes = std::fs::read(input).with_context(|| format!("cannot read {}", input.display()))?;
+    let (packed, tools) = toolgate::pack::pack(&bytes).await.with_context(|| input.display().to_string())?;
+    std::fs::write(output, &packed).with_context(|| format!("cannot write {}", output.display()))?;
+    eprintln!("packed {} tool(s) into {} ({})", tools.len(), output.display(), toolgate::Digest::of(&packed));
+    for t in tools {
+        println!("{}", t.id());
+    }
+    Ok(exit::OUTPUT)
+}
+
+fn inspect(file: &Path, as_json: bool) -> Result<u8> {
+    let component = toolgate::catalog::load_file(file).map_err(|reason| anyhow::anyhow!("{}: {reason}", file.display()))?;
+    if as_json {
+        let tools: Vec<_> = component.tools.iter().map(|t| json!({
+            "descriptor": t.metadata.descriptor,
+            "capabilities": t.metadata.capabilities,
+        })).collect();
+        println!("{}", json!({ "file": file, "digest": component.digest.to_string(), "tools": tools }));
+    } else {
+        println!("{}  {}", file.display(), component.digest);
+        for t in &component.tools {
+            let d = &t.metadata.descriptor;
+            println!("  {}  {}", d.id, d.description);
+            println!("    input schema: {}", d.input_schema);
+            let c = &t.metadata.capabilities;
+            if c.directories.is_empty() && c.hosts.is_empty() && c.credentials.is_empty() {
+                println!("    capabilities: none");
+            } else {
+                println!("    capabilities: {}", serde_json::to_string(c).unwrap_or_default());
+            }
+        }
+    }
+    Ok(exit::OUTPUT)
+}
+
+fn list(host: &Host, all: bool, as_json: bool) -> Result<u8> {
+    let snapshot = host.runtime.snapshot();
+    let exec = host.runtime.executor().clone();
+    let unhealthy = move |d: &toolgate::Digest| exec.unhealthy(d);
+    if !all {
+        let tools = snapshot.list(&unhealthy);
+        if as_json {
+            println!("{}", serde_json::to_string(&tools)?);
+        } else {
+            for d in tools {
+                println!("{}  {}", d.id, d.description);
+            }
+        }
+        return Ok(exit::OUTPUT);
+    }
+    let listings = snapshot.list_all(&unhealthy);
+    let refused = snapshot.catalog().refused();
+    if as_json {
+        let tools: Vec<_> = listings.iter().map(|l| json!({
+            "id": l.id,
+            "description": l.descriptor.as_ref().map(|d| &d.description),
+            "files": l.files,
+            "shown": l.removed.is_none(),
+            "reason": l.removed.as_ref().map(|r| r.to_string()),
+        })).collect();
+        let refused: Vec<_> = refused.iter().map(|r| json!({ "file": r.path, "reason": r.reason })).collect();
+        println!("{}", json!({ "plugins": host.config.plugins, "tools": tools, "refused": refused }));
+    } else {
+        for l in &listings {
+            match &l.removed {
+                None => println!("shown    {}", l.id),
+                Some(r) => println!("hidden   {}  ({r})", l.id),
+            }
+        }
+        for r in refused {
+            println!("refused  {}  ({})", r.path.display(), r.reason);
+        }
+    }
+    Ok(exit::OUTPUT)
+}
+
+fn journal(store: &SqliteJournal, run: Option<&str>, awaiting: bool, as_json: bool) -> Result<u8> {
+    if awaiting {
+        let pending = store.pending()?;
+        for a in pending {
+            if as_json {
+                println!("{}", json!({ "ticket": a.ticket_id, "run": a.run_id, "agent": a.agent, "call": a.call_id, "tool": a.tool_id, "arguments": a.arguments, "component": a.component_digest.to_string(), "expires_at": a.expires_at }));
+            } else {
+                println!("{}  {} {}  (agent {}, run {})", a.ticket_id, a.tool_id, a.arguments, a.agent, a.run_id);
+            }
+        }
+        return Ok(exit::OUTPUT);
+    }
+    for s in store.steps(run)? {
+        if as_json {
+            println!("{}", json!({
+                "seq": s.seq, "run": s.run_id, "call": s.call_id, "tool": s.tool_id,
+                "arguments": s.arguments, "verdict": s.verdict, "outcome": s.outcome.as_str(),
+                "result": s.result, "captured": serde_json::from_str::<serde_json::Value>(&s.captured).unwrap_or_default(),
+                "ticket": s.ticket_id,
+            }));
+        } else {
+            println!("#{:<4} {} {} {} → {} [{}] {}", s.seq, s.run_id, s.tool_id, s.arguments, s.outcome.as_str(), s.verdict, one_line(&s.result, 120));
+        }
+    }
+    Ok(exit::OUTPUT)
+}
+
+fn one_line(s: &str, max: usize) -> String {
+    let s = s.replace('\n', " ");
+    if s.chars().count() <= max { s } else { format!("{}…", s.chars().take(max).collect::<String>()) }
+}

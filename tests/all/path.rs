@@ -1,0 +1,99 @@
+//! Invariants 1–3, 9, 10: visibility, availability and authorization happen
+//! before any effect; only Allow executes; blocked calls are committed results.
+
+use serde_json::json;
+use toolgate::commit::OutcomeKind;
+use toolgate::{CallError, StepResult, ToolCapabilityNarrowing};
+use toolgate_tests::{TestHost, guests, packed};
+
+use super::{call, steps, text_and_notes};
+
+#[tokio::test]
+async fn visible_but_denied_is_blocked_committed_and_never_instantiated() {
+    let host = text_and_notes("");
+    assert!(host.runtime.list().iter().any(|d| d.id == "text.repeat"), "the model may see a tool it may not run");
+    let r = call(&host, "text.repeat", json!({"text": "a", "times": 2})).await;
+    let StepResult::Blocked { reason, .. } = &r else { panic!("expected blocked, got {r:?}") };
+    assert!(reason.contains("rule `text.repeat`"), "reason names the rule: {reason}");
+    assert_eq!(host.instantiations(), 0, "a denied call instantiates nothing");
+    assert_eq!(host.runtime.executor().compilations(), 0, "a denied call compiles nothing");
+    let s = steps(&host);
+    assert_eq!((s.len(), s[0].outcome, s[0].verdict.as_str()), (1, OutcomeKind::Blocked, "deny"));
+}
+
+#[tokio::test]
+async fn installed_but_invisible_is_absent_and_refused_like_an_unknown_tool() {
+    // notes is installed but this agent only sees text.*.
+    let host = TestHost::new(
+        "[agents.default]\nvisible = [\"text.*\"]\ndefault = \"allow\"\n",
+        &[("text.wasm", packed(guests::TEXT)), ("notes.wasm", packed(guests::NOTES))],
+    );
+    assert!(host.runtime.list().iter().all(|d| d.id != "notes"));
+    let run = host.runtime.start_run(None, ToolCapabilityNarrowing::Configured).unwrap();
+    let invisible = run.call("notes", json!({"op": "list"})).await.unwrap_err();
+    let missing = run.call("no.such.tool", json!({})).await.unwrap_err();
+    assert!(matches!(invisible, CallError::UnknownTool(ref id) if id == "notes"), "{invisible}");
+    assert_eq!(
+        invisible.to_string().replace("notes", "X"),
+        missing.to_string().replace("no.such.tool", "X"),
+        "an invisible tool is indistinguishable from a missing one"
+    );
+    assert_eq!(host.instantiations(), 0);
+    assert!(steps(&host).is_empty(), "an unknown tool is a protocol error, not a step");
+}
+
+#[tokio::test]
+async fn invalid_arguments_are_a_tool_error_before_the_gate_and_nothing_runs() {
+    let host = text_and_notes("");
+    for args in [json!({"txt": "x"}), json!({"text": 5}), json!([1]), json!({"text": "a", "extra": 1})] {
+        let r = call(&host, "text.upper", args.clone()).await;
+        let StepResult::ToolError { message, .. } = &r else { panic!("{args}: expected tool error, got {r:?}") };
+        assert!(message.starts_with("invalid arguments for `text.upper`"), "{message}");
+    }
+    // `null` means `{}`, which lacks the required `text`.
+    let r = call(&host, "text.upper", json!(null)).await;
+    assert!(matches!(&r, StepResult::ToolError { message, .. } if message.contains("\"text\" is a required property")), "{r:?}");
+    assert_eq!(host.instantiations(), 0);
+    assert!(steps(&host).iter().all(|s| s.outcome == OutcomeKind::ToolError && s.verdict == "none"));
+}
+
+#[tokio::test]
+async fn a_run_with_tools_disabled_blocks_every_call_with_a_reason() {
+    let host = text_and_notes("");
+    let run = host.runtime.start_run(None, ToolCapabilityNarrowing::DenyAll).unwrap();
+    let r = run.call("text.upper", json!({"text": "x"})).await.unwrap();
+    assert!(matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("tools are disabled")), "{r:?}");
+    assert_eq!(host.instantiations(), 0);
+}
+
+#[tokio::test]
+async fn a_tool_declaring_ungranted_authority_is_removed_with_the_fix_named() {
+    let visible = "[agents.default]\nvisible = [\"hostile.needs_dir\"]\ndefault = \"allow\"\n";
+    let host = TestHost::new(visible, &[("hostile.wasm", packed(guests::HOSTILE))]);
+    assert!(host.runtime.list().is_empty(), "not granted → not listed");
+    let r = call(&host, "hostile.needs_dir", json!({})).await;
+    let StepResult::Blocked { reason, .. } = &r else { panic!("{r:?}") };
+    assert!(reason.contains("declares directory /data") && reason.contains("[[grants]]"), "{reason}");
+    assert_eq!(host.instantiations(), 0);
+
+    let granted = format!(
+        "[[grants]]\ntools = \"hostile.needs_dir\"\ndirectories = [{{ path = \"/data\", host = \".\", access = \"read\" }}]\n{visible}"
+    );
+    let host = TestHost::new(&granted, &[("hostile.wasm", packed(guests::HOSTILE))]);
+    assert_eq!(host.runtime.list().len(), 1);
+    assert!(matches!(call(&host, "hostile.needs_dir", json!({})).await, StepResult::Output { .. }));
+}
+
+#[tokio::test]
+async fn components_compile_lazily_once_and_then_come_from_the_disk_cache() {
+    let host = text_and_notes("");
+    assert_eq!(host.runtime.executor().compilations(), 0, "loading compiles nothing");
+    call(&host, "text.upper", json!({"text": "a"})).await;
+    call(&host, "text.count", json!({"text": "a"})).await;
+    assert_eq!(host.runtime.executor().compilations(), 1, "one component, compiled once");
+    assert_eq!(host.instantiations(), 2, "a fresh instance per call");
+    let host = host.restart();
+    let r = call(&host, "text.upper", json!({"text": "b"})).await;
+    assert!(matches!(r, StepResult::Output { .. }));
+    assert_eq!(host.runtime.executor().compilations(), 0, "a restarted host loads the cached artifact");
+}
