@@ -128,3 +128,18 @@ pub fn wasm_encoder_custom(bytes: &mut Vec<u8>, name: &str, data: &[u8]) {
     bytes.push(section.len() as u8);
     bytes.extend_from_slice(&section);
 }
+
+#[tokio::test]
+async fn two_hosts_approving_one_ticket_at_once_execute_it_once() {
+    let host = text_and_notes("");
+    let ticket = ask(&host, "once").await;
+    let other = toolgate_tests::runtime_for(&host.config, "default");
+    let (a, b) = tokio::join!(host.runtime.approve(&ticket), other.approve(&ticket));
+    let oks = [a.is_ok(), b.is_ok()].iter().filter(|x| **x).count();
+    assert_eq!(oks, 1, "exactly one approval runs: {a:?} {b:?}");
+    let loser = if a.is_ok() { b } else { a };
+    assert!(matches!(loser, Err(CallError::Ticket(TicketError::Used(_)))));
+    assert_eq!(host.instantiations() + other.executor().instantiations(), 1);
+    let state = host.runtime.store().tool_state("default", "notes").unwrap();
+    assert_eq!(state.get("notes").map(String::as_str), Some("[\"once\"]"));
+}

@@ -97,3 +97,28 @@ async fn components_compile_lazily_once_and_then_come_from_the_disk_cache() {
     assert!(matches!(r, StepResult::Output { .. }));
     assert_eq!(host.runtime.executor().compilations(), 0, "a restarted host loads the cached artifact");
 }
+
+#[tokio::test]
+async fn a_component_that_fails_to_compile_is_an_executor_error_then_unhealthy() {
+    // Valid metadata, corrupt code: loading succeeds (nothing is compiled),
+    // the first allowed call finds out.
+    let mut broken = packed(guests::TEXT);
+    let mid = broken.len() / 2;
+    broken[mid..mid + 256].fill(0xff);
+    let host = TestHost::new(
+        "[agents.default]\nvisible = [\"*\"]\ndefault = \"allow\"\n",
+        &[("broken.wasm", broken), ("notes.wasm", packed(guests::NOTES))],
+    );
+    assert_eq!(host.runtime.list().len(), 4, "descriptors load without compiling");
+    let run = host.runtime.start_run(None, ToolCapabilityNarrowing::Configured).unwrap();
+    let e = run.call("text.upper", json!({"text": "x"})).await.unwrap_err();
+    assert!(matches!(e, CallError::Executor(_)), "{e}");
+    assert!(e.to_string().contains("broken.wasm"), "names the file: {e}");
+    assert_eq!(steps(&host).last().unwrap().outcome, OutcomeKind::ExecutorError, "and the journal says so");
+    // Now unhealthy: removed by the filter, with the reason.
+    assert!(host.runtime.list().iter().all(|d| !d.id.starts_with("text.")));
+    let r = run.call("text.count", json!({"text": "x"})).await.unwrap();
+    assert!(matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("unhealthy")), "{r:?}");
+    // The other component still serves.
+    assert!(matches!(run.call("notes", json!({"op": "list"})).await.unwrap(), StepResult::Output { .. }));
+}
