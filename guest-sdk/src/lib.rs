@@ -281,3 +281,279 @@ macro_rules! export_tools {
         };
     };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    use serde::Deserialize;
+    use serde_json::{Value, json};
+
+    #[derive(Default)]
+    struct MapState(BTreeMap<String, String>);
+
+    impl StateView for MapState {
+        fn get(&self, key: &str) -> Option<String> {
+            self.0.get(key).cloned()
+        }
+        fn keys(&self) -> Vec<String> {
+            self.0.keys().cloned().collect()
+        }
+    }
+
+    /// Every field optional: `null` and `{}` must both work.
+    #[derive(Deserialize, schemars::JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    struct OptArgs {
+        #[serde(default)]
+        text: Option<String>,
+        #[serde(default)]
+        count: Option<u32>,
+    }
+
+    struct Optional;
+    impl Tool for Optional {
+        const ID: &'static str = "test.optional";
+        const DESCRIPTION: &'static str = "Echo optional args.";
+        type Args = OptArgs;
+        type Output = Value;
+        fn call(args: OptArgs, _cx: &mut Context<'_>) -> Result<Value, ToolError> {
+            Ok(json!({ "text": args.text, "count": args.count }))
+        }
+    }
+
+    /// Strict: one required string, unknown fields refused.
+    #[derive(Deserialize, schemars::JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    struct StrictArgs {
+        path: String,
+    }
+
+    struct Strict;
+    impl Tool for Strict {
+        const ID: &'static str = "test.strict";
+        const DESCRIPTION: &'static str = "Strict args.";
+        const PRIMARY_ARGUMENT: Option<&'static str> = Some("path");
+        type Args = StrictArgs;
+        type Output = String;
+        fn call(args: StrictArgs, _cx: &mut Context<'_>) -> Result<String, ToolError> {
+            Ok(args.path)
+        }
+        fn annotations() -> Annotations {
+            Annotations { read_only: Some(true), ..Annotations::default() }
+        }
+    }
+
+    /// Lenient: unknown fields ignored.
+    #[derive(Deserialize, schemars::JsonSchema)]
+    struct LenientArgs {
+        path: String,
+    }
+
+    struct Lenient;
+    impl Tool for Lenient {
+        const ID: &'static str = "test.lenient";
+        const DESCRIPTION: &'static str = "Lenient args.";
+        type Args = LenientArgs;
+        type Output = String;
+        fn call(args: LenientArgs, _cx: &mut Context<'_>) -> Result<String, ToolError> {
+            Ok(args.path)
+        }
+    }
+
+    /// Changes state through the Context.
+    #[derive(Deserialize, schemars::JsonSchema)]
+    struct StateArgs {
+        set: Option<String>,
+        remove: Option<String>,
+    }
+
+    struct Stateful;
+    impl Tool for Stateful {
+        const ID: &'static str = "test.state";
+        const DESCRIPTION: &'static str = "Set and remove keys.";
+        type Args = StateArgs;
+        type Output = Vec<String>;
+        fn call(args: StateArgs, cx: &mut Context<'_>) -> Result<Vec<String>, ToolError> {
+            if let Some(k) = &args.set {
+                let old: Option<u32> = cx.get(k)?;
+                cx.set(k, &(old.unwrap_or(0) + 1))?;
+            }
+            if let Some(k) = &args.remove {
+                cx.remove(k);
+            }
+            Ok(cx.keys())
+        }
+    }
+
+    fn invalid_message(r: Result<RawOutput, ToolError>) -> String {
+        match r {
+            Err(ToolError::InvalidArguments(m)) => m,
+            other => panic!("expected InvalidArguments, got {other:?}"),
+        }
+    }
+
+    fn json_content(r: Result<RawOutput, ToolError>) -> Value {
+        match r {
+            Ok(RawOutput { content: Content::Json(s), .. }) => serde_json::from_str(&s).unwrap(),
+            other => panic!("expected JSON output, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn null_arguments_mean_empty_object() {
+        let state = MapState::default();
+        for args in ["null", " null ", "{}"] {
+            let out = json_content(adapt::<Optional>(args, &state));
+            assert_eq!(out, json!({ "text": null, "count": null }), "arguments {args}");
+        }
+        // ...but null is not a substitute for required fields.
+        let m = invalid_message(adapt::<Strict>("null", &state));
+        assert!(m.contains("test.strict") && m.contains("path"), "{m}");
+    }
+
+    #[test]
+    fn unknown_fields_follow_deny_unknown_fields() {
+        let state = MapState::default();
+        let m = invalid_message(adapt::<Strict>(r#"{"path":"a","extra":1}"#, &state));
+        assert!(m.contains("test.strict"), "{m}");
+        assert!(m.contains("extra"), "{m}");
+        let m = invalid_message(adapt::<Optional>(r#"{"surprise":true}"#, &state));
+        assert!(m.contains("test.optional") && m.contains("surprise"), "{m}");
+
+        let out = adapt::<Lenient>(r#"{"path":"a","extra":1}"#, &state).unwrap();
+        assert_eq!(out.content, Content::Json("\"a\"".into()));
+        assert!(out.commands.is_empty());
+    }
+
+    #[test]
+    fn bad_arguments_name_tool_and_field() {
+        let state = MapState::default();
+        // (arguments, words the message must contain)
+        let cases: &[(&str, &[&str])] = &[
+            ("", &["test.strict", "not JSON"]),
+            ("{", &["test.strict", "not JSON"]),
+            ("{path: 1}", &["test.strict", "not JSON"]),
+            ("{} trailing", &["test.strict", "not JSON"]),
+            // serde_json's type errors name the types, not the field (the host's
+            // schema validation, which runs first, names the field path).
+            (r#"{"path": 42}"#, &["test.strict", "invalid arguments", "integer `42`", "expected a string"]),
+            (r#"{"path": null}"#, &["test.strict", "invalid arguments"]),
+            ("{}", &["test.strict", "missing field `path`"]),
+            ("[]", &["test.strict", "invalid arguments"]),
+            (r#""path""#, &["test.strict", "invalid arguments"]),
+            ("42", &["test.strict", "invalid arguments"]),
+        ];
+        for (args, words) in cases {
+            let m = invalid_message(adapt::<Strict>(args, &state));
+            for w in *words {
+                assert!(m.contains(w), "arguments {args:?}: message {m:?} lacks {w:?}");
+            }
+        }
+        // Wrong type on a nested/optional field names that field.
+        let m = invalid_message(adapt::<Optional>(r#"{"count": "many"}"#, &state));
+        assert!(m.contains("test.optional") && m.contains("invalid type"), "{m}");
+        let m = invalid_message(adapt::<Optional>(r#"{"count": -1}"#, &state));
+        assert!(m.contains("test.optional"), "{m}");
+    }
+
+    #[test]
+    fn for_tool_describes_identity_and_schemas() {
+        let d = ToolDescriptor::for_tool::<Strict>();
+        assert_eq!(d.id, "test.strict");
+        assert_eq!(d.description, "Strict args.");
+        assert_eq!(d.primary_argument.as_deref(), Some("path"));
+        assert_eq!(d.annotations.read_only, Some(true));
+        assert_eq!(d.input_schema["type"], "object");
+        assert_eq!(d.input_schema["properties"]["path"]["type"], "string");
+        assert_eq!(d.input_schema["required"], json!(["path"]));
+        assert_eq!(d.input_schema["additionalProperties"], json!(false));
+        let out = d.output_schema.as_ref().expect("output schema");
+        assert_eq!(out["type"], "string");
+
+        let d = ToolDescriptor::for_tool::<Lenient>();
+        assert_eq!(d.input_schema["type"], "object");
+        assert!(d.input_schema.get("additionalProperties").is_none(), "{}", d.input_schema);
+        assert_eq!(d.primary_argument, None);
+        assert_eq!(d.annotations, Annotations::default());
+
+        let d = ToolDescriptor::for_tool::<Optional>();
+        assert_eq!(d.input_schema["type"], "object");
+        assert!(d.input_schema.get("required").is_none_or(|r| r == &json!([])), "{}", d.input_schema);
+        let out = d.output_schema.as_ref().expect("output schema");
+        // `Value` accepts anything: no `type` constraint.
+        assert!(out.get("type").is_none(), "{out}");
+    }
+
+    #[test]
+    fn descriptor_round_trips_through_metadata() {
+        let doc = ComponentMetadata::new(vec![metadata_of::<Strict>(), metadata_of::<Stateful>()]);
+        assert_eq!(doc.format, metadata::METADATA_FORMAT);
+        assert_eq!(doc.wit, format!("{}@{}", metadata::WIT_PACKAGE, metadata::WIT_VERSION));
+        let text = describe(&[ToolEntry::of::<Strict>(), ToolEntry::of::<Stateful>()]);
+        let back: ComponentMetadata = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, doc);
+        assert_eq!(back.tools[0].descriptor.id, Strict::ID);
+        assert_eq!(back.tools[1].descriptor.id, Stateful::ID);
+    }
+
+    #[test]
+    fn context_commands_are_scoped_to_the_tool() {
+        let mut state = MapState::default();
+        state.0.insert("n".into(), "41".into());
+        state.0.insert("old".into(), "true".into());
+        let out = adapt::<Stateful>(r#"{"set":"n","remove":"old"}"#, &state).unwrap();
+        assert_eq!(
+            out.commands,
+            vec![
+                Command { scope: "test.state".into(), key: "n".into(), value: Some("42".into()) },
+                Command { scope: "test.state".into(), key: "old".into(), value: None },
+            ]
+        );
+        // Output is the committed keys, as the view holds them (not yet changed).
+        assert_eq!(out.content, Content::Json(r#"["n","old"]"#.into()));
+
+        // Direct Context use: set serializes to JSON, remove carries None.
+        let mut cx = Context::new(Strict::ID, &state);
+        cx.set("k", &json!({"a": [1, 2]})).unwrap();
+        cx.remove("gone");
+        let cmds = cx.into_commands();
+        assert_eq!(cmds.len(), 2);
+        assert!(cmds.iter().all(|c| c.scope == Strict::ID));
+        assert_eq!(cmds[0].value.as_deref(), Some(r#"{"a":[1,2]}"#));
+        assert_eq!(cmds[1].value, None);
+    }
+
+    #[test]
+    fn context_get_reports_unreadable_state() {
+        let mut state = MapState::default();
+        state.0.insert("n".into(), "not json".into());
+        let cx = Context::new(Stateful::ID, &state);
+        match cx.get::<u32>("n") {
+            Err(ToolError::Failed(m)) => assert!(m.contains("`n`"), "{m}"),
+            other => panic!("expected Failed, got {other:?}"),
+        }
+        assert_eq!(cx.get::<u32>("absent").unwrap(), None);
+        // Through the adapter the failure is a Tool error, not invalid arguments.
+        assert!(matches!(adapt::<Stateful>(r#"{"set":"n"}"#, &state), Err(ToolError::Failed(_))));
+    }
+
+    #[test]
+    fn dispatch_routes_by_id_and_names_unknown_ids() {
+        let entries = [ToolEntry::of::<Strict>(), ToolEntry::of::<Lenient>()];
+        let state = MapState::default();
+        let out = dispatch(&entries, "test.lenient", r#"{"path":"x","y":1}"#, &state).unwrap();
+        assert_eq!(out.content, Content::Json("\"x\"".into()));
+        // The strict entry gets its own adapter (unknown fields refused).
+        let m = invalid_message(dispatch(&entries, "test.strict", r#"{"path":"x","y":1}"#, &state));
+        assert!(m.contains("test.strict"), "{m}");
+        for id in ["test.missing", "", "TEST.STRICT", "test.strict "] {
+            match dispatch(&entries, id, "{}", &state) {
+                Err(ToolError::Failed(m)) => assert!(m.contains(&format!("`{id}`")), "{m}"),
+                other => panic!("id {id:?}: expected Failed, got {other:?}"),
+            }
+        }
+        assert!(matches!(dispatch(&[], "test.strict", "{}", &state), Err(ToolError::Failed(_))));
+    }
+}

@@ -506,3 +506,230 @@ impl StepStore for SqliteJournal {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Barrier};
+
+    fn step<'a>(call_id: &'a str, outcome: OutcomeKind) -> NewStep<'a> {
+        NewStep {
+            run_id: "run-1",
+            agent: "main",
+            call_id,
+            tool_id: "notes.add",
+            arguments: r#"{"text":"hi"}"#,
+            verdict: "allow",
+            outcome,
+            result: "ok",
+            captured: "{}",
+        }
+    }
+
+    fn set(key: &str, value: &str) -> StateChange {
+        StateChange { key: key.into(), value: Some(value.into()) }
+    }
+
+    fn awaiting(ticket: &str, call_id: &str, expires_at: i64) -> AwaitingRecord {
+        AwaitingRecord {
+            ticket_id: ticket.into(),
+            run_id: "run-1".into(),
+            agent: "main".into(),
+            call_id: call_id.into(),
+            tool_id: "notes.add".into(),
+            arguments: r#"{"text":"hi"}"#.into(),
+            argument_digest: "d".repeat(64),
+            component_digest: Digest::of(b"component"),
+            expires_at,
+            state: "pending".into(),
+        }
+    }
+
+    fn ticket_state(j: &SqliteJournal, ticket: &str) -> Option<String> {
+        j.with(|c| {
+            c.query_row("SELECT state FROM awaiting WHERE ticket_id = ?1", params![ticket], |r| r.get(0))
+                .optional()
+        })
+        .unwrap()
+    }
+
+    fn journals() -> Vec<(SqliteJournal, Option<tempfile::TempDir>)> {
+        let dir = tempfile::tempdir().unwrap();
+        let file = SqliteJournal::open(&dir.path().join("nested/dir/journal.db")).unwrap();
+        vec![(SqliteJournal::in_memory().unwrap(), None), (file, Some(dir))]
+    }
+
+    #[test]
+    fn a_step_and_its_changes_commit_together() {
+        for (j, _dir) in journals() {
+            j.begin_run("run-1", "main", "configured").unwrap();
+            let seq = j.commit_step(&step("c1", OutcomeKind::Output), &[set("a", "1"), set("b", "2")], None).unwrap();
+            let removal = StateChange { key: "a".into(), value: None };
+            let seq2 = j.commit_step(&step("c2", OutcomeKind::Output), &[removal, set("b", "3")], None).unwrap();
+            assert!(seq2 > seq);
+            let state = j.tool_state("main", "notes.add").unwrap();
+            assert_eq!(state, BTreeMap::from([("b".to_owned(), "3".to_owned())]));
+            // State is scoped by agent and Tool.
+            assert!(j.tool_state("other", "notes.add").unwrap().is_empty());
+            assert!(j.tool_state("main", "notes.list").unwrap().is_empty());
+            let steps = j.steps(Some("run-1")).unwrap();
+            assert_eq!(steps.iter().map(|s| s.call_id.as_str()).collect::<Vec<_>>(), ["c1", "c2"]);
+            assert_eq!(steps[0].seq, seq);
+            assert_eq!(steps[0].outcome, OutcomeKind::Output);
+            assert!(j.steps(Some("run-2")).unwrap().is_empty());
+            assert_eq!(j.steps(None).unwrap().len(), 2);
+        }
+    }
+
+    #[test]
+    fn a_failed_awaiting_insert_rolls_back_step_and_changes() {
+        for (j, _dir) in journals() {
+            let first = awaiting("t-1", "c1", i64::MAX);
+            j.commit_step(&step("c1", OutcomeKind::Awaiting), &[set("k", "before")], Some(&first)).unwrap();
+            let before_steps = j.steps(None).unwrap();
+            let before_state = j.tool_state("main", "notes.add").unwrap();
+
+            // Same ticket id (primary key), then same call id (unique): both must fail whole.
+            for dup in [awaiting("t-1", "c2", i64::MAX), awaiting("t-2", "c1", i64::MAX)] {
+                let r = j.commit_step(
+                    &step("c2", OutcomeKind::Awaiting),
+                    &[set("k", "after"), set("new", "x"), StateChange { key: "k".into(), value: None }],
+                    Some(&dup),
+                );
+                match r {
+                    Err(e @ CommitError::Sqlite { .. }) => assert!(e.to_string().contains("UNIQUE"), "{e}"),
+                    other => panic!("expected a constraint failure, got {other:?}"),
+                }
+                assert_eq!(j.steps(None).unwrap(), before_steps, "the step must not be visible");
+                assert_eq!(j.tool_state("main", "notes.add").unwrap(), before_state, "no change may be visible");
+            }
+            let pending = j.pending().unwrap();
+            assert_eq!(pending.len(), 1);
+            assert_eq!(pending[0], first);
+            // The journal still works after the rollback.
+            j.commit_step(&step("c3", OutcomeKind::Output), &[set("k", "later")], None).unwrap();
+            assert_eq!(j.tool_state("main", "notes.add").unwrap()["k"], "later");
+        }
+    }
+
+    #[test]
+    fn tickets_are_claimed_once() {
+        for (j, _dir) in journals() {
+            let now = 1_000;
+            j.commit_step(&step("c1", OutcomeKind::Awaiting), &[], Some(&awaiting("live", "c1", now + 1))).unwrap();
+            j.commit_step(&step("c2", OutcomeKind::Awaiting), &[], Some(&awaiting("stale", "c2", now))).unwrap();
+            j.commit_step(&step("c3", OutcomeKind::Awaiting), &[], Some(&awaiting("old", "c3", now - 60))).unwrap();
+            assert_eq!(j.pending().unwrap().len(), 3);
+
+            let claimed = j.claim_ticket("live", now).unwrap().expect("a pending ticket is claimable");
+            assert_eq!(claimed.ticket_id(), "live");
+            assert_eq!(claimed.call_id(), "c1");
+            assert_eq!(claimed.tool_id(), "notes.add");
+            assert_eq!(claimed.argument_digest(), "d".repeat(64));
+            assert_eq!(claimed.component_digest(), &Digest::of(b"component"));
+            assert_eq!(claimed.record().state, "claimed");
+            assert_eq!(ticket_state(&j, "live").as_deref(), Some("claimed"));
+            assert_eq!(j.claim_ticket("live", now).unwrap().unwrap_err(), TicketError::Used("live".into()));
+
+            // Expired (at and past expiry): refused, and left as it was.
+            for t in ["stale", "old"] {
+                assert_eq!(j.claim_ticket(t, now).unwrap().unwrap_err(), TicketError::Expired(t.into()));
+                assert_eq!(ticket_state(&j, t).as_deref(), Some("pending"));
+            }
+            assert_eq!(j.pending().unwrap().iter().map(|a| a.ticket_id.as_str()).collect::<Vec<_>>(), ["stale", "old"]);
+
+            for t in ["nope", "", "live' OR '1'='1"] {
+                assert_eq!(j.claim_ticket(t, now).unwrap().unwrap_err(), TicketError::Unknown(t.into()));
+            }
+            assert_eq!(ticket_state(&j, "live").as_deref(), Some("claimed"));
+        }
+    }
+
+    #[test]
+    fn resolving_a_ticket_commits_its_step_and_changes() {
+        for (j, _dir) in journals() {
+            j.commit_step(&step("c1", OutcomeKind::Awaiting), &[], Some(&awaiting("t", "c1", i64::MAX))).unwrap();
+            let claimed = j.claim_ticket("t", now()).unwrap().unwrap();
+            let seq = j.resolve_ticket(claimed, &step("c1", OutcomeKind::Output), &[set("n", "1")]).unwrap();
+            assert_eq!(ticket_state(&j, "t").as_deref(), Some("resolved"));
+            assert_eq!(j.tool_state("main", "notes.add").unwrap()["n"], "1");
+            let steps = j.steps(None).unwrap();
+            let resolved = steps.iter().find(|s| s.seq == seq).unwrap();
+            assert_eq!(resolved.ticket_id.as_deref(), Some("t"));
+            assert_eq!(resolved.outcome, OutcomeKind::Output);
+            // The awaiting step carries the ticket too.
+            assert_eq!(steps[0].ticket_id.as_deref(), Some("t"));
+            assert_eq!(steps[0].outcome, OutcomeKind::Awaiting);
+            assert_eq!(j.claim_ticket("t", now()).unwrap().unwrap_err(), TicketError::Used("t".into()));
+            assert!(j.pending().unwrap().is_empty());
+
+            // Abandoning a claim resolves it as well, without a step.
+            j.commit_step(&step("c2", OutcomeKind::Awaiting), &[], Some(&awaiting("u", "c2", i64::MAX))).unwrap();
+            let claimed = j.claim_ticket("u", now()).unwrap().unwrap();
+            j.abandon_ticket(claimed, "component changed").unwrap();
+            assert_eq!(ticket_state(&j, "u").as_deref(), Some("resolved"));
+            assert_eq!(j.claim_ticket("u", now()).unwrap().unwrap_err(), TicketError::Used("u".into()));
+            assert_eq!(j.steps(None).unwrap().len(), 3);
+        }
+    }
+
+    #[test]
+    fn a_file_journal_survives_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.db");
+        {
+            let j = SqliteJournal::open(&path).unwrap();
+            j.commit_step(&step("c1", OutcomeKind::Awaiting), &[set("k", "v")], Some(&awaiting("t", "c1", i64::MAX))).unwrap();
+        }
+        let j = SqliteJournal::open(&path).unwrap();
+        assert_eq!(j.tool_state("main", "notes.add").unwrap()["k"], "v");
+        assert_eq!(j.pending().unwrap()[0].ticket_id, "t");
+        assert!(j.claim_ticket("t", now()).unwrap().is_ok());
+    }
+
+    #[test]
+    fn two_connections_racing_for_one_ticket_yield_one_winner() {
+        for round in 0..20 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("journal.db");
+            let ticket = format!("ticket-{round}");
+            SqliteJournal::open(&path)
+                .unwrap()
+                .commit_step(&step("c1", OutcomeKind::Awaiting), &[], Some(&awaiting(&ticket, "c1", i64::MAX)))
+                .unwrap();
+            let barrier = Arc::new(Barrier::new(2));
+            let handles: Vec<_> = (0..2)
+                .map(|_| {
+                    let (path, ticket, barrier) = (path.clone(), ticket.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        let j = SqliteJournal::open(&path).unwrap();
+                        barrier.wait();
+                        j.claim_ticket(&ticket, now()).unwrap().map(|c| c.ticket_id().to_owned())
+                    })
+                })
+                .collect();
+            let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+            let wins = results.iter().filter(|r| r.is_ok()).count();
+            assert_eq!(wins, 1, "round {round}: {results:?}");
+            assert!(results.contains(&Err(TicketError::Used(ticket.clone()))), "round {round}: {results:?}");
+        }
+    }
+
+    #[test]
+    fn unreadable_journal_values_degrade_safely() {
+        let j = SqliteJournal::in_memory().unwrap();
+        j.commit_step(&step("c1", OutcomeKind::Awaiting), &[], Some(&awaiting("t", "c1", i64::MAX))).unwrap();
+        j.with(|c| {
+            c.execute("UPDATE awaiting SET component_digest = 'zz'", [])?;
+            c.execute("UPDATE steps SET outcome = 'mystery'", [])
+        })
+        .unwrap();
+        // An unreadable digest matches no real component; an unknown outcome
+        // reads as an executor error (someone must look), never as output.
+        assert_eq!(j.pending().unwrap()[0].component_digest, Digest([0; 32]));
+        assert_eq!(j.steps(None).unwrap()[0].outcome, OutcomeKind::ExecutorError);
+        for k in [OutcomeKind::Output, OutcomeKind::ToolError, OutcomeKind::Blocked, OutcomeKind::Awaiting, OutcomeKind::ExecutorError] {
+            assert_eq!(OutcomeKind::parse(k.as_str()), k);
+        }
+    }
+}

@@ -243,3 +243,251 @@ impl Config {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PATH: &str = "/etc/tg/toolgate.toml";
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new(PATH), Path::new("/etc/tg"))
+    }
+
+    fn err(text: &str) -> String {
+        let e = parse(text).expect_err("config must be refused");
+        let s = e.to_string();
+        assert!(s.contains(PATH), "error does not name the file: {s}");
+        s
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let cases = [
+            ("top level", "plugin = \"p\"\n", "plugin"),
+            ("limits", "[limits]\ntimeout = 5\n", "timeout"),
+            ("grants", "[[grants]]\ntools = \"a.*\"\nhost = [\"https://x:443\"]\n", "host"),
+            (
+                "grant directory",
+                "[[grants]]\ntools = \"a\"\ndirectories = [{ path = \"/d\", host = \"d\", access = \"read\", mode = 1 }]\n",
+                "mode",
+            ),
+            ("agent", "[agents.main]\nvisibl = [\"*\"]\n", "visibl"),
+            (
+                "rule",
+                "[agents.main]\nrules = [{ pattern = \"a\", behavior = \"allow\", when = \"now\" }]\n",
+                "when",
+            ),
+            ("rule table", "[[agents.main.rules]]\npattern = \"a\"\nbehaviour = \"allow\"\n", "behaviour"),
+        ];
+        for (name, text, key) in cases {
+            let s = err(text);
+            assert!(s.contains(&format!("`{key}`")), "{name}: error does not name `{key}`: {s}");
+            assert!(matches!(parse(text), Err(ConfigError::Parse { .. })), "{name}");
+        }
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let cases = [
+            ("behavior", "[agents.main]\ndefault = \"maybe\"\n", "maybe"),
+            ("narrowing", "[agents.main]\nnarrowing = \"none\"\n", "none"),
+            ("access", "[[grants]]\ntools = \"a\"\ndirectories = [{ path = \"/d\", host = \"d\", access = \"write\" }]\n", "write"),
+            ("type", "[limits]\ntimeout_ms = \"10s\"\n", "timeout_ms"),
+            ("negative", "[limits]\nmemory_mib = -1\n", "memory_mib"),
+            ("missing", "[[grants]]\nhosts = []\n", "tools"),
+            ("syntax", "[limits\n", "limits"),
+        ];
+        for (name, text, word) in cases {
+            let s = err(text);
+            assert!(s.contains(word), "{name}: error lacks {word:?}: {s}");
+        }
+    }
+
+    #[test]
+    fn limits_out_of_range_name_the_field() {
+        let cases = [
+            ("memory_mib", "0"),
+            ("memory_mib", "4097"),
+            ("timeout_ms", "0"),
+            ("timeout_ms", "3600001"),
+            ("output_kib", "0"),
+            ("output_kib", "65537"),
+            ("capture_kib", "0"),
+            ("capture_kib", "65537"),
+            ("ticket_ttl_secs", "0"),
+            ("ticket_ttl_secs", "31536001"),
+        ];
+        for (key, value) in cases {
+            let text = format!("[limits]\n{key} = {value}\n");
+            match parse(&text) {
+                Err(ConfigError::Field { path, field, message }) => {
+                    assert_eq!(path, Path::new(PATH));
+                    assert_eq!(field, format!("limits.{key}"));
+                    assert!(message.contains(value) && message.contains("use 1 to"), "{message}");
+                }
+                other => panic!("{key} = {value}: expected a field error, got {other:?}"),
+            }
+        }
+        // The bounds themselves are accepted.
+        let ok = parse(
+            "[limits]\nmemory_mib = 4096\ntimeout_ms = 3600000\noutput_kib = 65536\ncapture_kib = 1\nticket_ttl_secs = 31536000\n",
+        )
+        .unwrap();
+        assert_eq!(ok.limits.memory_mib, 4096);
+        assert_eq!(ok.limits.timeout_ms, 3_600_000);
+        assert_eq!(ok.limits.capture_kib, 1);
+        // Unset limits keep their defaults next to set ones.
+        assert_eq!(parse("[limits]\nmemory_mib = 8\n").unwrap().limits, Limits { memory_mib: 8, ..Limits::default() });
+    }
+
+    #[test]
+    fn bad_patterns_name_the_field() {
+        let cases = [
+            ("[agents.bot]\nrules = [{ pattern = \"fs.read(\", behavior = \"deny\" }]\n", "agents.bot.rules"),
+            ("[agents.bot]\nrules = [{ pattern = \"\", behavior = \"allow\" }]\n", "agents.bot.rules"),
+            ("[agents.bot]\nrules = [{ pattern = \"a b\", behavior = \"ask\" }]\n", "agents.bot.rules"),
+            ("[agents.bot]\nrules = [{ pattern = \"fs.write(path ~ 3)\", behavior = \"deny\" }]\n", "agents.bot.rules"),
+            ("[agents.bot]\nvisible = [\"a\", \"[x\"]\n", "agents.bot.visible[1]"),
+            ("[[grants]]\ntools = \"a{b\"\n", "grants[0].tools"),
+            (
+                "[[grants]]\ntools = \"a\"\ndirectories = [{ path = \"data\", host = \"d\", access = \"read\" }]\n",
+                "grants[0].directories[0].path",
+            ),
+            (
+                "[[grants]]\ntools = \"a\"\n[[grants]]\ntools = \"b\"\ndirectories = [{ path = \"/d/../e\", host = \"d\", access = \"read\" }]\n",
+                "grants[1].directories[0].path",
+            ),
+        ];
+        for (text, want) in cases {
+            match parse(text) {
+                Err(e @ ConfigError::Field { .. }) => {
+                    let ConfigError::Field { field, .. } = &e else { unreachable!() };
+                    assert_eq!(field, want, "{text}");
+                    assert!(e.to_string().contains(PATH));
+                }
+                other => panic!("{text}: expected a field error, got {other:?}"),
+            }
+        }
+        // The rule error says which rule and where.
+        let s = err("[agents.bot]\nrules = [{ pattern = \"ok\", behavior = \"allow\" }, { pattern = \"x(\", behavior = \"deny\" }]\n");
+        assert!(s.contains("rule 1") && s.contains("x("), "{s}");
+    }
+
+    #[test]
+    fn paths_resolve_against_the_base_dir() {
+        let c = parse(
+            "plugins = \"plug\"\nstore = \"/var/tg/j.db\"\ncache = \"../cache\"\n\
+             [[grants]]\ntools = \"fs.*\"\ndirectories = [{ path = \"/data\", host = \"data\", access = \"read\" }, { path = \"/abs\", host = \"/srv/abs\", access = \"read-write\" }]\n",
+        )
+        .unwrap();
+        assert_eq!(c.plugins, Path::new("/etc/tg/plug"));
+        assert_eq!(c.store, Path::new("/var/tg/j.db"));
+        assert_eq!(c.cache, Path::new("/etc/tg/../cache"));
+        let dirs = &c.grants[0].directories;
+        assert_eq!(dirs[0].host, Path::new("/etc/tg/data"));
+        assert_eq!(dirs[0].access, toolgate_sdk::Access::Read);
+        assert_eq!(dirs[1].host, Path::new("/srv/abs"));
+        assert_eq!(dirs[1].access, toolgate_sdk::Access::ReadWrite);
+        // Config::load uses the file's directory as the base.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("toolgate.toml");
+        std::fs::write(&file, "plugins = \"p\"\n").unwrap();
+        let loaded = Config::load(&file).unwrap();
+        assert_eq!(loaded.plugins, dir.path().join("p"));
+        assert_eq!(loaded.source.as_deref(), Some(file.as_path()));
+        let missing = dir.path().join("absent.toml");
+        let e = Config::load(&missing).unwrap_err();
+        assert!(matches!(e, ConfigError::Read { .. }));
+        assert!(e.to_string().contains("absent.toml"), "{e}");
+    }
+
+    #[test]
+    fn defaults() {
+        let c = parse("").unwrap();
+        assert_eq!(c.plugins, Path::new("/etc/tg/plugins"));
+        assert_eq!(c.store, Path::new("/etc/tg/.toolgate/journal.db"));
+        assert_eq!(c.cache, Path::new("/etc/tg/.toolgate/cache"));
+        assert_eq!(c.limits, Limits::default());
+        assert_eq!(
+            (c.limits.memory_mib, c.limits.timeout_ms, c.limits.output_kib, c.limits.capture_kib, c.limits.ticket_ttl_secs),
+            (64, 10_000, 1024, 64, 86_400)
+        );
+        assert!(c.grants.is_empty() && c.agents.is_empty());
+
+        let c = parse("[agents.main]\n").unwrap();
+        let a = c.agent("main").unwrap();
+        assert_eq!(a.default, Behavior::Deny);
+        assert_eq!(a.narrowing, ToolCapabilityNarrowing::Configured);
+        assert!(a.visible.is_empty() && a.rules.is_empty());
+
+        let c = parse(
+            "[agents.main]\nvisible = [\"text.*\"]\ndefault = \"ask\"\nnarrowing = \"deny-all\"\n\
+             [[agents.main.rules]]\npattern = \"text.upper\"\nbehavior = \"allow\"\n",
+        )
+        .unwrap();
+        let a = c.agent("main").unwrap();
+        assert_eq!(a.default, Behavior::Ask);
+        assert_eq!(a.narrowing, ToolCapabilityNarrowing::DenyAll);
+        assert_eq!(a.rules, vec![RuleSpec { pattern: "text.upper".into(), behavior: Behavior::Allow }]);
+        let g = parse("[[grants]]\ntools = \"a\"\n").unwrap();
+        assert!(g.grants[0].directories.is_empty() && g.grants[0].hosts.is_empty() && g.grants[0].credentials.is_empty());
+    }
+
+    #[test]
+    fn missing_agent_lists_configured_ones() {
+        let c = parse("[agents.beta]\n[agents.alpha]\n").unwrap();
+        match c.agent("gamma") {
+            Err(e @ ConfigError::Field { .. }) => {
+                let s = e.to_string();
+                assert!(s.contains("agents.gamma") && s.contains("alpha, beta") && s.contains(PATH), "{s}");
+            }
+            other => panic!("expected a field error, got {other:?}"),
+        }
+        let none = parse("").unwrap().agent("main").unwrap_err().to_string();
+        assert!(none.contains("none") && none.contains("[agents.NAME]"), "{none}");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn parse_never_panics_on_arbitrary_text(text in "\\PC{0,200}") {
+            let _ = parse(&text);
+        }
+
+        #[test]
+        fn limits_are_accepted_exactly_in_range(
+            key in 0usize..5,
+            pick in 0u8..3,
+            near in -2i64..3,
+            raw in proptest::prelude::any::<i64>(),
+        ) {
+            let (name, max) = [
+                ("memory_mib", 4096i64),
+                ("timeout_ms", 3_600_000),
+                ("output_kib", 65_536),
+                ("capture_kib", 65_536),
+                ("ticket_ttl_secs", 31_536_000),
+            ][key];
+            // Near the lower bound, near the upper bound, or anywhere.
+            let value = match pick { 0 => near, 1 => max + near, _ => raw };
+            let r = parse(&format!("[limits]\n{name} = {value}\n"));
+            proptest::prop_assert_eq!(r.is_ok(), (1..=max).contains(&value), "{} = {}: {:?}", name, value, r.err());
+        }
+
+        #[test]
+        fn agent_sections_never_panic(
+            name in "[a-z]{1,8}",
+            patterns in proptest::collection::vec("\\PC{0,24}", 0..4),
+            visible in proptest::collection::vec("\\PC{0,12}", 0..3),
+        ) {
+            let mut text = format!("[agents.{name}]\nvisible = {}\n", toml::Value::from(visible));
+            for p in &patterns {
+                text.push_str(&format!("[[agents.{name}.rules]]\npattern = {}\nbehavior = \"ask\"\n", toml::Value::from(p.as_str())));
+            }
+            if let Err(e) = parse(&text) {
+                let s = e.to_string();
+                proptest::prop_assert!(s.contains(PATH), "{}", s);
+            }
+        }
+    }
+}

@@ -215,10 +215,13 @@ fn check_document(doc: ComponentMetadata) -> Result<Vec<Arc<CheckedTool>>, Descr
             compile_schema(out_schema).map_err(|e| bad(format!("output schema: {e}")))?;
         }
         if let Some(p) = &d.primary_argument {
-            let declared = d.input_schema.get("properties").and_then(|ps| ps.get(p)).is_some();
-            if !declared {
+            // Path globs in rules only match strings: a primary argument of
+            // another type would make `tool(glob)` deny rules silently inert.
+            let prop = d.input_schema.get("properties").and_then(|ps| ps.get(p));
+            let is_string = prop.and_then(|p| p.get("type")).and_then(|t| t.as_str()) == Some("string");
+            if !is_string {
                 return Err(bad(format!(
-                    "primary argument `{p}` is not a property of the input schema"
+                    "primary argument `{p}` must be a string property of the input schema"
                 )));
             }
         }
@@ -374,4 +377,413 @@ pub fn embed_metadata(component: &[u8], doc: &ComponentMetadata) -> Result<Vec<u
 
 fn slice(bytes: &[u8], start: usize, end: usize) -> Result<&[u8], DescriptorError> {
     bytes.get(start..end).ok_or_else(|| DescriptorError::Malformed("section extends past the end of the file".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+    use wasm_encoder::{
+        Component, ComponentExportKind, ComponentExportSection, CustomSection, Module, ModuleSection,
+        NestedComponentSection,
+    };
+
+    const TOOL_EXPORT: &str = "toolgate:plugin/tool@0.1.0";
+
+    fn custom(name: &str, data: &[u8]) -> CustomSection<'static> {
+        CustomSection { name: name.to_owned().into(), data: data.to_vec().into() }
+    }
+
+    /// A component with a nested core module and a nested component (each
+    /// carrying a decoy metadata section that must be skipped), optionally
+    /// exporting `export`, with one top-level custom section per entry of `metadata`.
+    fn component_with(metadata: &[&[u8]], export: Option<&str>) -> Vec<u8> {
+        let mut module = Module::new();
+        module.section(&custom(METADATA_SECTION, b"decoy: not the component's metadata"));
+        let mut inner = Component::new();
+        inner.section(&ModuleSection(&module));
+        inner.section(&custom(METADATA_SECTION, b"decoy in a nested component"));
+        let mut c = Component::new();
+        c.section(&ModuleSection(&module));
+        c.section(&NestedComponentSection(&inner));
+        if let Some(name) = export {
+            let mut exports = ComponentExportSection::new();
+            exports.export(name, ComponentExportKind::Module, 0, None);
+            c.section(&exports);
+        }
+        for m in metadata {
+            c.section(&custom(METADATA_SECTION, m));
+        }
+        c.finish()
+    }
+
+    fn tool(id: &str) -> Value {
+        json!({
+            "descriptor": {
+                "id": id,
+                "description": "Upper-case a text.",
+                "input_schema": {
+                    "type": "object",
+                    "properties": { "text": { "type": "string" } },
+                    "required": ["text"],
+                    "additionalProperties": false
+                },
+                "output_schema": { "type": "string" },
+                "primary_argument": "text"
+            }
+        })
+    }
+
+    fn doc(tools: Vec<Value>) -> Value {
+        json!({ "format": METADATA_FORMAT, "wit": format!("{WIT_PACKAGE}@{WIT_VERSION}"), "sdk": "0.1.0", "tools": tools })
+    }
+
+    fn valid_component() -> Vec<u8> {
+        let meta = serde_json::to_vec(&doc(vec![tool("text.upper")])).unwrap();
+        component_with(&[&meta], Some(TOOL_EXPORT))
+    }
+
+    fn read_doc(doc: &Value) -> Result<Vec<Arc<CheckedTool>>, DescriptorError> {
+        read_metadata(&component_with(&[&serde_json::to_vec(doc).unwrap()], Some(TOOL_EXPORT)))
+    }
+
+    /// The error of a document whose single tool is `tool("t.x")` changed by `edit`.
+    fn tool_error(edit: impl FnOnce(&mut Value)) -> DescriptorError {
+        let mut t = tool("t.x");
+        edit(&mut t);
+        read_doc(&doc(vec![t])).expect_err("tool must be refused")
+    }
+
+    #[test]
+    fn reads_a_valid_component() {
+        let tools = read_metadata(&valid_component()).unwrap();
+        assert_eq!(tools.len(), 1);
+        let t = &tools[0];
+        assert_eq!(t.id(), "text.upper");
+        assert_eq!(t.metadata.descriptor.primary_argument.as_deref(), Some("text"));
+        assert!(t.validate_arguments(&json!({ "text": "hi" })).is_ok());
+        let e = t.validate_arguments(&json!({ "text": 5 })).unwrap_err();
+        assert!(e.contains("text.upper") && e.contains("/text"), "{e}");
+        let e = t.validate_arguments(&json!({ "text": "a", "x": 1 })).unwrap_err();
+        assert!(e.contains("text.upper"), "{e}");
+    }
+
+    #[test]
+    fn refuses_files_that_are_not_tool_components() {
+        let meta = serde_json::to_vec(&doc(vec![tool("a.b")])).unwrap();
+        let cases: Vec<(&str, Vec<u8>, fn(&DescriptorError) -> bool)> = vec![
+            ("empty", vec![], |e| *e == DescriptorError::NotWasm),
+            ("magic only", b"\0asm".to_vec(), |e| *e == DescriptorError::NotWasm),
+            ("text", b"hello world, not wasm".to_vec(), |e| *e == DescriptorError::NotWasm),
+            ("core module", Module::new().finish(), |e| *e == DescriptorError::CoreModule),
+            ("bad version", b"\0asm\x02\0\0\0".to_vec(), |e| matches!(e, DescriptorError::Malformed(_))),
+            ("header only", Component::new().finish(), |e| *e == DescriptorError::MissingMetadata),
+            ("no metadata", component_with(&[], Some(TOOL_EXPORT)), |e| *e == DescriptorError::MissingMetadata),
+            ("two metadata", component_with(&[&meta, &meta], Some(TOOL_EXPORT)), |e| {
+                *e == DescriptorError::DuplicateMetadata(2)
+            }),
+            ("no export", component_with(&[&meta], None), |e| *e == DescriptorError::MissingExport),
+            ("other export", component_with(&[&meta], Some("toolgate:plugin/other@0.1.0")), |e| {
+                *e == DescriptorError::MissingExport
+            }),
+            ("export 0.2", component_with(&[&meta], Some("toolgate:plugin/tool@0.2.0")), |e| {
+                matches!(e, DescriptorError::IncompatibleWit { found } if found == "toolgate:plugin@0.2.0")
+            }),
+            ("too large", component_with(&[&vec![b' '; MAX_METADATA_BYTES + 1]], Some(TOOL_EXPORT)), |e| {
+                *e == DescriptorError::MetadataTooLarge(MAX_METADATA_BYTES + 1)
+            }),
+            ("not json", component_with(&[b"{not json"], Some(TOOL_EXPORT)), |e| {
+                matches!(e, DescriptorError::BadMetadata(_))
+            }),
+            ("truncated", valid_component()[..20].to_vec(), |e| matches!(e, DescriptorError::Malformed(_))),
+        ];
+        for (name, bytes, ok) in cases {
+            let err = read_metadata(&bytes).expect_err(name);
+            assert!(ok(&err), "{name}: unexpected error {err:?}");
+            assert!(!err.to_string().is_empty());
+        }
+    }
+
+    #[test]
+    fn refuses_bad_documents() {
+        let wit = format!("{WIT_PACKAGE}@{WIT_VERSION}");
+        let cases: Vec<(&str, Value, fn(&DescriptorError) -> bool)> = vec![
+            ("format 2", json!({"format": 2, "wit": wit, "sdk": "9", "tools": [], "new_field": 1}), |e| {
+                *e == DescriptorError::UnsupportedFormat { found: 2 }
+            }),
+            ("wit 0.2", json!({"format": 1, "wit": "toolgate:plugin@0.2.0", "sdk": "0", "tools": []}), |e| {
+                matches!(e, DescriptorError::IncompatibleWit { found } if found == "toolgate:plugin@0.2.0")
+            }),
+            ("unknown field", json!({"format": 1, "wit": wit, "sdk": "0", "tools": [], "x": 1}), |e| {
+                matches!(e, DescriptorError::BadMetadata(m) if m.contains("x"))
+            }),
+            ("no tools", doc(vec![]), |e| *e == DescriptorError::NoTools),
+            ("too many tools", doc((0..=MAX_TOOLS_PER_COMPONENT).map(|i| tool(&format!("t{i}"))).collect()), |e| {
+                matches!(e, DescriptorError::BadMetadata(m) if m.contains("257 tools"))
+            }),
+            ("duplicate id", doc(vec![tool("a.b"), tool("a.b")]), |e| {
+                matches!(e, DescriptorError::BadTool { id, problem } if id == "a.b" && problem.contains("twice"))
+            }),
+            ("bad id", doc(vec![tool("1abc")]), |e| matches!(e, DescriptorError::BadTool { id, .. } if id == "1abc")),
+        ];
+        for (name, d, ok) in cases {
+            let err = read_doc(&d).expect_err(name);
+            assert!(ok(&err), "{name}: unexpected error {err:?}");
+        }
+    }
+
+    #[test]
+    fn refuses_bad_tools_naming_them() {
+        let cases: Vec<(&str, fn(&mut Value), &str)> = vec![
+            ("empty description", |t| t["descriptor"]["description"] = json!("  "), "empty description"),
+            ("long description", |t| t["descriptor"]["description"] = json!("x".repeat(MAX_DESCRIPTION_LEN + 1)), "longer"),
+            ("array root", |t| t["descriptor"]["input_schema"] = json!({"type": "array"}), "type: object"),
+            ("no type", |t| t["descriptor"]["input_schema"] = json!({}), "type: object"),
+            ("bool schema", |t| t["descriptor"]["input_schema"] = json!(true), "type: object"),
+            ("invalid schema", |t| t["descriptor"]["input_schema"]["properties"]["text"]["type"] = json!(42), "input schema"),
+            ("unknown $schema", |t| t["descriptor"]["input_schema"]["$schema"] = json!("https://example.com/s"), "$schema"),
+            ("non-string $schema", |t| t["descriptor"]["input_schema"]["$schema"] = json!(7), "$schema"),
+            ("bad output", |t| t["descriptor"]["output_schema"] = json!({"type": "nope"}), "output schema"),
+            ("primary missing", |t| t["descriptor"]["primary_argument"] = json!("path"), "primary argument `path`"),
+            ("relative dir", |t| t["capabilities"] = json!({"directories": [{"path": "data", "access": "read"}]}), "absolute"),
+            ("dotdot dir", |t| t["capabilities"] = json!({"directories": [{"path": "/data/../etc", "access": "read"}]}), "absolute"),
+            ("bad regex", |t| t["descriptor"]["input_schema"]["properties"]["text"]["pattern"] = json!("(unclosed"), "input schema"),
+        ];
+        for (name, edit, words) in cases {
+            match tool_error(edit) {
+                DescriptorError::BadTool { id, problem } => {
+                    assert_eq!(id, "t.x", "{name}");
+                    assert!(problem.contains(words), "{name}: {problem:?} lacks {words:?}");
+                }
+                other => panic!("{name}: expected BadTool, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn hostile_schemas_are_refused_or_compiled_without_panicking() {
+        // A remote `$ref` cannot be resolved (no network resolver compiled in):
+        // it must be refused, not fetched.
+        let err = tool_error(|t| t["descriptor"]["input_schema"]["properties"]["text"] = json!({"$ref": "https://example.com/schema.json"}));
+        assert!(matches!(err, DescriptorError::BadTool { .. }), "{err:?}");
+        let err = tool_error(|t| t["descriptor"]["input_schema"]["properties"]["text"] = json!({"$ref": "#/$defs/missing"}));
+        assert!(matches!(err, DescriptorError::BadTool { .. }), "{err:?}");
+        // Self-reference and a decoy `$schema` in a subschema must not panic.
+        for edit in [
+            (|t: &mut Value| t["descriptor"]["input_schema"]["properties"]["text"] = json!({"$ref": "#"})) as fn(&mut Value),
+            |t| t["descriptor"]["input_schema"]["$defs"] = json!({"x": {"$schema": "https://example.com/unknown"}}),
+            |t| t["descriptor"]["input_schema"]["properties"]["text"] = json!({"$id": "urn:x", "$ref": "urn:x"}),
+        ] {
+            let mut t = tool("t.x");
+            edit(&mut t);
+            if let Ok(tools) = read_doc(&doc(vec![t])) {
+                let _ = tools[0].validate_arguments(&json!({"text": {"deep": [1, 2, 3]}}));
+            }
+        }
+    }
+
+    #[test]
+    fn wit_compatibility() {
+        let cases = [
+            ("toolgate:plugin@0.1.0", true),
+            ("toolgate:plugin@0.1.7", true),
+            ("toolgate:plugin@0.1.0-rc.1", true),
+            ("toolgate:plugin@0.2.0", false),
+            ("toolgate:plugin@0.0.9", false),
+            ("toolgate:plugin@1.0.0", false),
+            ("toolgate:plugin@1.1.0", false),
+            ("toolgate:plugin@0", false),
+            ("toolgate:plugin@", false),
+            ("toolgate:plugin", false),
+            ("toolgate:other@0.1.0", false),
+            ("Toolgate:plugin@0.1.0", false),
+            ("toolgate:plugin@x.y.z", false),
+            ("toolgate:plugin@-0.1.0", false),
+            ("toolgate:plugin@0.-1.0", false),
+            ("toolgate:plugin@99999999999999999999999.1.0", false),
+            ("", false),
+            ("@", false),
+            ("@0.1.0", false),
+        ];
+        for (wit, want) in cases {
+            assert_eq!(wit_compatible(wit), want, "{wit}");
+        }
+    }
+
+    #[test]
+    fn tool_ids() {
+        let max = format!("a{}", "b".repeat(MAX_ID_LEN - 1));
+        let over = format!("a{}", "b".repeat(MAX_ID_LEN));
+        let cases: &[(&str, bool)] = &[
+            ("a", true),
+            ("text.upper", true),
+            ("Text_Upper-2.v3", true),
+            ("mcp__github__issue", true),
+            (&max, true),
+            (&over, false),
+            ("", false),
+            ("1abc", false),
+            ("_abc", false),
+            (".abc", false),
+            ("-abc", false),
+            ("a b", false),
+            ("a/b", false),
+            ("a*", false),
+            ("a(b)", false),
+            ("é", false),
+            ("aé", false),
+            ("a\u{0}", false),
+            ("a\n", false),
+        ];
+        for (id, ok) in cases {
+            let got = check_id(id);
+            assert_eq!(got.is_ok(), *ok, "{id:?}: {got:?}");
+        }
+        assert!(check_id(&over).unwrap_err().contains("longer"));
+        assert!(check_id("1abc").unwrap_err().contains("invalid id"));
+    }
+
+    #[test]
+    fn embed_replaces_the_metadata_section() {
+        let bare = component_with(&[], Some(TOOL_EXPORT));
+        let first = ComponentMetadata::new(vec![serde_json::from_value(tool("one.tool")).unwrap()]);
+        let second = ComponentMetadata::new(vec![serde_json::from_value(tool("two.tool")).unwrap()]);
+        let once = embed_metadata(&bare, &first).unwrap();
+        let twice = embed_metadata(&once, &second).unwrap();
+        let s = scan(&twice).unwrap();
+        assert_eq!(s.metadata.len(), 1, "exactly one metadata section after embedding twice");
+        let stored: ComponentMetadata = serde_json::from_slice(s.metadata[0]).unwrap();
+        assert_eq!(stored, second);
+        assert!(s.exports_tool, "other sections are kept");
+        let ids: Vec<String> = read_metadata(&twice).unwrap().iter().map(|t| t.id().to_owned()).collect();
+        assert_eq!(ids, ["two.tool"]);
+        // The nested module (with its decoy section) is copied verbatim.
+        assert_eq!(twice.len(), once.len() - serde_json::to_vec(&first).unwrap().len() + serde_json::to_vec(&second).unwrap().len());
+        // Re-embedding the same document is idempotent.
+        assert_eq!(embed_metadata(&twice, &second).unwrap(), twice);
+        // Several stale sections all go.
+        let messy = component_with(&[b"old", b"older"], Some(TOOL_EXPORT));
+        assert_eq!(scan(&embed_metadata(&messy, &second).unwrap()).unwrap().metadata.len(), 1);
+    }
+
+    #[test]
+    fn embed_refuses_non_components() {
+        let d = ComponentMetadata::new(vec![serde_json::from_value(tool("a.b")).unwrap()]);
+        assert_eq!(embed_metadata(&Module::new().finish(), &d), Err(DescriptorError::CoreModule));
+        assert!(matches!(embed_metadata(b"garbage!", &d), Err(DescriptorError::Malformed(_))));
+        let v = valid_component();
+        assert!(matches!(embed_metadata(&v[..v.len() - 3], &d), Err(DescriptorError::Malformed(_))));
+    }
+
+    #[test]
+    fn every_truncation_of_a_component_is_refused() {
+        let v = valid_component();
+        assert!(read_metadata(&v).is_ok());
+        for cut in 0..v.len() {
+            let r = read_metadata(&v[..cut]);
+            assert!(r.is_err(), "a truncation to {cut} of {} bytes was accepted", v.len());
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn read_metadata_never_panics_on_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = read_metadata(&bytes);
+            let _ = embed_metadata(&bytes, &ComponentMetadata::new(vec![]));
+        }
+
+        #[test]
+        fn read_metadata_never_panics_after_component_header(tail in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let mut bytes = b"\0asm\x0d\0\x01\0".to_vec();
+            bytes.extend_from_slice(&tail);
+            // Without a tool export and one metadata section it cannot succeed.
+            prop_assert!(read_metadata(&bytes).is_err());
+            let _ = embed_metadata(&bytes, &ComponentMetadata::new(vec![]));
+        }
+
+        #[test]
+        fn byte_flips_of_a_component_never_panic(
+            flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8),
+            meta in prop_oneof![Just(true), Just(false)],
+        ) {
+            // With and without the tool export (without it, it is always refused).
+            let mut v = if meta {
+                valid_component()
+            } else {
+                component_with(&[&serde_json::to_vec(&doc(vec![tool("a.b")])).unwrap()], None)
+            };
+            for (at, x) in flips {
+                let i = at % v.len();
+                v[i] ^= x | 1;
+            }
+            match read_metadata(&v) {
+                Ok(tools) => prop_assert!(meta && !tools.is_empty()),
+                Err(e) => prop_assert!(!e.to_string().is_empty()),
+            }
+            let _ = embed_metadata(&v, &ComponentMetadata::new(vec![]));
+        }
+
+        #[test]
+        fn arbitrary_metadata_text_never_panics(text in ".{0,300}") {
+            let _ = read_metadata(&component_with(&[text.as_bytes()], Some(TOOL_EXPORT)));
+        }
+    }
+
+    fn scalar() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(json!(null)), Just(json!(true)), Just(json!(0)), Just(json!(-1)), Just(json!(0.5)),
+            Just(json!(1e300)), Just(json!(-1e-300)), Just(json!(18446744073709551615u64)), Just(json!(i64::MIN)),
+            Just(json!("")), Just(json!("string")), Just(json!("object")), Just(json!("(")), Just(json!("a{99999}")),
+            Just(json!("#")), Just(json!("#/$defs/a")), Just(json!("#/properties/a")), Just(json!("urn:x")),
+            Just(json!("http://json-schema.org/draft-07/schema")), Just(json!("email")), Just(json!("date-time")),
+            Just(json!("regex")), Just(json!("uri")), Just(json!("ipv4")), Just(json!("duration")), Just(json!("base64")),
+            Just(json!("application/json")), Just(json!("#a")), Just(json!("a")), Just(json!("%")), Just(json!("#/%zz")),
+            Just(json!("\\p{Unknown}")), Just(json!("(?<n>a)\\k<n>")), Just(json!("^(a+)+$")),
+            Just(json!(["string", "null"])), Just(json!([])), Just(json!({})), Just(json!(1.0)), Just(json!(1e-320)),
+        ]
+    }
+
+    const KEYS: &[&str] = &[
+        "type", "properties", "required", "items", "prefixItems", "additionalProperties", "pattern",
+        "patternProperties", "format", "minimum", "maximum", "exclusiveMinimum", "multipleOf", "minLength",
+        "maxLength", "enum", "const", "$ref", "$defs", "definitions", "allOf", "anyOf", "oneOf", "not", "if",
+        "then", "else", "dependentRequired", "dependentSchemas", "dependencies", "contains", "minContains",
+        "maxContains", "uniqueItems", "propertyNames", "unevaluatedProperties", "unevaluatedItems",
+        "$dynamicRef", "$dynamicAnchor", "$anchor", "$id", "$recursiveRef", "$recursiveAnchor",
+        "contentEncoding", "contentMediaType", "contentSchema", "$vocabulary", "minProperties", "a", "text",
+    ];
+
+    fn schema() -> impl Strategy<Value = Value> {
+        scalar().prop_recursive(5, 80, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                proptest::collection::vec((proptest::sample::select(KEYS), inner), 0..6)
+                    .prop_map(|kv| Value::Object(kv.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+        #[test]
+        fn hostile_schemas_compile_and_validate_without_panicking(s in schema(), inst in schema(), root in any::<bool>()) {
+            let mut s = s;
+            if root {
+                if let Value::Object(m) = &mut s { m.insert("type".into(), json!("object")); }
+            }
+            if let Ok(v) = compile_schema(&s) {
+                let errors: Vec<String> = v.iter_errors(&inst).take(5).map(|e| e.to_string()).collect();
+                prop_assert_eq!(errors.is_empty(), v.is_valid(&inst));
+            }
+            // The same schema through the whole metadata path: a verdict, never a panic.
+            let mut t = tool("t.x");
+            t["descriptor"]["input_schema"] = s;
+            t["descriptor"]["primary_argument"] = Value::Null;
+            if let Ok(tools) = read_doc(&doc(vec![t])) {
+                prop_assert_eq!(tools.len(), 1);
+                let _ = tools[0].validate_arguments(&inst);
+            }
+        }
+    }
 }

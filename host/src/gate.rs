@@ -11,10 +11,14 @@
 //! other path — visibility, availability, health, a resumed ticket — can run
 //! a Tool without the gate's Allow:
 //!
-//! ```compile_fail
-//! # use toolgate::gate::AllowedCall;
-//! // Forging an AllowedCall outside the gate does not compile.
-//! let forged = AllowedCall { candidate: todo!(), call: todo!() };
+//! ```compile_fail,E0451
+//! // Forging an AllowedCall outside the gate does not compile: its fields are private.
+//! fn forge(
+//!     candidate: toolgate::snapshot::Candidate,
+//!     call: toolgate::gate::ToolCall,
+//! ) -> toolgate::gate::AllowedCall {
+//!     toolgate::gate::AllowedCall { candidate, call }
+//! }
 //! ```
 
 use serde_json::Value;
@@ -180,5 +184,126 @@ fn canonical(v: &Value, out: &mut String) {
             out.push(']');
         }
         scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn sha256_hex(text: &str) -> String {
+        crate::catalog::Digest::of(text.as_bytes()).hex()
+    }
+
+    #[test]
+    fn digest_is_sha256_of_sorted_compact_json() {
+        let cases = [
+            (json!(null), "null"),
+            (json!({}), "{}"),
+            (json!([]), "[]"),
+            (json!({"b": 1, "a": [true, null, "x"]}), r#"{"a":[true,null,"x"],"b":1}"#),
+            (json!({"z": {"y": 1, "x": 2}, "a\"b": "q\"r"}), r#"{"a\"b":"q\"r","z":{"x":2,"y":1}}"#),
+            (json!({"B": 1, "a": 2, "é": 3, "10": 4, "9": 5}), r#"{"10":4,"9":5,"B":1,"a":2,"é":3}"#),
+            (json!({"n": -1.5, "m": 18446744073709551615u64}), r#"{"m":18446744073709551615,"n":-1.5}"#),
+        ];
+        for (value, canonical_text) in cases {
+            let mut out = String::new();
+            canonical(&value, &mut out);
+            assert_eq!(out, canonical_text);
+            assert_eq!(argument_digest(&value), sha256_hex(canonical_text), "{value}");
+            assert_eq!(argument_digest(&value).len(), 64);
+        }
+    }
+
+    #[test]
+    fn digest_separates_lookalike_values() {
+        // Pairs that a naive concatenation or a lossy encoding could confuse.
+        let pairs = [
+            (json!({"a": 1}), json!({"a": "1"})),
+            (json!({"a": 1}), json!({"a": 1.0})),
+            (json!({"a": [1, 2]}), json!({"a": [2, 1]})),
+            (json!({"a": {"b": 1}}), json!({"a.b": 1})),
+            (json!(["a,b"]), json!(["a", "b"])),
+            (json!({"a": "x", "b": "y"}), json!({"a": "x\",\"b\":\"y"})),
+            (json!(null), json!({})),
+            (json!({}), json!([])),
+            (json!({"a": null}), json!({})),
+            (json!(""), json!(null)),
+            (json!(true), json!("true")),
+            (json!({"path": "data/x"}), json!({"path": "data/x "})),
+        ];
+        for (a, b) in pairs {
+            assert_ne!(argument_digest(&a), argument_digest(&b), "{a} vs {b}");
+        }
+    }
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
+            ".{0,8}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 64, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::btree_map(".{0,6}", inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// An object's entries (unique keys) and a permutation of them.
+    fn entries_and_permutation() -> impl Strategy<Value = (Vec<(String, Value)>, Vec<(String, Value)>)> {
+        proptest::collection::btree_map(".{0,6}", json_value(), 0..8).prop_flat_map(|m| {
+            let entries: Vec<(String, Value)> = m.into_iter().collect();
+            (Just(entries.clone()), Just(entries).prop_shuffle())
+        })
+    }
+
+    /// JSON text of an object with its keys in exactly the given order.
+    fn object_text(entries: &[(String, Value)]) -> String {
+        let fields: Vec<String> = entries
+            .iter()
+            .map(|(k, v)| format!("{}:{}", Value::String(k.clone()), v))
+            .collect();
+        format!("{{{}}}", fields.join(","))
+    }
+
+    proptest! {
+        #[test]
+        fn digest_ignores_key_order((entries, permuted) in entries_and_permutation()) {
+            let a: Value = serde_json::from_str(&object_text(&entries)).unwrap();
+            let b: Value = serde_json::from_str(&object_text(&permuted)).unwrap();
+            prop_assert_eq!(argument_digest(&a), argument_digest(&b));
+            // Built in either insertion order, too.
+            let c = Value::Object(permuted.into_iter().collect());
+            prop_assert_eq!(argument_digest(&a), argument_digest(&c));
+            // Nested one level down, as well.
+            let outer_a = json!({"x": a, "y": [c]});
+            let outer_b = json!({"y": [b.clone()], "x": b});
+            prop_assert_eq!(argument_digest(&outer_a), argument_digest(&outer_b));
+        }
+
+        #[test]
+        fn digest_survives_a_journal_round_trip(v in json_value()) {
+            // The runtime stores arguments as JSON text and re-reads them on resume.
+            let back: Value = serde_json::from_str(&serde_json::to_string(&v).unwrap()).unwrap();
+            prop_assert_eq!(argument_digest(&back), argument_digest(&v));
+            // The canonical text is itself JSON for the same value.
+            let mut text = String::new();
+            canonical(&v, &mut text);
+            prop_assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), v);
+        }
+
+        #[test]
+        fn digest_differs_for_different_values(a in json_value(), b in json_value()) {
+            prop_assume!(a != b);
+            prop_assert_ne!(argument_digest(&a), argument_digest(&b));
+        }
     }
 }

@@ -262,10 +262,10 @@ fn missing(id: &str, wanted: &CapabilitySet, granted: &CapabilitySet) -> String 
             );
         }
     }
-    for h in wanted.hosts.difference(&granted.hosts) {
+    if let Some(h) = wanted.hosts.difference(&granted.hosts).next() {
         return format!("`{id}` declares host {h}; add it to `hosts` of a [[grants]] entry matching `{id}`");
     }
-    for c in wanted.credentials.difference(&granted.credentials) {
+    if let Some(c) = wanted.credentials.difference(&granted.credentials).next() {
         return format!(
             "`{id}` declares credential {c}; add it to `credentials` of a [[grants]] entry matching `{id}`"
         );

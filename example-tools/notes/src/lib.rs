@@ -44,7 +44,6 @@ impl Tool for Notes {
     const ID: &'static str = "notes";
     const DESCRIPTION: &'static str =
         "Keep notes across runs: op=add with a note, op=list, or op=clear.";
-    const PRIMARY_ARGUMENT: Option<&'static str> = Some("op");
     type Args = NotesArgs;
     type Output = NotesOutput;
     fn annotations() -> Annotations {
