@@ -12,6 +12,8 @@ use std::process::Command;
 const GUESTS: &[(&str, &str)] = &[
     ("toolgate-example-text", "TEXT"),
     ("toolgate-example-notes", "NOTES"),
+    ("toolgate-example-files", "FILES"),
+    ("toolgate-example-tracker", "TRACKER"),
     ("toolgate-fixture-hostile", "HOSTILE"),
 ];
 

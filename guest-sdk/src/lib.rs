@@ -251,6 +251,9 @@ pub mod guest;
 #[doc(hidden)]
 pub use wit_bindgen as __wit_bindgen;
 
+#[cfg(feature = "guest")]
+pub mod http;
+
 /// Export one or more Tools from this component.
 ///
 /// ```ignore

@@ -14,6 +14,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use std::sync::Arc;
+
+use crate::credentials::{CredentialConfig, CredentialSpec};
+use crate::destination::Destination;
 use crate::narrowing::ToolCapabilityNarrowing;
 use crate::policy::{Behavior, RuleSpec};
 
@@ -62,11 +66,26 @@ pub struct Limits {
     pub capture_kib: u64,
     /// How long a confirmation ticket stays valid, seconds.
     pub ticket_ttl_secs: u64,
+    /// Largest outbound HTTP request body, KiB.
+    pub http_request_kib: u64,
+    /// Largest outbound HTTP response body, KiB (buffered for redaction).
+    pub http_response_kib: u64,
+    /// Outbound HTTP connect / first-byte / between-bytes timeout, milliseconds.
+    pub http_timeout_ms: u64,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { memory_mib: 64, timeout_ms: 10_000, output_kib: 1024, capture_kib: 64, ticket_ttl_secs: 86_400 }
+        Limits {
+            memory_mib: 64,
+            timeout_ms: 10_000,
+            output_kib: 1024,
+            capture_kib: 64,
+            ticket_ttl_secs: 86_400,
+            http_request_kib: 1024,
+            http_response_kib: 4096,
+            http_timeout_ms: 30_000,
+        }
     }
 }
 
@@ -94,9 +113,12 @@ pub struct Grant {
     /// Outbound HTTP destinations, `scheme://host:port`.
     #[serde(default)]
     pub hosts: Vec<String>,
-    /// Credential names.
+    /// Credential names (defined under `[credentials.NAME]`).
     #[serde(default)]
     pub credentials: Vec<String>,
+    /// Environment variables set to these literal, non-secret values.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
 }
 
 /// One agent's view and policy.
@@ -136,6 +158,8 @@ struct RawConfig {
     grants: Vec<Grant>,
     #[serde(default)]
     agents: BTreeMap<String, AgentConfig>,
+    #[serde(default)]
+    credentials: BTreeMap<String, CredentialConfig>,
 }
 
 /// A checked configuration with absolute paths.
@@ -155,6 +179,8 @@ pub struct Config {
     pub grants: Vec<Grant>,
     /// Agents by name.
     pub agents: BTreeMap<String, AgentConfig>,
+    /// Credentials by name: where the secret comes from, never the secret.
+    pub credentials: BTreeMap<String, Arc<CredentialSpec>>,
 }
 
 impl Config {
@@ -184,14 +210,38 @@ impl Config {
             ("limits.output_kib", l.output_kib, 64 * 1024),
             ("limits.capture_kib", l.capture_kib, 64 * 1024),
             ("limits.ticket_ttl_secs", l.ticket_ttl_secs, 365 * 86_400),
+            ("limits.http_request_kib", l.http_request_kib, 1024 * 1024),
+            ("limits.http_response_kib", l.http_response_kib, 1024 * 1024),
+            ("limits.http_timeout_ms", l.http_timeout_ms, 3_600_000),
         ] {
             if value == 0 || value > max {
                 return Err(field(name, format!("{value} is out of range; use 1 to {max}")));
             }
         }
+        let mut credentials = BTreeMap::new();
+        for (name, c) in &raw.credentials {
+            let spec = CredentialSpec::new(name, c, base).map_err(|e| field(&format!("credentials.{name}"), e.to_string()))?;
+            credentials.insert(name.clone(), Arc::new(spec));
+        }
         for (i, g) in raw.grants.iter().enumerate() {
             globset::Glob::new(&g.tools)
                 .map_err(|e| field(&format!("grants[{i}].tools"), format!("{e}")))?;
+            for (j, h) in g.hosts.iter().enumerate() {
+                Destination::parse(h, false).map_err(|e| field(&format!("grants[{i}].hosts[{j}]"), e.to_string()))?;
+            }
+            for (j, c) in g.credentials.iter().enumerate() {
+                if !credentials.contains_key(c) {
+                    return Err(field(
+                        &format!("grants[{i}].credentials[{j}]"),
+                        format!("no credential `{c}`; define it in a [credentials.{c}] table"),
+                    ));
+                }
+            }
+            for k in g.env.keys() {
+                if k.is_empty() || k.contains(['=', '\0']) {
+                    return Err(field(&format!("grants[{i}].env"), format!("invalid variable name `{k}`")));
+                }
+            }
             for (j, d) in g.directories.iter().enumerate() {
                 if !d.path.starts_with('/') || d.path.split('/').any(|c| c == "..") {
                     return Err(field(
@@ -224,6 +274,7 @@ impl Config {
             limits: raw.limits,
             grants,
             agents: raw.agents,
+            credentials,
         })
     }
 

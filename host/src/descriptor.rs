@@ -225,6 +225,12 @@ fn check_document(doc: ComponentMetadata) -> Result<Vec<Arc<CheckedTool>>, Descr
                 )));
             }
         }
+        for h in &tool.capabilities.hosts {
+            crate::destination::Destination::parse(h, true).map_err(|e| bad(format!("declared host: {e}")))?;
+        }
+        for c in &tool.capabilities.credentials {
+            check_id(c).map_err(|e| bad(format!("declared credential `{c}`: {e}")))?;
+        }
         for dir in &tool.capabilities.directories {
             if !dir.path.starts_with('/') || dir.path.split('/').any(|c| c == "..") {
                 return Err(bad(format!(

@@ -23,7 +23,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::OnceCell;
 use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimits, StoreLimitsBuilder, Trap};
-use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
+
+use crate::narrowing::Access;
+use crate::outbound::{HttpLimits, OutboundPolicy};
+use crate::snapshot::EffectiveGrant;
 
 use crate::capture::Capture;
 use crate::catalog::{self, Digest};
@@ -188,6 +193,8 @@ pub struct Captured {
 /// Per-call store state: the whole authority of one call.
 struct CallState {
     wasi: WasiCtx,
+    http: WasiHttpCtx,
+    outbound: OutboundPolicy,
     table: ResourceTable,
     limits: StoreLimits,
     state: BTreeMap<String, String>,
@@ -197,6 +204,12 @@ struct CallState {
 impl WasiView for CallState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+impl WasiHttpView for CallState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView { ctx: &mut self.http, table: &mut self.table, hooks: &mut self.outbound }
     }
 }
 
@@ -257,6 +270,8 @@ impl Executor {
         let engine = Engine::new(&config).map_err(ExecutorError::Engine)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(ExecutorError::Engine)?;
+        // The only network a guest gets: HTTP through the outbound policy.
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(ExecutorError::Engine)?;
         bindings::Plugin::add_to_linker::<CallState, wasmtime::component::HasSelf<CallState>>(&mut linker, |s| s)
             .map_err(ExecutorError::Engine)?;
 
@@ -318,10 +333,25 @@ impl Executor {
         let capture = (limits.capture_kib as usize) << 10;
         let (stdout, stderr, log) = (Capture::new(capture), Capture::new(capture), Capture::new(capture));
 
-        // Deny by default: no preopens, env, args, network or inherited stdio.
-        let wasi = WasiCtx::builder().stdout(stdout.clone()).stderr(stderr.clone()).build();
+        let grant = &call.candidate().grant;
+        let wasi = sandbox(grant, &stdout, &stderr).map_err(|reason| ExecutorError::Instantiate {
+            path: component.path.clone(),
+            reason,
+        })?;
+        let outbound = OutboundPolicy::new(
+            Arc::new(grant.hosts.clone()),
+            Arc::new(grant.credentials.clone()),
+            HttpLimits {
+                request_bytes: (limits.http_request_kib as usize) << 10,
+                response_bytes: (limits.http_response_kib as usize) << 10,
+                timeout: Duration::from_millis(limits.http_timeout_ms),
+            },
+            log.clone(),
+        );
         let state = CallState {
             wasi,
+            http: WasiHttpCtx::new(),
+            outbound,
             table: ResourceTable::new(),
             limits: StoreLimitsBuilder::new()
                 .memory_size((limits.memory_mib as usize) << 20)
@@ -487,6 +517,14 @@ impl Executor {
         let limits = &self.settings.limits;
         let state = CallState {
             wasi: WasiCtx::builder().build(),
+            http: WasiHttpCtx::new(),
+            // No destinations: `describe` gets no network.
+            outbound: OutboundPolicy::new(
+                Arc::default(),
+                Arc::default(),
+                HttpLimits { request_bytes: 0, response_bytes: 0, timeout: Duration::from_millis(1) },
+                Capture::new(0),
+            ),
             table: ResourceTable::new(),
             limits: StoreLimitsBuilder::new().memory_size((limits.memory_mib as usize) << 20).trap_on_grow_failure(true).build(),
             state: BTreeMap::new(),
@@ -506,6 +544,28 @@ impl Executor {
             .await
             .map_err(|e| ExecutorError::Instantiate { path, reason: format!("describe failed: {e:#}") })
     }
+}
+
+/// The WASI context of one call: exactly the granted mounts and environment,
+/// stdout/stderr into bounded captures, and nothing else — no inherited stdio,
+/// no arguments, no sockets, no name lookup (all off by default in wasmtime-wasi).
+fn sandbox(grant: &EffectiveGrant, stdout: &Capture, stderr: &Capture) -> Result<WasiCtx, String> {
+    let mut b = WasiCtx::builder();
+    b.stdout(stdout.clone()).stderr(stderr.clone());
+    for (k, v) in &grant.env {
+        b.env(k, v);
+    }
+    for m in &grant.mounts {
+        let perms = match m.access {
+            Access::Read => FsPerms::ReadOnly,
+            Access::ReadWrite => FsPerms::ReadWrite,
+        };
+        // cap-std underneath: `..`, absolute paths and symlinks cannot leave the directory.
+        b.preopened_dir(&m.host, &m.guest, perms).map_err(|e| {
+            format!("cannot open granted directory {} for {}: {e:#}; check the [[grants]] entry", m.host.display(), m.guest)
+        })?;
+    }
+    Ok(b.build())
 }
 
 fn write_cache(path: &Path, component: &Component) {

@@ -11,6 +11,7 @@
 //! [`Candidate`], is not permission: only the gate turns a candidate into an
 //! executable call, and only on Allow.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -19,6 +20,8 @@ use toolgate_sdk::{DeclaredCapabilities, ToolDescriptor};
 
 use crate::catalog::{Availability, Catalog, InstalledTool};
 use crate::config::{AgentConfig, Config, ConfigError, Grant};
+use crate::credentials::CredentialSpec;
+use crate::destination::Destination;
 use crate::narrowing::{Access, CapabilitySet, ToolCapabilityNarrowing};
 use crate::policy::Policy;
 
@@ -58,8 +61,32 @@ pub struct Candidate {
     pub installed: InstalledTool,
     /// Declared ∩ granted: the most authority a call may hold.
     pub authority: CapabilitySet,
-    /// The directory grants behind `authority` (guest path → host directory).
-    pub mounts: Vec<crate::config::DirectoryGrant>,
+    /// The concrete grants behind `authority`.
+    pub grant: EffectiveGrant,
+}
+
+/// The concrete authority of one Tool: what the executor hands the sandbox.
+#[derive(Debug, Clone, Default)]
+pub struct EffectiveGrant {
+    /// Host directories mounted at guest paths, with the effective access.
+    pub mounts: Vec<Mount>,
+    /// Outbound HTTP destinations (exact grants).
+    pub hosts: Vec<Destination>,
+    /// Credentials the Tool may ask for by reference.
+    pub credentials: Vec<Arc<CredentialSpec>>,
+    /// Environment variables (literal, non-secret values).
+    pub env: Vec<(String, String)>,
+}
+
+/// A host directory visible to the guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    /// Path inside the guest.
+    pub guest: String,
+    /// Directory on the host.
+    pub host: PathBuf,
+    /// Declared ∩ granted access.
+    pub access: Access,
 }
 
 impl Candidate {
@@ -90,6 +117,7 @@ pub struct ExecutableAgentSnapshot {
     policy: Arc<Policy>,
     narrowing: ToolCapabilityNarrowing,
     grants: Arc<Vec<(globset::GlobMatcher, Grant)>>,
+    credentials: Arc<BTreeMap<String, Arc<CredentialSpec>>>,
     catalog: Arc<Catalog>,
 }
 
@@ -128,6 +156,7 @@ impl ExecutableAgentSnapshot {
             policy: Arc::new(policy),
             narrowing: a.narrowing,
             grants: Arc::new(grants),
+            credentials: Arc::new(config.credentials.clone()),
             catalog,
         })
     }
@@ -179,46 +208,80 @@ impl ExecutableAgentSnapshot {
         if let Some(reason) = unhealthy(&installed.component.digest) {
             return Err(Removal::Unhealthy(reason));
         }
-        let (authority, mounts) = self.authority_for(id, &installed.tool.metadata.capabilities)?;
-        Ok(Candidate { installed: installed.clone(), authority, mounts })
+        let (authority, grant) = self.authority_for(id, &installed.tool.metadata.capabilities)?;
+        Ok(Candidate { installed: installed.clone(), authority, grant })
     }
 
     /// Declared ∩ granted, or the first declared need the host does not grant.
-    fn authority_for(
-        &self,
-        id: &str,
-        declared: &DeclaredCapabilities,
-    ) -> Result<(CapabilitySet, Vec<crate::config::DirectoryGrant>), Removal> {
+    ///
+    /// Directories and credentials: each declared one must be granted.
+    /// Hosts: a Tool may declare alternatives (`http://127.0.0.1:*`,
+    /// `https://*.tracker.example`); it gets the grants its declarations
+    /// cover, and is removed only if it declares hosts and none is granted.
+    fn authority_for(&self, id: &str, declared: &DeclaredCapabilities) -> Result<(CapabilitySet, EffectiveGrant), Removal> {
+        let matching: Vec<&Grant> = self.grants.iter().filter(|(m, _)| m.is_match(id)).map(|(_, g)| g).collect();
         let mut granted = CapabilitySet::default();
-        let mut mounts_all = Vec::new();
-        for (m, g) in self.grants.iter() {
-            if !m.is_match(id) {
-                continue;
-            }
+        for g in &matching {
             for d in &g.directories {
                 let a = access(d.access);
                 let e = granted.directories.entry(d.path.clone()).or_insert(a);
                 *e = (*e).max(a);
-                mounts_all.push(d.clone());
             }
-            granted.hosts.extend(g.hosts.iter().cloned());
             granted.credentials.extend(g.credentials.iter().cloned());
         }
         let mut wanted = CapabilitySet::default();
         for d in &declared.directories {
             wanted.directories.insert(d.path.clone(), access(d.access));
         }
-        wanted.hosts.extend(declared.hosts.iter().cloned());
         wanted.credentials.extend(declared.credentials.iter().cloned());
+
+        // Hosts: grants (exact) covered by some declared pattern.
+        let declared_hosts: Vec<Destination> =
+            declared.hosts.iter().filter_map(|h| Destination::parse(h, true).ok()).collect();
+        let mut hosts: Vec<Destination> = Vec::new();
+        for g in &matching {
+            for h in g.hosts.iter().filter_map(|h| Destination::parse(h, false).ok()) {
+                if declared_hosts.iter().any(|d| d.covers(&h)) && !hosts.contains(&h) {
+                    hosts.push(h);
+                }
+            }
+        }
+        if !declared_hosts.is_empty() && hosts.is_empty() {
+            return Err(Removal::NotGranted(format!(
+                "`{id}` declares hosts {}; add one of them (with an exact port) to `hosts` of a [[grants]] entry matching `{id}`",
+                declared.hosts.join(", ")
+            )));
+        }
+        // Every granted host is covered by a declaration, so it is in the intersection.
+        granted.hosts.extend(hosts.iter().map(ToString::to_string));
+        wanted.hosts.extend(hosts.iter().map(ToString::to_string));
         if !wanted.is_subset_of(&granted) {
             return Err(Removal::NotGranted(missing(id, &wanted, &granted)));
         }
         let authority = wanted.intersect(&granted);
-        let mounts = mounts_all
-            .into_iter()
-            .filter(|d| authority.directories.contains_key(&d.path))
-            .collect();
-        Ok((authority, mounts))
+
+        let mut grant = EffectiveGrant { hosts, ..Default::default() };
+        for g in &matching {
+            for d in &g.directories {
+                if let Some(a) = authority.directories.get(&d.path)
+                    && !grant.mounts.iter().any(|m| m.guest == d.path)
+                {
+                    grant.mounts.push(Mount { guest: d.path.clone(), host: d.host.clone(), access: access(d.access).meet(*a) });
+                }
+            }
+            for (k, v) in &g.env {
+                if !grant.env.iter().any(|(ek, _)| ek == k) {
+                    grant.env.push((k.clone(), v.clone()));
+                }
+            }
+        }
+        for name in &authority.credentials {
+            // Config checks that every granted credential is defined.
+            if let Some(spec) = self.credentials.get(name) {
+                grant.credentials.push(spec.clone());
+            }
+        }
+        Ok((authority, grant))
     }
 
     /// Descriptors the model sees: visible and passing the filter, sorted by id.

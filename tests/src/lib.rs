@@ -107,3 +107,129 @@ pub fn runtime_for(config: &Config, agent: &str) -> Runtime {
 pub fn put(dir: &Path, name: &str, bytes: &[u8]) {
     std::fs::write(dir.join(name), bytes).unwrap();
 }
+
+/// A request the test server received.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    /// `GET /path?query HTTP/1.1`.
+    pub line: String,
+    /// Headers, names lower-cased.
+    pub headers: Vec<(String, String)>,
+}
+
+impl Recorded {
+    /// The first header named `name`.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// A small HTTP/1.1 server on 127.0.0.1 for outbound tests; stops on drop.
+///
+/// Routes: `/issues?state=S` (needs `Authorization: Bearer <token>`, answers
+/// JSON issues), `/echo` (reflects the request line and headers in body and
+/// headers), `/redirect` (302 to the configured location), else 404.
+pub struct TestServer {
+    /// The port it listens on.
+    pub port: u16,
+    requests: Arc<Mutex<Vec<Recorded>>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TestServer {
+    /// Start a server expecting `token`; `/redirect` points at `location`.
+    pub fn start(token: &str, location: &str) -> TestServer {
+        use std::io::{BufRead, BufReader, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let requests: Arc<Mutex<Vec<Recorded>>> = Arc::default();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (token, location) = (token.to_owned(), location.to_owned());
+        let (reqs, stopping) = (requests.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                if stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(mut stream) = stream else { continue };
+                stream.set_read_timeout(Some(std::time::Duration::from_secs(5))).ok();
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut line = String::new();
+                if reader.read_line(&mut line).is_err() {
+                    continue;
+                }
+                let line = line.trim_end().to_owned();
+                let mut headers = Vec::new();
+                loop {
+                    let mut h = String::new();
+                    if reader.read_line(&mut h).is_err() || h.trim_end().is_empty() {
+                        break;
+                    }
+                    if let Some((k, v)) = h.trim_end().split_once(':') {
+                        headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+                    }
+                }
+                let rec = Recorded { line: line.clone(), headers };
+                reqs.lock().unwrap().push(rec.clone());
+                let target = line.split_whitespace().nth(1).unwrap_or("/").to_owned();
+                let (status, extra, body) = if target.starts_with("/issues") {
+                    if rec.header("authorization") == Some(&format!("Bearer {token}")) {
+                        let state = if target.contains("state=closed") { "closed" } else { "open" };
+                        let all = serde_json::json!([
+                            {"id": 1, "title": "Crash on start", "state": "open"},
+                            {"id": 2, "title": "Typo in docs", "state": "closed"},
+                            {"id": 3, "title": "Slow search", "state": "open"},
+                        ]);
+                        let list: Vec<_> = all.as_array().unwrap().iter().filter(|i| i["state"] == state).cloned().collect();
+                        ("200 OK", String::new(), serde_json::to_string(&list).unwrap())
+                    } else {
+                        ("401 Unauthorized", String::new(), "{\"error\":\"unauthorized\"}".to_owned())
+                    }
+                } else if target.starts_with("/echo") {
+                    let mut body = format!("{line}\n");
+                    for (k, v) in &rec.headers {
+                        body.push_str(&format!("{k}: {v}\n"));
+                    }
+                    let auth = rec.header("authorization").unwrap_or("none").to_owned();
+                    ("200 OK", format!("x-echo-authorization: {auth}\r\nx-echo-line: {line}\r\n"), body)
+                } else if target.starts_with("/redirect") {
+                    ("302 Found", format!("location: {location}\r\n"), String::new())
+                } else {
+                    ("404 Not Found", String::new(), "not found".to_owned())
+                };
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n{extra}\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        TestServer { port, requests, stop, thread: Some(thread) }
+    }
+
+    /// `http://127.0.0.1:PORT{path}`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn origin(&self) -> String {
+        self.url("")
+    }
+
+    /// Requests received so far.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.requests.lock().unwrap().clone()
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = std::net::TcpStream::connect(("127.0.0.1", self.port));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

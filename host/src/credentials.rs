@@ -1,0 +1,267 @@
+//! Credentials: references everywhere, plaintext only at the boundary.
+//!
+//! Owns credential specs (name, where the secret comes from, the destinations
+//! it is bound to, how it is applied), reading the secret at the moment a
+//! request leaves the host, and [`Secret`], whose `Debug` and `Display` never
+//! show the value.
+//!
+//! Architecture invariant: configuration, journal, captured output, tracing
+//! and everything a guest or the model sees hold a credential's *name*. The
+//! plaintext exists only inside [`Secret`], created by
+//! [`CredentialSpec::materialize`] for one outbound request to a destination
+//! bound to it, and is used to write that request and to redact responses.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::destination::Destination;
+
+/// Where a secret comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub enum Source {
+    /// An environment variable of the host process.
+    Env(String),
+    /// A file readable only by its owner (mode 0600 or stricter).
+    File(PathBuf),
+}
+
+/// How a secret is applied to a request.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub enum Apply {
+    /// A header whose value is `format` with `{}` replaced by the secret.
+    Header {
+        /// Header name, e.g. `Authorization`.
+        name: String,
+        /// E.g. `Bearer {}`.
+        #[serde(default = "plain")]
+        format: String,
+    },
+    /// HTTP basic auth: `username` with the secret as password.
+    Basic {
+        /// The user name.
+        username: String,
+    },
+    /// A query parameter.
+    Query {
+        /// Parameter name.
+        param: String,
+    },
+}
+
+fn plain() -> String {
+    "{}".into()
+}
+
+/// One credential as configured.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CredentialConfig {
+    /// Where the secret comes from.
+    pub source: Source,
+    /// Destinations the secret may be sent to (`scheme://host:port`).
+    pub destinations: Vec<String>,
+    /// How it is applied.
+    pub apply: Apply,
+}
+
+/// A checked credential: name, source, bound destinations, application.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CredentialSpec {
+    /// The reference guests and config use.
+    pub name: String,
+    source: Source,
+    destinations: Vec<Destination>,
+    apply: Apply,
+}
+
+/// Why a credential cannot be used. Messages name the credential, never the value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CredentialError {
+    /// Config problem.
+    #[error("credential `{name}`: {problem}")]
+    Invalid {
+        /// The credential.
+        name: String,
+        /// What is wrong and what to do.
+        problem: String,
+    },
+    /// The secret cannot be read now.
+    #[error("credential `{name}`: {problem}")]
+    Unavailable {
+        /// The credential.
+        name: String,
+        /// Why.
+        problem: String,
+    },
+}
+
+impl CredentialSpec {
+    /// Check a configured credential (not its secret, which is read only when used).
+    pub fn new(name: &str, config: &CredentialConfig, base: &Path) -> Result<Self, CredentialError> {
+        let invalid = |problem: String| CredentialError::Invalid { name: name.to_owned(), problem };
+        if config.destinations.is_empty() {
+            return Err(invalid("`destinations` is empty; bind it to where it may be sent".into()));
+        }
+        let destinations = config
+            .destinations
+            .iter()
+            .map(|d| Destination::parse(d, false).map_err(|e| invalid(e.to_string())))
+            .collect::<Result<Vec<_>, _>>()?;
+        match &config.apply {
+            Apply::Header { name: h, format } => {
+                if h.parse::<http::HeaderName>().is_err() {
+                    return Err(invalid(format!("`{h}` is not a valid header name")));
+                }
+                if format.matches("{}").count() != 1 {
+                    return Err(invalid("`format` must contain `{}` exactly once".into()));
+                }
+            }
+            Apply::Basic { username } if username.contains(':') => {
+                return Err(invalid("a basic-auth username cannot contain `:`".into()));
+            }
+            Apply::Query { param } if param.is_empty() => return Err(invalid("`param` is empty".into())),
+            _ => {}
+        }
+        let source = match &config.source {
+            Source::File(p) if p.is_relative() => Source::File(base.join(p)),
+            s => s.clone(),
+        };
+        Ok(CredentialSpec { name: name.to_owned(), source, destinations, apply: config.apply.clone() })
+    }
+
+    /// Whether the credential may be sent to this request's destination.
+    pub fn bound_to(&self, scheme: &str, host: &str, port: u16) -> bool {
+        self.destinations.iter().any(|d| d.matches(scheme, host, port))
+    }
+
+    /// How it is applied.
+    pub fn apply(&self) -> &Apply {
+        &self.apply
+    }
+
+    /// Read the secret for one request to `scheme://host:port`. Refuses an
+    /// unbound destination before reading anything.
+    pub fn materialize(&self, scheme: &str, host: &str, port: u16) -> Result<Secret, CredentialError> {
+        let unavailable = |problem: String| CredentialError::Unavailable { name: self.name.clone(), problem };
+        if !self.bound_to(scheme, host, port) {
+            return Err(unavailable(format!("not bound to {scheme}://{host}:{port}")));
+        }
+        let value = match &self.source {
+            Source::Env(var) => std::env::var(var)
+                .map_err(|_| unavailable(format!("environment variable `{var}` is not set in the host process")))?,
+            Source::File(path) => read_owner_only(path).map_err(unavailable)?,
+        };
+        let value = value.trim_end_matches(['\n', '\r']).to_owned();
+        if value.is_empty() {
+            return Err(unavailable("the secret is empty".into()));
+        }
+        Ok(Secret(value))
+    }
+}
+
+fn read_owner_only(path: &Path) -> Result<String, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if meta.permissions().mode() & 0o077 != 0 {
+            return Err(format!(
+                "{} is readable by others; run `chmod 600 {}`",
+                path.display(),
+                path.display()
+            ));
+        }
+    }
+    let _ = meta;
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+}
+
+/// A secret's plaintext. Never printed; compared and written only by the
+/// outbound boundary.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The plaintext, for writing the outbound request and redacting responses.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret([redacted])")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+impl Drop for Secret {
+    fn drop(&mut self) {
+        // Best effort: overwrite the plaintext before the allocation is freed.
+        // SAFETY: writing zero bytes keeps the string valid UTF-8.
+        unsafe { self.0.as_bytes_mut().fill(0) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(apply: Apply, source: Source) -> CredentialSpec {
+        let cfg = CredentialConfig { source, destinations: vec!["http://127.0.0.1:8080".into()], apply };
+        CredentialSpec::new("tracker", &cfg, Path::new("/")).unwrap()
+    }
+
+    #[test]
+    fn secrets_never_print() {
+        let s = Secret("hunter2".into());
+        assert_eq!(format!("{s:?} {s}"), "Secret([redacted]) [redacted]");
+    }
+
+    #[test]
+    fn an_unbound_destination_is_refused_before_the_secret_is_read() {
+        let c = spec(Apply::Query { param: "k".into() }, Source::Env("TOOLGATE_TEST_UNSET_VAR".into()));
+        let e = c.materialize("http", "127.0.0.1", 9999).unwrap_err().to_string();
+        assert!(e.contains("not bound"), "{e}");
+        let e = c.materialize("http", "127.0.0.1", 8080).unwrap_err().to_string();
+        assert!(e.contains("TOOLGATE_TEST_UNSET_VAR") && e.contains("not set"), "{e}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_secret_file_readable_by_others_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("s");
+        std::fs::write(&f, "v\n").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let c = spec(Apply::Query { param: "k".into() }, Source::File(f.clone()));
+        let e = c.materialize("http", "127.0.0.1", 8080).unwrap_err().to_string();
+        assert!(e.contains("chmod 600") && !e.contains("v\n"), "{e}");
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(c.materialize("http", "127.0.0.1", 8080).unwrap().expose(), "v");
+    }
+
+    #[test]
+    fn config_checks_name_the_credential() {
+        let bad = [
+            CredentialConfig { source: Source::Env("X".into()), destinations: vec![], apply: Apply::Query { param: "k".into() } },
+            CredentialConfig { source: Source::Env("X".into()), destinations: vec!["http://h:*".into()], apply: Apply::Query { param: "k".into() } },
+            CredentialConfig { source: Source::Env("X".into()), destinations: vec!["http://h:1".into()], apply: Apply::Header { name: "Authorization".into(), format: "Bearer".into() } },
+            CredentialConfig { source: Source::Env("X".into()), destinations: vec!["http://h:1".into()], apply: Apply::Header { name: "bad header".into(), format: "{}".into() } },
+        ];
+        for b in bad {
+            let e = CredentialSpec::new("tracker", &b, Path::new("/")).unwrap_err().to_string();
+            assert!(e.starts_with("credential `tracker`"), "{e}");
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! Invariants 4 and 7: a Tool gets exactly the granted authority — files,
+//! outbound HTTP, environment — and credentials only as references. A hostile
+//! component tries every way out; each attempt fails in the expected way.
+
+use std::path::Path;
+
+use serde_json::json;
+use toolgate::StepResult;
+use toolgate::executor::Content;
+use toolgate_tests::{TestHost, TestServer, guests, packed};
+
+use super::call;
+
+const SECRET: &str = "tg-s3cr3t-Zq8v";
+
+struct World {
+    host: TestHost,
+    api: TestServer,
+    other: TestServer,
+}
+
+/// The tracker API (bound to the credential), another granted server (not
+/// bound), data and scratch directories, a secret outside every grant.
+fn world() -> World {
+    let other = TestServer::start(SECRET, "http://127.0.0.1:1/");
+    let api = TestServer::start(SECRET, &other.url("/echo"));
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for sub in ["plugins", "data/docs", "scratch", "outside"] {
+        std::fs::create_dir_all(d.join(sub)).unwrap();
+    }
+    std::fs::write(d.join("data/a.txt"), "alpha\nbeta needle\n").unwrap();
+    std::fs::write(d.join("data/docs/b.md"), "gamma\nneedle again\n").unwrap();
+    std::fs::write(d.join("outside/secret.txt"), SECRET).unwrap();
+    std::os::unix::fs::symlink(d.join("outside/secret.txt"), d.join("data/abs-link")).unwrap();
+    std::os::unix::fs::symlink("../outside/secret.txt", d.join("data/rel-link")).unwrap();
+    let secret_file = d.join("tracker.secret");
+    std::fs::write(&secret_file, format!("{SECRET}\n")).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&secret_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    for (name, bytes) in [("hostile.wasm", packed(guests::HOSTILE)), ("files.wasm", packed(guests::FILES)), ("tracker.wasm", packed(guests::TRACKER))] {
+        std::fs::write(d.join("plugins").join(name), bytes).unwrap();
+    }
+    let config = format!(
+        r#"{preamble}
+[credentials.tracker]
+source = {{ file = "tracker.secret" }}
+destinations = ["{api}"]
+apply = {{ header = {{ name = "Authorization", format = "Bearer {{}}" }} }}
+
+[[grants]]
+tools = "*"
+directories = [
+  {{ path = "/data", host = "data", access = "read" }},
+  {{ path = "/scratch", host = "scratch", access = "read-write" }},
+]
+hosts = ["{api}", "{other}"]
+credentials = ["tracker"]
+env = {{ MODE = "test" }}
+
+[agents.default]
+visible = ["*"]
+default = "allow"
+"#,
+        preamble = toolgate_tests::PREAMBLE,
+        api = api.origin(),
+        other = other.origin(),
+    );
+    std::fs::write(d.join("toolgate.toml"), config).unwrap();
+    World { host: TestHost::open(dir, "default"), api, other }
+}
+
+async fn thief(host: &TestHost, op: &str, target: &str, credential: bool) -> String {
+    match call(host, "hostile.thief", json!({"op": op, "target": target, "credential": credential})).await {
+        StepResult::Output { content: Content::Json(serde_json::Value::String(s)), .. } => s,
+        other => panic!("{op} {target}: {other:?}"),
+    }
+}
+
+fn assert_err(observed: &str, contains: &str) {
+    assert!(observed.starts_with("err: ") && observed.contains(contains), "expected err containing {contains:?}, got {observed}");
+}
+
+#[tokio::test]
+async fn the_http_tool_gets_its_data_with_the_credential_applied_at_the_boundary() {
+    let w = world();
+    let r = call(&w.host, "tracker.issues", json!({"base_url": w.api.origin()})).await;
+    let StepResult::Output { content: Content::Json(v), .. } = &r else { panic!("{r:?}") };
+    assert_eq!(v, &json!([{"id": 1, "title": "Crash on start", "state": "open"}, {"id": 3, "title": "Slow search", "state": "open"}]));
+    let seen = w.api.requests();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].header("authorization"), Some(format!("Bearer {SECRET}").as_str()), "the server checks the header");
+    assert_eq!(seen[0].header("toolgate-credential"), None, "the reference never leaves the host");
+}
+
+#[tokio::test]
+async fn a_response_that_reflects_the_secret_reaches_the_guest_redacted() {
+    let w = world();
+    let seen = thief(&w.host, "http", &w.api.url("/echo"), true).await;
+    assert!(seen.starts_with("ok: 200"), "{seen}");
+    assert!(!seen.contains(SECRET), "the guest saw the secret: {seen}");
+    assert!(seen.contains("Bearer [redacted]"), "body and headers are redacted: {seen}");
+    assert_eq!(w.api.requests()[0].header("authorization"), Some(format!("Bearer {SECRET}").as_str()));
+}
+
+#[tokio::test]
+async fn the_credential_is_never_sent_to_an_unbound_destination() {
+    let w = world();
+    // `other` is a granted host, but the credential is not bound to it.
+    let seen = thief(&w.host, "http", &w.other.url("/echo"), true).await;
+    assert_err(&seen, "denied");
+    assert!(w.other.requests().is_empty(), "refused before anything was sent");
+    // Without the credential the same destination is fine.
+    let seen = thief(&w.host, "http", &w.other.url("/echo"), false).await;
+    assert!(seen.starts_with("ok: 200") && seen.contains(r#"("x-echo-authorization", "none")"#), "{seen}");
+}
+
+#[tokio::test]
+async fn redirects_are_not_followed() {
+    let w = world();
+    let seen = thief(&w.host, "http", &w.api.url("/redirect"), true).await;
+    assert!(seen.starts_with("ok: 302"), "the guest gets the redirect itself: {seen}");
+    assert!(w.other.requests().is_empty(), "nobody followed it to the other server");
+}
+
+#[tokio::test]
+async fn ungranted_hosts_ports_and_schemes_are_refused_naming_the_destination() {
+    let w = world();
+    let free_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    for url in [
+        format!("http://127.0.0.1:{free_port}/"),
+        format!("https://127.0.0.1:{}/", w.api.port),
+        format!("http://localhost:{}/", w.api.port),
+        "http://example.com/".to_owned(),
+    ] {
+        let seen = thief(&w.host, "http", &url, false).await;
+        assert_err(&seen, &format!("denied the request to {url}"));
+    }
+    assert!(w.api.requests().is_empty());
+    // The step's log says which destination was refused.
+    let steps = w.host.runtime.store().steps(None).unwrap();
+    assert!(steps[0].captured.contains(&format!("http://127.0.0.1:{free_port} is not granted")), "{}", steps[0].captured);
+}
+
+#[tokio::test]
+async fn sockets_and_name_lookup_are_off() {
+    let w = world();
+    assert_err(&thief(&w.host, "tcp", &format!("127.0.0.1:{}", w.api.port), false).await, "");
+    assert_err(&thief(&w.host, "dns", "localhost", false).await, "");
+    assert!(w.api.requests().is_empty());
+}
+
+#[tokio::test]
+async fn the_environment_holds_only_granted_literals() {
+    let w = world();
+    let env = thief(&w.host, "env", "", false).await;
+    assert_eq!(env, r#"[("MODE", "test")]"#);
+}
+
+#[tokio::test]
+async fn files_stay_inside_their_grants() {
+    let w = world();
+    let h = &w.host;
+    assert_eq!(thief(h, "read", "/data/a.txt", false).await, "ok: \"alpha\\nbeta needle\\n\"");
+    for escape in ["/data/../outside/secret.txt", "/outside/secret.txt", "/data/abs-link", "/data/rel-link", "/etc/passwd"] {
+        let seen = thief(h, "read", escape, false).await;
+        assert!(seen.starts_with("err: ") && !seen.contains(SECRET), "{escape}: {seen}");
+    }
+    assert!(thief(h, "list", "/", false).await.starts_with("err: "));
+    // Read-only grant.
+    assert_err(&thief(h, "write", "/data/new.txt", false).await, "");
+    assert!(!h.dir.path().join("data/new.txt").exists());
+    // Read-write grant.
+    assert!(thief(h, "write", "/scratch/new.txt", false).await.starts_with("ok"));
+    assert!(h.dir.path().join("scratch/new.txt").exists());
+    // A symlink the guest makes cannot point out.
+    let made = thief(h, "symlink", "/scratch/link=>/etc/passwd", false).await;
+    let read = thief(h, "read", "/scratch/link", false).await;
+    assert!(made.starts_with("err: ") || read.starts_with("err: "), "{made} / {read}");
+    let made = thief(h, "symlink", "/scratch/up=>../outside/secret.txt", false).await;
+    let read = thief(h, "read", "/scratch/up", false).await;
+    assert!((made.starts_with("err: ") || read.starts_with("err: ")) && !read.contains(SECRET), "{made} / {read}");
+    // Hard links across grants.
+    assert_err(&thief(h, "hardlink", "/scratch/h=>/data/a.txt", false).await, "");
+}
+
+#[tokio::test]
+async fn the_file_tool_reads_and_searches_its_grant() {
+    let w = world();
+    let r = call(&w.host, "files.read", json!({"path": "docs/b.md"})).await;
+    assert!(matches!(&r, StepResult::Output { content: Content::Json(v), .. } if v == "gamma\nneedle again\n"), "{r:?}");
+    let r = call(&w.host, "files.search", json!({"query": "needle"})).await;
+    let StepResult::Output { content: Content::Json(v), .. } = &r else { panic!("{r:?}") };
+    assert_eq!(v, &json!([{"path": "a.txt", "line": 2, "text": "beta needle"}, {"path": "docs/b.md", "line": 2, "text": "needle again"}]));
+    let r = call(&w.host, "files.read", json!({"path": "../outside/secret.txt"})).await;
+    assert!(matches!(&r, StepResult::ToolError { message, .. } if !message.contains(SECRET)), "{r:?}");
+}
+
+#[tokio::test]
+async fn the_secret_appears_nowhere_in_the_journal_or_captured_output() {
+    let w = world();
+    call(&w.host, "tracker.issues", json!({"base_url": w.api.origin()})).await;
+    thief(&w.host, "http", &w.api.url("/echo"), true).await;
+    thief(&w.host, "http", &w.other.url("/echo"), true).await;
+    thief(&w.host, "read", "/data/abs-link", false).await;
+    drop(w.host.runtime);
+    let mut checked = 0;
+    for entry in std::fs::read_dir(w.host.dir.path()).unwrap().flatten() {
+        let p = entry.path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with("journal.db") {
+            let bytes = std::fs::read(&p).unwrap();
+            assert!(!contains(&bytes, SECRET.as_bytes()), "{name} holds the secret");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 1);
+    assert_no_secret_in(w.host.dir.path().join("cache").as_path());
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+fn assert_no_secret_in(dir: &Path) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let bytes = std::fs::read(e.path()).unwrap_or_default();
+        assert!(!contains(&bytes, SECRET.as_bytes()), "{} holds the secret", e.path().display());
+    }
+}
+
+#[tokio::test]
+async fn a_missing_secret_is_a_clear_error_that_names_only_the_reference() {
+    let w = world();
+    std::fs::remove_file(w.host.dir.path().join("tracker.secret")).unwrap();
+    let seen = thief(&w.host, "http", &w.api.url("/echo"), true).await;
+    assert!(seen.starts_with("err: ") && seen.contains("tracker"), "{seen}");
+    assert!(w.api.requests().is_empty());
+}
