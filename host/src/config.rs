@@ -137,6 +137,23 @@ pub struct AgentConfig {
     /// `configured` (default) or `deny-all`.
     #[serde(default = "configured")]
     pub narrowing: ToolCapabilityNarrowing,
+    /// Further narrows the authority this agent's Tools get; absent lists
+    /// do not narrow. It can only remove what the grants gave.
+    #[serde(default)]
+    pub authority: Restriction,
+}
+
+/// A narrowing of concrete authority: each present list is intersected with
+/// what the grants give; an absent list leaves that kind as granted.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Restriction {
+    /// Guest paths that may stay mounted.
+    pub directories: Option<Vec<String>>,
+    /// Destinations that may stay reachable (exact grants or patterns covering them).
+    pub hosts: Option<Vec<String>>,
+    /// Credentials that may stay usable.
+    pub credentials: Option<Vec<String>>,
 }
 
 fn deny() -> Behavior {
@@ -255,6 +272,10 @@ impl Config {
             for (i, v) in a.visible.iter().enumerate() {
                 globset::Glob::new(v)
                     .map_err(|e| field(&format!("agents.{name}.visible[{i}]"), format!("{e}")))?;
+            }
+            for (i, h) in a.authority.hosts.iter().flatten().enumerate() {
+                Destination::parse(h, true)
+                    .map_err(|e| field(&format!("agents.{name}.authority.hosts[{i}]"), e.to_string()))?;
             }
             crate::policy::Policy::new(&a.rules, a.default)
                 .map_err(|e| field(&format!("agents.{name}.rules"), e.to_string()))?;

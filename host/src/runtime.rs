@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use crate::config::Restriction;
 use crate::commit::{AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, StateChange, StepStore, TicketError};
 use crate::executor::{Captured, Content, Execution, Executor, ExecutorError, GuestCommand};
 use crate::gate::{self, GateOutcome, ToolCall, ToolPermissionVerdict};
@@ -154,8 +155,19 @@ impl Runtime {
 
     /// Start a run, optionally narrowed (e.g. `DenyAll`: tools disabled).
     pub fn start_run(&self, id: Option<String>, narrowing: ToolCapabilityNarrowing) -> Result<Run<'_>, CommitError> {
+        self.start_restricted_run(id, narrowing, Restriction::default())
+    }
+
+    /// Start a run whose Tools get at most `restriction` of their granted
+    /// authority (intersected with the agent's): a run can only remove.
+    pub fn start_restricted_run(
+        &self,
+        id: Option<String>,
+        narrowing: ToolCapabilityNarrowing,
+        restriction: Restriction,
+    ) -> Result<Run<'_>, CommitError> {
         let id = id.unwrap_or_else(|| new_id("run"));
-        let snapshot = self.snapshot.narrowed(narrowing);
+        let snapshot = self.snapshot.narrowed(narrowing).restricted(restriction);
         let n = match snapshot.narrowing() {
             ToolCapabilityNarrowing::Configured => "configured",
             ToolCapabilityNarrowing::DenyAll => "deny-all",

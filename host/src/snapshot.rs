@@ -19,7 +19,7 @@ use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use toolgate_sdk::{DeclaredCapabilities, ToolDescriptor};
 
 use crate::catalog::{Availability, Catalog, InstalledTool};
-use crate::config::{AgentConfig, Config, ConfigError, Grant};
+use crate::config::{AgentConfig, Config, ConfigError, Grant, Restriction};
 use crate::credentials::CredentialSpec;
 use crate::destination::Destination;
 use crate::narrowing::{Access, CapabilitySet, ToolCapabilityNarrowing};
@@ -116,6 +116,7 @@ pub struct ExecutableAgentSnapshot {
     visible: GlobSet,
     policy: Arc<Policy>,
     narrowing: ToolCapabilityNarrowing,
+    restrictions: Vec<Restriction>,
     grants: Arc<Vec<(globset::GlobMatcher, Grant)>>,
     credentials: Arc<BTreeMap<String, Arc<CredentialSpec>>>,
     catalog: Arc<Catalog>,
@@ -155,6 +156,7 @@ impl ExecutableAgentSnapshot {
             visible,
             policy: Arc::new(policy),
             narrowing: a.narrowing,
+            restrictions: vec![a.authority.clone()],
             grants: Arc::new(grants),
             credentials: Arc::new(config.credentials.clone()),
             catalog,
@@ -165,6 +167,14 @@ impl ExecutableAgentSnapshot {
     pub fn narrowed(&self, run: ToolCapabilityNarrowing) -> Self {
         let mut s = self.clone();
         s.narrowing = s.narrowing.merge(run);
+        s
+    }
+
+    /// The same view with a further restriction of concrete authority (a
+    /// run's): intersected with every restriction already in force.
+    pub fn restricted(&self, run: Restriction) -> Self {
+        let mut s = self.clone();
+        s.restrictions.push(run);
         s
     }
 
@@ -208,7 +218,10 @@ impl ExecutableAgentSnapshot {
         if let Some(reason) = unhealthy(&installed.component.digest) {
             return Err(Removal::Unhealthy(reason));
         }
-        let (authority, grant) = self.authority_for(id, &installed.tool.metadata.capabilities)?;
+        let (mut authority, mut grant) = self.authority_for(id, &installed.tool.metadata.capabilities)?;
+        for r in &self.restrictions {
+            restrict(&mut authority, &mut grant, r);
+        }
         Ok(Candidate { installed: installed.clone(), authority, grant })
     }
 
@@ -307,6 +320,23 @@ impl ExecutableAgentSnapshot {
                 Listing { id: id.to_owned(), descriptor, files, removed: self.candidate(id, unhealthy).err() }
             })
             .collect()
+    }
+}
+
+/// Narrow `authority` and `grant` by `r`: only removes.
+fn restrict(authority: &mut CapabilitySet, grant: &mut EffectiveGrant, r: &Restriction) {
+    if let Some(dirs) = &r.directories {
+        grant.mounts.retain(|m| dirs.contains(&m.guest));
+        authority.directories.retain(|k, _| dirs.contains(k));
+    }
+    if let Some(hosts) = &r.hosts {
+        let allowed: Vec<Destination> = hosts.iter().filter_map(|h| Destination::parse(h, true).ok()).collect();
+        grant.hosts.retain(|h| allowed.iter().any(|a| a.covers(h)));
+        authority.hosts = grant.hosts.iter().map(ToString::to_string).collect();
+    }
+    if let Some(creds) = &r.credentials {
+        grant.credentials.retain(|c| creds.contains(&c.name));
+        authority.credentials.retain(|c| creds.contains(c));
     }
 }
 

@@ -239,3 +239,47 @@ async fn a_missing_secret_is_a_clear_error_that_names_only_the_reference() {
     assert!(seen.starts_with("err: ") && seen.contains("tracker"), "{seen}");
     assert!(w.api.requests().is_empty());
 }
+
+async fn thief_in(run: &toolgate::Run<'_>, op: &str, target: &str, credential: bool) -> String {
+    match run.call("hostile.thief", json!({"op": op, "target": target, "credential": credential})).await.unwrap() {
+        StepResult::Output { content: Content::Json(serde_json::Value::String(s)), .. } => s,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_run_can_only_narrow_the_granted_authority() {
+    use toolgate::config::Restriction;
+    let w = world();
+    let rt = &w.host.runtime;
+    let configured = toolgate::ToolCapabilityNarrowing::Configured;
+    // No hosts for this run.
+    let run = rt.start_restricted_run(None, configured, Restriction { hosts: Some(vec![]), ..Default::default() }).unwrap();
+    assert_err(&thief_in(&run, "http", &w.other.url("/echo"), false).await, "denied");
+    // No credentials: the destination stays, the credential goes.
+    let run = rt.start_restricted_run(None, configured, Restriction { credentials: Some(vec![]), ..Default::default() }).unwrap();
+    assert_err(&thief_in(&run, "http", &w.api.url("/echo"), true).await, "denied");
+    assert!(thief_in(&run, "http", &w.api.url("/echo"), false).await.starts_with("ok: 200"));
+    // Only /scratch stays mounted.
+    let run = rt.start_restricted_run(None, configured, Restriction { directories: Some(vec!["/scratch".into()]), ..Default::default() }).unwrap();
+    assert_err(&thief_in(&run, "read", "/data/a.txt", false).await, "");
+    // A restriction naming authority that was never granted adds nothing.
+    let run = rt
+        .start_restricted_run(None, configured, Restriction { hosts: Some(vec!["http://127.0.0.1:*".into(), "https://example.com:443".into()]), directories: Some(vec!["/etc".into()]), ..Default::default() })
+        .unwrap();
+    assert_err(&thief_in(&run, "http", "https://example.com/", false).await, "denied");
+    assert!(thief_in(&run, "read", "/etc/passwd", false).await.starts_with("err: "));
+    assert!(thief_in(&run, "http", &w.other.url("/echo"), false).await.starts_with("ok: 200"));
+    assert!(w.api.requests().len() == 1 && w.other.requests().len() == 1);
+}
+
+#[tokio::test]
+async fn an_agent_can_narrow_the_hosts_grants() {
+    let w = world();
+    let mut config = w.host.config.clone();
+    config.agents.get_mut("default").unwrap().authority.hosts = Some(vec![w.other.origin()]);
+    let rt = toolgate_tests::runtime_for(&config, "default");
+    let run = rt.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).unwrap();
+    assert_err(&thief_in(&run, "http", &w.api.url("/echo"), false).await, "denied");
+    assert!(thief_in(&run, "http", &w.other.url("/echo"), false).await.starts_with("ok: 200"));
+}
