@@ -45,6 +45,9 @@ fn world() -> World {
     }
     let config = format!(
         r#"{preamble}
+[limits]
+http_response_kib = 16
+
 [credentials.tracker]
 source = {{ file = "tracker.secret" }}
 destinations = ["{api}"]
@@ -282,4 +285,10 @@ async fn an_agent_can_narrow_the_hosts_grants() {
     let run = rt.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).unwrap();
     assert_err(&thief_in(&run, "http", &w.api.url("/echo"), false).await, "denied");
     assert!(thief_in(&run, "http", &w.other.url("/echo"), false).await.starts_with("ok: 200"));
+}
+
+#[tokio::test]
+async fn responses_over_the_limit_are_refused() {
+    let w = world();
+    assert_err(&thief(&w.host, "http", &w.api.url("/big"), false).await, "HttpResponseBodySize");
 }

@@ -193,6 +193,8 @@ impl TestServer {
                     }
                     let auth = rec.header("authorization").unwrap_or("none").to_owned();
                     ("200 OK", format!("x-echo-authorization: {auth}\r\nx-echo-line: {line}\r\n"), body)
+                } else if target.starts_with("/big") {
+                    ("200 OK", String::new(), "x".repeat(64 * 1024))
                 } else if target.starts_with("/redirect") {
                     ("302 Found", format!("location: {location}\r\n"), String::new())
                 } else {
