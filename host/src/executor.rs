@@ -362,22 +362,24 @@ impl Executor {
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
-        // Set before instantiation: start functions run under the deadline too.
-        store.set_epoch_deadline(limits.timeout_ms.div_ceil(EPOCH_TICK.as_millis() as u64).max(1));
-        store.epoch_deadline_trap();
+        // Yield to the async runtime at every epoch tick: a guest that spins
+        // cannot starve other calls on this thread, and the deadline below
+        // (which covers instantiation, guest code and host calls alike)
+        // cancels it by dropping the call.
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_async_yield_and_update(1);
 
         let started = Instant::now();
         let c = call.call();
         let arguments = c.arguments.to_string();
-        let wall = Duration::from_millis(limits.timeout_ms) + Duration::from_secs(1);
+        let deadline = Duration::from_millis(limits.timeout_ms);
         let run = async {
             self.instantiations.fetch_add(1, Ordering::SeqCst);
             let plugin = pre.instantiate_async(&mut store).await?;
             plugin.toolgate_plugin_tool().call_call(&mut store, &c.tool_id, &arguments).await
         };
-        let raw = match tokio::time::timeout(wall, run).await {
+        let raw = match tokio::time::timeout(deadline, run).await {
             Ok(r) => r,
-            // Epoch interruption stops guest code; this bounds time spent in host calls.
             Err(_) => Err(wasmtime::Error::new(Trap::Interrupt)),
         };
         let elapsed = started.elapsed();

@@ -84,3 +84,21 @@ async fn ambient_authority_is_absent() {
         assert!(v[key].as_str().unwrap().starts_with("Err("), "{key}: {}", v[key]);
     }
 }
+
+#[tokio::test]
+async fn spinning_guests_do_not_starve_other_calls() {
+    // One runtime thread: only the executor's yields let the third call in.
+    let host = hostile("timeout_ms = 3000");
+    let spin = || call(&host, "hostile.loop", json!({}));
+    let loops = async { tokio::join!(spin(), spin()) };
+    tokio::pin!(loops);
+    tokio::select! {
+        biased;
+        (a, b) = &mut loops => panic!("the loops finished before the other call: {a:?} {b:?}"),
+        r = call(&host, "text.upper", json!({"text": "still here"})) => {
+            assert!(matches!(r, StepResult::Output { .. }), "{r:?}");
+        }
+    }
+    let (a, b) = loops.await;
+    assert!(tool_error(&a).contains("deadline") && tool_error(&b).contains("deadline"));
+}
