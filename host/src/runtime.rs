@@ -135,6 +135,11 @@ impl Runtime {
         Runtime { snapshot, executor, store, ticket_ttl_secs: ticket_ttl_secs as i64 }
     }
 
+    /// The same runtime over a new snapshot (a reload): same executor, same store.
+    pub fn with_snapshot(&self, snapshot: ExecutableAgentSnapshot) -> Runtime {
+        Runtime { snapshot, executor: self.executor.clone(), store: self.store.clone(), ticket_ttl_secs: self.ticket_ttl_secs }
+    }
+
     /// The agent's snapshot.
     pub fn snapshot(&self) -> &ExecutableAgentSnapshot {
         &self.snapshot

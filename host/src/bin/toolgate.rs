@@ -88,6 +88,8 @@ enum Command {
         #[arg(long, default_value = "denied by operator")]
         reason: String,
     },
+    /// Serve the agent's tools to an MCP client over stdio (the same gate, sandbox and journal).
+    Serve,
     /// Show the journal.
     Journal {
         /// Only this run.
@@ -180,6 +182,12 @@ async fn run(cli: Cli) -> Result<u8> {
             let host = open_host(&cli)?;
             let result = host.runtime.deny(ticket, reason)?;
             Ok(report(&result, None, cli.json))
+        }
+        Command::Serve => {
+            let host = open_host(&cli)?;
+            let server = toolgate::mcp::McpServer::new(host.config, &cli.agent, host.runtime);
+            server.serve_stdio().await?;
+            Ok(exit::OUTPUT)
         }
         Command::Journal { run, awaiting } => {
             let config = Config::load(&cli.config)?;

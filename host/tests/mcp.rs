@@ -1,0 +1,65 @@
+//! `toolgate serve` against the official MCP Python SDK (tests/mcp/test_serve.py),
+//! in the venv that `scripts/test` creates with the pinned SDK.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use toolgate_tests::{guests, packed};
+
+#[test]
+fn the_official_python_mcp_client_drives_toolgate_serve() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
+    let python = root.join(".venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/test, which creates the venv with the pinned MCP SDK (tests/mcp/requirements.txt)",
+        python.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    for (name, path) in [("text", guests::TEXT), ("notes", guests::NOTES), ("hostile", guests::HOSTILE)] {
+        std::fs::write(plugins.join(format!("{name}.wasm")), packed(path)).unwrap();
+    }
+    let extra = dir.path().join("files.wasm");
+    std::fs::write(&extra, packed(guests::FILES)).unwrap();
+    let config = dir.path().join("toolgate.toml");
+    std::fs::write(
+        &config,
+        r#"
+plugins = "plugins"
+store = "journal.db"
+cache = "cache"
+[limits]
+timeout_ms = 3000
+[[grants]]
+tools = "files.*"
+directories = [{ path = "/data", host = "plugins", access = "read" }]
+[agents.default]
+visible = ["text.*", "notes", "hostile.chatter", "hostile.loop", "files.*"]
+default = "deny"
+rules = [
+  { pattern = "text.*", behavior = "allow" },
+  { pattern = "text.repeat", behavior = "deny" },
+  { pattern = "files.*", behavior = "allow" },
+  { pattern = "hostile.*", behavior = "allow" },
+  { pattern = 'notes(op = "list")', behavior = "allow" },
+  { pattern = 'notes(op = "add")', behavior = "ask" },
+]
+"#,
+    )
+    .unwrap();
+    let out = Command::new(&python)
+        .current_dir(&root)
+        .args(["-m", "pytest", "-v", "-p", "no:cacheprovider", "tests/mcp/test_serve.py"])
+        .env("TOOLGATE_BIN", env!("CARGO_BIN_EXE_toolgate"))
+        .env("TOOLGATE_CONFIG", &config)
+        .env("TOOLGATE_EXTRA", &extra)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "pytest failed:\n{stdout}\n{stderr}");
+    println!("{stdout}");
+    assert!(stdout.contains("passed") && !stdout.contains("failed"), "{stdout}");
+}
