@@ -47,7 +47,10 @@ fn main() {
     for (krate, name) in GUESTS {
         let file = out_dir.join(format!("{}.wasm", krate.replace('-', "_")));
         assert!(file.is_file(), "missing guest artifact {}", file.display());
-        code.push_str(&format!("/// `{krate}`, built but not packed.\npub const {name}: &str = {:?};\n", file.display().to_string()));
+        code.push_str(&format!(
+            "/// `{krate}`, built but not packed.\npub const {name}: &str = {:?};\n",
+            file.display().to_string()
+        ));
     }
     let dest = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("guests.rs");
     std::fs::write(dest, code).expect("write guests.rs");

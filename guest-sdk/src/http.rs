@@ -58,7 +58,8 @@ pub struct Response {
 impl Response {
     /// The body as JSON.
     pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, HttpError> {
-        serde_json::from_slice(&self.body).map_err(|e| HttpError::Transport(format!("response is not the expected JSON: {e}")))
+        serde_json::from_slice(&self.body)
+            .map_err(|e| HttpError::Transport(format!("response is not the expected JSON: {e}")))
     }
     /// The body as text (lossy UTF-8).
     pub fn text(&self) -> String {
@@ -112,9 +113,7 @@ impl Request {
         let (scheme, authority, path) = split_url(&self.url).ok_or_else(|| HttpError::InvalidUrl(self.url.clone()))?;
         let fields = Fields::new();
         for (k, v) in &self.headers {
-            fields
-                .append(k, v)
-                .map_err(|e| HttpError::Transport(format!("header `{k}`: {e:?}")))?;
+            fields.append(k, v).map_err(|e| HttpError::Transport(format!("header `{k}`: {e:?}")))?;
         }
         let req = OutgoingRequest::new(fields);
         let bad = |_| HttpError::InvalidUrl(self.url.clone());

@@ -33,9 +33,7 @@ extern crate self as toolgate_sdk;
 
 pub mod metadata;
 
-pub use metadata::{
-    Access, Annotations, ComponentMetadata, DeclaredCapabilities, ToolDescriptor, ToolMetadata,
-};
+pub use metadata::{Access, Annotations, ComponentMetadata, DeclaredCapabilities, ToolDescriptor, ToolMetadata};
 pub use schemars;
 pub use serde_json;
 
@@ -138,9 +136,9 @@ impl<'a> Context<'a> {
     pub fn get<V: DeserializeOwned>(&self, key: &str) -> Result<Option<V>, ToolError> {
         match self.state.get(key) {
             None => Ok(None),
-            Some(raw) => serde_json::from_str(&raw).map(Some).map_err(|e| {
-                ToolError::failed(format!("state key `{key}` holds unreadable JSON: {e}"))
-            }),
+            Some(raw) => serde_json::from_str(&raw)
+                .map(Some)
+                .map_err(|e| ToolError::failed(format!("state key `{key}` holds unreadable JSON: {e}"))),
         }
     }
 
@@ -177,16 +175,14 @@ impl<'a> Context<'a> {
 /// Commands out. JSON `null` means `{}`; a deserialization failure becomes
 /// [`ToolError::InvalidArguments`] naming the Tool and the problem.
 pub fn adapt<T: Tool>(arguments: &str, state: &dyn StateView) -> Result<RawOutput, ToolError> {
-    let value: serde_json::Value = serde_json::from_str(arguments).map_err(|e| {
-        ToolError::InvalidArguments(format!("arguments for `{}` are not JSON: {e}", T::ID))
-    })?;
+    let value: serde_json::Value = serde_json::from_str(arguments)
+        .map_err(|e| ToolError::InvalidArguments(format!("arguments for `{}` are not JSON: {e}", T::ID)))?;
     let value = match value {
         serde_json::Value::Null => serde_json::Value::Object(Default::default()),
         other => other,
     };
-    let args: T::Args = serde_json::from_value(value).map_err(|e| {
-        ToolError::InvalidArguments(format!("invalid arguments for `{}`: {e}", T::ID))
-    })?;
+    let args: T::Args = serde_json::from_value(value)
+        .map_err(|e| ToolError::InvalidArguments(format!("invalid arguments for `{}`: {e}", T::ID)))?;
     let mut cx = Context::new(T::ID, state);
     let output = T::call(args, &mut cx)?;
     let json = serde_json::to_string(&output)
@@ -210,11 +206,7 @@ impl ToolEntry {
     /// [`ToolDescriptor::for_tool`] and its call goes through [`adapt`], so the
     /// id the model sees and the id that dispatches are the same `T::ID`.
     pub const fn of<T: Tool>() -> Self {
-        ToolEntry {
-            id: T::ID,
-            metadata: metadata_of::<T>,
-            call: adapt::<T>,
-        }
+        ToolEntry { id: T::ID, metadata: metadata_of::<T>, call: adapt::<T> }
     }
 }
 

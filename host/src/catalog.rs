@@ -115,8 +115,8 @@ pub struct Catalog {
 impl Catalog {
     /// Load every `*.wasm` file of `dir` (not recursive), in file-name order.
     pub fn load(dir: &Path) -> Result<Catalog, CatalogError> {
-        let entries = std::fs::read_dir(dir)
-            .map_err(|source| CatalogError::Directory { path: dir.to_owned(), source })?;
+        let entries =
+            std::fs::read_dir(dir).map_err(|source| CatalogError::Directory { path: dir.to_owned(), source })?;
         let mut paths: Vec<PathBuf> = entries
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|x| x == "wasm"))
@@ -135,10 +135,7 @@ impl Catalog {
 
     /// A catalog of already loaded components (tests, embedding hosts).
     pub fn from_components(components: Vec<Component>) -> Catalog {
-        let mut catalog = Catalog {
-            components: components.into_iter().map(Arc::new).collect(),
-            ..Default::default()
-        };
+        let mut catalog = Catalog { components: components.into_iter().map(Arc::new).collect(), ..Default::default() };
         catalog.index();
         catalog
     }

@@ -203,18 +203,16 @@ pub struct Config {
 impl Config {
     /// Read and check `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Self::parse(&text, path, &base)
     }
 
     /// Parse `text` as if read from `path`, resolving relative paths against `base`.
     pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError> {
-        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: path.to_owned(),
-            message: e.to_string().trim_end().to_owned(),
-        })?;
+        let raw: RawConfig = toml::from_str(text)
+            .map_err(|e| ConfigError::Parse { path: path.to_owned(), message: e.to_string().trim_end().to_owned() })?;
         let field = |field: &str, message: String| ConfigError::Field {
             path: path.to_owned(),
             field: field.to_owned(),
@@ -237,12 +235,12 @@ impl Config {
         }
         let mut credentials = BTreeMap::new();
         for (name, c) in &raw.credentials {
-            let spec = CredentialSpec::new(name, c, base).map_err(|e| field(&format!("credentials.{name}"), e.to_string()))?;
+            let spec =
+                CredentialSpec::new(name, c, base).map_err(|e| field(&format!("credentials.{name}"), e.to_string()))?;
             credentials.insert(name.clone(), Arc::new(spec));
         }
         for (i, g) in raw.grants.iter().enumerate() {
-            globset::Glob::new(&g.tools)
-                .map_err(|e| field(&format!("grants[{i}].tools"), format!("{e}")))?;
+            globset::Glob::new(&g.tools).map_err(|e| field(&format!("grants[{i}].tools"), format!("{e}")))?;
             for (j, h) in g.hosts.iter().enumerate() {
                 Destination::parse(h, false).map_err(|e| field(&format!("grants[{i}].hosts[{j}]"), e.to_string()))?;
             }
@@ -270,8 +268,7 @@ impl Config {
         }
         for (name, a) in &raw.agents {
             for (i, v) in a.visible.iter().enumerate() {
-                globset::Glob::new(v)
-                    .map_err(|e| field(&format!("agents.{name}.visible[{i}]"), format!("{e}")))?;
+                globset::Glob::new(v).map_err(|e| field(&format!("agents.{name}.visible[{i}]"), format!("{e}")))?;
             }
             for (i, h) in a.authority.hosts.iter().flatten().enumerate() {
                 Destination::parse(h, true)
@@ -345,11 +342,7 @@ mod tests {
                 "mode",
             ),
             ("agent", "[agents.main]\nvisibl = [\"*\"]\n", "visibl"),
-            (
-                "rule",
-                "[agents.main]\nrules = [{ pattern = \"a\", behavior = \"allow\", when = \"now\" }]\n",
-                "when",
-            ),
+            ("rule", "[agents.main]\nrules = [{ pattern = \"a\", behavior = \"allow\", when = \"now\" }]\n", "when"),
             ("rule table", "[[agents.main.rules]]\npattern = \"a\"\nbehaviour = \"allow\"\n", "behaviour"),
         ];
         for (name, text, key) in cases {
@@ -364,7 +357,11 @@ mod tests {
         let cases = [
             ("behavior", "[agents.main]\ndefault = \"maybe\"\n", "maybe"),
             ("narrowing", "[agents.main]\nnarrowing = \"none\"\n", "none"),
-            ("access", "[[grants]]\ntools = \"a\"\ndirectories = [{ path = \"/d\", host = \"d\", access = \"write\" }]\n", "write"),
+            (
+                "access",
+                "[[grants]]\ntools = \"a\"\ndirectories = [{ path = \"/d\", host = \"d\", access = \"write\" }]\n",
+                "write",
+            ),
             ("type", "[limits]\ntimeout_ms = \"10s\"\n", "timeout_ms"),
             ("negative", "[limits]\nmemory_mib = -1\n", "memory_mib"),
             ("missing", "[[grants]]\nhosts = []\n", "tools"),
@@ -442,7 +439,9 @@ mod tests {
             }
         }
         // The rule error says which rule and where.
-        let s = err("[agents.bot]\nrules = [{ pattern = \"ok\", behavior = \"allow\" }, { pattern = \"x(\", behavior = \"deny\" }]\n");
+        let s = err(
+            "[agents.bot]\nrules = [{ pattern = \"ok\", behavior = \"allow\" }, { pattern = \"x(\", behavior = \"deny\" }]\n",
+        );
         assert!(s.contains("rule 1") && s.contains("x("), "{s}");
     }
 
@@ -482,7 +481,13 @@ mod tests {
         assert_eq!(c.cache, Path::new("/etc/tg/.toolgate/cache"));
         assert_eq!(c.limits, Limits::default());
         assert_eq!(
-            (c.limits.memory_mib, c.limits.timeout_ms, c.limits.output_kib, c.limits.capture_kib, c.limits.ticket_ttl_secs),
+            (
+                c.limits.memory_mib,
+                c.limits.timeout_ms,
+                c.limits.output_kib,
+                c.limits.capture_kib,
+                c.limits.ticket_ttl_secs
+            ),
             (64, 10_000, 1024, 64, 86_400)
         );
         assert!(c.grants.is_empty() && c.agents.is_empty());
@@ -503,7 +508,9 @@ mod tests {
         assert_eq!(a.narrowing, ToolCapabilityNarrowing::DenyAll);
         assert_eq!(a.rules, vec![RuleSpec { pattern: "text.upper".into(), behavior: Behavior::Allow }]);
         let g = parse("[[grants]]\ntools = \"a\"\n").unwrap();
-        assert!(g.grants[0].directories.is_empty() && g.grants[0].hosts.is_empty() && g.grants[0].credentials.is_empty());
+        assert!(
+            g.grants[0].directories.is_empty() && g.grants[0].hosts.is_empty() && g.grants[0].credentials.is_empty()
+        );
     }
 
     #[test]

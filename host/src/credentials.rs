@@ -169,11 +169,7 @@ fn read_owner_only(path: &Path) -> Result<String, String> {
     {
         use std::os::unix::fs::PermissionsExt;
         if meta.permissions().mode() & 0o077 != 0 {
-            return Err(format!(
-                "{} is readable by others; run `chmod 600 {}`",
-                path.display(),
-                path.display()
-            ));
+            return Err(format!("{} is readable by others; run `chmod 600 {}`", path.display(), path.display()));
         }
     }
     let _ = meta;
@@ -254,10 +250,26 @@ mod tests {
     #[test]
     fn config_checks_name_the_credential() {
         let bad = [
-            CredentialConfig { source: Source::Env("X".into()), destinations: vec![], apply: Apply::Query { param: "k".into() } },
-            CredentialConfig { source: Source::Env("X".into()), destinations: vec!["http://h:*".into()], apply: Apply::Query { param: "k".into() } },
-            CredentialConfig { source: Source::Env("X".into()), destinations: vec!["http://h:1".into()], apply: Apply::Header { name: "Authorization".into(), format: "Bearer".into() } },
-            CredentialConfig { source: Source::Env("X".into()), destinations: vec!["http://h:1".into()], apply: Apply::Header { name: "bad header".into(), format: "{}".into() } },
+            CredentialConfig {
+                source: Source::Env("X".into()),
+                destinations: vec![],
+                apply: Apply::Query { param: "k".into() },
+            },
+            CredentialConfig {
+                source: Source::Env("X".into()),
+                destinations: vec!["http://h:*".into()],
+                apply: Apply::Query { param: "k".into() },
+            },
+            CredentialConfig {
+                source: Source::Env("X".into()),
+                destinations: vec!["http://h:1".into()],
+                apply: Apply::Header { name: "Authorization".into(), format: "Bearer".into() },
+            },
+            CredentialConfig {
+                source: Source::Env("X".into()),
+                destinations: vec!["http://h:1".into()],
+                apply: Apply::Header { name: "bad header".into(), format: "{}".into() },
+            },
         ];
         for b in bad {
             let e = CredentialSpec::new("tracker", &b, Path::new("/")).unwrap_err().to_string();

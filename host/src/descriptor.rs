@@ -29,10 +29,14 @@ pub const MAX_DESCRIPTION_LEN: usize = 8 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DescriptorError {
     /// Empty or not WebAssembly at all.
-    #[error("not a WebAssembly file; build the Tool with `cargo build --target wasm32-wasip2` and pack it with `toolgate pack`")]
+    #[error(
+        "not a WebAssembly file; build the Tool with `cargo build --target wasm32-wasip2` and pack it with `toolgate pack`"
+    )]
     NotWasm,
     /// A core module, not a component.
-    #[error("a core WebAssembly module, not a component; build for `wasm32-wasip2` (which emits a component) and pack it with `toolgate pack`")]
+    #[error(
+        "a core WebAssembly module, not a component; build for `wasm32-wasip2` (which emits a component) and pack it with `toolgate pack`"
+    )]
     CoreModule,
     /// Cut short or otherwise unparseable.
     #[error("malformed or truncated component ({0}); rebuild it")]
@@ -47,16 +51,22 @@ pub enum DescriptorError {
     #[error("`{METADATA_SECTION}` section is {0} bytes, more than the {MAX_METADATA_BYTES} allowed")]
     MetadataTooLarge(usize),
     /// Metadata is not the expected JSON document.
-    #[error("`{METADATA_SECTION}` section is not valid metadata: {0}; re-run `toolgate pack` with a matching toolgate-sdk")]
+    #[error(
+        "`{METADATA_SECTION}` section is not valid metadata: {0}; re-run `toolgate pack` with a matching toolgate-sdk"
+    )]
     BadMetadata(String),
     /// Another metadata layout version.
-    #[error("metadata format {found} is not supported (this host reads format {METADATA_FORMAT}); rebuild with a matching toolgate-sdk")]
+    #[error(
+        "metadata format {found} is not supported (this host reads format {METADATA_FORMAT}); rebuild with a matching toolgate-sdk"
+    )]
     UnsupportedFormat {
         /// The format the file declares.
         found: u32,
     },
     /// Built against an incompatible WIT package version.
-    #[error("built against `{found}`, but this host implements `{WIT_PACKAGE}@{WIT_VERSION}`; rebuild the Tool with a toolgate-sdk for {WIT_PACKAGE}@{WIT_VERSION}")]
+    #[error(
+        "built against `{found}`, but this host implements `{WIT_PACKAGE}@{WIT_VERSION}`; rebuild the Tool with a toolgate-sdk for {WIT_PACKAGE}@{WIT_VERSION}"
+    )]
     IncompatibleWit {
         /// What the component targets.
         found: String,
@@ -111,11 +121,7 @@ impl CheckedTool {
         if problems.is_empty() {
             Ok(())
         } else {
-            Err(format!(
-                "invalid arguments for `{}`: {}",
-                self.id(),
-                problems.join("; ")
-            ))
+            Err(format!("invalid arguments for `{}`: {}", self.id(), problems.join("; ")))
         }
     }
 }
@@ -147,8 +153,7 @@ fn parse_document(raw: &[u8]) -> Result<ComponentMetadata, DescriptorError> {
         format: u32,
         wit: String,
     }
-    let env: Envelope =
-        serde_json::from_slice(raw).map_err(|e| DescriptorError::BadMetadata(e.to_string()))?;
+    let env: Envelope = serde_json::from_slice(raw).map_err(|e| DescriptorError::BadMetadata(e.to_string()))?;
     if env.format != METADATA_FORMAT {
         return Err(DescriptorError::UnsupportedFormat { found: env.format });
     }
@@ -206,9 +211,7 @@ fn check_document(doc: ComponentMetadata) -> Result<Vec<Arc<CheckedTool>>, Descr
             return Err(bad(format!("description longer than {MAX_DESCRIPTION_LEN} bytes")));
         }
         if d.input_schema.get("type").and_then(|t| t.as_str()) != Some("object") {
-            return Err(bad(
-                "input schema root is not `type: object`; make `Args` a struct".into(),
-            ));
+            return Err(bad("input schema root is not `type: object`; make `Args` a struct".into()));
         }
         let validator = compile_schema(&d.input_schema).map_err(|e| bad(format!("input schema: {e}")))?;
         if let Some(out_schema) = &d.output_schema {
@@ -220,9 +223,7 @@ fn check_document(doc: ComponentMetadata) -> Result<Vec<Arc<CheckedTool>>, Descr
             let prop = d.input_schema.get("properties").and_then(|ps| ps.get(p));
             let is_string = prop.and_then(|p| p.get("type")).and_then(|t| t.as_str()) == Some("string");
             if !is_string {
-                return Err(bad(format!(
-                    "primary argument `{p}` must be a string property of the input schema"
-                )));
+                return Err(bad(format!("primary argument `{p}` must be a string property of the input schema")));
             }
         }
         for h in &tool.capabilities.hosts {
@@ -309,8 +310,7 @@ fn scan(bytes: &[u8]) -> Result<Scan<'_>, DescriptorError> {
             Payload::Version { encoding: Encoding::Module, .. } => {
                 return Err(DescriptorError::CoreModule);
             }
-            Payload::ModuleSection { unchecked_range, .. }
-            | Payload::ComponentSection { unchecked_range, .. } => {
+            Payload::ModuleSection { unchecked_range, .. } | Payload::ComponentSection { unchecked_range, .. } => {
                 // Nested modules are the guest's code: skip without parsing
                 // (the outer parser resumes after the nested range).
                 offset += unchecked_range.end - unchecked_range.start;
@@ -324,9 +324,7 @@ fn scan(bytes: &[u8]) -> Result<Scan<'_>, DescriptorError> {
                     let export = export.map_err(|e| DescriptorError::Malformed(e.message().to_owned()))?;
                     if let Some(version) = export.name.name.strip_prefix(&tool_export) {
                         if !same_line(version, WIT_VERSION) {
-                            return Err(DescriptorError::IncompatibleWit {
-                                found: format!("{WIT_PACKAGE}@{version}"),
-                            });
+                            return Err(DescriptorError::IncompatibleWit { found: format!("{WIT_PACKAGE}@{version}") });
                         }
                         out.exports_tool = true;
                     }
@@ -363,8 +361,7 @@ pub fn embed_metadata(component: &[u8], doc: &ComponentMetadata) -> Result<Vec<u
         match payload {
             Payload::Version { encoding: Encoding::Module, .. } => return Err(DescriptorError::CoreModule),
             Payload::Version { .. } => out.extend_from_slice(slice(component, start, offset)?),
-            Payload::ModuleSection { unchecked_range, .. }
-            | Payload::ComponentSection { unchecked_range, .. } => {
+            Payload::ModuleSection { unchecked_range, .. } | Payload::ComponentSection { unchecked_range, .. } => {
                 offset += unchecked_range.end - unchecked_range.start;
                 out.extend_from_slice(slice(component, start, offset)?);
             }
@@ -373,10 +370,8 @@ pub fn embed_metadata(component: &[u8], doc: &ComponentMetadata) -> Result<Vec<u
             _ => out.extend_from_slice(slice(component, start, offset)?),
         }
     }
-    let section = wasm_encoder::CustomSection {
-        name: METADATA_SECTION.into(),
-        data: std::borrow::Cow::Borrowed(&json),
-    };
+    let section =
+        wasm_encoder::CustomSection { name: METADATA_SECTION.into(), data: std::borrow::Cow::Borrowed(&json) };
     wasm_encoder::ComponentSection::append_to_component(&section, &mut out);
     Ok(out)
 }
@@ -493,9 +488,11 @@ mod tests {
             ("other export", component_with(&[&meta], Some("toolgate:plugin/other@0.1.0")), |e| {
                 *e == DescriptorError::MissingExport
             }),
-            ("export 0.2", component_with(&[&meta], Some("toolgate:plugin/tool@0.2.0")), |e| {
-                matches!(e, DescriptorError::IncompatibleWit { found } if found == "toolgate:plugin@0.2.0")
-            }),
+            (
+                "export 0.2",
+                component_with(&[&meta], Some("toolgate:plugin/tool@0.2.0")),
+                |e| matches!(e, DescriptorError::IncompatibleWit { found } if found == "toolgate:plugin@0.2.0"),
+            ),
             ("too large", component_with(&[&vec![b' '; MAX_METADATA_BYTES + 1]], Some(TOOL_EXPORT)), |e| {
                 *e == DescriptorError::MetadataTooLarge(MAX_METADATA_BYTES + 1)
             }),
@@ -518,19 +515,27 @@ mod tests {
             ("format 2", json!({"format": 2, "wit": wit, "sdk": "9", "tools": [], "new_field": 1}), |e| {
                 *e == DescriptorError::UnsupportedFormat { found: 2 }
             }),
-            ("wit 0.2", json!({"format": 1, "wit": "toolgate:plugin@0.2.0", "sdk": "0", "tools": []}), |e| {
-                matches!(e, DescriptorError::IncompatibleWit { found } if found == "toolgate:plugin@0.2.0")
-            }),
-            ("unknown field", json!({"format": 1, "wit": wit, "sdk": "0", "tools": [], "x": 1}), |e| {
-                matches!(e, DescriptorError::BadMetadata(m) if m.contains("x"))
-            }),
+            (
+                "wit 0.2",
+                json!({"format": 1, "wit": "toolgate:plugin@0.2.0", "sdk": "0", "tools": []}),
+                |e| matches!(e, DescriptorError::IncompatibleWit { found } if found == "toolgate:plugin@0.2.0"),
+            ),
+            (
+                "unknown field",
+                json!({"format": 1, "wit": wit, "sdk": "0", "tools": [], "x": 1}),
+                |e| matches!(e, DescriptorError::BadMetadata(m) if m.contains("x")),
+            ),
             ("no tools", doc(vec![]), |e| *e == DescriptorError::NoTools),
-            ("too many tools", doc((0..=MAX_TOOLS_PER_COMPONENT).map(|i| tool(&format!("t{i}"))).collect()), |e| {
-                matches!(e, DescriptorError::BadMetadata(m) if m.contains("257 tools"))
-            }),
-            ("duplicate id", doc(vec![tool("a.b"), tool("a.b")]), |e| {
-                matches!(e, DescriptorError::BadTool { id, problem } if id == "a.b" && problem.contains("twice"))
-            }),
+            (
+                "too many tools",
+                doc((0..=MAX_TOOLS_PER_COMPONENT).map(|i| tool(&format!("t{i}"))).collect()),
+                |e| matches!(e, DescriptorError::BadMetadata(m) if m.contains("257 tools")),
+            ),
+            (
+                "duplicate id",
+                doc(vec![tool("a.b"), tool("a.b")]),
+                |e| matches!(e, DescriptorError::BadTool { id, problem } if id == "a.b" && problem.contains("twice")),
+            ),
             ("bad id", doc(vec![tool("1abc")]), |e| matches!(e, DescriptorError::BadTool { id, .. } if id == "1abc")),
         ];
         for (name, d, ok) in cases {
@@ -543,18 +548,42 @@ mod tests {
     fn refuses_bad_tools_naming_them() {
         let cases: Vec<(&str, fn(&mut Value), &str)> = vec![
             ("empty description", |t| t["descriptor"]["description"] = json!("  "), "empty description"),
-            ("long description", |t| t["descriptor"]["description"] = json!("x".repeat(MAX_DESCRIPTION_LEN + 1)), "longer"),
+            (
+                "long description",
+                |t| t["descriptor"]["description"] = json!("x".repeat(MAX_DESCRIPTION_LEN + 1)),
+                "longer",
+            ),
             ("array root", |t| t["descriptor"]["input_schema"] = json!({"type": "array"}), "type: object"),
             ("no type", |t| t["descriptor"]["input_schema"] = json!({}), "type: object"),
             ("bool schema", |t| t["descriptor"]["input_schema"] = json!(true), "type: object"),
-            ("invalid schema", |t| t["descriptor"]["input_schema"]["properties"]["text"]["type"] = json!(42), "input schema"),
-            ("unknown $schema", |t| t["descriptor"]["input_schema"]["$schema"] = json!("https://example.com/s"), "$schema"),
+            (
+                "invalid schema",
+                |t| t["descriptor"]["input_schema"]["properties"]["text"]["type"] = json!(42),
+                "input schema",
+            ),
+            (
+                "unknown $schema",
+                |t| t["descriptor"]["input_schema"]["$schema"] = json!("https://example.com/s"),
+                "$schema",
+            ),
             ("non-string $schema", |t| t["descriptor"]["input_schema"]["$schema"] = json!(7), "$schema"),
             ("bad output", |t| t["descriptor"]["output_schema"] = json!({"type": "nope"}), "output schema"),
             ("primary missing", |t| t["descriptor"]["primary_argument"] = json!("path"), "primary argument `path`"),
-            ("relative dir", |t| t["capabilities"] = json!({"directories": [{"path": "data", "access": "read"}]}), "absolute"),
-            ("dotdot dir", |t| t["capabilities"] = json!({"directories": [{"path": "/data/../etc", "access": "read"}]}), "absolute"),
-            ("bad regex", |t| t["descriptor"]["input_schema"]["properties"]["text"]["pattern"] = json!("(unclosed"), "input schema"),
+            (
+                "relative dir",
+                |t| t["capabilities"] = json!({"directories": [{"path": "data", "access": "read"}]}),
+                "absolute",
+            ),
+            (
+                "dotdot dir",
+                |t| t["capabilities"] = json!({"directories": [{"path": "/data/../etc", "access": "read"}]}),
+                "absolute",
+            ),
+            (
+                "bad regex",
+                |t| t["descriptor"]["input_schema"]["properties"]["text"]["pattern"] = json!("(unclosed"),
+                "input schema",
+            ),
         ];
         for (name, edit, words) in cases {
             match tool_error(edit) {
@@ -571,13 +600,17 @@ mod tests {
     fn hostile_schemas_are_refused_or_compiled_without_panicking() {
         // A remote `$ref` cannot be resolved (no network resolver compiled in):
         // it must be refused, not fetched.
-        let err = tool_error(|t| t["descriptor"]["input_schema"]["properties"]["text"] = json!({"$ref": "https://example.com/schema.json"}));
+        let err = tool_error(|t| {
+            t["descriptor"]["input_schema"]["properties"]["text"] = json!({"$ref": "https://example.com/schema.json"})
+        });
         assert!(matches!(err, DescriptorError::BadTool { .. }), "{err:?}");
-        let err = tool_error(|t| t["descriptor"]["input_schema"]["properties"]["text"] = json!({"$ref": "#/$defs/missing"}));
+        let err =
+            tool_error(|t| t["descriptor"]["input_schema"]["properties"]["text"] = json!({"$ref": "#/$defs/missing"}));
         assert!(matches!(err, DescriptorError::BadTool { .. }), "{err:?}");
         // Self-reference and a decoy `$schema` in a subschema must not panic.
         for edit in [
-            (|t: &mut Value| t["descriptor"]["input_schema"]["properties"]["text"] = json!({"$ref": "#"})) as fn(&mut Value),
+            (|t: &mut Value| t["descriptor"]["input_schema"]["properties"]["text"] = json!({"$ref": "#"}))
+                as fn(&mut Value),
             |t| t["descriptor"]["input_schema"]["$defs"] = json!({"x": {"$schema": "https://example.com/unknown"}}),
             |t| t["descriptor"]["input_schema"]["properties"]["text"] = json!({"$id": "urn:x", "$ref": "urn:x"}),
         ] {
@@ -665,7 +698,10 @@ mod tests {
         let ids: Vec<String> = read_metadata(&twice).unwrap().iter().map(|t| t.id().to_owned()).collect();
         assert_eq!(ids, ["two.tool"]);
         // The nested module (with its decoy section) is copied verbatim.
-        assert_eq!(twice.len(), once.len() - serde_json::to_vec(&first).unwrap().len() + serde_json::to_vec(&second).unwrap().len());
+        assert_eq!(
+            twice.len(),
+            once.len() - serde_json::to_vec(&first).unwrap().len() + serde_json::to_vec(&second).unwrap().len()
+        );
         // Re-embedding the same document is idempotent.
         assert_eq!(embed_metadata(&twice, &second).unwrap(), twice);
         // Several stale sections all go.
@@ -738,26 +774,99 @@ mod tests {
 
     fn scalar() -> impl Strategy<Value = Value> {
         prop_oneof![
-            Just(json!(null)), Just(json!(true)), Just(json!(0)), Just(json!(-1)), Just(json!(0.5)),
-            Just(json!(1e300)), Just(json!(-1e-300)), Just(json!(18446744073709551615u64)), Just(json!(i64::MIN)),
-            Just(json!("")), Just(json!("string")), Just(json!("object")), Just(json!("(")), Just(json!("a{99999}")),
-            Just(json!("#")), Just(json!("#/$defs/a")), Just(json!("#/properties/a")), Just(json!("urn:x")),
-            Just(json!("http://json-schema.org/draft-07/schema")), Just(json!("email")), Just(json!("date-time")),
-            Just(json!("regex")), Just(json!("uri")), Just(json!("ipv4")), Just(json!("duration")), Just(json!("base64")),
-            Just(json!("application/json")), Just(json!("#a")), Just(json!("a")), Just(json!("%")), Just(json!("#/%zz")),
-            Just(json!("\\p{Unknown}")), Just(json!("(?<n>a)\\k<n>")), Just(json!("^(a+)+$")),
-            Just(json!(["string", "null"])), Just(json!([])), Just(json!({})), Just(json!(1.0)), Just(json!(1e-320)),
+            Just(json!(null)),
+            Just(json!(true)),
+            Just(json!(0)),
+            Just(json!(-1)),
+            Just(json!(0.5)),
+            Just(json!(1e300)),
+            Just(json!(-1e-300)),
+            Just(json!(18446744073709551615u64)),
+            Just(json!(i64::MIN)),
+            Just(json!("")),
+            Just(json!("string")),
+            Just(json!("object")),
+            Just(json!("(")),
+            Just(json!("a{99999}")),
+            Just(json!("#")),
+            Just(json!("#/$defs/a")),
+            Just(json!("#/properties/a")),
+            Just(json!("urn:x")),
+            Just(json!("http://json-schema.org/draft-07/schema")),
+            Just(json!("email")),
+            Just(json!("date-time")),
+            Just(json!("regex")),
+            Just(json!("uri")),
+            Just(json!("ipv4")),
+            Just(json!("duration")),
+            Just(json!("base64")),
+            Just(json!("application/json")),
+            Just(json!("#a")),
+            Just(json!("a")),
+            Just(json!("%")),
+            Just(json!("#/%zz")),
+            Just(json!("\\p{Unknown}")),
+            Just(json!("(?<n>a)\\k<n>")),
+            Just(json!("^(a+)+$")),
+            Just(json!(["string", "null"])),
+            Just(json!([])),
+            Just(json!({})),
+            Just(json!(1.0)),
+            Just(json!(1e-320)),
         ]
     }
 
     const KEYS: &[&str] = &[
-        "type", "properties", "required", "items", "prefixItems", "additionalProperties", "pattern",
-        "patternProperties", "format", "minimum", "maximum", "exclusiveMinimum", "multipleOf", "minLength",
-        "maxLength", "enum", "const", "$ref", "$defs", "definitions", "allOf", "anyOf", "oneOf", "not", "if",
-        "then", "else", "dependentRequired", "dependentSchemas", "dependencies", "contains", "minContains",
-        "maxContains", "uniqueItems", "propertyNames", "unevaluatedProperties", "unevaluatedItems",
-        "$dynamicRef", "$dynamicAnchor", "$anchor", "$id", "$recursiveRef", "$recursiveAnchor",
-        "contentEncoding", "contentMediaType", "contentSchema", "$vocabulary", "minProperties", "a", "text",
+        "type",
+        "properties",
+        "required",
+        "items",
+        "prefixItems",
+        "additionalProperties",
+        "pattern",
+        "patternProperties",
+        "format",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "multipleOf",
+        "minLength",
+        "maxLength",
+        "enum",
+        "const",
+        "$ref",
+        "$defs",
+        "definitions",
+        "allOf",
+        "anyOf",
+        "oneOf",
+        "not",
+        "if",
+        "then",
+        "else",
+        "dependentRequired",
+        "dependentSchemas",
+        "dependencies",
+        "contains",
+        "minContains",
+        "maxContains",
+        "uniqueItems",
+        "propertyNames",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+        "$dynamicRef",
+        "$dynamicAnchor",
+        "$anchor",
+        "$id",
+        "$recursiveRef",
+        "$recursiveAnchor",
+        "contentEncoding",
+        "contentMediaType",
+        "contentSchema",
+        "$vocabulary",
+        "minProperties",
+        "a",
+        "text",
     ];
 
     fn schema() -> impl Strategy<Value = Value> {

@@ -122,7 +122,8 @@ fn check_host(host: &str) -> Result<(), String> {
         && host.len() <= 253
         && host.split('.').all(|l| !l.is_empty() && l.len() <= 63)
         && host.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
-    let bracketed_v6 = host.starts_with('[') && host.ends_with(']') && host[1..host.len() - 1].parse::<std::net::Ipv6Addr>().is_ok();
+    let bracketed_v6 =
+        host.starts_with('[') && host.ends_with(']') && host[1..host.len() - 1].parse::<std::net::Ipv6Addr>().is_ok();
     if ok || bracketed_v6 { Ok(()) } else { Err(format!("invalid host `{host}`")) }
 }
 
@@ -182,7 +183,15 @@ mod tests {
 
     #[test]
     fn malformed_destinations_are_refused_with_the_input_named() {
-        for bad in ["api.example.com", "ftp://x:21", "https://x:99999", "https://x/path", "https://u@x", "https://", "https://a..b"] {
+        for bad in [
+            "api.example.com",
+            "ftp://x:21",
+            "https://x:99999",
+            "https://x/path",
+            "https://u@x",
+            "https://",
+            "https://a..b",
+        ] {
             let e = Destination::parse(bad, true).unwrap_err().to_string();
             assert!(e.contains(bad), "{e}");
         }

@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::OnceCell;
 use wasmtime::component::{Component, Linker, ResourceTable};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimits, StoreLimitsBuilder, Trap};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimits, StoreLimitsBuilder, Trap,
+};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
@@ -326,7 +328,11 @@ impl Executor {
     }
 
     /// Run an allowed call with the Tool's committed `state` visible read-only.
-    pub async fn execute(&self, call: &AllowedCall, state: BTreeMap<String, String>) -> Result<Execution, ExecutorError> {
+    pub async fn execute(
+        &self,
+        call: &AllowedCall,
+        state: BTreeMap<String, String>,
+    ) -> Result<Execution, ExecutorError> {
         let component = &call.candidate().installed.component;
         let pre = self.prepare(&component.path, component.digest).await?;
         let limits = &self.settings.limits;
@@ -334,10 +340,8 @@ impl Executor {
         let (stdout, stderr, log) = (Capture::new(capture), Capture::new(capture), Capture::new(capture));
 
         let grant = &call.candidate().grant;
-        let wasi = sandbox(grant, &stdout, &stderr).map_err(|reason| ExecutorError::Instantiate {
-            path: component.path.clone(),
-            reason,
-        })?;
+        let wasi = sandbox(grant, &stdout, &stderr)
+            .map_err(|reason| ExecutorError::Instantiate { path: component.path.clone(), reason })?;
         let outbound = OutboundPolicy::new(
             Arc::new(grant.hosts.clone()),
             Arc::new(grant.credentials.clone()),
@@ -459,11 +463,8 @@ impl Executor {
     }
 
     async fn load(&self, path: &Path, digest: Digest) -> Result<Pre, ExecutorError> {
-        let cached = self
-            .settings
-            .cache_dir
-            .as_ref()
-            .map(|d| d.join(format!("{}-{}.cwasm", digest.hex(), self.cache_key)));
+        let cached =
+            self.settings.cache_dir.as_ref().map(|d| d.join(format!("{}-{}.cwasm", digest.hex(), self.cache_key)));
         let engine = self.engine.clone();
         let path_owned = path.to_owned();
         let cached_path = cached.clone();
@@ -510,10 +511,10 @@ impl Executor {
         let path = PathBuf::from("<pack input>");
         let component = Component::new(&self.engine, bytes)
             .map_err(|e| ExecutorError::Load { path: path.clone(), reason: format!("{e:#}") })?;
-        let pre = self.linker.instantiate_pre(&component).map_err(|e| ExecutorError::Load {
-            path: path.clone(),
-            reason: format!("{e:#}"),
-        })?;
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| ExecutorError::Load { path: path.clone(), reason: format!("{e:#}") })?;
         let pre = bindings::PluginPre::new(pre)
             .map_err(|e| ExecutorError::Load { path: path.clone(), reason: format!("{e:#}") })?;
         let limits = &self.settings.limits;
@@ -528,7 +529,10 @@ impl Executor {
                 Capture::new(0),
             ),
             table: ResourceTable::new(),
-            limits: StoreLimitsBuilder::new().memory_size((limits.memory_mib as usize) << 20).trap_on_grow_failure(true).build(),
+            limits: StoreLimitsBuilder::new()
+                .memory_size((limits.memory_mib as usize) << 20)
+                .trap_on_grow_failure(true)
+                .build(),
             state: BTreeMap::new(),
             log: Capture::new(0),
         };
@@ -564,7 +568,11 @@ fn sandbox(grant: &EffectiveGrant, stdout: &Capture, stderr: &Capture) -> Result
         };
         // cap-std underneath: `..`, absolute paths and symlinks cannot leave the directory.
         b.preopened_dir(&m.host, &m.guest, perms).map_err(|e| {
-            format!("cannot open granted directory {} for {}: {e:#}; check the [[grants]] entry", m.host.display(), m.guest)
+            format!(
+                "cannot open granted directory {} for {}: {e:#}; check the [[grants]] entry",
+                m.host.display(),
+                m.guest
+            )
         })?;
     }
     Ok(b.build())

@@ -59,9 +59,7 @@ pub enum ToolPermissionVerdict {
 /// Decide a fresh call.
 pub fn decide(snapshot: &ExecutableAgentSnapshot, candidate: &Candidate, call: &ToolCall) -> ToolPermissionVerdict {
     if snapshot.narrowing() == ToolCapabilityNarrowing::DenyAll {
-        return ToolPermissionVerdict::Deny {
-            reason: "tools are disabled for this run (narrowing deny-all)".into(),
-        };
+        return ToolPermissionVerdict::Deny { reason: "tools are disabled for this run (narrowing deny-all)".into() };
     }
     let d = candidate.descriptor();
     let decision = snapshot.policy().evaluate(&call.tool_id, d.primary_argument.as_deref(), &call.arguments);
@@ -267,10 +265,7 @@ mod tests {
 
     /// JSON text of an object with its keys in exactly the given order.
     fn object_text(entries: &[(String, Value)]) -> String {
-        let fields: Vec<String> = entries
-            .iter()
-            .map(|(k, v)| format!("{}:{}", Value::String(k.clone()), v))
-            .collect();
+        let fields: Vec<String> = entries.iter().map(|(k, v)| format!("{}:{}", Value::String(k.clone()), v)).collect();
         format!("{{{}}}", fields.join(","))
     }
 

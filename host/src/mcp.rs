@@ -113,7 +113,12 @@ impl McpServer {
         Ok(())
     }
 
-    async fn call(&self, name: &str, arguments: serde_json::Value, context: &RequestContext<RoleServer>) -> Result<CallToolResult, ErrorData> {
+    async fn call(
+        &self,
+        name: &str,
+        arguments: serde_json::Value,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
         let runtime = self.runtime();
         let run = runtime
             .start_run(Some(self.shared.run_id.clone()), ToolCapabilityNarrowing::Configured)
@@ -209,7 +214,13 @@ pub fn to_mcp_tool(d: &ToolDescriptor) -> Tool {
     }
     let a = &d.annotations;
     if a.read_only.is_some() || a.destructive.is_some() || a.idempotent.is_some() || a.open_world.is_some() {
-        tool = tool.with_annotations(ToolAnnotations::from_raw(None, a.read_only, a.destructive, a.idempotent, a.open_world));
+        tool = tool.with_annotations(ToolAnnotations::from_raw(
+            None,
+            a.read_only,
+            a.destructive,
+            a.idempotent,
+            a.open_world,
+        ));
     }
     tool
 }
@@ -240,7 +251,8 @@ impl ServerHandler for McpServer {
         let capabilities = ServerCapabilities::builder().enable_tools().enable_tool_list_changed().build();
         let mut info = InitializeResult::new(capabilities);
         info.server_info = Implementation::new("toolgate", env!("CARGO_PKG_VERSION"));
-        info.instructions = Some("Tools run sandboxed after a permission check; some calls need human approval.".into());
+        info.instructions =
+            Some("Tools run sandboxed after a permission check; some calls need human approval.".into());
         info
     }
 

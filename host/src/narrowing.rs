@@ -78,20 +78,13 @@ impl CapabilitySet {
             .directories
             .iter()
             .filter_map(|(path, &access)| {
-                other
-                    .directories
-                    .get(path)
-                    .map(|&theirs| (path.clone(), access.meet(theirs)))
+                other.directories.get(path).map(|&theirs| (path.clone(), access.meet(theirs)))
             })
             .collect();
         CapabilitySet {
             directories,
             hosts: self.hosts.intersection(&other.hosts).cloned().collect(),
-            credentials: self
-                .credentials
-                .intersection(&other.credentials)
-                .cloned()
-                .collect(),
+            credentials: self.credentials.intersection(&other.credentials).cloned().collect(),
         }
     }
 
@@ -99,12 +92,10 @@ impl CapabilitySet {
     /// `other` with at least the same access, and hosts and credentials subsets.
     #[must_use]
     pub fn is_subset_of(&self, other: &CapabilitySet) -> bool {
-        self.directories.iter().all(|(path, &access)| {
-            other
-                .directories
-                .get(path)
-                .is_some_and(|&theirs| theirs >= access)
-        }) && self.hosts.is_subset(&other.hosts)
+        self.directories
+            .iter()
+            .all(|(path, &access)| other.directories.get(path).is_some_and(|&theirs| theirs >= access))
+            && self.hosts.is_subset(&other.hosts)
             && self.credentials.is_subset(&other.credentials)
     }
 
@@ -138,11 +129,7 @@ mod tests {
             prop::collection::btree_set("(h1|h2|h3|h4)\\.example", 0..4),
             prop::collection::btree_set("cred-(a|b|c|d)", 0..4),
         )
-            .prop_map(|(directories, hosts, credentials)| CapabilitySet {
-                directories,
-                hosts,
-                credentials,
-            })
+            .prop_map(|(directories, hosts, credentials)| CapabilitySet { directories, hosts, credentials })
     }
 
     fn set(dirs: &[(&str, Access)], hosts: &[&str], creds: &[&str]) -> CapabilitySet {
@@ -169,26 +156,14 @@ mod tests {
     #[test]
     fn merge_all_empty_is_configured() {
         assert_eq!(ToolCapabilityNarrowing::merge_all([]), Configured);
-        assert_eq!(
-            ToolCapabilityNarrowing::merge_all([Configured, Configured]),
-            Configured
-        );
-        assert_eq!(
-            ToolCapabilityNarrowing::merge_all([Configured, DenyAll, Configured]),
-            DenyAll
-        );
+        assert_eq!(ToolCapabilityNarrowing::merge_all([Configured, Configured]), Configured);
+        assert_eq!(ToolCapabilityNarrowing::merge_all([Configured, DenyAll, Configured]), DenyAll);
     }
 
     #[test]
     fn narrowing_serde_is_kebab_case() {
-        assert_eq!(
-            serde_json::to_string(&DenyAll).ok().as_deref(),
-            Some("\"deny-all\"")
-        );
-        assert_eq!(
-            serde_json::from_str::<ToolCapabilityNarrowing>("\"configured\"").ok(),
-            Some(Configured)
-        );
+        assert_eq!(serde_json::to_string(&DenyAll).ok().as_deref(), Some("\"deny-all\""));
+        assert_eq!(serde_json::from_str::<ToolCapabilityNarrowing>("\"configured\"").ok(), Some(Configured));
         assert!(serde_json::from_str::<ToolCapabilityNarrowing>("\"allow-all\"").is_err());
     }
 
@@ -212,11 +187,7 @@ mod tests {
             &["api.github.com", "evil.example"],
             &["github-token", "aws"],
         );
-        let want = set(
-            &[("/data", Read), ("/logs", Read)],
-            &["api.github.com"],
-            &["github-token"],
-        );
+        let want = set(&[("/data", Read), ("/logs", Read)], &["api.github.com"], &["github-token"]);
         assert_eq!(host.intersect(&plugin), want);
         assert!(want.is_subset_of(&host) && want.is_subset_of(&plugin));
         assert!(!plugin.is_subset_of(&host));

@@ -49,7 +49,12 @@ pub struct OutboundPolicy {
 
 impl OutboundPolicy {
     /// Exactly `hosts` and `credentials`; denials are written to `log`.
-    pub fn new(hosts: Arc<Vec<Destination>>, credentials: Arc<Vec<Arc<CredentialSpec>>>, limits: HttpLimits, log: Capture) -> Self {
+    pub fn new(
+        hosts: Arc<Vec<Destination>>,
+        credentials: Arc<Vec<Arc<CredentialSpec>>>,
+        limits: HttpLimits,
+        log: Capture,
+    ) -> Self {
         OutboundPolicy { hosts, credentials, limits, log }
     }
 
@@ -59,7 +64,10 @@ impl OutboundPolicy {
     }
 
     /// Decide a request: the destination, and the credential it asks for.
-    fn authorize(&self, request: &mut http::Request<WasiBody>) -> Result<Option<(Arc<CredentialSpec>, Secret)>, HttpError> {
+    fn authorize(
+        &self,
+        request: &mut http::Request<WasiBody>,
+    ) -> Result<Option<(Arc<CredentialSpec>, Secret)>, HttpError> {
         let uri = request.uri();
         let scheme = uri.scheme_str().unwrap_or("https").to_ascii_lowercase();
         let Some(host) = uri.host().map(str::to_ascii_lowercase) else {
@@ -98,7 +106,11 @@ impl OutboundPolicy {
 
 /// Write the secret into the request as configured; returns every form in
 /// which it now appears, for redaction.
-fn apply(request: &mut http::Request<WasiBody>, spec: &CredentialSpec, secret: &Secret) -> Result<Vec<Vec<u8>>, HttpError> {
+fn apply(
+    request: &mut http::Request<WasiBody>,
+    spec: &CredentialSpec,
+    secret: &Secret,
+) -> Result<Vec<Vec<u8>>, HttpError> {
     use base64::Engine as _;
     let b64 = base64::engine::general_purpose::STANDARD;
     let value = secret.expose();

@@ -115,9 +115,7 @@ pub enum PolicyError {
         reason: String,
     },
     /// A `(` has no closing `)`.
-    #[error(
-        "rule {rule} {pattern:?}: column {column}: `(` is never closed; end the pattern with `)`"
-    )]
+    #[error("rule {rule} {pattern:?}: column {column}: `(` is never closed; end the pattern with `)`")]
     UnclosedParenthesis {
         /// 0-based index of the rule.
         rule: usize,
@@ -151,9 +149,7 @@ pub enum PolicyError {
         column: usize,
     },
     /// A glob (tool id, primary argument or `~` value) does not compile.
-    #[error(
-        "rule {rule} {pattern:?}: column {column}: invalid glob {glob:?}: {reason}; fix the glob syntax"
-    )]
+    #[error("rule {rule} {pattern:?}: column {column}: invalid glob {glob:?}: {reason}; fix the glob syntax")]
     InvalidGlob {
         /// 0-based index of the rule.
         rule: usize,
@@ -273,15 +269,7 @@ impl Policy {
         let mut parsed = Vec::with_capacity(rules.len());
         for (index, spec) in rules.iter().enumerate() {
             let (id, args) = parse_pattern(&spec.pattern).map_err(|f| f.into_error(index, spec))?;
-            parsed.push((
-                index,
-                id,
-                Rule {
-                    pattern: spec.pattern.clone(),
-                    behavior: spec.behavior,
-                    args,
-                },
-            ));
+            parsed.push((index, id, Rule { pattern: spec.pattern.clone(), behavior: spec.behavior, args }));
         }
         parsed.sort_by_key(|(index, id, rule)| decision_rank(*index, id, rule));
 
@@ -305,61 +293,30 @@ impl Policy {
         // limit, reported against the rule whose glob it names.
         let globs = globs.build().map_err(|e| {
             let glob = e.glob().unwrap_or_default().to_owned();
-            let rule = glob_sources
-                .iter()
-                .find(|(_, g)| *g == glob)
-                .or(glob_sources.first())
-                .map_or(0, |(i, _)| *i);
+            let rule = glob_sources.iter().find(|(_, g)| *g == glob).or(glob_sources.first()).map_or(0, |(i, _)| *i);
             PolicyError::InvalidGlob {
                 rule,
-                pattern: rules
-                    .get(rule)
-                    .map(|r| r.pattern.clone())
-                    .unwrap_or_default(),
+                pattern: rules.get(rule).map(|r| r.pattern.clone()).unwrap_or_default(),
                 column: 1,
                 glob,
-                reason: format!(
-                    "{} (while combining all tool-id globs; use fewer or simpler id globs)",
-                    e.kind()
-                ),
+                reason: format!("{} (while combining all tool-id globs; use fewer or simpler id globs)", e.kind()),
             }
         })?;
-        Ok(Policy {
-            rules: ordered,
-            exact,
-            globs,
-            glob_rules,
-            default,
-        })
+        Ok(Policy { rules: ordered, exact, globs, glob_rules, default })
     }
 
     /// Evaluate the exact call. `primary_argument` is the name of the top-level argument
     /// field that primary-argument globs match, if the tool declares one.
-    pub fn evaluate(
-        &self,
-        tool_id: &str,
-        primary_argument: Option<&str>,
-        arguments: &Value,
-    ) -> Decision {
+    pub fn evaluate(&self, tool_id: &str, primary_argument: Option<&str>, arguments: &Value) -> Decision {
         let exact = self.exact.get(tool_id).map_or(&[][..], Vec::as_slice);
         let decided = GLOB_HITS.with(|hits| match hits.try_borrow_mut() {
-            Ok(mut hits) => {
-                self.first_match(exact, &mut hits, tool_id, primary_argument, arguments)
-            }
+            Ok(mut hits) => self.first_match(exact, &mut hits, tool_id, primary_argument, arguments),
             // Unreachable in practice (no re-entrancy); fall back rather than panic.
-            Err(_) => {
-                self.first_match(exact, &mut Vec::new(), tool_id, primary_argument, arguments)
-            }
+            Err(_) => self.first_match(exact, &mut Vec::new(), tool_id, primary_argument, arguments),
         });
         match decided {
-            Some(rule) => Decision {
-                behavior: rule.behavior,
-                rule: Some(rule.pattern.clone()),
-            },
-            None => Decision {
-                behavior: self.default,
-                rule: None,
-            },
+            Some(rule) => Decision { behavior: rule.behavior, rule: Some(rule.pattern.clone()) },
+            None => Decision { behavior: self.default, rule: None },
         }
     }
 
@@ -379,10 +336,7 @@ impl Policy {
             // Sorted ascending by globset; glob order is decision order.
             self.globs.matches_into(tool_id, hits);
         }
-        let mut from_glob = hits
-            .iter()
-            .filter_map(|&g| self.glob_rules.get(g).copied())
-            .peekable();
+        let mut from_glob = hits.iter().filter_map(|&g| self.glob_rules.get(g).copied()).peekable();
         let mut from_exact = exact.iter().copied().peekable();
         loop {
             let next = match (from_exact.peek(), from_glob.peek()) {
@@ -424,12 +378,8 @@ impl Condition {
 impl Op {
     fn holds(&self, value: &Value, q: Quantifier) -> bool {
         match self {
-            Op::Glob(g) => value
-                .as_str()
-                .is_some_and(|s| path_readings(s, q, |p| g.is_match(p))),
-            Op::NotGlob(g) => value
-                .as_str()
-                .is_some_and(|s| path_readings(s, q, |p| !g.is_match(p))),
+            Op::Glob(g) => value.as_str().is_some_and(|s| path_readings(s, q, |p| g.is_match(p))),
+            Op::NotGlob(g) => value.as_str().is_some_and(|s| path_readings(s, q, |p| !g.is_match(p))),
             Op::Eq(lit) => lit.equals(value),
             Op::Ne(lit) => !lit.equals(value),
         }
@@ -473,14 +423,8 @@ fn select(value: &Value, path: &[Step], q: Quantifier, pred: &dyn Fn(&Value) -> 
         return pred(value);
     };
     match step {
-        Step::Field(name) => value
-            .as_object()
-            .and_then(|o| o.get(&**name))
-            .is_some_and(|v| select(v, rest, q, pred)),
-        Step::Index(i) => value
-            .as_array()
-            .and_then(|a| a.get(*i))
-            .is_some_and(|v| select(v, rest, q, pred)),
+        Step::Field(name) => value.as_object().and_then(|o| o.get(&**name)).is_some_and(|v| select(v, rest, q, pred)),
+        Step::Index(i) => value.as_array().and_then(|a| a.get(*i)).is_some_and(|v| select(v, rest, q, pred)),
         Step::Each => value.as_array().is_some_and(|items| match q {
             Quantifier::Any => items.iter().any(|v| select(v, rest, q, pred)),
             Quantifier::All => !items.is_empty() && items.iter().all(|v| select(v, rest, q, pred)),
@@ -539,11 +483,7 @@ enum IdPattern {
 }
 
 /// Sort key putting rules in decision order (see `Policy::rules`).
-fn decision_rank(
-    index: usize,
-    id: &IdPattern,
-    rule: &Rule,
-) -> (u8, Reverse<(usize, bool, usize)>, u8, usize) {
+fn decision_rank(index: usize, id: &IdPattern, rule: &Rule) -> (u8, Reverse<(usize, bool, usize)>, u8, usize) {
     if rule.behavior == Behavior::Deny {
         return (0, Reverse((0, false, 0)), 0, index);
     }
@@ -557,12 +497,7 @@ fn decision_rank(
         IdPattern::Glob { literal_chars, .. } => (false, *literal_chars),
     };
     let ask_first = u8::from(rule.behavior != Behavior::Ask);
-    (
-        1,
-        Reverse((constraints, is_exact, literal_chars)),
-        ask_first,
-        index,
-    )
+    (1, Reverse((constraints, is_exact, literal_chars)), ask_first, index)
 }
 
 /// A parse problem at a byte offset of the pattern, before the rule index is known.
@@ -592,47 +527,15 @@ impl Fault {
 
     fn into_error(self, rule: usize, spec: &RuleSpec) -> PolicyError {
         let pattern = spec.pattern.clone();
-        let column = spec
-            .pattern
-            .get(..self.at)
-            .map_or(self.at, |p| p.chars().count())
-            + 1;
+        let column = spec.pattern.get(..self.at).map_or(self.at, |p| p.chars().count()) + 1;
         match self.kind {
             FaultKind::Empty => PolicyError::EmptyPattern { rule, pattern },
-            FaultKind::ToolId(reason) => PolicyError::InvalidToolId {
-                rule,
-                pattern,
-                column,
-                reason,
-            },
-            FaultKind::Unclosed => PolicyError::UnclosedParenthesis {
-                rule,
-                pattern,
-                column,
-            },
-            FaultKind::Trailing => PolicyError::TrailingText {
-                rule,
-                pattern,
-                column,
-            },
-            FaultKind::EmptyArguments => PolicyError::EmptyArguments {
-                rule,
-                pattern,
-                column,
-            },
-            FaultKind::Glob { glob, reason } => PolicyError::InvalidGlob {
-                rule,
-                pattern,
-                column,
-                glob,
-                reason,
-            },
-            FaultKind::Condition(reason) => PolicyError::InvalidCondition {
-                rule,
-                pattern,
-                column,
-                reason,
-            },
+            FaultKind::ToolId(reason) => PolicyError::InvalidToolId { rule, pattern, column, reason },
+            FaultKind::Unclosed => PolicyError::UnclosedParenthesis { rule, pattern, column },
+            FaultKind::Trailing => PolicyError::TrailingText { rule, pattern, column },
+            FaultKind::EmptyArguments => PolicyError::EmptyArguments { rule, pattern, column },
+            FaultKind::Glob { glob, reason } => PolicyError::InvalidGlob { rule, pattern, column, glob, reason },
+            FaultKind::Condition(reason) => PolicyError::InvalidCondition { rule, pattern, column, reason },
         }
     }
 }
@@ -671,19 +574,12 @@ fn parse_pattern(pattern: &str) -> Result<(IdPattern, ArgMatch), Fault> {
     let content_start = skip_ws(pattern, open + 1);
     let content_end = pattern
         .get(..close)
-        .map_or(close, |c| {
-            c.trim_end_matches(|ch: char| ch.is_ascii_whitespace())
-                .len()
-        })
+        .map_or(close, |c| c.trim_end_matches(|ch: char| ch.is_ascii_whitespace()).len())
         .max(content_start);
     if content_start >= close {
         return Err(Fault::new(open, FaultKind::EmptyArguments));
     }
-    let mut parser = CondParser {
-        src: pattern,
-        pos: content_start,
-        end: content_end,
-    };
+    let mut parser = CondParser { src: pattern, pos: content_start, end: content_end };
     let committed = parser.looks_like_condition();
     parser.pos = content_start;
     match parser.conditions() {
@@ -691,10 +587,7 @@ fn parse_pattern(pattern: &str) -> Result<(IdPattern, ArgMatch), Fault> {
         Err(fault) if committed => Err(fault),
         Err(_) => {
             let glob = pattern.get(content_start..content_end).unwrap_or_default();
-            Ok((
-                id,
-                ArgMatch::Primary(compile_path_glob(glob, content_start)?),
-            ))
+            Ok((id, ArgMatch::Primary(compile_path_glob(glob, content_start)?)))
         }
     }
 }
@@ -704,9 +597,7 @@ fn parse_tool_id(pattern: &str, start: usize, end: usize) -> Result<IdPattern, F
     let Some(first) = text.chars().next() else {
         return Err(Fault::new(
             start,
-            FaultKind::ToolId(
-                "the tool id before `(` is missing; write e.g. `fs.read(data/**)`".into(),
-            ),
+            FaultKind::ToolId("the tool id before `(` is missing; write e.g. `fs.read(data/**)`".into()),
         ));
     };
     for (i, ch) in text.char_indices() {
@@ -735,20 +626,9 @@ fn parse_tool_id(pattern: &str, start: usize, end: usize) -> Result<IdPattern, F
         .literal_separator(false)
         .backslash_escape(true)
         .build()
-        .map_err(|e| {
-            Fault::new(
-                start,
-                FaultKind::Glob {
-                    glob: text.to_owned(),
-                    reason: e.kind().to_string(),
-                },
-            )
-        })?;
+        .map_err(|e| Fault::new(start, FaultKind::Glob { glob: text.to_owned(), reason: e.kind().to_string() }))?;
     let literal_chars = text.chars().filter(|c| !matches!(c, '*' | '?')).count();
-    Ok(IdPattern::Glob {
-        glob,
-        literal_chars,
-    })
+    Ok(IdPattern::Glob { glob, literal_chars })
 }
 
 fn compile_path_glob(glob: &str, at: usize) -> Result<GlobMatcher, Fault> {
@@ -757,15 +637,7 @@ fn compile_path_glob(glob: &str, at: usize) -> Result<GlobMatcher, Fault> {
         .backslash_escape(true)
         .build()
         .map(|g| g.compile_matcher())
-        .map_err(|e| {
-            Fault::new(
-                at,
-                FaultKind::Glob {
-                    glob: glob.to_owned(),
-                    reason: e.kind().to_string(),
-                },
-            )
-        })
+        .map_err(|e| Fault::new(at, FaultKind::Glob { glob: glob.to_owned(), reason: e.kind().to_string() }))
 }
 
 /// Recursive-descent parser over `src[pos..end]` (byte offsets into the whole pattern,
@@ -797,11 +669,7 @@ impl OpKind {
 
 impl CondParser<'_> {
     fn peek(&self) -> Option<u8> {
-        if self.pos < self.end {
-            self.src.as_bytes().get(self.pos).copied()
-        } else {
-            None
-        }
+        if self.pos < self.end { self.src.as_bytes().get(self.pos).copied() } else { None }
     }
 
     /// Skip whitespace; report whether any was skipped.
@@ -812,11 +680,7 @@ impl CondParser<'_> {
     }
 
     fn found(&self) -> String {
-        match self
-            .src
-            .get(self.pos..self.end)
-            .and_then(|r| r.chars().next())
-        {
+        match self.src.get(self.pos..self.end).and_then(|r| r.chars().next()) {
             Some(ch) => format!("{ch:?}"),
             None => "the end of the list".to_owned(),
         }
@@ -860,10 +724,7 @@ impl CondParser<'_> {
             self.pos += 1;
             self.ws();
             if self.peek().is_none() {
-                return Err(Fault::condition(
-                    comma,
-                    "expected a condition after `,`; remove the trailing comma",
-                ));
+                return Err(Fault::condition(comma, "expected a condition after `,`; remove the trailing comma"));
             }
         }
     }
@@ -878,11 +739,7 @@ impl CondParser<'_> {
         let op = match (op, value) {
             (OpKind::Glob | OpKind::NotGlob, Literal::Str(glob)) => {
                 let matcher = compile_path_glob(&glob, value_at)?;
-                if matches!(op, OpKind::Glob) {
-                    Op::Glob(matcher)
-                } else {
-                    Op::NotGlob(matcher)
-                }
+                if matches!(op, OpKind::Glob) { Op::Glob(matcher) } else { Op::NotGlob(matcher) }
             }
             (OpKind::Glob | OpKind::NotGlob, _) => {
                 return Err(Fault::condition(
@@ -896,10 +753,7 @@ impl CondParser<'_> {
             (OpKind::Eq, lit) => Op::Eq(lit),
             (OpKind::Ne, lit) => Op::Ne(lit),
         };
-        Ok(Condition {
-            path: path.into_boxed_slice(),
-            op,
-        })
+        Ok(Condition { path: path.into_boxed_slice(), op })
     }
 
     fn ident(&mut self) -> Result<&str, Fault> {
@@ -916,10 +770,7 @@ impl CondParser<'_> {
                 ));
             }
         }
-        while self
-            .peek()
-            .is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        {
+        while self.peek().is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
             self.pos += 1;
         }
         Ok(self.src.get(start..self.pos).unwrap_or_default())
@@ -988,10 +839,7 @@ impl CondParser<'_> {
         } else {
             return Err(Fault::condition(
                 self.pos,
-                format!(
-                    "expected an operator `~`, `!~`, `=` or `!=` after the field path, found {}",
-                    self.found()
-                ),
+                format!("expected an operator `~`, `!~`, `=` or `!=` after the field path, found {}", self.found()),
             ));
         };
         self.pos += len;
@@ -1003,22 +851,13 @@ impl CondParser<'_> {
         match self.peek() {
             Some(b'"') => return self.string(),
             Some(b) if b == b'-' || b.is_ascii_digit() => {
-                while self.peek().is_some_and(|b| {
-                    b.is_ascii_digit() || matches!(b, b'-' | b'+' | b'.' | b'e' | b'E')
-                }) {
+                while self.peek().is_some_and(|b| b.is_ascii_digit() || matches!(b, b'-' | b'+' | b'.' | b'e' | b'E')) {
                     self.pos += 1;
                 }
                 let text = self.src.get(start..self.pos).unwrap_or_default();
-                return serde_json::from_str::<serde_json::Number>(text)
-                    .map(Literal::Num)
-                    .map_err(|_| {
-                        Fault::condition(
-                            start,
-                            format!(
-                                "{text:?} is not a valid JSON number; write e.g. 42, -1 or 0.5"
-                            ),
-                        )
-                    });
+                return serde_json::from_str::<serde_json::Number>(text).map(Literal::Num).map_err(|_| {
+                    Fault::condition(start, format!("{text:?} is not a valid JSON number; write e.g. 42, -1 or 0.5"))
+                });
             }
             Some(b) if b.is_ascii_alphabetic() => {
                 while self.peek().is_some_and(|b| b.is_ascii_alphanumeric()) {
@@ -1048,10 +887,7 @@ impl CondParser<'_> {
                 self.found()
             )
         } else if matches!(op, OpKind::Glob | OpKind::NotGlob) {
-            format!(
-                "the glob after `{}` must be a double-quoted string; write {token:?}",
-                op.text()
-            )
+            format!("the glob after `{}` must be a double-quoted string; write {token:?}", op.text())
         } else {
             format!(
                 "the value after `{}` must be a double-quoted string, a JSON number, true, false or null; write {token:?} to compare a string",
@@ -1068,10 +904,7 @@ impl CondParser<'_> {
         loop {
             let rest = self.src.get(self.pos..self.end).unwrap_or_default();
             let Some(ch) = rest.chars().next() else {
-                return Err(Fault::condition(
-                    open,
-                    "the string is never closed; end it with `\"`",
-                ));
+                return Err(Fault::condition(open, "the string is never closed; end it with `\"`"));
             };
             match ch {
                 '"' => {
@@ -1113,10 +946,7 @@ mod tests {
     fn specs(rules: &[(&str, Behavior)]) -> Vec<RuleSpec> {
         rules
             .iter()
-            .map(|(pattern, behavior)| RuleSpec {
-                pattern: (*pattern).to_owned(),
-                behavior: *behavior,
-            })
+            .map(|(pattern, behavior)| RuleSpec { pattern: (*pattern).to_owned(), behavior: *behavior })
             .collect()
     }
 
@@ -1144,10 +974,7 @@ mod tests {
         for c in cases {
             let p = policy(c.rules, c.default);
             let got = p.evaluate(c.tool, c.primary, &c.args);
-            let want = Decision {
-                behavior: c.want,
-                rule: c.by.map(str::to_owned),
-            };
+            let want = Decision { behavior: c.want, rule: c.by.map(str::to_owned) };
             assert_eq!(got, want, "case {:?}: {} {}", c.name, c.tool, c.args);
         }
     }
@@ -1160,16 +987,7 @@ mod tests {
         want: Behavior,
         by: Option<&'static str>,
     ) -> Case {
-        Case {
-            name,
-            rules,
-            default: Deny,
-            tool,
-            primary: Some("path"),
-            args,
-            want,
-            by,
-        }
+        Case { name, rules, default: Deny, tool, primary: Some("path"), args, want, by }
     }
 
     #[test]
@@ -1294,21 +1112,9 @@ mod tests {
             (r#"t(a[*].f != "x")"#, Allow),
         ] {
             let p = policy(&[(pattern, behavior)], Ask);
-            for args in [
-                json!({}),
-                json!({"a": {"g": 1}}),
-                json!({"a": [{"g": 1}]}),
-                json!(null),
-            ] {
+            for args in [json!({}), json!({"a": {"g": 1}}), json!({"a": [{"g": 1}]}), json!(null)] {
                 let got = p.evaluate("t", None, &args);
-                assert_eq!(
-                    got,
-                    Decision {
-                        behavior: Ask,
-                        rule: None
-                    },
-                    "{pattern} on {args}"
-                );
+                assert_eq!(got, Decision { behavior: Ask, rule: None }, "{pattern} on {args}");
             }
         }
     }
@@ -1451,44 +1257,19 @@ mod tests {
 
     #[test]
     fn ask_beats_allow_on_a_tie_then_config_order() {
-        let tie = policy(
-            &[("fs.write", Allow), ("fs.write", Ask), ("fs.write", Allow)],
-            Deny,
-        );
+        let tie = policy(&[("fs.write", Allow), ("fs.write", Ask), ("fs.write", Allow)], Deny);
         assert_eq!(
             tie.evaluate("fs.write", None, &json!({})),
-            Decision {
-                behavior: Ask,
-                rule: Some("fs.write".into())
-            }
+            Decision { behavior: Ask, rule: Some("fs.write".into()) }
         );
         let glob_tie = policy(&[("fs.*", Allow), ("fs.?", Ask), ("f?.*", Ask)], Deny);
         // `fs.*` and `f?.*` tie (3 literals, glob, no constraints); `fs.?` too.
-        assert_eq!(
-            glob_tie.evaluate("fs.x", None, &json!({})).rule.as_deref(),
-            Some("fs.?")
-        );
+        assert_eq!(glob_tie.evaluate("fs.x", None, &json!({})).rule.as_deref(), Some("fs.?"));
         let cond_tie = policy(&[(r#"t(a = 1)"#, Allow), (r#"t(b = 1)"#, Ask)], Deny);
-        assert_eq!(
-            cond_tie
-                .evaluate("t", None, &json!({"a": 1, "b": 1}))
-                .behavior,
-            Ask
-        );
-        assert_eq!(
-            cond_tie
-                .evaluate("t", None, &json!({"a": 1, "b": 2}))
-                .behavior,
-            Allow
-        );
+        assert_eq!(cond_tie.evaluate("t", None, &json!({"a": 1, "b": 1})).behavior, Ask);
+        assert_eq!(cond_tie.evaluate("t", None, &json!({"a": 1, "b": 2})).behavior, Allow);
         let allow_order = policy(&[("t(a = 1)", Allow), ("t(b = 1)", Allow)], Deny);
-        assert_eq!(
-            allow_order
-                .evaluate("t", None, &json!({"a": 1, "b": 1}))
-                .rule
-                .as_deref(),
-            Some("t(a = 1)")
-        );
+        assert_eq!(allow_order.evaluate("t", None, &json!({"a": 1, "b": 1})).rule.as_deref(), Some("t(a = 1)"));
     }
 
     #[test]
@@ -1497,19 +1278,10 @@ mod tests {
             let p = policy(&[("fs.read(data/**)", Allow), ("text.*", Deny)], default);
             assert_eq!(
                 p.evaluate("net.get", Some("url"), &json!({"url": "x"})),
-                Decision {
-                    behavior: default,
-                    rule: None
-                }
+                Decision { behavior: default, rule: None }
             );
             let empty = policy(&[], default);
-            assert_eq!(
-                empty.evaluate("fs.read", None, &json!({})),
-                Decision {
-                    behavior: default,
-                    rule: None
-                }
-            );
+            assert_eq!(empty.evaluate("fs.read", None, &json!({})), Decision { behavior: default, rule: None });
         }
     }
 
@@ -1521,14 +1293,9 @@ mod tests {
             {"pattern": "net.*", "behavior": "deny"},
         ]));
         assert!(matches!(ok.as_deref(), Ok([_, b, _]) if b.behavior == Ask));
-        let unknown = serde_json::from_value::<RuleSpec>(
-            json!({"pattern": "x", "behavior": "allow", "why": 1}),
-        );
+        let unknown = serde_json::from_value::<RuleSpec>(json!({"pattern": "x", "behavior": "allow", "why": 1}));
         assert!(unknown.is_err());
-        assert!(
-            serde_json::from_value::<RuleSpec>(json!({"pattern": "x", "behavior": "Allow"}))
-                .is_err()
-        );
+        assert!(serde_json::from_value::<RuleSpec>(json!({"pattern": "x", "behavior": "Allow"})).is_err());
     }
 
     /// Pattern, expected error kind, expected column.
@@ -1563,11 +1330,7 @@ mod tests {
             (r#"fs.write(path ~ "x", mode)"#, "InvalidCondition", 26),
             (r#"fs.write(path ~ "x", a[] = 1)"#, "InvalidCondition", 23),
             (r#"fs.write(path ~ "x", a[1 = 1)"#, "InvalidCondition", 25),
-            (
-                r#"fs.write(path ~ "x", a[99999999999999999999999] = 1)"#,
-                "InvalidCondition",
-                24,
-            ),
+            (r#"fs.write(path ~ "x", a[99999999999999999999999] = 1)"#, "InvalidCondition", 24),
             ("fs.write(n = 1.2.3)", "InvalidCondition", 14),
             ("fs.write(n = 1e999x)", "InvalidCondition", 14),
             ("fs.write(n = -)", "InvalidCondition", 14),
@@ -1593,11 +1356,7 @@ mod tests {
     fn parse_errors_name_rule_pattern_and_column() {
         for (pattern, want_kind, want_column) in error_cases() {
             // Put the bad rule at index 2 so the index in the message is checked.
-            let rules = [
-                ("text.upper", Allow),
-                ("fs.read(data/**)", Ask),
-                (pattern, Deny),
-            ];
+            let rules = [("text.upper", Allow), ("fs.read(data/**)", Ask), (pattern, Deny)];
             let err = match Policy::new(&specs(&rules), Deny) {
                 Ok(_) => panic!("{pattern:?} should be rejected"),
                 Err(e) => e,
@@ -1606,10 +1365,7 @@ mod tests {
             assert_eq!(kind(&err), want_kind, "{pattern:?}: {msg}");
             assert!(msg.starts_with(&format!("rule 2 {pattern:?}: ")), "{msg}");
             if want_kind != "EmptyPattern" {
-                assert!(
-                    msg.contains(&format!("column {want_column}:")),
-                    "{pattern:?}: {msg}"
-                );
+                assert!(msg.contains(&format!("column {want_column}:")), "{pattern:?}: {msg}");
             }
             // Lowercase start of the explanation, no final period.
             assert!(!msg.ends_with('.'), "{msg}");
@@ -1665,9 +1421,7 @@ mod tests {
     fn empty_and_multiple_errors_report_first_bad_rule() {
         let rules = [("ok", Allow), ("bad(", Deny), ("also bad", Deny)];
         match Policy::new(&specs(&rules), Deny) {
-            Err(PolicyError::UnclosedParenthesis {
-                rule: 1, column: 4, ..
-            }) => {}
+            Err(PolicyError::UnclosedParenthesis { rule: 1, column: 4, .. }) => {}
             other => panic!("unexpected {other:?}"),
         }
     }
@@ -1679,32 +1433,17 @@ mod tests {
         let mut rules = Vec::new();
         for i in 0..40 {
             rules.push((format!("tool{i}.*"), Allow));
-            rules.push((
-                format!(r#"tool{i}.write(path ~ "out/**", mode = "append")"#),
-                Ask,
-            ));
+            rules.push((format!(r#"tool{i}.write(path ~ "out/**", mode = "append")"#), Ask));
         }
         for i in 0..20 {
             rules.push((format!("fs.read{i}(data/**)"), Allow));
         }
         rules.push(("fs.read(data/**)".to_owned(), Allow));
         rules.push(("mcp__*".to_owned(), Deny));
-        let specs: Vec<RuleSpec> = rules
-            .iter()
-            .map(|(p, b)| RuleSpec {
-                pattern: p.clone(),
-                behavior: *b,
-            })
-            .collect();
-        let Ok(p) = Policy::new(&specs, Deny) else {
-            panic!("parse")
-        };
+        let specs: Vec<RuleSpec> = rules.iter().map(|(p, b)| RuleSpec { pattern: p.clone(), behavior: *b }).collect();
+        let Ok(p) = Policy::new(&specs, Deny) else { panic!("parse") };
         let calls = [
-            (
-                "tool7.write",
-                Some("path"),
-                json!({"path": "out/a/b.txt", "mode": "append"}),
-            ),
+            ("tool7.write", Some("path"), json!({"path": "out/a/b.txt", "mode": "append"})),
             ("fs.read", Some("path"), json!({"path": "data/x/y.csv"})),
             ("unknown.tool", None, json!({"x": 1})),
         ];

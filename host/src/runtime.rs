@@ -19,8 +19,10 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use crate::commit::{
+    AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, StateChange, StepStore, TicketError,
+};
 use crate::config::Restriction;
-use crate::commit::{AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, StateChange, StepStore, TicketError};
 use crate::executor::{Captured, Content, Execution, Executor, ExecutorError, GuestCommand};
 use crate::gate::{self, GateOutcome, ToolCall, ToolPermissionVerdict};
 use crate::narrowing::ToolCapabilityNarrowing;
@@ -131,13 +133,23 @@ pub fn new_id(prefix: &str) -> String {
 
 impl Runtime {
     /// A runtime for `snapshot`.
-    pub fn new(snapshot: ExecutableAgentSnapshot, executor: Arc<Executor>, store: Arc<dyn StepStore>, ticket_ttl_secs: u64) -> Self {
+    pub fn new(
+        snapshot: ExecutableAgentSnapshot,
+        executor: Arc<Executor>,
+        store: Arc<dyn StepStore>,
+        ticket_ttl_secs: u64,
+    ) -> Self {
         Runtime { snapshot, executor, store, ticket_ttl_secs: ticket_ttl_secs as i64 }
     }
 
     /// The same runtime over a new snapshot (a reload): same executor, same store.
     pub fn with_snapshot(&self, snapshot: ExecutableAgentSnapshot) -> Runtime {
-        Runtime { snapshot, executor: self.executor.clone(), store: self.store.clone(), ticket_ttl_secs: self.ticket_ttl_secs }
+        Runtime {
+            snapshot,
+            executor: self.executor.clone(),
+            store: self.store.clone(),
+            ticket_ttl_secs: self.ticket_ttl_secs,
+        }
     }
 
     /// The agent's snapshot.
@@ -197,7 +209,15 @@ impl Runtime {
             Ok(c) => c,
             Err(removal) => {
                 let reason = format!("`{}` is no longer available: {removal}", call.tool_id);
-                let seq = step.commit_resolved(self, ticket, "none", OutcomeKind::Blocked, &reason, &Captured::default(), &[])?;
+                let seq = step.commit_resolved(
+                    self,
+                    ticket,
+                    "none",
+                    OutcomeKind::Blocked,
+                    &reason,
+                    &Captured::default(),
+                    &[],
+                )?;
                 return Ok(StepResult::Blocked { seq, reason });
             }
         };
@@ -208,7 +228,15 @@ impl Runtime {
                 was: ticket.component_digest().to_string(),
                 now: candidate.installed.component.digest.to_string(),
             };
-            step.commit_resolved(self, ticket, "none", OutcomeKind::Blocked, &err.to_string(), &Captured::default(), &[])?;
+            step.commit_resolved(
+                self,
+                ticket,
+                "none",
+                OutcomeKind::Blocked,
+                &err.to_string(),
+                &Captured::default(),
+                &[],
+            )?;
             return Err(err.into());
         }
         let verdict = gate::decide_resumed(&snapshot, &candidate, &call, &ticket);
@@ -219,13 +247,29 @@ impl Runtime {
                 step.finish(self, Some(ticket), exec)
             }
             GateOutcome::Blocked { reason } => {
-                let seq = step.commit_resolved(self, ticket, "deny", OutcomeKind::Blocked, &reason, &Captured::default(), &[])?;
+                let seq = step.commit_resolved(
+                    self,
+                    ticket,
+                    "deny",
+                    OutcomeKind::Blocked,
+                    &reason,
+                    &Captured::default(),
+                    &[],
+                )?;
                 Ok(StepResult::Blocked { seq, reason })
             }
             // decide_resumed never asks again; treat it as a block rather than loop.
             GateOutcome::AwaitConfirmation { .. } => {
                 let reason = "the approval could not be applied".to_owned();
-                let seq = step.commit_resolved(self, ticket, "ask", OutcomeKind::Blocked, &reason, &Captured::default(), &[])?;
+                let seq = step.commit_resolved(
+                    self,
+                    ticket,
+                    "ask",
+                    OutcomeKind::Blocked,
+                    &reason,
+                    &Captured::default(),
+                    &[],
+                )?;
                 Ok(StepResult::Blocked { seq, reason })
             }
         }
@@ -242,7 +286,8 @@ impl Runtime {
         };
         let step = Step { run_id: &r.run_id, agent: &r.agent, call: &call };
         let reason = format!("a human denied `{}`: {reason}", call.tool_id);
-        let seq = step.commit_resolved(self, ticket, "deny", OutcomeKind::Blocked, &reason, &Captured::default(), &[])?;
+        let seq =
+            step.commit_resolved(self, ticket, "deny", OutcomeKind::Blocked, &reason, &Captured::default(), &[])?;
         Ok(StepResult::Blocked { seq, reason })
     }
 
@@ -298,20 +343,36 @@ impl Run<'_> {
                 step.finish(rt, None, exec)
             }
             GateOutcome::Blocked { reason } => {
-                let seq = step.commit(rt, verdict_name, OutcomeKind::Blocked, &reason, &Captured::default(), &[], None)?;
+                let seq =
+                    step.commit(rt, verdict_name, OutcomeKind::Blocked, &reason, &Captured::default(), &[], None)?;
                 Ok(StepResult::Blocked { seq, reason })
             }
             GateOutcome::AwaitConfirmation { correlation_id } => {
                 let awaiting = awaiting_record(rt, &self.id, self.snapshot.agent(), &call, &candidate, &correlation_id);
                 let text = format!("awaiting approval: ticket {}", awaiting.ticket_id);
-                let seq = step.commit(rt, verdict_name, OutcomeKind::Awaiting, &text, &Captured::default(), &[], Some(&awaiting))?;
+                let seq = step.commit(
+                    rt,
+                    verdict_name,
+                    OutcomeKind::Awaiting,
+                    &text,
+                    &Captured::default(),
+                    &[],
+                    Some(&awaiting),
+                )?;
                 Ok(StepResult::Awaiting { seq, ticket: awaiting.ticket_id, expires_at: awaiting.expires_at })
             }
         }
     }
 }
 
-fn awaiting_record(rt: &Runtime, run_id: &str, agent: &str, call: &ToolCall, candidate: &Candidate, correlation_id: &str) -> AwaitingRecord {
+fn awaiting_record(
+    rt: &Runtime,
+    run_id: &str,
+    agent: &str,
+    call: &ToolCall,
+    candidate: &Candidate,
+    correlation_id: &str,
+) -> AwaitingRecord {
     AwaitingRecord {
         ticket_id: new_id("tkt"),
         run_id: run_id.to_owned(),
@@ -384,7 +445,14 @@ impl Step<'_> {
         rt.store.resolve_ticket(ticket, &step, changes)
     }
 
-    fn new_step<'s>(&'s self, verdict: &'s str, outcome: OutcomeKind, result: &'s str, args: &'s str, captured: &'s str) -> NewStep<'s> {
+    fn new_step<'s>(
+        &'s self,
+        verdict: &'s str,
+        outcome: OutcomeKind,
+        result: &'s str,
+        args: &'s str,
+        captured: &'s str,
+    ) -> NewStep<'s> {
         NewStep {
             run_id: self.run_id,
             agent: self.agent,
@@ -399,8 +467,17 @@ impl Step<'_> {
     }
 
     /// Commit an execution: output with its Commands, or the failure.
-    fn finish(&self, rt: &Runtime, ticket: Option<ClaimedTicket>, exec: Result<Execution, ExecutorError>) -> Result<StepResult, CallError> {
-        let commit = |outcome: OutcomeKind, text: &str, captured: &Captured, changes: &[StateChange], ticket: Option<ClaimedTicket>| match ticket {
+    fn finish(
+        &self,
+        rt: &Runtime,
+        ticket: Option<ClaimedTicket>,
+        exec: Result<Execution, ExecutorError>,
+    ) -> Result<StepResult, CallError> {
+        let commit = |outcome: OutcomeKind,
+                      text: &str,
+                      captured: &Captured,
+                      changes: &[StateChange],
+                      ticket: Option<ClaimedTicket>| match ticket {
             Some(t) => self.commit_resolved(rt, t, "allow", outcome, text, captured, changes),
             None => self.commit(rt, "allow", outcome, text, captured, changes, None),
         };
@@ -453,7 +530,10 @@ fn scope_commands(tool_id: &str, commands: Vec<GuestCommand>) -> Result<Vec<Stat
         if let Some(v) = &c.value
             && serde_json::from_str::<serde::de::IgnoredAny>(v).is_err()
         {
-            return Err(format!("`{tool_id}` returned a Command for key `{}` whose value is not JSON; nothing was changed", c.key));
+            return Err(format!(
+                "`{tool_id}` returned a Command for key `{}` whose value is not JSON; nothing was changed",
+                c.key
+            ));
         }
         out.push(StateChange { key: c.key, value: c.value });
     }

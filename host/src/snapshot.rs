@@ -139,16 +139,12 @@ impl ExecutableAgentSnapshot {
         for (i, v) in a.visible.iter().enumerate() {
             visible.add(glob(v).map_err(|e| field(format!("agents.{agent}.visible[{i}]"), e.to_string()))?);
         }
-        let visible = visible
-            .build()
-            .map_err(|e| field(format!("agents.{agent}.visible"), e.to_string()))?;
-        let policy = Policy::new(&a.rules, a.default)
-            .map_err(|e| field(format!("agents.{agent}.rules"), e.to_string()))?;
+        let visible = visible.build().map_err(|e| field(format!("agents.{agent}.visible"), e.to_string()))?;
+        let policy =
+            Policy::new(&a.rules, a.default).map_err(|e| field(format!("agents.{agent}.rules"), e.to_string()))?;
         let mut grants = Vec::new();
         for (i, g) in config.grants.iter().enumerate() {
-            let m = glob(&g.tools)
-                .map_err(|e| field(format!("grants[{i}].tools"), e.to_string()))?
-                .compile_matcher();
+            let m = glob(&g.tools).map_err(|e| field(format!("grants[{i}].tools"), e.to_string()))?.compile_matcher();
             grants.push((m, g.clone()));
         }
         Ok(ExecutableAgentSnapshot {
@@ -231,7 +227,11 @@ impl ExecutableAgentSnapshot {
     /// Hosts: a Tool may declare alternatives (`http://127.0.0.1:*`,
     /// `https://*.tracker.example`); it gets the grants its declarations
     /// cover, and is removed only if it declares hosts and none is granted.
-    fn authority_for(&self, id: &str, declared: &DeclaredCapabilities) -> Result<(CapabilitySet, EffectiveGrant), Removal> {
+    fn authority_for(
+        &self,
+        id: &str,
+        declared: &DeclaredCapabilities,
+    ) -> Result<(CapabilitySet, EffectiveGrant), Removal> {
         let matching: Vec<&Grant> = self.grants.iter().filter(|(m, _)| m.is_match(id)).map(|(_, g)| g).collect();
         let mut granted = CapabilitySet::default();
         for g in &matching {
@@ -279,7 +279,11 @@ impl ExecutableAgentSnapshot {
                 if let Some(a) = authority.directories.get(&d.path)
                     && !grant.mounts.iter().any(|m| m.guest == d.path)
                 {
-                    grant.mounts.push(Mount { guest: d.path.clone(), host: d.host.clone(), access: access(d.access).meet(*a) });
+                    grant.mounts.push(Mount {
+                        guest: d.path.clone(),
+                        host: d.host.clone(),
+                        access: access(d.access).meet(*a),
+                    });
                 }
             }
             for (k, v) in &g.env {

@@ -23,7 +23,10 @@ async fn ask_awaits_then_approve_executes_the_exact_call_once() {
     assert_eq!(host.runtime.store().pending().unwrap().len(), 1);
 
     let r = host.runtime.approve(&ticket).await.unwrap();
-    assert!(matches!(&r, StepResult::Output { content: toolgate::executor::Content::Json(v), .. } if v == &json!({"notes": ["buy milk"]})), "{r:?}");
+    assert!(
+        matches!(&r, StepResult::Output { content: toolgate::executor::Content::Json(v), .. } if v == &json!({"notes": ["buy milk"]})),
+        "{r:?}"
+    );
     assert_eq!(host.instantiations(), 1);
 
     let again = host.runtime.approve(&ticket).await.unwrap_err();
@@ -111,7 +114,10 @@ async fn a_deny_rule_in_force_at_approval_wins() {
     let ticket = ask(&host, "x").await;
     // The operator tightens the policy before approving.
     let cfg = host.dir.path().join("toolgate.toml");
-    let text = std::fs::read_to_string(&cfg).unwrap().replace(r#"pattern = "notes(op = \"add\")", behavior = "ask""#, r#"pattern = "notes(op = \"add\")", behavior = "deny""#);
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        r#"pattern = "notes(op = \"add\")", behavior = "ask""#,
+        r#"pattern = "notes(op = \"add\")", behavior = "deny""#,
+    );
     std::fs::write(&cfg, text).unwrap();
     let host = host.restart();
     let r = host.runtime.approve(&ticket).await.unwrap();

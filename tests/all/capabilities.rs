@@ -40,7 +40,11 @@ fn world() -> World {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&secret_file, std::fs::Permissions::from_mode(0o600)).unwrap();
     }
-    for (name, bytes) in [("hostile.wasm", packed(guests::HOSTILE)), ("files.wasm", packed(guests::FILES)), ("tracker.wasm", packed(guests::TRACKER))] {
+    for (name, bytes) in [
+        ("hostile.wasm", packed(guests::HOSTILE)),
+        ("files.wasm", packed(guests::FILES)),
+        ("tracker.wasm", packed(guests::TRACKER)),
+    ] {
         std::fs::write(d.join("plugins").join(name), bytes).unwrap();
     }
     let config = format!(
@@ -83,7 +87,10 @@ async fn thief(host: &TestHost, op: &str, target: &str, credential: bool) -> Str
 }
 
 fn assert_err(observed: &str, contains: &str) {
-    assert!(observed.starts_with("err: ") && observed.contains(contains), "expected err containing {contains:?}, got {observed}");
+    assert!(
+        observed.starts_with("err: ") && observed.contains(contains),
+        "expected err containing {contains:?}, got {observed}"
+    );
 }
 
 #[tokio::test]
@@ -91,10 +98,17 @@ async fn the_http_tool_gets_its_data_with_the_credential_applied_at_the_boundary
     let w = world();
     let r = call(&w.host, "tracker.issues", json!({"base_url": w.api.origin()})).await;
     let StepResult::Output { content: Content::Json(v), .. } = &r else { panic!("{r:?}") };
-    assert_eq!(v, &json!([{"id": 1, "title": "Crash on start", "state": "open"}, {"id": 3, "title": "Slow search", "state": "open"}]));
+    assert_eq!(
+        v,
+        &json!([{"id": 1, "title": "Crash on start", "state": "open"}, {"id": 3, "title": "Slow search", "state": "open"}])
+    );
     let seen = w.api.requests();
     assert_eq!(seen.len(), 1);
-    assert_eq!(seen[0].header("authorization"), Some(format!("Bearer {SECRET}").as_str()), "the server checks the header");
+    assert_eq!(
+        seen[0].header("authorization"),
+        Some(format!("Bearer {SECRET}").as_str()),
+        "the server checks the header"
+    );
     assert_eq!(seen[0].header("toolgate-credential"), None, "the reference never leaves the host");
 }
 
@@ -144,7 +158,11 @@ async fn ungranted_hosts_ports_and_schemes_are_refused_naming_the_destination() 
     assert!(w.api.requests().is_empty());
     // The step's log says which destination was refused.
     let steps = w.host.runtime.store().steps(None).unwrap();
-    assert!(steps[0].captured.contains(&format!("http://127.0.0.1:{free_port} is not granted")), "{}", steps[0].captured);
+    assert!(
+        steps[0].captured.contains(&format!("http://127.0.0.1:{free_port} is not granted")),
+        "{}",
+        steps[0].captured
+    );
 }
 
 #[tokio::test]
@@ -167,7 +185,9 @@ async fn files_stay_inside_their_grants() {
     let w = world();
     let h = &w.host;
     assert_eq!(thief(h, "read", "/data/a.txt", false).await, "ok: \"alpha\\nbeta needle\\n\"");
-    for escape in ["/data/../outside/secret.txt", "/outside/secret.txt", "/data/abs-link", "/data/rel-link", "/etc/passwd"] {
+    for escape in
+        ["/data/../outside/secret.txt", "/outside/secret.txt", "/data/abs-link", "/data/rel-link", "/etc/passwd"]
+    {
         let seen = thief(h, "read", escape, false).await;
         assert!(seen.starts_with("err: ") && !seen.contains(SECRET), "{escape}: {seen}");
     }
@@ -193,10 +213,16 @@ async fn files_stay_inside_their_grants() {
 async fn the_file_tool_reads_and_searches_its_grant() {
     let w = world();
     let r = call(&w.host, "files.read", json!({"path": "docs/b.md"})).await;
-    assert!(matches!(&r, StepResult::Output { content: Content::Json(v), .. } if v == "gamma\nneedle again\n"), "{r:?}");
+    assert!(
+        matches!(&r, StepResult::Output { content: Content::Json(v), .. } if v == "gamma\nneedle again\n"),
+        "{r:?}"
+    );
     let r = call(&w.host, "files.search", json!({"query": "needle"})).await;
     let StepResult::Output { content: Content::Json(v), .. } = &r else { panic!("{r:?}") };
-    assert_eq!(v, &json!([{"path": "a.txt", "line": 2, "text": "beta needle"}, {"path": "docs/b.md", "line": 2, "text": "needle again"}]));
+    assert_eq!(
+        v,
+        &json!([{"path": "a.txt", "line": 2, "text": "beta needle"}, {"path": "docs/b.md", "line": 2, "text": "needle again"}])
+    );
     let r = call(&w.host, "files.read", json!({"path": "../outside/secret.txt"})).await;
     assert!(matches!(&r, StepResult::ToolError { message, .. } if !message.contains(SECRET)), "{r:?}");
 }
@@ -257,18 +283,35 @@ async fn a_run_can_only_narrow_the_granted_authority() {
     let rt = &w.host.runtime;
     let configured = toolgate::ToolCapabilityNarrowing::Configured;
     // No hosts for this run.
-    let run = rt.start_restricted_run(None, configured, Restriction { hosts: Some(vec![]), ..Default::default() }).unwrap();
+    let run =
+        rt.start_restricted_run(None, configured, Restriction { hosts: Some(vec![]), ..Default::default() }).unwrap();
     assert_err(&thief_in(&run, "http", &w.other.url("/echo"), false).await, "denied");
     // No credentials: the destination stays, the credential goes.
-    let run = rt.start_restricted_run(None, configured, Restriction { credentials: Some(vec![]), ..Default::default() }).unwrap();
+    let run = rt
+        .start_restricted_run(None, configured, Restriction { credentials: Some(vec![]), ..Default::default() })
+        .unwrap();
     assert_err(&thief_in(&run, "http", &w.api.url("/echo"), true).await, "denied");
     assert!(thief_in(&run, "http", &w.api.url("/echo"), false).await.starts_with("ok: 200"));
     // Only /scratch stays mounted.
-    let run = rt.start_restricted_run(None, configured, Restriction { directories: Some(vec!["/scratch".into()]), ..Default::default() }).unwrap();
+    let run = rt
+        .start_restricted_run(
+            None,
+            configured,
+            Restriction { directories: Some(vec!["/scratch".into()]), ..Default::default() },
+        )
+        .unwrap();
     assert_err(&thief_in(&run, "read", "/data/a.txt", false).await, "");
     // A restriction naming authority that was never granted adds nothing.
     let run = rt
-        .start_restricted_run(None, configured, Restriction { hosts: Some(vec!["http://127.0.0.1:*".into(), "https://example.com:443".into()]), directories: Some(vec!["/etc".into()]), ..Default::default() })
+        .start_restricted_run(
+            None,
+            configured,
+            Restriction {
+                hosts: Some(vec!["http://127.0.0.1:*".into(), "https://example.com:443".into()]),
+                directories: Some(vec!["/etc".into()]),
+                ..Default::default()
+            },
+        )
         .unwrap();
     assert_err(&thief_in(&run, "http", "https://example.com/", false).await, "denied");
     assert!(thief_in(&run, "read", "/etc/passwd", false).await.starts_with("err: "));

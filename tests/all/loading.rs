@@ -39,10 +39,24 @@ fn each_bad_file_kind_is_refused_with_its_specific_reason() {
         ("unpacked", raw(guests::TEXT), |e| matches!(e, DescriptorError::MissingMetadata)),
         ("duplicated section", dup, |e| matches!(e, DescriptorError::DuplicateMetadata(2))),
         ("not JSON", not_json, |e| matches!(e, DescriptorError::BadMetadata(_))),
-        ("other WIT major", embed_metadata(&good, &other_wit).unwrap(), |e| matches!(e, DescriptorError::IncompatibleWit { .. })),
-        ("non-object schema", embed_metadata(&good, &object_schema_missing).unwrap(), |e| matches!(e, DescriptorError::BadTool { problem, .. } if problem.contains("type: object"))),
-        ("invalid schema", embed_metadata(&good, &bad_schema).unwrap(), |e| matches!(e, DescriptorError::BadTool { problem, .. } if problem.contains("input schema"))),
-        ("invalid id", embed_metadata(&good, &bad_id).unwrap(), |e| matches!(e, DescriptorError::BadTool { id, .. } if id == "../etc")),
+        ("other WIT major", embed_metadata(&good, &other_wit).unwrap(), |e| {
+            matches!(e, DescriptorError::IncompatibleWit { .. })
+        }),
+        (
+            "non-object schema",
+            embed_metadata(&good, &object_schema_missing).unwrap(),
+            |e| matches!(e, DescriptorError::BadTool { problem, .. } if problem.contains("type: object")),
+        ),
+        (
+            "invalid schema",
+            embed_metadata(&good, &bad_schema).unwrap(),
+            |e| matches!(e, DescriptorError::BadTool { problem, .. } if problem.contains("input schema")),
+        ),
+        (
+            "invalid id",
+            embed_metadata(&good, &bad_id).unwrap(),
+            |e| matches!(e, DescriptorError::BadTool { id, .. } if id == "../etc"),
+        ),
     ];
     for (name, bytes, expected) in &cases {
         let err = read_metadata(bytes).expect_err(name);
@@ -50,7 +64,8 @@ fn each_bad_file_kind_is_refused_with_its_specific_reason() {
     }
 
     // In a directory: each refused with the file named; the good one still loads.
-    let mut files: Vec<(String, Vec<u8>)> = cases.iter().map(|(n, b, _)| (format!("{}.wasm", n.replace(' ', "_")), b.clone())).collect();
+    let mut files: Vec<(String, Vec<u8>)> =
+        cases.iter().map(|(n, b, _)| (format!("{}.wasm", n.replace(' ', "_")), b.clone())).collect();
     files.push(("good.wasm".into(), good));
     let refs: Vec<(&str, Vec<u8>)> = files.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
     let host = TestHost::new("[agents.default]\nvisible = [\"*\"]\n", &refs);
@@ -102,6 +117,9 @@ async fn two_components_claiming_one_id_make_it_ambiguous_and_both_are_refused()
     assert_eq!(upper.files.len(), 2);
     assert!(matches!(upper.removed, Some(toolgate::snapshot::Removal::Ambiguous(_))));
     let r = call(&host, "text.upper", json!({"text": "x"})).await;
-    assert!(matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("ambiguous") && reason.contains("a.wasm") && reason.contains("b.wasm")), "{r:?}");
+    assert!(
+        matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("ambiguous") && reason.contains("a.wasm") && reason.contains("b.wasm")),
+        "{r:?}"
+    );
     assert_eq!(host.instantiations(), 0);
 }

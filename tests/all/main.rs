@@ -47,7 +47,10 @@ fn steps(host: &TestHost) -> Vec<toolgate::commit::StepRecord> {
 async fn allowed_call_returns_the_tools_output() {
     let host = text_and_notes("");
     let r = call(&host, "text.upper", json!({"text": "hello"})).await;
-    assert!(matches!(&r, StepResult::Output { content: toolgate::executor::Content::Json(v), .. } if v == "HELLO"), "{r:?}");
+    assert!(
+        matches!(&r, StepResult::Output { content: toolgate::executor::Content::Json(v), .. } if v == "HELLO"),
+        "{r:?}"
+    );
     let s = steps(&host);
     assert_eq!(s.len(), 1);
     assert_eq!(s[0].verdict, "allow");

@@ -52,7 +52,10 @@ async fn invalid_arguments_are_a_tool_error_before_the_gate_and_nothing_runs() {
     }
     // `null` means `{}`, which lacks the required `text`.
     let r = call(&host, "text.upper", json!(null)).await;
-    assert!(matches!(&r, StepResult::ToolError { message, .. } if message.contains("\"text\" is a required property")), "{r:?}");
+    assert!(
+        matches!(&r, StepResult::ToolError { message, .. } if message.contains("\"text\" is a required property")),
+        "{r:?}"
+    );
     assert_eq!(host.instantiations(), 0);
     assert!(steps(&host).iter().all(|s| s.outcome == OutcomeKind::ToolError && s.verdict == "none"));
 }

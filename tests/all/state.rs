@@ -44,7 +44,10 @@ async fn a_command_for_another_tools_state_fails_the_call_and_changes_nothing() 
     assert!(message.contains("outside its own scope") && message.contains("`notes`"), "{message}");
     let store = host.runtime.store();
     assert_eq!(store.tool_state("default", "notes").unwrap().get("notes").map(String::as_str), Some("[\"mine\"]"));
-    assert!(store.tool_state("default", "hostile.trespass").unwrap().is_empty(), "its own in-scope Command was not applied either");
+    assert!(
+        store.tool_state("default", "hostile.trespass").unwrap().is_empty(),
+        "its own in-scope Command was not applied either"
+    );
     assert_eq!(steps(&host).last().unwrap().outcome, toolgate::commit::OutcomeKind::ToolError);
 }
 

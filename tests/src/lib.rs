@@ -98,7 +98,8 @@ impl TestHost {
 pub fn runtime_for(config: &Config, agent: &str) -> Runtime {
     let catalog = Arc::new(Catalog::load(&config.plugins).unwrap());
     let snapshot = ExecutableAgentSnapshot::build(config, agent, catalog).unwrap();
-    let executor = Arc::new(Executor::new(ExecutorSettings::new(config.limits.clone(), Some(config.cache.clone()))).unwrap());
+    let executor =
+        Arc::new(Executor::new(ExecutorSettings::new(config.limits.clone(), Some(config.cache.clone()))).unwrap());
     let store: Arc<dyn StepStore> = Arc::new(SqliteJournal::open(&config.store).unwrap());
     Runtime::new(snapshot, executor, store, config.limits.ticket_ttl_secs)
 }
@@ -181,7 +182,8 @@ impl TestServer {
                             {"id": 2, "title": "Typo in docs", "state": "closed"},
                             {"id": 3, "title": "Slow search", "state": "open"},
                         ]);
-                        let list: Vec<_> = all.as_array().unwrap().iter().filter(|i| i["state"] == state).cloned().collect();
+                        let list: Vec<_> =
+                            all.as_array().unwrap().iter().filter(|i| i["state"] == state).cloned().collect();
                         ("200 OK", String::new(), serde_json::to_string(&list).unwrap())
                     } else {
                         ("401 Unauthorized", String::new(), "{\"error\":\"unauthorized\"}".to_owned())

@@ -45,7 +45,8 @@ impl Tool for Read {
     }
     fn call(args: ReadArgs, _cx: &mut Context<'_>) -> Result<String, ToolError> {
         let path = resolve(&args.path);
-        let meta = std::fs::metadata(&path).map_err(|e| ToolError::failed(format!("cannot read `{}`: {e}", args.path)))?;
+        let meta =
+            std::fs::metadata(&path).map_err(|e| ToolError::failed(format!("cannot read `{}`: {e}", args.path)))?;
         if meta.len() > MAX_READ {
             return Err(ToolError::failed(format!("`{}` is {} bytes, more than {MAX_READ}", args.path, meta.len())));
         }
@@ -79,7 +80,8 @@ pub struct Hit {
 pub struct Search;
 impl Tool for Search {
     const ID: &'static str = "files.search";
-    const DESCRIPTION: &'static str = "Find lines containing a text in the files of the data directory (at most 100 hits).";
+    const DESCRIPTION: &'static str =
+        "Find lines containing a text in the files of the data directory (at most 100 hits).";
     const PRIMARY_ARGUMENT: Option<&'static str> = Some("query");
     type Args = SearchArgs;
     type Output = Vec<Hit>;
@@ -94,7 +96,8 @@ impl Tool for Search {
         let mut hits = Vec::new();
         let mut stack = vec![start.trim_matches('/').to_owned()];
         while let Some(rel) = stack.pop() {
-            let entries = std::fs::read_dir(resolve(&rel)).map_err(|e| ToolError::failed(format!("cannot list `{rel}`: {e}")))?;
+            let entries =
+                std::fs::read_dir(resolve(&rel)).map_err(|e| ToolError::failed(format!("cannot list `{rel}`: {e}")))?;
             for entry in entries.flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();
                 let child = if rel.is_empty() { name } else { format!("{rel}/{name}") };

@@ -42,8 +42,7 @@ pub struct NotesOutput {
 pub struct Notes;
 impl Tool for Notes {
     const ID: &'static str = "notes";
-    const DESCRIPTION: &'static str =
-        "Keep notes across runs: op=add with a note, op=list, or op=clear.";
+    const DESCRIPTION: &'static str = "Keep notes across runs: op=add with a note, op=list, or op=clear.";
     type Args = NotesArgs;
     type Output = NotesOutput;
     fn annotations() -> Annotations {

@@ -11,7 +11,10 @@ use clap::{Parser, Subcommand};
 use serde_json::json;
 use toolgate::commit::StepStore;
 use toolgate::runtime::StepResult;
-use toolgate::{Catalog, Config, ExecutableAgentSnapshot, Executor, ExecutorSettings, Runtime, SqliteJournal, ToolCapabilityNarrowing};
+use toolgate::{
+    Catalog, Config, ExecutableAgentSnapshot, Executor, ExecutorSettings, Runtime, SqliteJournal,
+    ToolCapabilityNarrowing,
+};
 
 /// Exit codes: callers (scripts, CI) tell outcomes apart without parsing text.
 mod exit {
@@ -121,7 +124,10 @@ fn main() -> ExitCode {
             let code = if let Some(c) = e.downcast_ref::<toolgate::config::ConfigError>() {
                 eprintln!("hint: {}", config_hint(c));
                 exit::CONFIG
-            } else if e.downcast_ref::<toolgate::runtime::CallError>().is_some_and(|c| matches!(c, toolgate::runtime::CallError::UnknownTool(_))) {
+            } else if e
+                .downcast_ref::<toolgate::runtime::CallError>()
+                .is_some_and(|c| matches!(c, toolgate::runtime::CallError::UnknownTool(_)))
+            {
                 exit::USAGE
             } else {
                 exit::HOST_ERROR
@@ -133,7 +139,9 @@ fn main() -> ExitCode {
 
 fn config_hint(e: &toolgate::config::ConfigError) -> &'static str {
     match e {
-        toolgate::config::ConfigError::Read { .. } => "run from the directory holding toolgate.toml or pass --config FILE",
+        toolgate::config::ConfigError::Read { .. } => {
+            "run from the directory holding toolgate.toml or pass --config FILE"
+        }
         _ => "see the config reference in README.md",
     }
 }
@@ -166,9 +174,10 @@ async fn run(cli: Cli) -> Result<u8> {
         }
         Command::Call { tool, args, run, no_tools } => {
             let host = open_host(&cli)?;
-            let arguments: serde_json::Value = serde_json::from_str(args)
-                .with_context(|| format!("--args is not JSON: {args}"))?;
-            let narrowing = if *no_tools { ToolCapabilityNarrowing::DenyAll } else { ToolCapabilityNarrowing::Configured };
+            let arguments: serde_json::Value =
+                serde_json::from_str(args).with_context(|| format!("--args is not JSON: {args}"))?;
+            let narrowing =
+                if *no_tools { ToolCapabilityNarrowing::DenyAll } else { ToolCapabilityNarrowing::Configured };
             let run = host.runtime.start_run(run.clone(), narrowing)?;
             let result = run.call(tool, arguments).await?;
             Ok(report(&result, Some(run.id()), cli.json))
@@ -223,7 +232,9 @@ fn report(result: &StepResult, run: Option<&str>, as_json: bool) -> u8 {
             StepResult::Output { .. } => println!("{}", result.model_text()),
             StepResult::Awaiting { ticket, .. } => {
                 println!("awaiting approval: ticket {ticket}");
-                eprintln!("hint: approve with `toolgate approve {ticket}` or deny with `toolgate deny {ticket} --reason ...`");
+                eprintln!(
+                    "hint: approve with `toolgate approve {ticket}` or deny with `toolgate deny {ticket} --reason ...`"
+                );
             }
             StepResult::Blocked { reason, .. } => println!("blocked: {reason}"),
             other => println!("{kind}: {}", other.model_text()),
@@ -244,12 +255,19 @@ async fn pack(input: &Path, output: &Path) -> Result<u8> {
 }
 
 fn inspect(file: &Path, as_json: bool) -> Result<u8> {
-    let component = toolgate::catalog::load_file(file).map_err(|reason| anyhow::anyhow!("{}: {reason}", file.display()))?;
+    let component =
+        toolgate::catalog::load_file(file).map_err(|reason| anyhow::anyhow!("{}: {reason}", file.display()))?;
     if as_json {
-        let tools: Vec<_> = component.tools.iter().map(|t| json!({
-            "descriptor": t.metadata.descriptor,
-            "capabilities": t.metadata.capabilities,
-        })).collect();
+        let tools: Vec<_> = component
+            .tools
+            .iter()
+            .map(|t| {
+                json!({
+                    "descriptor": t.metadata.descriptor,
+                    "capabilities": t.metadata.capabilities,
+                })
+            })
+            .collect();
         println!("{}", json!({ "file": file, "digest": component.digest.to_string(), "tools": tools }));
     } else {
         println!("{}  {}", file.display(), component.digest);
@@ -286,13 +304,18 @@ fn list(host: &Host, all: bool, as_json: bool) -> Result<u8> {
     let listings = snapshot.list_all(&unhealthy);
     let refused = snapshot.catalog().refused();
     if as_json {
-        let tools: Vec<_> = listings.iter().map(|l| json!({
-            "id": l.id,
-            "description": l.descriptor.as_ref().map(|d| &d.description),
-            "files": l.files,
-            "shown": l.removed.is_none(),
-            "reason": l.removed.as_ref().map(|r| r.to_string()),
-        })).collect();
+        let tools: Vec<_> = listings
+            .iter()
+            .map(|l| {
+                json!({
+                    "id": l.id,
+                    "description": l.descriptor.as_ref().map(|d| &d.description),
+                    "files": l.files,
+                    "shown": l.removed.is_none(),
+                    "reason": l.removed.as_ref().map(|r| r.to_string()),
+                })
+            })
+            .collect();
         let refused: Vec<_> = refused.iter().map(|r| json!({ "file": r.path, "reason": r.reason })).collect();
         println!("{}", json!({ "plugins": host.config.plugins, "tools": tools, "refused": refused }));
     } else {
@@ -314,7 +337,10 @@ fn journal(store: &SqliteJournal, run: Option<&str>, awaiting: bool, as_json: bo
         let pending = store.pending()?;
         for a in pending {
             if as_json {
-                println!("{}", json!({ "ticket": a.ticket_id, "run": a.run_id, "agent": a.agent, "call": a.call_id, "tool": a.tool_id, "arguments": a.arguments, "component": a.component_digest.to_string(), "expires_at": a.expires_at }));
+                println!(
+                    "{}",
+                    json!({ "ticket": a.ticket_id, "run": a.run_id, "agent": a.agent, "call": a.call_id, "tool": a.tool_id, "arguments": a.arguments, "component": a.component_digest.to_string(), "expires_at": a.expires_at })
+                );
             } else {
                 println!("{}  {} {}  (agent {}, run {})", a.ticket_id, a.tool_id, a.arguments, a.agent, a.run_id);
             }
@@ -323,14 +349,26 @@ fn journal(store: &SqliteJournal, run: Option<&str>, awaiting: bool, as_json: bo
     }
     for s in store.steps(run)? {
         if as_json {
-            println!("{}", json!({
-                "seq": s.seq, "run": s.run_id, "call": s.call_id, "tool": s.tool_id,
-                "arguments": s.arguments, "verdict": s.verdict, "outcome": s.outcome.as_str(),
-                "result": s.result, "captured": serde_json::from_str::<serde_json::Value>(&s.captured).unwrap_or_default(),
-                "ticket": s.ticket_id,
-            }));
+            println!(
+                "{}",
+                json!({
+                    "seq": s.seq, "run": s.run_id, "call": s.call_id, "tool": s.tool_id,
+                    "arguments": s.arguments, "verdict": s.verdict, "outcome": s.outcome.as_str(),
+                    "result": s.result, "captured": serde_json::from_str::<serde_json::Value>(&s.captured).unwrap_or_default(),
+                    "ticket": s.ticket_id,
+                })
+            );
         } else {
-            println!("#{:<4} {} {} {} → {} [{}] {}", s.seq, s.run_id, s.tool_id, s.arguments, s.outcome.as_str(), s.verdict, one_line(&s.result, 120));
+            println!(
+                "#{:<4} {} {} {} → {} [{}] {}",
+                s.seq,
+                s.run_id,
+                s.tool_id,
+                s.arguments,
+                s.outcome.as_str(),
+                s.verdict,
+                one_line(&s.result, 120)
+            );
         }
     }
     Ok(exit::OUTPUT)
