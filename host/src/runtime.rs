@@ -198,12 +198,7 @@ impl Runtime {
         let ticket = self.claim(ticket_id)?;
         let r = ticket.record().clone();
         let snapshot = self.snapshot.clone();
-        let call = ToolCall {
-            call_id: r.call_id.clone(),
-            tool_id: r.tool_id.clone(),
-            // Stored by us from a Value; unreadable JSON cannot match the digest below.
-            arguments: serde_json::from_str(&r.arguments).unwrap_or(Value::Null),
-        };
+        let call = stored_call(&r);
         let step = Step { run_id: &r.run_id, agent: &r.agent, call: &call };
         let candidate = match snapshot.candidate(&call.tool_id, &|d| self.executor.unhealthy(d)) {
             Ok(c) => c,
@@ -279,11 +274,7 @@ impl Runtime {
     pub fn deny(&self, ticket_id: &str, reason: &str) -> Result<StepResult, CallError> {
         let ticket = self.claim(ticket_id)?;
         let r = ticket.record().clone();
-        let call = ToolCall {
-            call_id: r.call_id.clone(),
-            tool_id: r.tool_id.clone(),
-            arguments: serde_json::from_str(&r.arguments).unwrap_or(Value::Null),
-        };
+        let call = stored_call(&r);
         let step = Step { run_id: &r.run_id, agent: &r.agent, call: &call };
         let reason = format!("a human denied `{}`: {reason}", call.tool_id);
         let seq =
@@ -384,6 +375,17 @@ fn awaiting_record(
         component_digest: candidate.installed.component.digest,
         expires_at: crate::commit::now() + rt.ticket_ttl_secs,
         state: "pending".into(),
+    }
+}
+
+/// The call an Awaiting record stores.
+fn stored_call(r: &AwaitingRecord) -> ToolCall {
+    ToolCall {
+        call_id: r.call_id.clone(),
+        tool_id: r.tool_id.clone(),
+        // Stored by us from a Value; unreadable JSON cannot match the ticket's
+        // argument digest, so the gate refuses it.
+        arguments: serde_json::from_str(&r.arguments).unwrap_or(Value::Null),
     }
 }
 
