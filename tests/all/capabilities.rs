@@ -22,6 +22,11 @@ struct World {
 /// The tracker API (bound to the credential), another granted server (not
 /// bound), data and scratch directories, a secret outside every grant.
 fn world() -> World {
+    world_with(r#"{ header = { name = "Authorization", format = "Bearer {}" } }"#)
+}
+
+/// The same world with the credential applied as `apply` (TOML inline table).
+fn world_with(apply: &str) -> World {
     let other = TestServer::start(SECRET, "http://127.0.0.1:1/");
     let api = TestServer::start(SECRET, &other.url("/echo"));
     let dir = tempfile::tempdir().unwrap();
@@ -51,11 +56,12 @@ fn world() -> World {
         r#"{preamble}
 [limits]
 http_response_kib = 16
+http_timeout_ms = 500
 
 [credentials.tracker]
 source = {{ file = "tracker.secret" }}
 destinations = ["{api}"]
-apply = {{ header = {{ name = "Authorization", format = "Bearer {{}}" }} }}
+apply = {apply}
 
 [[grants]]
 tools = "*"
@@ -74,6 +80,7 @@ default = "allow"
         preamble = toolgate_tests::PREAMBLE,
         api = api.origin(),
         other = other.origin(),
+        apply = apply,
     );
     std::fs::write(d.join("toolgate.toml"), config).unwrap();
     World { host: TestHost::open(dir, "default"), api, other }
@@ -334,4 +341,33 @@ async fn an_agent_can_narrow_the_hosts_grants() {
 async fn responses_over_the_limit_are_refused() {
     let w = world();
     assert_err(&thief(&w.host, "http", &w.api.url("/big"), false).await, "HttpResponseBodySize");
+}
+
+#[tokio::test]
+async fn basic_auth_is_applied_at_the_boundary_and_redacted_on_the_way_back() {
+    use base64::Engine as _;
+    let w = world_with(r#"{ basic = { username = "bot" } }"#);
+    let seen = thief(&w.host, "http", &w.api.url("/echo"), true).await;
+    let token = base64::engine::general_purpose::STANDARD.encode(format!("bot:{SECRET}"));
+    assert_eq!(w.api.requests()[0].header("authorization"), Some(format!("Basic {token}").as_str()));
+    assert!(seen.starts_with("ok: 200") && !seen.contains(&token) && !seen.contains(SECRET), "{seen}");
+    assert!(seen.contains("Basic [redacted]"), "{seen}");
+}
+
+#[tokio::test]
+async fn a_query_parameter_credential_is_applied_and_redacted() {
+    let w = world_with(r#"{ query = { param = "api_key" } }"#);
+    let seen = thief(&w.host, "http", &w.api.url("/echo?x=1"), true).await;
+    assert_eq!(w.api.requests()[0].line, format!("GET /echo?x=1&api_key={SECRET} HTTP/1.1"));
+    assert!(seen.starts_with("ok: 200") && !seen.contains(SECRET), "{seen}");
+    assert!(seen.contains("api_key=[redacted]"), "{seen}");
+}
+
+#[tokio::test]
+async fn a_server_that_never_answers_is_cut_off_at_the_http_timeout() {
+    let w = world();
+    let seen = thief(&w.host, "http", &w.api.url("/slow"), false).await;
+    assert!(seen.starts_with("err: ") && seen.contains("Timeout"), "{seen}");
+    // The host still serves.
+    assert!(thief(&w.host, "http", &w.other.url("/echo"), false).await.starts_with("ok: 200"));
 }

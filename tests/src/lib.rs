@@ -195,6 +195,10 @@ impl TestServer {
                     }
                     let auth = rec.header("authorization").unwrap_or("none").to_owned();
                     ("200 OK", format!("x-echo-authorization: {auth}\r\nx-echo-line: {line}\r\n"), body)
+                } else if target.starts_with("/slow") {
+                    // Never answers in time: hold the connection, then give up.
+                    std::thread::sleep(std::time::Duration::from_secs(3));
+                    continue;
                 } else if target.starts_with("/big") {
                     ("200 OK", String::new(), "x".repeat(64 * 1024))
                 } else if target.starts_with("/redirect") {

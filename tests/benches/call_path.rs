@@ -1,0 +1,469 @@
+//! The cost of toolgate's call path against bare wasmtime, in one run.
+//!
+//! `cargo bench -p toolgate-tests --bench call_path` (or `scripts/bench`, which
+//! also prints the table of BENCHMARKS.md).
+//!
+//! - `bare_wasmtime/instantiate_call`: the least a sandboxed host can do with
+//!   the same engine settings as `toolgate::Executor` (pooling allocator, epoch
+//!   interruption, component model, WASI p2 deny-by-default, `InstancePre`
+//!   built once): per call a fresh `Store` with a memory limiter, an epoch
+//!   deadline that traps (the cheapest deadline wasmtime offers; the host's
+//!   yield-per-tick plus a tokio timeout is host overhead), instantiate,
+//!   `call("text.upper", …)`.
+//! - `toolgate/full_path_*`: `Run::call` through snapshot, filter, argument
+//!   validation, gate, executor and the Step commit, on the same component;
+//!   with an in-memory journal (no fsync) and with the durable one (WAL,
+//!   `synchronous=FULL`).
+//! - `gate/*`: the permission decision with 100 rules.
+//! - `steps/*`: the sub-steps of the full path, to see where its time goes.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use serde_json::{Value, json};
+use toolgate::commit::{
+    AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, StateChange, StepRecord, StepStore, TicketError,
+};
+use toolgate::config::AgentConfig;
+use toolgate::gate::{self, GateOutcome, ToolCall, ToolPermissionVerdict};
+use toolgate::policy::{Behavior, Policy, RuleSpec};
+use toolgate::{
+    Catalog, Config, ExecutableAgentSnapshot, Executor, ExecutorSettings, Runtime, SqliteJournal, StepResult,
+    ToolCapabilityNarrowing,
+};
+use toolgate_tests::{guests, packed};
+use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimits, StoreLimitsBuilder};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+const TOOL: &str = "text.upper";
+const ARGS: &str = r#"{"text":"hello"}"#;
+
+fn tokio_rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+// ---------------------------------------------------------------------------
+// Bare wasmtime: the baseline.
+
+mod bare {
+    wasmtime::component::bindgen!({
+        world: "plugin",
+        path: "../wit",
+        exports: { default: async },
+    });
+}
+
+use bare::toolgate::plugin::{log as wit_log, state as wit_state, types as wit_types};
+
+struct BareState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limits: StoreLimits,
+    state: BTreeMap<String, String>,
+}
+
+impl WasiView for BareState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+impl wit_types::Host for BareState {}
+impl wit_log::Host for BareState {
+    fn log(&mut self, _level: wit_log::Level, _message: String) {}
+}
+impl wit_state::Host for BareState {
+    fn get(&mut self, key: String) -> Option<String> {
+        self.state.get(&key).cloned()
+    }
+    fn keys(&mut self) -> Vec<String> {
+        self.state.keys().cloned().collect()
+    }
+}
+
+/// The engine of `toolgate::Executor::new` with its default settings
+/// (64 instances, 64 MiB memory), an epoch ticker like the executor's, and
+/// the `InstancePre` of the packed text component, loaded like the host loads
+/// it from its compiled-component cache: compiled, serialized to a file,
+/// `Component::deserialize_file` (mmap). Code loaded that way instantiates a
+/// few µs faster than code compiled in memory, so both sides load it alike.
+struct Bare {
+    engine: Engine,
+    pre: bare::PluginPre<BareState>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Bare {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+const MAX_INSTANCES: u32 = 64;
+const MEMORY_MIB: usize = 64;
+const TIMEOUT_MS: u64 = 10_000;
+const EPOCH_TICK: Duration = Duration::from_millis(5);
+
+impl Bare {
+    fn new(bytes: &[u8], dir: &Path) -> Bare {
+        let n = MAX_INSTANCES;
+        let mut pool = PoolingAllocationConfig::new();
+        pool.total_component_instances(n)
+            .total_core_instances(n * 8)
+            .total_memories(n * 4)
+            .total_tables(n * 8)
+            .total_stacks(n)
+            .max_memory_size(MEMORY_MIB << 20);
+        let mut config = wasmtime::Config::new();
+        config
+            .wasm_component_model(true)
+            .epoch_interruption(true)
+            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&config).unwrap();
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).unwrap();
+        bare::Plugin::add_to_linker::<BareState, wasmtime::component::HasSelf<BareState>>(&mut linker, |s| s).unwrap();
+        let file = dir.join("bare.cwasm");
+        std::fs::write(&file, Component::new(&engine, bytes).unwrap().serialize().unwrap()).unwrap();
+        // SAFETY: written just above by this engine configuration.
+        let component = unsafe { Component::deserialize_file(&engine, &file) }.unwrap();
+        let pre = bare::PluginPre::new(linker.instantiate_pre(&component).unwrap()).unwrap();
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let (weak, flag) = (engine.weak(), stop.clone());
+        std::thread::spawn(move || {
+            while !flag.load(Ordering::Relaxed) {
+                std::thread::sleep(EPOCH_TICK);
+                match weak.upgrade() {
+                    Some(e) => e.increment_epoch(),
+                    None => break,
+                }
+            }
+        });
+        Bare { engine, pre, stop }
+    }
+
+    async fn call(&self, tool: &str, args: &str) -> wit_types::ToolOutput {
+        let state = BareState {
+            wasi: WasiCtx::builder().build(),
+            table: ResourceTable::new(),
+            limits: StoreLimitsBuilder::new().memory_size(MEMORY_MIB << 20).trap_on_grow_failure(true).build(),
+            state: BTreeMap::new(),
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limits);
+        store.set_epoch_deadline(TIMEOUT_MS.div_ceil(EPOCH_TICK.as_millis() as u64));
+        store.epoch_deadline_trap();
+        let plugin = self.pre.instantiate_async(&mut store).await.unwrap();
+        plugin.toolgate_plugin_tool().call_call(&mut store, tool, args).await.unwrap().unwrap()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The toolgate host.
+
+/// A host directory with the packed text component and an agent that sees
+/// and may run `text.*`. Its compiled-component cache is filled once here, so
+/// every runtime below loads the component as a restarted host does (from
+/// the cache, mmap) and no benchmark measures compilation.
+struct Host {
+    dir: tempfile::TempDir,
+    config: Config,
+}
+
+impl Host {
+    fn new(rt: &tokio::runtime::Runtime) -> Host {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("plugins")).unwrap();
+        std::fs::write(dir.path().join("plugins/text.wasm"), packed(guests::TEXT)).unwrap();
+        let toml = format!(
+            "{}\n[agents.default]\nvisible = [\"text.*\"]\ndefault = \"deny\"\nrules = [{{ pattern = \"text.*\", behavior = \"allow\" }}]\n",
+            toolgate_tests::PREAMBLE
+        );
+        std::fs::write(dir.path().join("toolgate.toml"), toml).unwrap();
+        let config = Config::load(&dir.path().join("toolgate.toml")).unwrap();
+        let host = Host { dir, config };
+        let warm = host.runtime("default", Arc::new(SqliteJournal::in_memory().unwrap()));
+        let run = warm.start_run(None, ToolCapabilityNarrowing::Configured).unwrap();
+        assert_upper(&rt.block_on(run.call(TOOL, json!({"text": "hello"}))).unwrap());
+        assert_eq!(warm.executor().compilations(), 1);
+        host
+    }
+
+    fn runtime(&self, agent: &str, store: Arc<dyn StepStore>) -> Runtime {
+        let catalog = Arc::new(Catalog::load(&self.config.plugins).unwrap());
+        let snapshot = ExecutableAgentSnapshot::build(&self.config, agent, catalog).unwrap();
+        let settings = ExecutorSettings::new(self.config.limits.clone(), Some(self.config.cache.clone()));
+        let executor = Arc::new(Executor::new(settings).unwrap());
+        Runtime::new(snapshot, executor, store, self.config.limits.ticket_ttl_secs)
+    }
+
+    fn durable_journal(&self, name: &str) -> Arc<dyn StepStore> {
+        Arc::new(SqliteJournal::open(&self.dir.path().join(name)).unwrap())
+    }
+}
+
+fn assert_upper(r: &StepResult) {
+    assert!(
+        matches!(r, StepResult::Output { content: toolgate::executor::Content::Json(Value::String(s)), .. } if s == "HELLO"),
+        "{r:?}"
+    );
+}
+
+/// A store that keeps nothing: `steps/full_path_null_store` measures the
+/// runtime's own work (ids, filter, validation, gate, executor, result
+/// handling) without SQLite.
+struct NullStore(std::sync::atomic::AtomicI64);
+
+impl StepStore for NullStore {
+    fn begin_run(&self, _: &str, _: &str, _: &str) -> Result<(), CommitError> {
+        Ok(())
+    }
+    fn commit_step(&self, step: &NewStep<'_>, _: &[StateChange], _: Option<&AwaitingRecord>) -> Result<i64, CommitError> {
+        std::hint::black_box(step);
+        Ok(self.0.fetch_add(1, Ordering::Relaxed))
+    }
+    fn resolve_ticket(&self, _: ClaimedTicket, _: &NewStep<'_>, _: &[StateChange]) -> Result<i64, CommitError> {
+        unreachable!("no tickets in this benchmark")
+    }
+    fn claim_ticket(&self, id: &str, _: i64) -> Result<Result<ClaimedTicket, TicketError>, CommitError> {
+        Ok(Err(TicketError::Unknown(id.to_owned())))
+    }
+    fn abandon_ticket(&self, _: ClaimedTicket, _: &str) -> Result<(), CommitError> {
+        Ok(())
+    }
+    fn tool_state(&self, _: &str, _: &str) -> Result<BTreeMap<String, String>, CommitError> {
+        Ok(BTreeMap::new())
+    }
+    fn steps(&self, _: Option<&str>) -> Result<Vec<StepRecord>, CommitError> {
+        Ok(Vec::new())
+    }
+    fn pending(&self) -> Result<Vec<AwaitingRecord>, CommitError> {
+        Ok(Vec::new())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 100 permission rules, as an agent with file, HTTP, git, shell, notes and
+// MCP tools might configure them.
+
+fn hundred_rules() -> Vec<RuleSpec> {
+    let mut rules: Vec<(String, Behavior)> = Vec::new();
+    let mut add = |p: &str, b: Behavior| rules.push((p.to_owned(), b));
+    use Behavior::{Allow, Ask, Deny};
+    // Deny rules (checked first).
+    add("fs.read(secrets/**)", Deny);
+    add("fs.read(**/.env)", Deny);
+    add("fs.read(**/*.pem)", Deny);
+    add("fs.write(path ~ \"/etc/**\")", Deny);
+    add("shell.exec(cmd ~ \"rm -rf*\")", Deny);
+    add("shell.exec(argv[*] ~ \"--force*\")", Deny);
+    add("http.fetch(url ~ \"http://**\")", Deny);
+    add("git.push(force = true)", Deny);
+    add("mcp__github__delete_*", Deny);
+    add("text.repeat", Deny);
+    // File tools: primary-argument globs.
+    for d in ["data", "docs", "src", "tests", "examples", "notes", "reports", "assets"] {
+        add(&format!("fs.read({d}/**)"), Allow);
+        add(&format!("fs.list({d}/**)"), Allow);
+        add(&format!("fs.write({d}/tmp/**)"), Ask);
+    }
+    add("fs.write(out/**)", Allow);
+    add("fs.write(path ~ \"build/**\", mode = \"append\")", Allow);
+    add("fs.delete", Ask);
+    // HTTP: conditions on the URL and method.
+    for host in ["api.github.com", "api.example.com", "pypi.org", "crates.io", "docs.rs", "registry.npmjs.org"] {
+        add(&format!("http.fetch(url ~ \"https://{host}/**\", method = \"GET\")"), Allow);
+        add(&format!("http.fetch(url ~ \"https://{host}/**\", method = \"POST\")"), Ask);
+    }
+    add("http.fetch", Ask);
+    // git and shell.
+    for op in ["status", "diff", "log", "show", "blame", "branch"] {
+        add(&format!("git.{op}"), Allow);
+    }
+    add("git.commit", Ask);
+    add("git.push", Ask);
+    add("shell.exec(cmd ~ \"cargo *\")", Ask);
+    add("shell.exec(cmd ~ \"ls*\")", Allow);
+    add("shell.exec", Ask);
+    // Notes and other state-changing tools.
+    add("notes(op = \"list\")", Allow);
+    add("notes(op = \"add\")", Ask);
+    add("notes(op = \"clear\")", Ask);
+    add("notes(op != \"list\", tags[*] ~ \"private*\")", Deny);
+    add("calendar.read", Allow);
+    add("calendar.create(attendees[*] ~ \"*@example.com\")", Allow);
+    add("calendar.*", Ask);
+    // MCP servers: id globs.
+    for server in ["github", "slack", "linear", "jira", "sentry"] {
+        add(&format!("mcp__{server}__get_*"), Allow);
+        add(&format!("mcp__{server}__list_*"), Allow);
+        add(&format!("mcp__{server}__*"), Ask);
+    }
+    // Pure tools and catch-alls.
+    add("text.*", Allow);
+    add("math.*", Allow);
+    add("time.now", Allow);
+    add("skill.?", Ask);
+    while rules.len() < 100 {
+        let i = rules.len();
+        rules.push((format!("plugin{i}.tool(arg{i} ~ \"value{i}/**\")"), Behavior::Ask));
+    }
+    rules.truncate(100);
+    rules.into_iter().map(|(pattern, behavior)| RuleSpec { pattern, behavior }).collect()
+}
+
+// ---------------------------------------------------------------------------
+
+fn benches(c: &mut Criterion) {
+    let rt = tokio_rt();
+    let host = Host::new(&rt);
+
+    // Bare wasmtime.
+    {
+        let bare = Bare::new(&packed(guests::TEXT), host.dir.path());
+        let out = rt.block_on(bare.call(TOOL, ARGS));
+        assert!(matches!(&out.content, wit_types::Content::Json(s) if s == "\"HELLO\""));
+        let mut g = c.benchmark_group("bare_wasmtime");
+        g.bench_function("instantiate_call", |b| {
+            b.to_async(&rt).iter(|| async { std::hint::black_box(bare.call(TOOL, ARGS).await) })
+        });
+        g.finish();
+    }
+
+    // The full toolgate path, with an in-memory and a durable journal.
+    {
+        let mut g = c.benchmark_group("toolgate");
+        for (name, store) in [
+            ("full_path_in_memory_commit", Arc::new(SqliteJournal::in_memory().unwrap()) as Arc<dyn StepStore>),
+            ("full_path_durable_commit", host.durable_journal("durable.db")),
+        ] {
+            let runtime = host.runtime("default", store);
+            let run = runtime.start_run(None, ToolCapabilityNarrowing::Configured).unwrap();
+            // Warm: loads the component from the cache into this executor.
+            assert_upper(&rt.block_on(run.call(TOOL, json!({"text": "hello"}))).unwrap());
+            assert_eq!(runtime.executor().compilations(), 0, "loaded from the cache, not compiled");
+            g.bench_function(name, |b| {
+                b.to_async(&rt)
+                    .iter(|| async { std::hint::black_box(run.call(TOOL, json!({"text": "hello"})).await.unwrap()) })
+            });
+        }
+        g.finish();
+    }
+
+    // The gate with 100 rules.
+    {
+        let rules = hundred_rules();
+        let policy = Policy::new(&rules, Behavior::Deny).unwrap();
+        let mut g = c.benchmark_group("gate");
+        // A typical file read: deny rules with primary globs, then the allow on data/**.
+        let args = json!({"path": "data/reports/2024/q1.csv"});
+        assert_eq!(policy.evaluate("fs.read", Some("path"), &args).behavior, Behavior::Allow);
+        g.bench_function("evaluate_100_rules", |b| {
+            b.iter(|| policy.evaluate(std::hint::black_box("fs.read"), Some("path"), std::hint::black_box(&args)))
+        });
+        // An HTTP call decided by conditions on two fields.
+        let http = json!({"url": "https://api.github.com/repos/o/r/issues", "method": "GET", "headers": {"accept": "application/json"}});
+        assert_eq!(policy.evaluate("http.fetch", Some("url"), &http).behavior, Behavior::Allow);
+        g.bench_function("evaluate_100_rules_conditions", |b| {
+            b.iter(|| policy.evaluate(std::hint::black_box("http.fetch"), Some("url"), std::hint::black_box(&http)))
+        });
+
+        // gate::decide on text.upper through a snapshot whose agent has the 100 rules.
+        let mut config = host.config.clone();
+        let mut agent: AgentConfig = config.agents["default"].clone();
+        agent.visible = vec!["*".into()];
+        agent.rules = rules;
+        config.agents.insert("rules100".into(), agent);
+        let catalog = Arc::new(Catalog::load(&config.plugins).unwrap());
+        let snapshot = ExecutableAgentSnapshot::build(&config, "rules100", catalog).unwrap();
+        let candidate = snapshot.candidate(TOOL, &|_| None).unwrap();
+        let call = ToolCall { call_id: "call-1".into(), tool_id: TOOL.into(), arguments: json!({"text": "hello"}) };
+        assert_eq!(gate::decide(&snapshot, &candidate, &call), ToolPermissionVerdict::Allow);
+        g.bench_function("decide_100_rules", |b| {
+            b.iter(|| gate::decide(std::hint::black_box(&snapshot), &candidate, std::hint::black_box(&call)))
+        });
+        g.finish();
+    }
+
+    // Sub-steps of the full path.
+    steps(c, &rt, &host);
+}
+
+fn steps(c: &mut Criterion, rt: &tokio::runtime::Runtime, host: &Host) {
+    let memory: Arc<dyn StepStore> = Arc::new(SqliteJournal::in_memory().unwrap());
+    let runtime = host.runtime("default", memory.clone());
+    let snapshot = runtime.snapshot().clone();
+    let executor = runtime.executor().clone();
+    let args = json!({"text": "hello"});
+    let mut g = c.benchmark_group("steps");
+
+    g.bench_function("candidate", |b| {
+        b.iter(|| snapshot.candidate(std::hint::black_box(TOOL), &|d| executor.unhealthy(d)).unwrap())
+    });
+    let candidate = snapshot.candidate(TOOL, &|_| None).unwrap();
+    g.bench_function("validate_arguments", |b| {
+        b.iter(|| candidate.installed.tool.validate_arguments(std::hint::black_box(&args)).unwrap())
+    });
+    g.bench_function("new_id", |b| b.iter(|| toolgate::runtime::new_id("call")));
+    g.bench_function("tool_state_in_memory", |b| b.iter(|| memory.tool_state("default", TOOL).unwrap()));
+
+    // The executor alone (instantiate + call + output conversion).
+    let allowed = || {
+        let call = ToolCall { call_id: "call-1".into(), tool_id: TOOL.into(), arguments: args.clone() };
+        match GateOutcome::from_verdict(ToolPermissionVerdict::Allow, candidate.clone(), call) {
+            GateOutcome::Execute(a) => a,
+            _ => unreachable!(),
+        }
+    };
+    let one = allowed();
+    let exec = rt.block_on(executor.execute(&one, BTreeMap::new())).unwrap();
+    assert!(exec.result.is_ok(), "{:?}", exec.result);
+    g.bench_function("executor_execute", |b| {
+        b.to_async(rt).iter(|| async { std::hint::black_box(executor.execute(&one, BTreeMap::new()).await.unwrap()) })
+    });
+
+    // The whole path with a store that keeps nothing: the runtime without SQLite.
+    let null = host.runtime("default", Arc::new(NullStore(Default::default())));
+    let null_run = null.start_run(None, ToolCapabilityNarrowing::Configured).unwrap();
+    assert_upper(&rt.block_on(null_run.call(TOOL, args.clone())).unwrap());
+    g.bench_function("full_path_null_store", |b| {
+        b.to_async(rt).iter(|| async { std::hint::black_box(null_run.call(TOOL, json!({"text": "hello"})).await.unwrap()) })
+    });
+
+    // The Step commit alone, as `Run::call` makes it for an Output.
+    let durable = host.durable_journal("steps.db");
+    for (name, store) in [("commit_step_in_memory", &memory), ("commit_step_durable", &durable)] {
+        store.begin_run("run-bench", "default", "configured").unwrap();
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let call_id = toolgate::runtime::new_id("call");
+                let arguments = args.to_string();
+                let step = NewStep {
+                    run_id: "run-bench",
+                    agent: "default",
+                    call_id: &call_id,
+                    tool_id: TOOL,
+                    arguments: &arguments,
+                    verdict: "allow",
+                    outcome: OutcomeKind::Output,
+                    result: "\"HELLO\"",
+                    captured: r#"{"stdout":"","stderr":"","log":"","dropped":0}"#,
+                };
+                store.commit_step(&step, &[], None).unwrap()
+            })
+        });
+    }
+    g.finish();
+}
+
+fn config() -> Criterion {
+    Criterion::default().sample_size(50).warm_up_time(Duration::from_secs(2)).measurement_time(Duration::from_secs(5))
+}
+
+criterion_group! { name = call_path; config = config(); targets = benches }
+criterion_main!(call_path);
