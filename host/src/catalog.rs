@@ -16,6 +16,7 @@ use std::sync::Arc;
 use sha2::{Digest as _, Sha256};
 
 use crate::descriptor::{self, CheckedTool, DescriptorError};
+use crate::lockfile::{LockError, Lockfile};
 
 /// Largest component file accepted.
 pub const MAX_COMPONENT_BYTES: u64 = 256 << 20;
@@ -93,6 +94,9 @@ pub struct Refused {
 /// Errors that stop loading a directory as a whole.
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
+    /// The lockfile cannot be used.
+    #[error(transparent)]
+    Lock(#[from] LockError),
     /// The directory cannot be read.
     #[error("cannot read plugin directory {}: {source}; check `plugins` in the config", path.display())]
     Directory {
@@ -115,6 +119,18 @@ pub struct Catalog {
 impl Catalog {
     /// Load every `*.wasm` file of `dir` (not recursive), in file-name order.
     pub fn load(dir: &Path) -> Result<Catalog, CatalogError> {
+        Self::load_locked(dir, None)
+    }
+
+    /// Load the config's plugin directory, checked against its lockfile when one exists.
+    pub fn for_config(config: &crate::config::Config) -> Result<Catalog, CatalogError> {
+        let lock = Lockfile::read(&config.lock)?;
+        Self::load_locked(&config.plugins, lock.as_ref())
+    }
+
+    /// Load `dir`; with `lock`, a file that is not pinned or whose digest
+    /// differs is refused before its metadata is read.
+    pub fn load_locked(dir: &Path, lock: Option<&Lockfile>) -> Result<Catalog, CatalogError> {
         let entries =
             std::fs::read_dir(dir).map_err(|source| CatalogError::Directory { path: dir.to_owned(), source })?;
         let mut paths: Vec<PathBuf> = entries
@@ -124,7 +140,14 @@ impl Catalog {
         paths.sort();
         let mut catalog = Catalog { dir: dir.to_owned(), ..Default::default() };
         for path in paths {
-            match load_file(&path) {
+            let pinned = |c: Component| -> Result<Component, String> {
+                let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                match lock {
+                    Some(l) => l.check(&name, &c.digest).map(|()| c),
+                    None => Ok(c),
+                }
+            };
+            match load_file(&path).and_then(pinned) {
                 Ok(c) => catalog.components.push(Arc::new(c)),
                 Err(reason) => catalog.refused.push(Refused { path, reason }),
             }

@@ -169,6 +169,7 @@ struct RawConfig {
     plugins: Option<PathBuf>,
     store: Option<PathBuf>,
     cache: Option<PathBuf>,
+    lock: Option<PathBuf>,
     #[serde(default)]
     limits: Limits,
     #[serde(default)]
@@ -190,6 +191,8 @@ pub struct Config {
     pub store: PathBuf,
     /// Compiled-component cache directory.
     pub cache: PathBuf,
+    /// `toolgate.lock`: when it exists, only pinned plugin digests load.
+    pub lock: PathBuf,
     /// Per-call limits.
     pub limits: Limits,
     /// Capability grants.
@@ -289,6 +292,7 @@ impl Config {
             plugins: abs(raw.plugins.unwrap_or_else(|| "plugins".into())),
             store: abs(raw.store.unwrap_or_else(|| ".toolgate/journal.db".into())),
             cache: abs(raw.cache.unwrap_or_else(|| ".toolgate/cache".into())),
+            lock: abs(raw.lock.unwrap_or_else(|| "toolgate.lock".into())),
             limits: raw.limits,
             grants,
             agents: raw.agents,

@@ -24,6 +24,7 @@ pub mod descriptor;
 pub mod destination;
 pub mod executor;
 pub mod gate;
+pub mod lockfile;
 pub mod mcp;
 pub mod narrowing;
 pub mod outbound;

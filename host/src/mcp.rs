@@ -103,7 +103,7 @@ impl McpServer {
     }
 
     fn reload(&self) -> anyhow::Result<()> {
-        let catalog = Arc::new(Catalog::load(&self.shared.config.plugins)?);
+        let catalog = Arc::new(Catalog::for_config(&self.shared.config)?);
         for r in catalog.refused() {
             tracing::warn!(file = %r.path.display(), "refused: {}", r.reason);
         }

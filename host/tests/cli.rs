@@ -127,3 +127,29 @@ fn pack_turns_a_built_component_into_a_loadable_one() {
     assert_eq!(out.status.code(), Some(1));
     assert!(!dir.path().join("x.wasm").exists());
 }
+
+#[test]
+fn a_lockfile_refuses_changed_and_unknown_components_until_relocked() {
+    let dir = setup();
+    let d = dir.path();
+    let out = tg(d, &["lock"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("text.wasm  sha256:"));
+    assert!(text(&out.stderr).contains("not pinned") && text(&out.stderr).contains("broken.wasm"));
+    assert_eq!(tg(d, &["call", "text.upper", "--args", r#"{"text":"a"}"#]).status.code(), Some(0));
+
+    // A changed build of text.wasm and a new file: both refused, with the fix named.
+    let mut changed = std::fs::read(d.join("plugins/text.wasm")).unwrap();
+    changed.extend_from_slice(&[0, 3, 1, b'x', 0]); // an extra custom section
+    std::fs::write(d.join("plugins/text.wasm"), &changed).unwrap();
+    std::fs::write(d.join("plugins/extra.wasm"), packed(guests::FILES)).unwrap();
+    let out = tg(d, &["list", "--all"]);
+    let s = text(&out.stdout);
+    assert!(s.contains("text.wasm") && s.contains("changed since") && s.contains("toolgate lock"), "{s}");
+    assert!(s.contains("extra.wasm") && s.contains("not in"), "{s}");
+    let out = tg(d, &["call", "text.upper", "--args", r#"{"text":"a"}"#]);
+    assert_eq!(out.status.code(), Some(2), "a refused component's tools are unknown");
+
+    assert_eq!(tg(d, &["lock"]).status.code(), Some(0));
+    assert_eq!(tg(d, &["call", "text.upper", "--args", r#"{"text":"a"}"#]).status.code(), Some(0));
+}

@@ -96,7 +96,7 @@ impl TestHost {
 
 /// A runtime for `agent` over `config`.
 pub fn runtime_for(config: &Config, agent: &str) -> Runtime {
-    let catalog = Arc::new(Catalog::load(&config.plugins).unwrap());
+    let catalog = Arc::new(Catalog::for_config(config).unwrap());
     let snapshot = ExecutableAgentSnapshot::build(config, agent, catalog).unwrap();
     let executor =
         Arc::new(Executor::new(ExecutorSettings::new(config.limits.clone(), Some(config.cache.clone()))).unwrap());

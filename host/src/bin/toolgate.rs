@@ -91,6 +91,8 @@ enum Command {
         #[arg(long, default_value = "denied by operator")]
         reason: String,
     },
+    /// Pin the digest of every loadable plugin in toolgate.lock; with a lock, nothing else loads.
+    Lock,
     /// Serve the agent's tools to an MCP client over stdio (the same gate, sandbox and journal).
     Serve,
     /// Show the journal.
@@ -153,7 +155,7 @@ struct Host {
 
 fn open_host(cli: &Cli) -> Result<Host> {
     let config = Config::load(&cli.config)?;
-    let catalog = Arc::new(Catalog::load(&config.plugins)?);
+    let catalog = Arc::new(Catalog::for_config(&config)?);
     for r in catalog.refused() {
         tracing::warn!(file = %r.path.display(), "refused: {}", r.reason);
     }
@@ -191,6 +193,23 @@ async fn run(cli: Cli) -> Result<u8> {
             let host = open_host(&cli)?;
             let result = host.runtime.deny(ticket, reason)?;
             Ok(report(&result, None, cli.json))
+        }
+        Command::Lock => {
+            let config = Config::load(&cli.config)?;
+            // Read without the old lock: the operator is accepting what is there now.
+            let catalog = Catalog::load(&config.plugins)?;
+            let mut pinned = std::collections::BTreeMap::new();
+            for c in catalog.components() {
+                let name = c.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                println!("{name}  {}", c.digest);
+                pinned.insert(name, c.digest);
+            }
+            for r in catalog.refused() {
+                eprintln!("toolgate: not pinned: {}: {}", r.path.display(), r.reason);
+            }
+            toolgate::lockfile::Lockfile::write(&config.lock, &pinned)?;
+            eprintln!("pinned {} plugin(s) in {}", pinned.len(), config.lock.display());
+            Ok(exit::OUTPUT)
         }
         Command::Serve => {
             let host = open_host(&cli)?;
