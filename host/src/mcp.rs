@@ -123,7 +123,11 @@ impl McpServer {
         let run = runtime
             .start_run(Some(self.shared.run_id.clone()), ToolCapabilityNarrowing::Configured)
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
-        let descriptor = runtime.list().into_iter().find(|d| d.id == name);
+        let descriptor = runtime
+            .snapshot()
+            .candidate(name, &|d| runtime.executor().unhealthy(d))
+            .ok()
+            .map(|c| c.descriptor().clone());
         let result = match run.call(name, arguments.clone()).await {
             Ok(r) => r,
             Err(CallError::UnknownTool(id)) => {
