@@ -149,6 +149,21 @@ pub struct ToolMetadata {
     /// Declared needs.
     #[serde(default)]
     pub capabilities: DeclaredCapabilities,
+    /// Set when the Tool is an Agent Skill (packed by `toolgate skill pack`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skill: Option<SkillInfo>,
+}
+
+/// What a Skill adds to its Tool: the tools it may use once activated.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SkillInfo {
+    /// Tool ids or globs (`allowed-tools` in SKILL.md). Once the Skill is
+    /// activated in a run, other calls of that run are limited to these —
+    /// a narrowing of what the agent may already do, never a grant. `None`
+    /// when the Skill does not restrict.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_tools: Option<Vec<String>>,
 }
 
 /// The document in the [`METADATA_SECTION`] custom section.

@@ -61,6 +61,11 @@ pub fn decide(snapshot: &ExecutableAgentSnapshot, candidate: &Candidate, call: &
     if snapshot.narrowing() == ToolCapabilityNarrowing::DenyAll {
         return ToolPermissionVerdict::Deny { reason: "tools are disabled for this run (narrowing deny-all)".into() };
     }
+    if let Some(skill) = snapshot.skill_excluding(&call.tool_id) {
+        return ToolPermissionVerdict::Deny {
+            reason: format!("`{}` is not in the allowed-tools of skill `{skill}`, active in this run", call.tool_id),
+        };
+    }
     let d = candidate.descriptor();
     let decision = snapshot.policy().evaluate(&call.tool_id, d.primary_argument.as_deref(), &call.arguments);
     let by = match &decision.rule {

@@ -31,6 +31,7 @@ pub mod outbound;
 pub mod pack;
 pub mod policy;
 pub mod runtime;
+pub mod skill;
 pub mod snapshot;
 
 pub use catalog::{Catalog, Digest};

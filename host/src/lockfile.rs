@@ -77,8 +77,8 @@ impl Lockfile {
     /// Pin exactly `files` (file name → digest) at `path`, atomically.
     pub fn write(path: &Path, files: &BTreeMap<String, Digest>) -> Result<(), LockError> {
         let doc = LockDoc { version: 1, plugins: files.iter().map(|(f, d)| (f.clone(), d.to_string())).collect() };
-        let body = toml::to_string(&doc)
-            .map_err(|e| LockError::Invalid { path: path.to_owned(), message: e.to_string() })?;
+        let body =
+            toml::to_string(&doc).map_err(|e| LockError::Invalid { path: path.to_owned(), message: e.to_string() })?;
         let text = format!("# Written by `toolgate lock`: the sha256 of every plugin this host may load.\n{body}");
         let tmp = path.with_extension("lock.tmp");
         std::fs::write(&tmp, text)
@@ -89,10 +89,7 @@ impl Lockfile {
     /// Whether `file` with `digest` may load; the error says why not and what to do.
     pub fn check(&self, file: &str, digest: &Digest) -> Result<(), String> {
         match self.pinned.get(file) {
-            None => Err(format!(
-                "not in {}; review it, then run `toolgate lock` to accept it",
-                self.path.display()
-            )),
+            None => Err(format!("not in {}; review it, then run `toolgate lock` to accept it", self.path.display())),
             Some(pinned) if pinned != digest => Err(format!(
                 "changed since {} was written (pinned {pinned}, now {digest}); review it, then run `toolgate lock` to accept it",
                 self.path.display()

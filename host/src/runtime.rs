@@ -117,7 +117,8 @@ pub struct Runtime {
 pub struct Run<'r> {
     runtime: &'r Runtime,
     id: String,
-    snapshot: ExecutableAgentSnapshot,
+    /// Replaced (never mutated) when a Skill activates and narrows the run.
+    snapshot: std::sync::Mutex<Arc<ExecutableAgentSnapshot>>,
 }
 
 /// A random id with `prefix` (128 bits: unguessable, so a ticket id is a capability).
@@ -190,7 +191,7 @@ impl Runtime {
             ToolCapabilityNarrowing::DenyAll => "deny-all",
         };
         self.store.begin_run(&id, self.snapshot.agent(), n)?;
-        Ok(Run { runtime: self, id, snapshot })
+        Ok(Run { runtime: self, id, snapshot: std::sync::Mutex::new(Arc::new(snapshot)) })
     }
 
     /// Approve a ticket: execute exactly the stored call, once.
@@ -300,14 +301,28 @@ impl Run<'_> {
         &self.id
     }
 
+    /// The run's current view (narrowed by every Skill activated in it).
+    pub fn snapshot(&self) -> Arc<ExecutableAgentSnapshot> {
+        self.snapshot.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// Make one call: the whole path of DESIGN.md, ending in one Step commit.
     pub async fn call(&self, tool_id: &str, arguments: Value) -> Result<StepResult, CallError> {
+        self.call_in(&self.snapshot(), tool_id, arguments).await
+    }
+
+    async fn call_in(
+        &self,
+        snapshot: &ExecutableAgentSnapshot,
+        tool_id: &str,
+        arguments: Value,
+    ) -> Result<StepResult, CallError> {
         let rt = self.runtime;
         let call = ToolCall { call_id: new_id("call"), tool_id: tool_id.to_owned(), arguments: normalize(arguments) };
-        let step = Step { run_id: &self.id, agent: self.snapshot.agent(), call: &call };
+        let step = Step { run_id: &self.id, agent: snapshot.agent(), call: &call };
 
         // 1. Visibility and availability: can only remove.
-        let candidate = match self.snapshot.candidate(tool_id, &|d| rt.executor.unhealthy(d)) {
+        let candidate = match snapshot.candidate(tool_id, &|d| rt.executor.unhealthy(d)) {
             Ok(c) => c,
             Err(r) if r.is_unknown_to_model() => return Err(CallError::UnknownTool(tool_id.to_owned())),
             Err(removal) => {
@@ -324,14 +339,18 @@ impl Run<'_> {
         }
 
         // 3. The gate on the exact call.
-        let verdict = gate::decide(&self.snapshot, &candidate, &call);
+        let verdict = gate::decide(snapshot, &candidate, &call);
         let verdict_name = verdict_name(&verdict);
         match GateOutcome::from_verdict(verdict, candidate.clone(), call.clone()) {
             // 4. Effect and durable result.
             GateOutcome::Execute(allowed) => {
-                let state = rt.store.tool_state(self.snapshot.agent(), tool_id)?;
+                let state = rt.store.tool_state(snapshot.agent(), tool_id)?;
                 let exec = rt.executor.execute(&allowed, state).await;
-                step.finish(rt, None, exec)
+                let result = step.finish(rt, None, exec)?;
+                if let (StepResult::Output { .. }, Some(skill)) = (&result, &candidate.installed.tool.metadata.skill) {
+                    self.activate(tool_id, skill);
+                }
+                Ok(result)
             }
             GateOutcome::Blocked { reason } => {
                 let seq =
@@ -339,7 +358,7 @@ impl Run<'_> {
                 Ok(StepResult::Blocked { seq, reason })
             }
             GateOutcome::AwaitConfirmation { correlation_id } => {
-                let awaiting = awaiting_record(rt, &self.id, self.snapshot.agent(), &call, &candidate, &correlation_id);
+                let awaiting = awaiting_record(rt, &self.id, snapshot.agent(), &call, &candidate, &correlation_id);
                 let text = format!("awaiting approval: ticket {}", awaiting.ticket_id);
                 let seq = step.commit(
                     rt,
@@ -353,6 +372,16 @@ impl Run<'_> {
                 Ok(StepResult::Awaiting { seq, ticket: awaiting.ticket_id, expires_at: awaiting.expires_at })
             }
         }
+    }
+}
+
+impl Run<'_> {
+    /// A Skill ran: from now on this run may only call its `allowed-tools`
+    /// (intersected with everything already in force — it only narrows).
+    fn activate(&self, skill_id: &str, skill: &toolgate_sdk::metadata::SkillInfo) {
+        let Some(allowed) = &skill.allowed_tools else { return };
+        let mut current = self.snapshot.lock().unwrap_or_else(|p| p.into_inner());
+        *current = Arc::new(current.with_skill(skill_id, allowed));
     }
 }
 

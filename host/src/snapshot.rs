@@ -117,6 +117,8 @@ pub struct ExecutableAgentSnapshot {
     policy: Arc<Policy>,
     narrowing: ToolCapabilityNarrowing,
     restrictions: Vec<Restriction>,
+    /// Skills activated in the run, each limiting calls to its allowed-tools.
+    skills: Vec<(String, GlobSet)>,
     grants: Arc<Vec<(globset::GlobMatcher, Grant)>>,
     credentials: Arc<BTreeMap<String, Arc<CredentialSpec>>>,
     catalog: Arc<Catalog>,
@@ -153,6 +155,7 @@ impl ExecutableAgentSnapshot {
             policy: Arc::new(policy),
             narrowing: a.narrowing,
             restrictions: vec![a.authority.clone()],
+            skills: Vec::new(),
             grants: Arc::new(grants),
             credentials: Arc::new(config.credentials.clone()),
             catalog,
@@ -172,6 +175,29 @@ impl ExecutableAgentSnapshot {
         let mut s = self.clone();
         s.restrictions.push(run);
         s
+    }
+
+    /// The same view after Skill `skill_id` activated with `allowed` (tool
+    /// ids or globs). Patterns that do not compile match nothing.
+    /// The Skill itself stays callable (to read its resources).
+    pub fn with_skill(&self, skill_id: &str, allowed: &[String]) -> Self {
+        let mut set = GlobSetBuilder::new();
+        if let Ok(g) = glob(&globset::escape(skill_id)) {
+            set.add(g);
+        }
+        for p in allowed {
+            if let Ok(g) = glob(p) {
+                set.add(g);
+            }
+        }
+        let mut s = self.clone();
+        s.skills.push((skill_id.to_owned(), set.build().unwrap_or_else(|_| GlobSet::empty())));
+        s
+    }
+
+    /// The first active Skill whose allowed-tools exclude `tool_id`.
+    pub fn skill_excluding(&self, tool_id: &str) -> Option<&str> {
+        self.skills.iter().find(|(_, set)| !set.is_match(tool_id)).map(|(id, _)| id.as_str())
     }
 
     /// The agent's name.

@@ -6,6 +6,7 @@ mod capabilities;
 mod loading;
 mod path;
 mod sandbox;
+mod skills;
 mod state;
 
 use serde_json::json;

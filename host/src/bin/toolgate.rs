@@ -91,6 +91,11 @@ enum Command {
         #[arg(long, default_value = "denied by operator")]
         reason: String,
     },
+    /// Agent Skills: pack a Skill folder into a Tool component.
+    Skill {
+        #[command(subcommand)]
+        command: SkillCommand,
+    },
     /// Pin the digest of every loadable plugin in toolgate.lock; with a lock, nothing else loads.
     Lock,
     /// Serve the agent's tools to an MCP client over stdio (the same gate, sandbox and journal).
@@ -103,6 +108,18 @@ enum Command {
         /// Show pending tickets instead of steps.
         #[arg(long)]
         awaiting: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum SkillCommand {
+    /// Pack DIR (SKILL.md + references/ + assets/) into a component: needs cargo and the wasm32-wasip2 target.
+    Pack {
+        /// The Skill folder.
+        dir: PathBuf,
+        /// Where to write the component.
+        #[arg(short, long)]
+        output: PathBuf,
     },
 }
 
@@ -193,6 +210,18 @@ async fn run(cli: Cli) -> Result<u8> {
             let host = open_host(&cli)?;
             let result = host.runtime.deny(ticket, reason)?;
             Ok(report(&result, None, cli.json))
+        }
+        Command::Skill { command: SkillCommand::Pack { dir, output } } => {
+            let skill = toolgate::skill::read(dir)?;
+            eprintln!("building {} ...", skill.tool_id());
+            let raw = toolgate::skill::build(&skill, &toolgate::skill::BuildEnv::default())?;
+            let (packed, tools) = toolgate::pack::pack(&raw).await?;
+            std::fs::write(output, &packed).with_context(|| format!("cannot write {}", output.display()))?;
+            eprintln!("packed {} into {} ({})", skill.tool_id(), output.display(), toolgate::Digest::of(&packed));
+            for t in tools {
+                println!("{}", t.id());
+            }
+            Ok(exit::OUTPUT)
         }
         Command::Lock => {
             let config = Config::load(&cli.config)?;

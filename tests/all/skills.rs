@@ -1,0 +1,77 @@
+//! Invariant 9: a Skill is packed into a component and takes the one path —
+//! listed, gated, executed like any Tool; its allowed-tools only narrow.
+
+use std::path::Path;
+
+use serde_json::json;
+use toolgate::StepResult;
+use toolgate::executor::Content;
+use toolgate_tests::{TestHost, guests, packed};
+
+fn skill_component() -> Vec<u8> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../example-tools/skills/release-notes");
+    let skill = toolgate::skill::read(&dir).unwrap();
+    let raw = toolgate::skill::build(&skill, &toolgate::skill::BuildEnv::default()).unwrap();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(toolgate::pack::pack(&raw)).unwrap().0
+    })
+    .join()
+    .unwrap()
+}
+
+fn text(r: &StepResult) -> String {
+    match r {
+        StepResult::Output { content: Content::Json(serde_json::Value::String(s)), .. } => s.clone(),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_skill_packs_lists_activates_and_narrows_a_later_call() {
+    let host = TestHost::new(
+        r#"
+[agents.default]
+visible = ["*"]
+default = "allow"
+rules = [{ pattern = "text.repeat", behavior = "deny" }]
+"#,
+        &[
+            ("release-notes.wasm", skill_component()),
+            ("text.wasm", packed(guests::TEXT)),
+            ("hostile.wasm", packed(guests::HOSTILE)),
+        ],
+    );
+    // Listed with name and description only: the instructions are not in the listing.
+    let d = host.runtime.list().into_iter().find(|d| d.id == "skill.release-notes").unwrap();
+    assert!(d.description.starts_with("Write release notes"));
+    let listing = serde_json::to_string(&d).unwrap();
+    assert!(!listing.contains("Group the items"), "{listing}");
+
+    let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).unwrap();
+    // Before activation the agent's own policy applies.
+    assert!(matches!(run.call("hostile.big", json!({"bytes": 1})).await.unwrap(), StepResult::Output { .. }));
+
+    // Activate: the instructions, with the resources named.
+    let r = run.call("skill.release-notes", json!({})).await.unwrap();
+    let instructions = text(&r);
+    assert!(instructions.contains("Group the items") && instructions.contains("references/style.md"), "{instructions}");
+    let r = run.call("skill.release-notes", json!({"resource": "references/style.md"})).await.unwrap();
+    assert!(text(&r).contains("House style"));
+    let r = run.call("skill.release-notes", json!({"resource": "../SKILL.md"})).await.unwrap();
+    assert!(matches!(&r, StepResult::ToolError { message, .. } if message.contains("no resource")), "{r:?}");
+
+    // Now the run is narrowed to allowed-tools (notes, text.*).
+    let r = run.call("hostile.big", json!({"bytes": 1})).await.unwrap();
+    assert!(
+        matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("allowed-tools of skill `skill.release-notes`")),
+        "{r:?}"
+    );
+    assert!(matches!(run.call("text.count", json!({"text": "a"})).await.unwrap(), StepResult::Output { .. }));
+    // …and never widened: text.* does not override the agent's deny.
+    let r = run.call("text.repeat", json!({"text": "a", "times": 1})).await.unwrap();
+    assert!(matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("rule `text.repeat`")), "{r:?}");
+    // Another run is not narrowed.
+    let other = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).unwrap();
+    assert!(matches!(other.call("hostile.big", json!({"bytes": 1})).await.unwrap(), StepResult::Output { .. }));
+}
