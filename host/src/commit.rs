@@ -346,7 +346,8 @@ impl SqliteJournal {
 }
 
 // Statements run on every call are prepared once per connection
-// (`prepare_cached`): re-parsing the SQL was a third of an in-memory commit.
+// (`prepare_cached`): re-parsing the SQL was about a third of an in-memory
+// commit (BENCHMARKS.md).
 fn insert_step(tx: &rusqlite::Transaction<'_>, s: &NewStep<'_>, ticket: Option<&str>) -> rusqlite::Result<i64> {
     tx.prepare_cached(
         "INSERT INTO steps (run_id, call_id, tool_id, arguments, verdict, outcome, result, captured, ticket_id, committed_at)

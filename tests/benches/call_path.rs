@@ -223,7 +223,12 @@ impl StepStore for NullStore {
     fn begin_run(&self, _: &str, _: &str, _: &str) -> Result<(), CommitError> {
         Ok(())
     }
-    fn commit_step(&self, step: &NewStep<'_>, _: &[StateChange], _: Option<&AwaitingRecord>) -> Result<i64, CommitError> {
+    fn commit_step(
+        &self,
+        step: &NewStep<'_>,
+        _: &[StateChange],
+        _: Option<&AwaitingRecord>,
+    ) -> Result<i64, CommitError> {
         std::hint::black_box(step);
         Ok(self.0.fetch_add(1, Ordering::Relaxed))
     }
@@ -432,7 +437,8 @@ fn steps(c: &mut Criterion, rt: &tokio::runtime::Runtime, host: &Host) {
     let null_run = null.start_run(None, ToolCapabilityNarrowing::Configured).unwrap();
     assert_upper(&rt.block_on(null_run.call(TOOL, args.clone())).unwrap());
     g.bench_function("full_path_null_store", |b| {
-        b.to_async(rt).iter(|| async { std::hint::black_box(null_run.call(TOOL, json!({"text": "hello"})).await.unwrap()) })
+        b.to_async(rt)
+            .iter(|| async { std::hint::black_box(null_run.call(TOOL, json!({"text": "hello"})).await.unwrap()) })
     });
 
     // The Step commit alone, as `Run::call` makes it for an Output.
