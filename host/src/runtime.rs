@@ -132,6 +132,15 @@ pub fn new_id(prefix: &str) -> String {
     format!("{prefix}-{}", hex::encode(b))
 }
 
+/// A call id: unique, not secret (tickets carry the authority, not call ids),
+/// so a per-process random prefix and a counter do instead of an OS RNG call.
+fn call_id() -> String {
+    static PREFIX: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let prefix = PREFIX.get_or_init(|| new_id("call"));
+    format!("{prefix}-{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+}
+
 impl Runtime {
     /// A runtime for `snapshot`.
     pub fn new(
@@ -318,7 +327,7 @@ impl Run<'_> {
         arguments: Value,
     ) -> Result<StepResult, CallError> {
         let rt = self.runtime;
-        let call = ToolCall { call_id: new_id("call"), tool_id: tool_id.to_owned(), arguments: normalize(arguments) };
+        let call = ToolCall { call_id: call_id(), tool_id: tool_id.to_owned(), arguments: normalize(arguments) };
         let step = Step { run_id: &self.id, agent: snapshot.agent(), call: &call };
 
         // 1. Visibility and availability: can only remove.
