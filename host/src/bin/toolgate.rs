@@ -188,8 +188,11 @@ async fn run(cli: Cli) -> Result<u8> {
         Command::Pack { input, output } => pack(input, output).await,
         Command::Inspect { file } => inspect(file, cli.json),
         Command::List { all } => {
-            let host = open_host(&cli)?;
-            list(&host, *all, cli.json)
+            // Listing reads metadata only: no engine, no journal.
+            let config = Config::load(&cli.config)?;
+            let catalog = Arc::new(Catalog::for_config(&config)?);
+            let snapshot = ExecutableAgentSnapshot::build(&config, &cli.agent, catalog)?;
+            list(&config, &snapshot, *all, cli.json)
         }
         Command::Call { tool, args, run, no_tools } => {
             let host = open_host(&cli)?;
@@ -334,10 +337,9 @@ fn inspect(file: &Path, as_json: bool) -> Result<u8> {
     Ok(exit::OUTPUT)
 }
 
-fn list(host: &Host, all: bool, as_json: bool) -> Result<u8> {
-    let snapshot = host.runtime.snapshot();
-    let exec = host.runtime.executor().clone();
-    let unhealthy = move |d: &toolgate::Digest| exec.unhealthy(d);
+fn list(config: &Config, snapshot: &ExecutableAgentSnapshot, all: bool, as_json: bool) -> Result<u8> {
+    // A fresh process has compiled nothing, so nothing is known to be unhealthy yet.
+    let unhealthy = |_: &toolgate::Digest| None;
     if !all {
         let tools = snapshot.list(&unhealthy);
         if as_json {
@@ -365,7 +367,7 @@ fn list(host: &Host, all: bool, as_json: bool) -> Result<u8> {
             })
             .collect();
         let refused: Vec<_> = refused.iter().map(|r| json!({ "file": r.path, "reason": r.reason })).collect();
-        println!("{}", json!({ "plugins": host.config.plugins, "tools": tools, "refused": refused }));
+        println!("{}", json!({ "plugins": config.plugins, "tools": tools, "refused": refused }));
     } else {
         for l in &listings {
             match &l.removed {
