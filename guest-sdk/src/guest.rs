@@ -37,7 +37,12 @@ pub fn call(
     tool_id: &str,
     arguments: &str,
 ) -> Result<types::ToolOutput, types::ToolError> {
-    match crate::dispatch(entries, tool_id, arguments, &HostState) {
+    convert(crate::dispatch(entries, tool_id, arguments, &HostState))
+}
+
+/// A raw result in WIT types.
+pub fn convert(result: Result<crate::RawOutput, crate::ToolError>) -> Result<types::ToolOutput, types::ToolError> {
+    match result {
         Ok(out) => Ok(types::ToolOutput {
             content: match out.content {
                 crate::Content::Json(j) => types::Content::Json(j),

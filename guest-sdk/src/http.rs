@@ -89,6 +89,10 @@ impl Request {
     pub fn post(url: &str) -> Self {
         Self::new(Method::Post, url)
     }
+    /// A DELETE request.
+    pub fn delete(url: &str) -> Self {
+        Self::new(Method::Delete, url)
+    }
     fn new(method: Method, url: &str) -> Self {
         Request { method, url: url.to_owned(), headers: Vec::new(), body: None }
     }

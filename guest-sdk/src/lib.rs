@@ -31,6 +31,7 @@
 
 extern crate self as toolgate_sdk;
 
+pub mod mcp;
 pub mod metadata;
 
 pub use metadata::{Access, Annotations, ComponentMetadata, DeclaredCapabilities, ToolDescriptor, ToolMetadata};

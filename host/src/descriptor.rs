@@ -184,7 +184,8 @@ fn same_line(a: &str, b: &str) -> bool {
     }
 }
 
-fn check_document(doc: ComponentMetadata) -> Result<Vec<Arc<CheckedTool>>, DescriptorError> {
+/// Check a metadata document exactly as [`read_metadata`] does after parsing it.
+pub fn check_document(doc: ComponentMetadata) -> Result<Vec<Arc<CheckedTool>>, DescriptorError> {
     if doc.tools.is_empty() {
         return Err(DescriptorError::NoTools);
     }

@@ -98,6 +98,20 @@ pub enum ExecutorError {
         /// Why, with the fix where known.
         reason: String,
     },
+    /// The Tool failed after a granted outbound request could not be
+    /// delivered (connect, DNS, TLS, timeout): the destination must be fixed
+    /// or brought up, not the call.
+    #[error(
+        "`{tool}` failed because the host could not reach {failure}; check that the destination is up and reachable from this host (the Tool said: {said})"
+    )]
+    Transport {
+        /// The Tool.
+        tool: String,
+        /// `scheme://host:port: reason`.
+        failure: String,
+        /// The Tool's own message.
+        said: String,
+    },
     /// Instantiation failed for a reason that is not the Tool's fault.
     #[error("cannot instantiate {}: {reason}", path.display())]
     Instantiate {
@@ -177,6 +191,8 @@ pub struct Execution {
     pub captured: Captured,
     /// Wall time of instantiate + call.
     pub elapsed: Duration,
+    /// A granted outbound request that failed in transport (`scheme://host:port: reason`).
+    pub transport_failure: Option<String>,
 }
 
 /// Bounded guest output of one call.
@@ -352,6 +368,7 @@ impl Executor {
             },
             log.clone(),
         );
+        let transport = outbound.transport_failure();
         let state = CallState {
             wasi,
             http: WasiHttpCtx::new(),
@@ -399,6 +416,7 @@ impl Executor {
             result,
             captured: Captured { stdout: stdout.text(), stderr: stderr.text(), log: log.text(), dropped },
             elapsed,
+            transport_failure: transport.get(),
         })
     }
 

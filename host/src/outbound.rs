@@ -45,6 +45,25 @@ pub struct OutboundPolicy {
     credentials: Arc<Vec<Arc<CredentialSpec>>>,
     limits: HttpLimits,
     log: Capture,
+    transport: TransportFailure,
+}
+
+/// The last transport failure (connect, DNS, TLS, timeout, protocol) of a
+/// granted request during one call, as `scheme://host:port: reason`. Denials
+/// and size limits are policy, not transport, and are not recorded.
+#[derive(Debug, Clone, Default)]
+pub struct TransportFailure(Arc<std::sync::Mutex<Option<String>>>);
+
+impl TransportFailure {
+    fn set(&self, what: String) {
+        if let Ok(mut slot) = self.0.lock() {
+            *slot = Some(what);
+        }
+    }
+    /// The recorded failure, if any.
+    pub fn get(&self) -> Option<String> {
+        self.0.lock().ok().and_then(|s| s.clone())
+    }
 }
 
 impl OutboundPolicy {
@@ -55,7 +74,12 @@ impl OutboundPolicy {
         limits: HttpLimits,
         log: Capture,
     ) -> Self {
-        OutboundPolicy { hosts, credentials, limits, log }
+        OutboundPolicy { hosts, credentials, limits, log, transport: TransportFailure::default() }
+    }
+
+    /// Where this policy records transport failures.
+    pub fn transport_failure(&self) -> TransportFailure {
+        self.transport.clone()
     }
 
     fn deny(&self, what: &str) -> HttpError {
@@ -106,8 +130,8 @@ impl OutboundPolicy {
 
 /// Write the secret into the request as configured; returns every form in
 /// which it now appears, for redaction.
-fn apply(
-    request: &mut http::Request<WasiBody>,
+pub(crate) fn apply<B>(
+    request: &mut http::Request<B>,
     spec: &CredentialSpec,
     secret: &Secret,
 ) -> Result<Vec<Vec<u8>>, HttpError> {
@@ -186,6 +210,11 @@ impl WasiHttpHooks for OutboundPolicy {
     ) -> Box<dyn Future<Output = Sent> + Send> {
         let decided = self.authorize(&mut request);
         let limits = self.limits;
+        let transport = self.transport.clone();
+        let uri = request.uri();
+        let scheme = uri.scheme_str().unwrap_or("https").to_ascii_lowercase();
+        let port = uri.port_u16().unwrap_or_else(|| default_port(&scheme));
+        let dest = format!("{scheme}://{}:{port}", uri.host().unwrap_or_default());
         Box::new(async move {
             let credential = decided?;
             let forms = match &credential {
@@ -205,7 +234,13 @@ impl WasiHttpHooks for OutboundPolicy {
                 first_byte_timeout: cap(options.and_then(|o| o.first_byte_timeout)),
                 between_bytes_timeout: cap(options.and_then(|o| o.between_bytes_timeout)),
             };
-            let (response, io) = wasmtime_wasi_http::default_send_request(request, Some(options)).await?;
+            let (response, io) = match wasmtime_wasi_http::default_send_request(request, Some(options)).await {
+                Ok(sent) => sent,
+                Err(e) => {
+                    transport.set(format!("{dest}: {e}"));
+                    return Err(e);
+                }
+            };
             let (mut parts, body) = response.into_parts();
             // Buffer (bounded) so the whole body can be redacted before the guest reads it.
             let collect = async {

@@ -23,7 +23,7 @@ use crate::commit::{
     AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, StateChange, StepStore, TicketError,
 };
 use crate::config::Restriction;
-use crate::executor::{Captured, Content, Execution, Executor, ExecutorError, GuestCommand};
+use crate::executor::{Captured, Content, Execution, Executor, ExecutorError, GuestCommand, ToolFailure};
 use crate::gate::{self, GateOutcome, ToolCall, ToolPermissionVerdict};
 use crate::narrowing::ToolCapabilityNarrowing;
 use crate::snapshot::{Candidate, ExecutableAgentSnapshot};
@@ -544,6 +544,16 @@ impl Step<'_> {
                     Ok(StepResult::ToolError { seq, message })
                 }
             },
+            Err(ToolFailure::Failed(said)) if exec.transport_failure.is_some() => {
+                // Not the model's to fix: someone must bring the destination up.
+                let e = ExecutorError::Transport {
+                    tool: self.call.tool_id.clone(),
+                    failure: exec.transport_failure.unwrap_or_default(),
+                    said,
+                };
+                commit(OutcomeKind::ExecutorError, &e.to_string(), &exec.captured, &[], ticket)?;
+                Err(e.into())
+            }
             Err(failure) => {
                 let message = failure.to_string();
                 let seq = commit(OutcomeKind::ToolError, &message, &exec.captured, &[], ticket)?;

@@ -15,9 +15,10 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde::Deserialize;
+
+pub use crate::generate::BuildEnv;
 
 /// Largest total size of a Skill's files.
 pub const MAX_SKILL_BYTES: u64 = 4 << 20;
@@ -186,66 +187,9 @@ fn collect(dir: &Path, rel: &str, out: &mut BTreeMap<String, Vec<u8>>, total: &m
     Ok(())
 }
 
-/// Where the generated crate finds toolgate-sdk and the workspace lockfile.
-#[derive(Debug, Clone)]
-pub struct BuildEnv {
-    /// The `guest-sdk` directory.
-    pub sdk: PathBuf,
-    /// Cargo target directory for Skill builds (shared, so later packs are fast).
-    pub target_dir: PathBuf,
-}
-
-impl Default for BuildEnv {
-    fn default() -> Self {
-        let sdk = std::env::var_os("TOOLGATE_SDK")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk"));
-        let target_dir = std::env::var_os("CARGO_TARGET_DIR")
-            .map(|d| PathBuf::from(d).join("skill-build"))
-            .unwrap_or_else(|| std::env::temp_dir().join("toolgate-skill-build"));
-        BuildEnv { sdk, target_dir }
-    }
-}
-
 /// Generate and build the Skill's component; returns the unpacked bytes.
 pub fn build(skill: &SkillSource, env: &BuildEnv) -> Result<Vec<u8>, SkillError> {
-    let work = tempfile::tempdir().map_err(|e| SkillError::Build(e.to_string()))?;
-    let root = work.path();
-    let io = |e: std::io::Error| SkillError::Build(e.to_string());
-    std::fs::create_dir_all(root.join("src")).map_err(io)?;
-    let krate = format!("toolgate-skill-{}", skill.name);
-    std::fs::write(
-        root.join("Cargo.toml"),
-        format!(
-            "[package]\nname = {krate:?}\nversion = \"0.1.0\"\nedition = \"2024\"\npublish = false\n\n[lib]\ncrate-type = [\"cdylib\"]\n\n\
-             [dependencies]\ntoolgate-sdk = {{ path = {:?} }}\nserde = {{ version = \"1\", features = [\"derive\"] }}\nschemars = \"1\"\n\n\
-             [profile.release]\nopt-level = \"s\"\nstrip = \"debuginfo\"\n\n[workspace]\n",
-            env.sdk.display().to_string()
-        ),
-    )
-    .map_err(io)?;
-    // The workspace's lockfile pins the same dependency versions the SDK is tested with.
-    let lock = env.sdk.join("../Cargo.lock");
-    if lock.is_file() {
-        std::fs::copy(&lock, root.join("Cargo.lock")).map_err(io)?;
-    }
-    std::fs::write(root.join("src/lib.rs"), source(skill)).map_err(io)?;
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
-        .current_dir(root)
-        .args(["build", "--release", "--target", "wasm32-wasip2", "--target-dir"])
-        .arg(&env.target_dir)
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .output()
-        .map_err(|e| SkillError::Build(format!("cannot run cargo: {e}")))?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        let tail: Vec<&str> = err.lines().rev().take(15).collect();
-        return Err(SkillError::Build(tail.into_iter().rev().collect::<Vec<_>>().join("\n")));
-    }
-    let artifact = env.target_dir.join("wasm32-wasip2/release").join(format!("{}.wasm", krate.replace('-', "_")));
-    std::fs::read(&artifact).map_err(|e| SkillError::Build(format!("{}: {e}", artifact.display())))
+    crate::generate::build(&format!("toolgate-skill-{}", skill.name), &source(skill), env).map_err(SkillError::Build)
 }
 
 /// The Rust source of a Skill's component: data as literals, behaviour from the SDK.

@@ -96,6 +96,11 @@ enum Command {
         #[command(subcommand)]
         command: SkillCommand,
     },
+    /// MCP adapters: import a remote MCP server's tools as a pinned Tool component.
+    Mcp {
+        #[command(subcommand)]
+        command: McpCommand,
+    },
     /// Pin the digest of every loadable plugin in toolgate.lock; with a lock, nothing else loads.
     Lock,
     /// Serve the agent's tools to an MCP client over stdio (the same gate, sandbox and journal).
@@ -120,6 +125,29 @@ enum SkillCommand {
         /// Where to write the component.
         #[arg(short, long)]
         output: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum McpCommand {
+    /// Ask the MCP server at URL (streamable HTTP) for its tools once and write a component that pins them
+    /// (ids `mcp__<server>__<tool>`); calls go through the host's outbound boundary and are refused if the
+    /// remote definition changes. Needs cargo and the wasm32-wasip2 target.
+    Import {
+        /// The server's MCP endpoint, e.g. `https://mcp.example.com/mcp`.
+        url: String,
+        /// Credential (a `[credentials.NAME]` of the config) the host applies to every request.
+        #[arg(long)]
+        credential: Option<String>,
+        /// Server name for the Tool ids (default: the server's `serverInfo.name`).
+        #[arg(long)]
+        name: Option<String>,
+        /// Where to write the component.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Also write the generated Rust source here, to review or vendor the pin.
+        #[arg(long)]
+        emit_source: Option<PathBuf>,
     },
 }
 
@@ -226,6 +254,10 @@ async fn run(cli: Cli) -> Result<u8> {
             }
             Ok(exit::OUTPUT)
         }
+        Command::Mcp { command: McpCommand::Import { url, credential, name, output, emit_source } } => {
+            let source = emit_source.as_deref();
+            mcp_import(&cli.config, url, credential.as_deref(), name.as_deref(), output, source).await
+        }
         Command::Lock => {
             let config = Config::load(&cli.config)?;
             // Read without the old lock: the operator is accepting what is there now.
@@ -299,6 +331,56 @@ async fn pack(input: &Path, output: &Path) -> Result<u8> {
     let (packed, tools) = toolgate::pack::pack(&bytes).await.with_context(|| input.display().to_string())?;
     std::fs::write(output, &packed).with_context(|| format!("cannot write {}", output.display()))?;
     eprintln!("packed {} tool(s) into {} ({})", tools.len(), output.display(), toolgate::Digest::of(&packed));
+    for t in tools {
+        println!("{}", t.id());
+    }
+    Ok(exit::OUTPUT)
+}
+
+async fn mcp_import(
+    config: &Path,
+    url: &str,
+    credential: Option<&str>,
+    name: Option<&str>,
+    output: &Path,
+    emit_source: Option<&Path>,
+) -> Result<u8> {
+    use toolgate::mcp_adapter;
+    let spec = match credential {
+        None => None,
+        Some(c) => {
+            let config = Config::load(config)?;
+            let spec = config.credentials.get(c).cloned().ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{}: no `[credentials.{c}]`; define it to import with `--credential {c}`",
+                    config.source.as_deref().unwrap_or(Path::new("config")).display()
+                )
+            })?;
+            Some(spec)
+        }
+    };
+    let discovered = mcp_adapter::discover(url, spec.as_deref()).await?;
+    let pinned = mcp_adapter::pin(url, &discovered, name, credential)?;
+    eprintln!("building the adapter for {} tool(s) of `{}` ...", pinned.tools.len(), pinned.server);
+    let source = mcp_adapter::source(&pinned);
+    if let Some(path) = emit_source {
+        std::fs::write(path, &source).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    let raw =
+        toolgate::generate::build(&mcp_adapter::crate_name(&pinned), &source, &toolgate::generate::BuildEnv::default())
+            .map_err(|e| anyhow::anyhow!("building the adapter component failed: {e}"))?;
+    let (packed, tools) = toolgate::pack::pack(&raw).await?;
+    std::fs::write(output, &packed).with_context(|| format!("cannot write {}", output.display()))?;
+    eprintln!("pinned {} tool(s) into {} ({})", tools.len(), output.display(), toolgate::Digest::of(&packed));
+    if let Some(origin) = toolgate_sdk::mcp::origin(url) {
+        eprintln!(
+            "grant it with `hosts = [\"{origin}\"]`{} in a [[grants]] entry",
+            match credential {
+                Some(c) => format!(" and `credentials = [\"{c}\"]`"),
+                None => String::new(),
+            }
+        );
+    }
     for t in tools {
         println!("{}", t.id());
     }

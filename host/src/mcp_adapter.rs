@@ -1,0 +1,270 @@
+//! MCP adapter import: a remote MCP server's tools, pinned into a component.
+//!
+//! Owns `toolgate mcp import`: asking a remote server (streamable HTTP, with
+//! rmcp's client) for its tools once, pinning them as an
+//! [`AdapterConfig`] (ids `mcp__<server>__<tool>`, unique, descriptors that
+//! pass the host's checks), and generating the adapter component's source.
+//! The component then calls the remote through the host's outbound boundary
+//! like any Tool, and refuses a remote tool whose definition drifted from the
+//! pin (see `toolgate_sdk::mcp`).
+//!
+//! Architecture invariant: author-side only. The credential used for the
+//! import is read only for the URL's own origin when it is bound to it, and
+//! the component holds the credential's *name*; an import whose tool
+//! definitions echo the secret is refused.
+
+use std::collections::{BTreeMap, HashMap};
+
+use rmcp::ServiceExt as _;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use toolgate_sdk::Annotations;
+use toolgate_sdk::mcp::{AdapterConfig, PinnedTool, sanitize, tool_id};
+
+use crate::credentials::CredentialSpec;
+use crate::destination::default_port;
+
+/// Why an import failed. Messages name the URL, tool or credential.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    /// The URL is not an `http(s)://host[:port]/path` URL.
+    #[error("`{0}` is not an http:// or https:// URL of an MCP endpoint")]
+    Url(String),
+    /// The credential cannot be used for this URL.
+    #[error("{0}")]
+    Credential(String),
+    /// Talking to the remote failed.
+    #[error("cannot list the tools of the MCP server at {url}: {reason}")]
+    Remote {
+        /// The endpoint.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// What the remote offers cannot be pinned.
+    #[error("the MCP server at {url}: {reason}")]
+    Tools {
+        /// The endpoint.
+        url: String,
+        /// What is wrong and what to do.
+        reason: String,
+    },
+}
+
+/// A remote tool as listed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RemoteTool {
+    /// Name.
+    pub name: String,
+    /// Description.
+    pub description: Option<String>,
+    /// `inputSchema`.
+    pub input_schema: serde_json::Value,
+    /// `outputSchema`.
+    pub output_schema: Option<serde_json::Value>,
+    /// Hints.
+    pub annotations: Annotations,
+}
+
+/// What the remote said about itself.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Discovered {
+    /// `serverInfo.name`, if it sent one.
+    pub server_name: Option<String>,
+    /// Every tool, all pages.
+    pub tools: Vec<RemoteTool>,
+}
+
+/// `scheme`, `host`, `port` of an MCP endpoint URL.
+fn endpoint(url: &str) -> Result<(String, String, u16), ImportError> {
+    let uri: http::Uri = url.parse().map_err(|_| ImportError::Url(url.to_owned()))?;
+    let scheme = uri.scheme_str().map(str::to_ascii_lowercase).ok_or_else(|| ImportError::Url(url.to_owned()))?;
+    if scheme != "http" && scheme != "https" {
+        return Err(ImportError::Url(url.to_owned()));
+    }
+    let host = uri.host().ok_or_else(|| ImportError::Url(url.to_owned()))?.to_ascii_lowercase();
+    let port = uri.port_u16().unwrap_or_else(|| default_port(&scheme));
+    Ok((scheme, host, port))
+}
+
+/// List the remote's tools once, applying `credential` as the host would.
+pub async fn discover(url: &str, credential: Option<&CredentialSpec>) -> Result<Discovered, ImportError> {
+    let (scheme, host, port) = endpoint(url)?;
+    let remote = |reason: String| ImportError::Remote { url: url.to_owned(), reason };
+    let mut target = url.to_owned();
+    let mut headers = HashMap::new();
+    let mut forms = Vec::new();
+    if let Some(spec) = credential {
+        let secret = spec.materialize(&scheme, &host, port).map_err(|e| ImportError::Credential(e.to_string()))?;
+        let mut request = http::Request::builder().uri(url).body(()).map_err(|_| ImportError::Url(url.to_owned()))?;
+        forms = crate::outbound::apply(&mut request, spec, &secret)
+            .map_err(|_| ImportError::Credential(format!("credential `{}` cannot be applied to {url}", spec.name)))?;
+        target = request.uri().to_string();
+        headers = request.headers().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    }
+    // https needs a crypto provider; the first install wins and later ones are no-ops.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let config = StreamableHttpClientTransportConfig::with_uri(target).custom_headers(headers);
+    let transport = StreamableHttpClientTransport::from_config(config);
+    let client = ().serve(transport).await.map_err(|e| remote(e.to_string()))?;
+    let server_name = client.peer_info().and_then(|i| i.server_info.as_ref().map(|s| s.name.clone()));
+    let listed = client.list_all_tools().await.map_err(|e| remote(e.to_string()));
+    let _ = client.cancel().await;
+    let tools = listed?
+        .into_iter()
+        .map(|t| RemoteTool {
+            name: t.name.into_owned(),
+            description: t.description.map(|d| d.into_owned()),
+            input_schema: serde_json::Value::Object((*t.input_schema).clone()),
+            output_schema: t.output_schema.map(|s| serde_json::Value::Object((*s).clone())),
+            annotations: t
+                .annotations
+                .map(|a| Annotations {
+                    read_only: a.read_only_hint,
+                    destructive: a.destructive_hint,
+                    idempotent: a.idempotent_hint,
+                    open_world: a.open_world_hint,
+                })
+                .unwrap_or_default(),
+        })
+        .collect::<Vec<_>>();
+    let discovered = Discovered { server_name, tools };
+    // A remote that echoes the secret into its tool definitions would ship it in the component.
+    let text = format!("{discovered:?}");
+    if forms.iter().any(|f| !f.is_empty() && text.as_bytes().windows(f.len()).any(|w| w == f.as_slice())) {
+        return Err(ImportError::Tools {
+            url: url.to_owned(),
+            reason: "its tool definitions contain the credential's secret; refusing to write them into a component"
+                .into(),
+        });
+    }
+    Ok(discovered)
+}
+
+/// Pin what was discovered: ids `mcp__<server>__<tool>` (server from `--name`,
+/// else `serverInfo.name`), unique, each descriptor checked as a host will.
+pub fn pin(
+    url: &str,
+    discovered: &Discovered,
+    name: Option<&str>,
+    credential: Option<&str>,
+) -> Result<AdapterConfig, ImportError> {
+    let bad = |reason: String| ImportError::Tools { url: url.to_owned(), reason };
+    let server = match (name, &discovered.server_name) {
+        (Some(n), _) => sanitize(n),
+        (None, Some(n)) if !n.trim().is_empty() => sanitize(n),
+        _ => return Err(bad("it sent no server name; pass `--name NAME` for the Tool ids".into())),
+    };
+    if discovered.tools.is_empty() {
+        return Err(bad("it offers no tools".into()));
+    }
+    let mut seen: BTreeMap<String, &str> = BTreeMap::new();
+    let mut tools = Vec::new();
+    for t in &discovered.tools {
+        let id = tool_id(&server, &t.name);
+        if let Some(other) = seen.insert(id.clone(), &t.name) {
+            return Err(bad(format!("the tools `{other}` and `{}` both map to the id `{id}`", t.name)));
+        }
+        tools.push(PinnedTool {
+            name: t.name.clone(),
+            id,
+            description: t.description.clone(),
+            input_schema: t.input_schema.clone(),
+            output_schema: t.output_schema.clone(),
+            annotations: t.annotations.clone(),
+        });
+    }
+    let config = AdapterConfig { url: url.to_owned(), server, credential: credential.map(str::to_owned), tools };
+    // The same checks a host applies when it loads the component.
+    crate::descriptor::check_document(config.metadata())
+        .map_err(|e| bad(format!("{e}; it cannot be imported as is")))?;
+    Ok(config)
+}
+
+/// The crate name of an adapter for `config`.
+pub fn crate_name(config: &AdapterConfig) -> String {
+    let s: String =
+        config.server.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
+    format!("toolgate-mcp-{}", s.trim_matches('-'))
+}
+
+/// The Rust source of an adapter component: the pinned config as a literal,
+/// behaviour from the SDK.
+pub fn source(config: &AdapterConfig) -> String {
+    let json = serde_json::to_string_pretty(config).unwrap_or_default();
+    // A raw string, readable in review; enough `#`s that the JSON cannot close it.
+    let mut hashes = "#".to_owned();
+    while json.contains(&format!("\"{hashes}")) {
+        hashes.push('#');
+    }
+    format!(
+        "//! Generated by `toolgate mcp import {url}`. Do not edit: re-import to change the pin.\n\n\
+         const CONFIG: &str = r{hashes}\"{json}\"{hashes};\n\n\
+         toolgate_sdk::export_mcp_adapter!(CONFIG);\n",
+        url = config.url.replace('\n', " ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn tool(name: &str) -> RemoteTool {
+        RemoteTool {
+            name: name.into(),
+            description: Some(format!("Does {name}.")),
+            input_schema: json!({"type": "object"}),
+            output_schema: None,
+            annotations: Annotations::default(),
+        }
+    }
+
+    #[test]
+    fn pins_ids_from_the_server_name() {
+        let d = Discovered { server_name: Some("Calc Server".into()), tools: vec![tool("add"), tool("sub")] };
+        let c = pin("http://127.0.0.1:1/mcp", &d, None, Some("calc")).unwrap();
+        assert_eq!(c.server, "Calc_Server");
+        let ids: Vec<_> = c.tools.iter().map(|t| t.id.as_str()).collect();
+        assert_eq!(ids, ["mcp__Calc_Server__add", "mcp__Calc_Server__sub"]);
+        assert_eq!(c.credential.as_deref(), Some("calc"));
+        assert_eq!(pin("http://h/mcp", &d, Some("calc"), None).unwrap().tools[0].id, "mcp__calc__add");
+        assert!(source(&c).contains("export_mcp_adapter!(CONFIG)"));
+    }
+
+    #[test]
+    fn what_cannot_be_pinned_is_refused_naming_it() {
+        let url = "http://127.0.0.1:1/mcp";
+        let no_name = Discovered { server_name: None, tools: vec![tool("a")] };
+        assert!(pin(url, &no_name, None, None).unwrap_err().to_string().contains("--name"));
+        let empty = Discovered { server_name: Some("s".into()), tools: vec![] };
+        assert!(pin(url, &empty, None, None).unwrap_err().to_string().contains("no tools"));
+        let clash = Discovered { server_name: Some("s".into()), tools: vec![tool("a/b"), tool("a:b")] };
+        let e = pin(url, &clash, None, None).unwrap_err().to_string();
+        assert!(e.contains("`a/b`") && e.contains("`a:b`") && e.contains("mcp__s__a_b"), "{e}");
+        let mut bad_schema = tool("x");
+        bad_schema.input_schema = json!({"type": "string"});
+        let d = Discovered { server_name: Some("s".into()), tools: vec![bad_schema] };
+        let e = pin(url, &d, None, None).unwrap_err().to_string();
+        assert!(e.contains("mcp__s__x") && e.contains(url), "{e}");
+    }
+
+    #[test]
+    fn the_example_is_what_import_generates() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../example-tools/mcp-calc/src/lib.rs");
+        let text = std::fs::read_to_string(path).unwrap();
+        let json = text.split_once("r#\"").and_then(|(_, rest)| rest.split_once("\"#;")).unwrap().0;
+        let config: AdapterConfig = serde_json::from_str(json).unwrap();
+        assert_eq!(source(&config), text, "regenerate the example as its README says");
+        let ids: Vec<_> = config.tools.iter().map(|t| t.id.as_str()).collect();
+        assert_eq!(ids, ["mcp__calc__add", "mcp__calc__fail"]);
+    }
+
+    #[test]
+    fn urls_must_be_http() {
+        for u in ["ftp://h/x", "nonsense", "http:///x"] {
+            assert!(matches!(endpoint(u), Err(ImportError::Url(_))), "{u}");
+        }
+        assert_eq!(endpoint("https://Mcp.Example.com/mcp").unwrap(), ("https".into(), "mcp.example.com".into(), 443));
+    }
+}

@@ -1,0 +1,242 @@
+//! The MCP adapter against a real remote: `tests/mcp/remote_server.py`, a
+//! streamable-HTTP server written with the official Python MCP SDK, started
+//! here on 127.0.0.1 (venv made by `scripts/test`). `toolgate mcp import`
+//! pins its tools into a component; calls then go through the gate, the
+//! sandbox and the outbound boundary, which applies the credential by
+//! reference (the server checks it).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use serde_json::{Value, json};
+use toolgate::commit::OutcomeKind;
+use toolgate::executor::{Content, ExecutorError};
+use toolgate::runtime::CallError;
+use toolgate::{Config, StepResult, ToolCapabilityNarrowing};
+use toolgate_tests::runtime_for;
+
+const TOKEN: &str = "remote-s3cret-7f31";
+const TOKEN_VAR: &str = "TOOLGATE_TEST_REMOTE_TOKEN";
+
+/// The remote server process; killed on drop.
+struct Remote {
+    child: Child,
+    port: u16,
+}
+
+impl Remote {
+    fn start(root: &Path) -> Remote {
+        let python = root.join(".venv/bin/python");
+        assert!(python.exists(), "{} is missing: run scripts/test, which creates the venv", python.display());
+        let mut child = Command::new(python)
+            .arg(root.join("tests/mcp/remote_server.py"))
+            .env("REMOTE_TOKEN", TOKEN)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let port = line.trim().strip_prefix("PORT ").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("{line:?}"));
+        Remote { child, port }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+
+    /// A plain HTTP/1.1 request to an admin route; returns the body.
+    fn admin(&self, method: &str, path: &str) -> Value {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(s, "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut response = String::new();
+        s.read_to_string(&mut response).unwrap();
+        let body = response.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {response}"))
+    }
+
+    fn stats(&self) -> Value {
+        self.admin("GET", "/admin/stats")
+    }
+}
+
+impl Drop for Remote {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn config(dir: &Path, port: u16, grant: &str) {
+    std::fs::write(
+        dir.join("toolgate.toml"),
+        format!(
+            r#"
+plugins = "plugins"
+store = "journal.db"
+cache = "cache"
+[credentials.calc]
+source = {{ env = "{TOKEN_VAR}" }}
+destinations = ["http://127.0.0.1:{port}"]
+apply = {{ header = {{ name = "Authorization", format = "Bearer {{}}" }} }}
+{grant}
+[agents.default]
+visible = ["mcp__*"]
+default = "allow"
+"#
+        ),
+    )
+    .unwrap();
+}
+
+fn import(dir: &Path, url: &str, credential: Option<&str>) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_toolgate"));
+    cmd.current_dir(dir).args(["mcp", "import", url, "-o", "plugins/calc.wasm"]).env(TOKEN_VAR, TOKEN);
+    if let Some(c) = credential {
+        cmd.args(["--credential", c]);
+    }
+    cmd.output().unwrap()
+}
+
+fn tool_error(r: &StepResult) -> &str {
+    match r {
+        StepResult::ToolError { message, .. } => message,
+        other => panic!("expected a Tool error, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_imported_mcp_server_is_called_through_the_boundary_and_drift_is_refused() {
+    // SAFETY: set before any thread of this test reads the environment; only this test uses the variable.
+    unsafe { std::env::set_var(TOKEN_VAR, TOKEN) };
+    let remote = Remote::start(&root());
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("plugins")).unwrap();
+    let origin = format!("http://127.0.0.1:{}", remote.port);
+    let granted = format!("[[grants]]\ntools = \"mcp__calc__*\"\nhosts = [\"{origin}\"]\ncredentials = [\"calc\"]\n");
+    config(dir.path(), remote.port, &granted);
+
+    // Import without the credential: the server refuses and nothing is written.
+    let out = import(dir.path(), &remote.url(), None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(&remote.url()) && err.contains("401"), "{err}");
+    assert!(!dir.path().join("plugins/calc.wasm").exists());
+
+    // Import with it: the ids are pinned from the server's name.
+    let out = import(dir.path(), &remote.url(), Some("calc"));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stdout.lines().collect::<Vec<_>>(), ["mcp__calc__add", "mcp__calc__fail"]);
+    let component = std::fs::read(dir.path().join("plugins/calc.wasm")).unwrap();
+    assert!(
+        !component.windows(TOKEN.len()).any(|w| w == TOKEN.as_bytes()),
+        "the component holds the credential's name only"
+    );
+
+    let cfg = Config::load(&dir.path().join("toolgate.toml")).unwrap();
+    let rt = runtime_for(&cfg, "default");
+    let listed: Vec<_> = rt.list().into_iter().map(|d| (d.id, d.description, d.input_schema)).collect();
+    assert_eq!(
+        listed.len(),
+        2,
+        "{:?}",
+        rt.snapshot().list_all(&|_| None).iter().map(|l| format!("{} {:?}", l.id, l.removed)).collect::<Vec<_>>()
+    );
+    assert_eq!(listed[0].1, "Add two integers.", "the remote description, verbatim");
+    assert_eq!(listed[0].2["required"], json!(["a", "b"]), "the remote schema, verbatim");
+
+    let run = rt.start_run(None, ToolCapabilityNarrowing::Configured).unwrap();
+    // Schema checked by the host before anything runs.
+    let r = run.call("mcp__calc__add", json!({"a": "two", "b": 3})).await.unwrap();
+    assert!(tool_error(&r).contains("invalid arguments"), "{r:?}");
+    let r = run.call("mcp__calc__add", json!({"a": 2, "b": 3})).await.unwrap();
+    assert!(matches!(&r, StepResult::Output { content: Content::Json(v), .. } if v == &json!({"result": 5})), "{r:?}");
+    // A remote isError is a Tool error the model reads.
+    let r = run.call("mcp__calc__fail", json!({"reason": "quota"})).await.unwrap();
+    assert!(tool_error(&r).contains("remote says no: quota"), "{r:?}");
+    let stats = remote.stats();
+    assert_eq!(stats["tool_calls"], json!(["add", "fail"]));
+    assert_eq!(stats["unauthorized"], json!(1), "only the credential-less import was refused");
+    assert_eq!(stats["credential_reference_seen"], json!(false), "the reference header never leaves the host");
+
+    // The remote changes the tool's schema: the adapter refuses before calling it.
+    remote.admin("POST", "/admin/evolve");
+    let r = run.call("mcp__calc__add", json!({"a": 2, "b": 3})).await.unwrap();
+    let m = tool_error(&r);
+    assert!(m.contains("changed since it was imported") && m.contains("inputSchema"), "{m}");
+    assert!(m.contains("toolgate mcp import"), "says how to accept the change: {m}");
+    assert_eq!(remote.stats()["tool_calls"], json!(["add", "fail"]), "the changed tool was not called");
+
+    // The remote goes away: an executor error naming the destination, committed as such.
+    drop(remote);
+    match run.call("mcp__calc__fail", json!({"reason": "x"})).await {
+        Err(CallError::Executor(e @ ExecutorError::Transport { .. })) => {
+            let m = e.to_string();
+            assert!(m.contains(&origin) && m.contains("mcp__calc__fail"), "{m}");
+        }
+        other => panic!("expected a transport executor error, got {other:?}"),
+    }
+    let steps = rt.store().steps(Some(run.id())).unwrap();
+    let kinds: Vec<_> = steps.iter().map(|s| s.outcome).collect();
+    let o = |k: &str| match k {
+        "output" => OutcomeKind::Output,
+        "executor" => OutcomeKind::ExecutorError,
+        _ => OutcomeKind::ToolError,
+    };
+    assert_eq!(kinds, ["tool", "output", "tool", "tool", "executor"].map(o));
+    let journal = std::fs::read(dir.path().join("journal.db")).unwrap();
+    assert!(!journal.windows(TOKEN.len()).any(|w| w == TOKEN.as_bytes()), "no secret in the journal");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_ungranted_remote_is_refused() {
+    unsafe { std::env::set_var(TOKEN_VAR, TOKEN) };
+    let remote = Remote::start(&root());
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("plugins")).unwrap();
+    config(dir.path(), remote.port, "");
+    let out = import(dir.path(), &remote.url(), Some("calc"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let before = remote.stats()["authorized"].clone();
+
+    // No grant for the remote's origin: the adapter's Tools are not callable.
+    let cfg = Config::load(&dir.path().join("toolgate.toml")).unwrap();
+    let rt = runtime_for(&cfg, "default");
+    assert!(rt.list().is_empty(), "nothing granted, nothing listed");
+    let run = rt.start_run(None, ToolCapabilityNarrowing::Configured).unwrap();
+    let r = run.call("mcp__calc__add", json!({"a": 1, "b": 2})).await;
+    let m = match &r {
+        Ok(StepResult::Blocked { reason, .. }) => reason.clone(),
+        other => panic!("expected blocked, got {other:?}"),
+    };
+    assert!(m.contains(&format!("http://127.0.0.1:{}", remote.port)) && m.contains("[[grants]]"), "{m}");
+
+    // Granting the host but not the credential is not enough either.
+    let origin = format!("http://127.0.0.1:{}", remote.port);
+    config(dir.path(), remote.port, &format!("[[grants]]\ntools = \"mcp__calc__*\"\nhosts = [\"{origin}\"]\n"));
+    let cfg = Config::load(&dir.path().join("toolgate.toml")).unwrap();
+    let rt = runtime_for(&cfg, "default");
+    let run = rt.start_run(None, ToolCapabilityNarrowing::Configured).unwrap();
+    let r = run.call("mcp__calc__add", json!({"a": 1, "b": 2})).await;
+    assert!(matches!(&r, Ok(StepResult::Blocked { reason, .. }) if reason.contains("calc")), "{r:?}");
+    assert_eq!(remote.stats()["authorized"], before, "no request reached the remote");
+}
+
+#[test]
+fn the_example_adapter_declares_its_remote_and_credential_by_name() {
+    let packed = toolgate_tests::packed(toolgate_tests::guests::MCP_CALC);
+    let tools = toolgate::descriptor::read_metadata(&packed).unwrap();
+    let ids: Vec<_> = tools.iter().map(|t| t.id().to_owned()).collect();
+    assert_eq!(ids, ["mcp__calc__add", "mcp__calc__fail"]);
+    for t in &tools {
+        assert_eq!(t.metadata.capabilities.hosts, ["http://127.0.0.1:8765"]);
+        assert_eq!(t.metadata.capabilities.credentials, ["calc"]);
+    }
+}
