@@ -245,6 +245,13 @@ pub trait StepStore: Send + Sync {
     /// Release a claim that could not run for a reason outside the call
     /// (e.g. the component changed): the ticket is marked resolved.
     fn abandon_ticket(&self, ticket: ClaimedTicket, reason: &str) -> Result<(), CommitError>;
+    /// Settle claimed tickets whose result was never committed because the
+    /// claiming host died mid-call: those claimed before `claimed_before`
+    /// (unix seconds), or by a process `alive` says is gone. Each gets an
+    /// `executor_error` step saying so and is resolved: the call may have
+    /// run, so it never runs again, and nothing is silently lost. Returns the
+    /// tickets settled.
+    fn settle_interrupted(&self, claimed_before: i64, alive: &dyn Fn(u32) -> bool) -> Result<Vec<String>, CommitError>;
     /// A Tool's committed state for an agent.
     fn tool_state(&self, agent: &str, tool_id: &str) -> Result<BTreeMap<String, String>, CommitError>;
     /// Steps in journal order, optionally of one run.
@@ -295,7 +302,9 @@ CREATE TABLE IF NOT EXISTS awaiting (
     argument_digest TEXT NOT NULL,
     component_digest TEXT NOT NULL,
     expires_at INTEGER NOT NULL,
-    state TEXT NOT NULL CHECK (state IN ('pending', 'claimed', 'resolved'))
+    state TEXT NOT NULL CHECK (state IN ('pending', 'claimed', 'resolved')),
+    claimed_at INTEGER,
+    claimed_by INTEGER
 );
 CREATE TABLE IF NOT EXISTS tool_state (
     agent TEXT NOT NULL,
@@ -334,6 +343,15 @@ impl SqliteJournal {
         }
         conn.busy_timeout(std::time::Duration::from_secs(10)).map_err(err)?;
         conn.execute_batch(SCHEMA).map_err(err)?;
+        // Journals written before these columns existed get them (NULL: unknown claimer).
+        for column in ["claimed_at", "claimed_by"] {
+            let present: i64 = conn
+                .query_row("SELECT COUNT(*) FROM pragma_table_info('awaiting') WHERE name = ?1", [column], |r| r.get(0))
+                .map_err(err)?;
+            if present == 0 {
+                conn.execute_batch(&format!("ALTER TABLE awaiting ADD COLUMN {column} INTEGER")).map_err(err)?;
+            }
+        }
         Ok(SqliteJournal { conn: Mutex::new(conn), path })
     }
 
@@ -480,8 +498,9 @@ impl StepStore for SqliteJournal {
                 Some(r) if r.expires_at <= now => Err(TicketError::Expired(ticket_id.to_owned())),
                 Some(mut r) => {
                     tx.execute(
-                        "UPDATE awaiting SET state = 'claimed' WHERE ticket_id = ?1 AND state = 'pending'",
-                        params![ticket_id],
+                        "UPDATE awaiting SET state = 'claimed', claimed_at = ?2, claimed_by = ?3
+                         WHERE ticket_id = ?1 AND state = 'pending'",
+                        params![ticket_id, now, std::process::id()],
                     )?;
                     r.state = "claimed".into();
                     Ok(ClaimedTicket { record: r })
@@ -496,6 +515,62 @@ impl StepStore for SqliteJournal {
         self.with(|c| {
             c.execute("UPDATE awaiting SET state = 'resolved' WHERE ticket_id = ?1", params![ticket.record.ticket_id])
                 .map(|_| ())
+        })
+    }
+
+    fn settle_interrupted(&self, claimed_before: i64, alive: &dyn Fn(u32) -> bool) -> Result<Vec<String>, CommitError> {
+        self.with(|c| {
+            // A cheap read first: almost always there is nothing to settle.
+            let any: i64 = c.query_row("SELECT COUNT(*) FROM awaiting WHERE state = 'claimed'", [], |r| r.get(0))?;
+            if any == 0 {
+                return Ok(Vec::new());
+            }
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let stuck: Vec<AwaitingRecord> = {
+                let mut stmt = tx.prepare(&format!(
+                    "SELECT {AWAITING_COLS}, claimed_at, claimed_by FROM awaiting WHERE state = 'claimed' ORDER BY ticket_id"
+                ))?;
+                let rows = stmt.query_map([], |r| {
+                    let at: Option<i64> = r.get(10)?;
+                    let by: Option<u32> = r.get(11)?;
+                    Ok((awaiting_from_row(r)?, at, by))
+                })?;
+                let mut out = Vec::new();
+                for row in rows {
+                    let (record, at, by) = row?;
+                    let old = at.is_none_or(|at| at < claimed_before);
+                    let gone = by.is_some_and(|pid| !alive(pid));
+                    if old || gone {
+                        out.push(record);
+                    }
+                }
+                out
+            };
+            for r in &stuck {
+                let result = format!(
+                    "interrupted: the host that approved ticket `{}` stopped before committing the result; the call \
+                     may have run and will not run again — check its effects, then make the call again if needed",
+                    r.ticket_id
+                );
+                let step = NewStep {
+                    run_id: &r.run_id,
+                    agent: &r.agent,
+                    call_id: &r.call_id,
+                    tool_id: &r.tool_id,
+                    arguments: &r.arguments,
+                    verdict: "allow",
+                    outcome: OutcomeKind::ExecutorError,
+                    result: &result,
+                    captured: "{}",
+                };
+                insert_step(&tx, &step, Some(&r.ticket_id))?;
+                tx.execute(
+                    "UPDATE awaiting SET state = 'resolved' WHERE ticket_id = ?1 AND state = 'claimed'",
+                    params![r.ticket_id],
+                )?;
+            }
+            tx.commit()?;
+            Ok(stuck.into_iter().map(|r| r.ticket_id).collect())
         })
     }
 
@@ -643,6 +718,31 @@ mod tests {
             // The journal still works after the rollback.
             j.commit_step(&step("c3", OutcomeKind::Output), &[set("k", "later")], None).unwrap();
             assert_eq!(j.tool_state("main", "notes.add").unwrap()["k"], "later");
+        }
+    }
+
+    #[test]
+    fn claims_of_a_dead_host_are_settled_once_and_never_rerun() {
+        for (j, _dir) in journals() {
+            let now = now();
+            j.commit_step(&step("c1", OutcomeKind::Awaiting), &[], Some(&awaiting("t1", "c1", now + 600))).unwrap();
+            j.commit_step(&step("c2", OutcomeKind::Awaiting), &[], Some(&awaiting("t2", "c2", now + 600))).unwrap();
+            let _claimed = j.claim_ticket("t1", now).unwrap().unwrap();
+            // The claimer is alive and the claim is fresh: in flight, left alone.
+            assert!(j.settle_interrupted(now - 3600, &|_| true).unwrap().is_empty());
+            assert_eq!(ticket_state(&j, "t1").as_deref(), Some("claimed"));
+            // The claimer is gone: settled with an executor_error step; the pending ticket is untouched.
+            assert_eq!(j.settle_interrupted(now - 3600, &|_| false).unwrap(), ["t1"]);
+            assert_eq!(ticket_state(&j, "t1").as_deref(), Some("resolved"));
+            assert_eq!(ticket_state(&j, "t2").as_deref(), Some("pending"));
+            let last = j.steps(None).unwrap().pop().unwrap();
+            assert_eq!((last.call_id.as_str(), last.outcome), ("c1", OutcomeKind::ExecutorError));
+            assert!(last.result.contains("interrupted") && last.result.contains("t1"), "{}", last.result);
+            assert_eq!(j.claim_ticket("t1", now).unwrap().unwrap_err(), TicketError::Used("t1".into()));
+            assert!(j.settle_interrupted(now + 1, &|_| false).unwrap().is_empty(), "settled once");
+            // A claim older than the lease is settled even if its process looks alive.
+            let _c2 = j.claim_ticket("t2", now).unwrap().unwrap();
+            assert_eq!(j.settle_interrupted(now + 1, &|_| true).unwrap(), ["t2"]);
         }
     }
 

@@ -92,6 +92,7 @@ pub struct CheckedTool {
     /// Descriptor and declared capabilities as the component stated them.
     pub metadata: ToolMetadata,
     validator: jsonschema::Validator,
+    output_validator: Option<jsonschema::Validator>,
 }
 
 impl std::fmt::Debug for CheckedTool {
@@ -106,23 +107,41 @@ impl CheckedTool {
         &self.metadata.descriptor.id
     }
 
+    /// Validate JSON output against the declared output schema, if any: a
+    /// Tool (or a remote behind an adapter) cannot hand the model or an MCP
+    /// client structured content that breaks its own contract.
+    pub fn validate_output(&self, output: &serde_json::Value) -> Result<(), String> {
+        let Some(v) = &self.output_validator else { return Ok(()) };
+        match problems(v, output) {
+            None => Ok(()),
+            Some(p) => {
+                Err(format!("`{}` returned output that does not match its declared output schema: {p}", self.id()))
+            }
+        }
+    }
+
     /// Validate `arguments` against the input schema. The error lists what is
     /// wrong in words the model can act on.
     pub fn validate_arguments(&self, arguments: &serde_json::Value) -> Result<(), String> {
-        let problems: Vec<String> = self
-            .validator
-            .iter_errors(arguments)
+        match problems(&self.validator, arguments) {
+            None => Ok(()),
+            Some(p) => Err(format!("invalid arguments for `{}`: {p}", self.id())),
+        }
+    }
+}
+
+/// Up to five validation errors, each with where it is, or `None`.
+fn problems(validator: &jsonschema::Validator, instance: &serde_json::Value) -> Option<String> {
+    {
+        let problems: Vec<String> = validator
+            .iter_errors(instance)
             .take(5)
             .map(|e| {
                 let at = e.instance_path().to_string();
                 if at.is_empty() { e.to_string() } else { format!("at `{at}`: {e}") }
             })
             .collect();
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("invalid arguments for `{}`: {}", self.id(), problems.join("; ")))
-        }
+        if problems.is_empty() { None } else { Some(problems.join("; ")) }
     }
 }
 
@@ -215,9 +234,10 @@ pub fn check_document(doc: ComponentMetadata) -> Result<Vec<Arc<CheckedTool>>, D
             return Err(bad("input schema root is not `type: object`; make `Args` a struct".into()));
         }
         let validator = compile_schema(&d.input_schema).map_err(|e| bad(format!("input schema: {e}")))?;
-        if let Some(out_schema) = &d.output_schema {
-            compile_schema(out_schema).map_err(|e| bad(format!("output schema: {e}")))?;
-        }
+        let output_validator = match &d.output_schema {
+            Some(out_schema) => Some(compile_schema(out_schema).map_err(|e| bad(format!("output schema: {e}")))?),
+            None => None,
+        };
         if let Some(p) = &d.primary_argument {
             // Path globs in rules only match strings: a primary argument of
             // another type would make `tool(glob)` deny rules silently inert.
@@ -241,7 +261,7 @@ pub fn check_document(doc: ComponentMetadata) -> Result<Vec<Arc<CheckedTool>>, D
                 )));
             }
         }
-        out.push(Arc::new(CheckedTool { metadata: tool, validator }));
+        out.push(Arc::new(CheckedTool { metadata: tool, validator, output_validator }));
     }
     Ok(out)
 }

@@ -35,6 +35,7 @@ use crate::snapshot::EffectiveGrant;
 use crate::capture::Capture;
 use crate::catalog::{self, Digest};
 use crate::config::Limits;
+use crate::descriptor::CheckedTool;
 use crate::gate::AllowedCall;
 
 mod bindings {
@@ -405,7 +406,7 @@ impl Executor {
         };
         let elapsed = started.elapsed();
         let result = match raw {
-            Ok(Ok(out)) => self.convert(out),
+            Ok(Ok(out)) => self.convert(out, &call.candidate().installed.tool),
             Ok(Err(wit_types::ToolError::InvalidArguments(m))) => Err(ToolFailure::InvalidArguments(m)),
             Ok(Err(wit_types::ToolError::Failed(m))) => Err(ToolFailure::Failed(m)),
             Err(e) => Err(classify(&e, limits, &stderr)),
@@ -420,7 +421,7 @@ impl Executor {
         })
     }
 
-    fn convert(&self, out: wit_types::ToolOutput) -> Result<ToolOutput, ToolFailure> {
+    fn convert(&self, out: wit_types::ToolOutput, tool: &CheckedTool) -> Result<ToolOutput, ToolFailure> {
         let limit = (self.settings.limits.output_kib as usize) << 10;
         let command_bytes: usize = out
             .commands
@@ -441,9 +442,12 @@ impl Executor {
             return Err(ToolFailure::OutputTooLarge { size, limit });
         }
         let content = match out.content {
-            wit_types::Content::Json(s) => Content::Json(
-                serde_json::from_str(&s).map_err(|e| ToolFailure::Malformed(format!("content is not JSON: {e}")))?,
-            ),
+            wit_types::Content::Json(s) => {
+                let v = serde_json::from_str(&s)
+                    .map_err(|e| ToolFailure::Malformed(format!("content is not JSON: {e}")))?;
+                tool.validate_output(&v).map_err(ToolFailure::Malformed)?;
+                Content::Json(v)
+            }
             wit_types::Content::Text(t) => Content::Text(t),
         };
         let commands = out

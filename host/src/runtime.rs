@@ -15,6 +15,7 @@
 //! does not pass the gate; approval of a ticket goes through the gate again
 //! (`gate::decide_resumed`), so a Deny rule in force wins over an approval.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -27,6 +28,16 @@ use crate::executor::{Captured, Content, Execution, Executor, ExecutorError, Gue
 use crate::gate::{self, GateOutcome, ToolCall, ToolPermissionVerdict};
 use crate::narrowing::ToolCapabilityNarrowing;
 use crate::snapshot::{Candidate, ExecutableAgentSnapshot};
+
+/// A claim older than this is settled as interrupted even if its process
+/// cannot be checked (another machine, PID reuse): far beyond any deadline.
+pub const CLAIM_LEASE_SECS: i64 = 3600;
+
+/// Whether process `pid` exists on this machine. Where that cannot be told
+/// (not Linux), assume it does: only the lease then settles its claims.
+fn process_alive(pid: u32) -> bool {
+    if cfg!(target_os = "linux") { Path::new(&format!("/proc/{pid}")).exists() } else { true }
+}
 
 /// Largest state key a Command may write.
 pub const MAX_STATE_KEY: usize = 256;
@@ -150,6 +161,15 @@ impl Runtime {
         ticket_ttl_secs: u64,
     ) -> Self {
         Runtime { snapshot, executor, store, ticket_ttl_secs: ticket_ttl_secs as i64 }
+    }
+
+    /// Settle tickets whose approving host died before committing the result
+    /// (see [`StepStore::settle_interrupted`]): claimed by a process that is
+    /// gone, or more than [`CLAIM_LEASE_SECS`] ago. Hosts call this at start.
+    pub fn settle_interrupted(&self) -> Result<Vec<String>, CommitError> {
+        let me = std::process::id();
+        let alive = move |pid: u32| pid == me || process_alive(pid);
+        self.store.settle_interrupted(crate::commit::now() - CLAIM_LEASE_SECS, &alive)
     }
 
     /// The same runtime over a new snapshot (a reload): same executor, same store.

@@ -102,3 +102,83 @@ async fn spinning_guests_do_not_starve_other_calls() {
     let (a, b) = loops.await;
     assert!(tool_error(&a).contains("deadline") && tool_error(&b).contains("deadline"));
 }
+
+#[tokio::test]
+async fn unbounded_recursion_is_a_tool_error() {
+    let host = hostile("");
+    let r = call(&host, "hostile.recurse", json!({})).await;
+    let m = tool_error(&r);
+    assert!(m.contains("crashed") && m.contains("stack"), "a stack overflow is a trap, named: {m}");
+    still_serving(&host).await;
+    let s = steps(&host);
+    assert_eq!(s.len(), 2);
+    assert_eq!(s[0].outcome, toolgate::commit::OutcomeKind::ToolError);
+}
+
+#[tokio::test]
+async fn output_that_breaks_the_declared_output_schema_is_refused() {
+    let host = hostile("");
+    let r = call(&host, "hostile.liar", json!({})).await;
+    let m = tool_error(&r);
+    assert!(m.contains("hostile.liar") && m.contains("output schema") && m.contains("object"), "{m}");
+    still_serving(&host).await;
+    let s = steps(&host);
+    assert_eq!(s[0].outcome, toolgate::commit::OutcomeKind::ToolError);
+    assert!(s[0].result.starts_with("the Tool returned malformed output"), "{}", s[0].result);
+}
+
+/// A component that imports an interface no toolgate host provides, with
+/// valid metadata: it loads as a file, and fails to link at its first call.
+fn imports_a_backdoor() -> Vec<u8> {
+    use wasm_encoder::{
+        Component, ComponentExportKind, ComponentExportSection, ComponentImportSection, ComponentTypeRef,
+        ComponentTypeSection, ComponentValType, InstanceType,
+    };
+    let mut types = ComponentTypeSection::new();
+    let mut api = InstanceType::new();
+    api.ty().function().params(std::iter::empty::<(&str, ComponentValType)>()).result(None);
+    api.export("open", ComponentTypeRef::Func(0));
+    types.instance(&api);
+    types.instance(&InstanceType::new());
+    let mut imports = ComponentImportSection::new();
+    imports.import("evil:backdoor/api", ComponentTypeRef::Instance(0));
+    imports.import("evil:backdoor/tool", ComponentTypeRef::Instance(1));
+    // It names the tool export, so it passes the load-time shape check.
+    let mut exports = ComponentExportSection::new();
+    exports.export("toolgate:plugin/tool@0.1.0", ComponentExportKind::Instance, 1, None);
+    let mut c = Component::new();
+    c.section(&types).section(&imports).section(&exports);
+    let mut doc = {
+        let tools = toolgate::descriptor::read_metadata(&packed(guests::TEXT)).unwrap();
+        toolgate_sdk::ComponentMetadata::new(tools.iter().take(1).map(|t| t.metadata.clone()).collect())
+    };
+    doc.tools[0].descriptor.id = "evil.open".into();
+    toolgate::descriptor::embed_metadata(&c.finish(), &doc).unwrap()
+}
+
+#[tokio::test]
+async fn a_component_importing_what_the_host_lacks_fails_to_link_and_is_marked_unhealthy() {
+    let host = TestHost::new(
+        "[agents.default]\nvisible = [\"*\"]\ndefault = \"allow\"\n",
+        &[("evil.wasm", imports_a_backdoor()), ("text.wasm", packed(guests::TEXT))],
+    );
+    let refused: Vec<_> = host.runtime.snapshot().catalog().refused().iter().map(|r| r.reason.clone()).collect();
+    assert!(host.runtime.list().iter().any(|d| d.id == "evil.open"), "metadata alone loads; nothing ran: {refused:?}");
+    let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).unwrap();
+    match run.call("evil.open", json!({"text": "x"})).await {
+        Err(toolgate::runtime::CallError::Executor(e)) => {
+            let m = e.to_string();
+            assert!(m.contains("evil.wasm") && m.contains("evil:backdoor/api"), "names the file and the import: {m}");
+        }
+        other => panic!("expected a link failure, got {other:?}"),
+    }
+    still_serving(&host).await;
+    // Unhealthy from now on: hidden from the listing, blocked with the reason, never linked again.
+    assert!(!host.runtime.list().iter().any(|d| d.id == "evil.open"));
+    let r = call(&host, "evil.open", json!({"text": "x"})).await;
+    assert!(matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("unhealthy")), "{r:?}");
+    let s = steps(&host);
+    let kinds: Vec<_> = s.iter().map(|s| s.outcome).collect();
+    use toolgate::commit::OutcomeKind as K;
+    assert_eq!(kinds, [K::ExecutorError, K::Output, K::Blocked]);
+}

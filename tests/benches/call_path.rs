@@ -241,6 +241,9 @@ impl StepStore for NullStore {
     fn abandon_ticket(&self, _: ClaimedTicket, _: &str) -> Result<(), CommitError> {
         Ok(())
     }
+    fn settle_interrupted(&self, _: i64, _: &dyn Fn(u32) -> bool) -> Result<Vec<String>, CommitError> {
+        Ok(Vec::new())
+    }
     fn tool_state(&self, _: &str, _: &str) -> Result<BTreeMap<String, String>, CommitError> {
         Ok(BTreeMap::new())
     }

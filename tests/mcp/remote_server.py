@@ -81,6 +81,8 @@ def main() -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     port = int(sys.argv[sys.argv.index("--port") + 1]) if "--port" in sys.argv else 0
     sock.bind(("127.0.0.1", port))
+    # Listening before the port is announced: early connections queue instead of being refused.
+    sock.listen(128)
     print(f"PORT {sock.getsockname()[1]}", flush=True)
     config = uvicorn.Config(RequireToken(mcp.streamable_http_app()), log_level="warning", lifespan="on")
     uvicorn.Server(config).run(sockets=[sock])

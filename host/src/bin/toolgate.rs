@@ -208,6 +208,10 @@ fn open_host(cli: &Cli) -> Result<Host> {
     let executor = Arc::new(Executor::new(ExecutorSettings::new(config.limits.clone(), Some(config.cache.clone())))?);
     let store: Arc<dyn StepStore> = Arc::new(SqliteJournal::open(&config.store)?);
     let runtime = Runtime::new(snapshot, executor, store, config.limits.ticket_ttl_secs);
+    // A host that died mid-approval left its ticket claimed: record that, once.
+    for ticket in runtime.settle_interrupted()? {
+        eprintln!("toolgate: ticket {ticket} was interrupted by a host that stopped mid-call; see `toolgate journal`");
+    }
     Ok(Host { config, runtime })
 }
 
