@@ -72,6 +72,11 @@ pub struct Limits {
     pub http_response_kib: u64,
     /// Outbound HTTP connect / first-byte / between-bytes timeout, milliseconds.
     pub http_timeout_ms: u64,
+    /// Component instances alive at once, all Tools together; further calls
+    /// wait for a slot (back-pressure) instead of failing.
+    pub max_instances: u64,
+    /// Instances of one Tool alive at once; further calls of it wait.
+    pub max_instances_per_tool: u64,
 }
 
 impl Default for Limits {
@@ -85,6 +90,8 @@ impl Default for Limits {
             http_request_kib: 1024,
             http_response_kib: 4096,
             http_timeout_ms: 30_000,
+            max_instances: 64,
+            max_instances_per_tool: 16,
         }
     }
 }
@@ -231,6 +238,8 @@ impl Config {
             ("limits.http_request_kib", l.http_request_kib, 1024 * 1024),
             ("limits.http_response_kib", l.http_response_kib, 1024 * 1024),
             ("limits.http_timeout_ms", l.http_timeout_ms, 3_600_000),
+            ("limits.max_instances", l.max_instances, 10_000),
+            ("limits.max_instances_per_tool", l.max_instances_per_tool, 10_000),
         ] {
             if value == 0 || value > max {
                 return Err(field(name, format!("{value} is out of range; use 1 to {max}")));

@@ -58,14 +58,12 @@ pub struct ExecutorSettings {
     pub limits: Limits,
     /// Compiled-component cache directory; `None` disables the disk cache.
     pub cache_dir: Option<PathBuf>,
-    /// Most component instances alive at once (pooling allocator slots).
-    pub max_instances: u32,
 }
 
 impl ExecutorSettings {
     /// Defaults with the given limits and cache.
     pub fn new(limits: Limits, cache_dir: Option<PathBuf>) -> Self {
-        ExecutorSettings { limits, cache_dir, max_instances: 64 }
+        ExecutorSettings { limits, cache_dir }
     }
 }
 
@@ -262,6 +260,70 @@ pub struct Executor {
     instantiations: AtomicU64,
     compilations: AtomicU64,
     stop_ticker: Arc<AtomicBool>,
+    admission: Admission,
+}
+
+/// Back-pressure: a call waits for a slot of its Tool and a slot of the
+/// executor before it instantiates, so saturation queues calls instead of
+/// failing them (the pooling allocator has exactly as many slots).
+struct Admission {
+    total: Arc<tokio::sync::Semaphore>,
+    per_tool_limit: usize,
+    per_tool: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    in_flight: Mutex<(usize, HashMap<String, usize>)>,
+    peak: Mutex<(usize, HashMap<String, usize>)>,
+}
+
+/// Permits of one admitted call; counts are kept for `peak_instances`.
+struct Admitted<'a> {
+    admission: &'a Admission,
+    tool: String,
+    _tool: tokio::sync::OwnedSemaphorePermit,
+    _total: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Admission {
+    fn new(total: usize, per_tool: usize) -> Self {
+        Admission {
+            total: Arc::new(tokio::sync::Semaphore::new(total)),
+            per_tool_limit: per_tool,
+            per_tool: Mutex::new(HashMap::new()),
+            in_flight: Mutex::new((0, HashMap::new())),
+            peak: Mutex::new((0, HashMap::new())),
+        }
+    }
+
+    async fn admit(&self, tool: &str) -> Admitted<'_> {
+        let sem = {
+            let mut m = self.per_tool.lock().unwrap_or_else(|p| p.into_inner());
+            m.entry(tool.to_owned()).or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(self.per_tool_limit))).clone()
+        };
+        // Tool slot first: a call waiting on its own Tool holds no executor slot.
+        // The semaphores are never closed, so acquiring cannot fail.
+        let tool_permit = sem.acquire_owned().await.unwrap_or_else(|_| unreachable!("never closed"));
+        let total_permit = self.total.clone().acquire_owned().await.unwrap_or_else(|_| unreachable!("never closed"));
+        {
+            let mut f = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+            f.0 += 1;
+            let n = *f.1.entry(tool.to_owned()).and_modify(|n| *n += 1).or_insert(1);
+            let total = f.0;
+            let mut p = self.peak.lock().unwrap_or_else(|p| p.into_inner());
+            p.0 = p.0.max(total);
+            let e = p.1.entry(tool.to_owned()).or_insert(0);
+            *e = (*e).max(n);
+        }
+        Admitted { admission: self, tool: tool.to_owned(), _tool: tool_permit, _total: total_permit }
+    }
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        let mut f = self.admission.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        f.0 = f.0.saturating_sub(1);
+        if let Some(n) = f.1.get_mut(&self.tool) {
+            *n = n.saturating_sub(1);
+        }
+    }
 }
 
 impl Drop for Executor {
@@ -274,7 +336,9 @@ impl Executor {
     /// An engine with `settings`. Starts the epoch ticker thread.
     pub fn new(settings: ExecutorSettings) -> Result<Self, ExecutorError> {
         let mut pool = PoolingAllocationConfig::new();
-        let n = settings.max_instances.max(1);
+        // One pooling slot per admitted instance: the admission semaphore below
+        // guarantees the pool is never exhausted, so saturation waits, never fails.
+        let n = u32::try_from(settings.limits.max_instances).unwrap_or(u32::MAX).max(1);
         pool.total_component_instances(n)
             .total_core_instances(n * 8)
             .total_memories(n * 4)
@@ -315,6 +379,8 @@ impl Executor {
             })
             .map_err(|e| ExecutorError::Engine(wasmtime::Error::msg(format!("cannot start epoch thread: {e}"))))?;
 
+        let per_tool = usize::try_from(settings.limits.max_instances_per_tool).unwrap_or(usize::MAX).max(1);
+        let admission = Admission::new(n as usize, per_tool);
         Ok(Executor {
             engine,
             linker,
@@ -325,7 +391,14 @@ impl Executor {
             instantiations: AtomicU64::new(0),
             compilations: AtomicU64::new(0),
             stop_ticker,
+            admission,
         })
+    }
+
+    /// The most instances that were alive at once: in total, and of `tool`.
+    pub fn peak_instances(&self, tool: &str) -> (usize, usize) {
+        let p = self.admission.peak.lock().unwrap_or_else(|p| p.into_inner());
+        (p.0, p.1.get(tool).copied().unwrap_or(0))
     }
 
     /// How many component instances this executor has created. Tests use it
@@ -391,6 +464,8 @@ impl Executor {
         store.set_epoch_deadline(1);
         store.epoch_deadline_async_yield_and_update(1);
 
+        // Wait for a slot (not part of the call's deadline: queueing is the host's doing).
+        let _admitted = self.admission.admit(&call.call().tool_id).await;
         let started = Instant::now();
         let c = call.call();
         let arguments = c.arguments.to_string();

@@ -182,3 +182,37 @@ async fn a_component_importing_what_the_host_lacks_fails_to_link_and_is_marked_u
     use toolgate::commit::OutcomeKind as K;
     assert_eq!(kinds, [K::ExecutorError, K::Output, K::Blocked]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn saturation_queues_calls_instead_of_failing_them() {
+    // Two instance slots in all (the pooling allocator has exactly two), one per Tool;
+    // three spinning calls hold their slot until the deadline, so everyone else must queue.
+    let host = std::sync::Arc::new(hostile("timeout_ms = 300\nmax_instances = 2\nmax_instances_per_tool = 1"));
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..24 {
+        let h = host.clone();
+        let tool = ["hostile.loop", "text.upper", "text.count", "hostile.big"][if i < 3 { 0 } else { 1 + i % 3 }];
+        let args = match tool {
+            "hostile.loop" => json!({}),
+            "hostile.big" => json!({"bytes": 10}),
+            _ => json!({"text": format!("t{i}")}),
+        };
+        calls.spawn(async move { (tool, call(&h, tool, args).await) });
+    }
+    let mut done = 0;
+    while let Some(r) = calls.join_next().await {
+        let (tool, r) = r.unwrap();
+        if tool == "hostile.loop" {
+            assert!(tool_error(&r).contains("deadline"), "only its own deadline stops it: {r:?}");
+        } else {
+            assert!(matches!(r, StepResult::Output { .. }), "a saturated host queues, it does not fail: {r:?}");
+        }
+        done += 1;
+    }
+    assert_eq!(done, 24);
+    for tool in ["hostile.loop", "text.upper", "text.count", "hostile.big"] {
+        let (total, per_tool) = host.runtime.executor().peak_instances(tool);
+        assert!(total <= 2 && per_tool == 1, "{tool}: peak {total} in total, {per_tool} of the Tool");
+    }
+    assert_eq!(steps(&host).len(), 24);
+}
