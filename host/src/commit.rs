@@ -3,8 +3,11 @@
 //! Owns the one store of run state: runs, steps (call, verdict, outcome,
 //! captured output), Awaiting records with their resume tickets, and Tool
 //! state. A step's result and its Commands are written in one transaction, or
-//! not at all. SQLite is the embedded default; the [`StepStore`] trait is the
-//! seam for a shared backend.
+//! not at all. SQLite is the embedded default (WAL, `synchronous = FULL`);
+//! a file journal group-commits: steps arriving while one commit is being
+//! made durable share the next transaction (a savepoint each, so a failing
+//! step rolls back alone), and each caller is answered only once its step is
+//! durable. The [`StepStore`] trait is the seam for a shared backend.
 //!
 //! Architecture invariant: nothing else writes run state. A ticket moves
 //! pending → claimed → resolved exactly once; a claimed ticket is never
@@ -12,7 +15,8 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OptionalExtension, params};
@@ -29,6 +33,14 @@ pub enum CommitError {
         path: String,
         /// Why.
         source: rusqlite::Error,
+    },
+    /// A group commit failed as a whole (every step in it is not committed).
+    #[error("journal {path}: {message}")]
+    Group {
+        /// The journal file.
+        path: String,
+        /// Why.
+        message: String,
     },
     /// Cannot create the journal's directory.
     #[error("cannot create journal directory for {path}: {source}; check `store` in the config")]
@@ -269,6 +281,145 @@ pub fn now() -> i64 {
 pub struct SqliteJournal {
     conn: Mutex<Connection>,
     path: String,
+    /// Durable journals commit steps through the group committer.
+    group: Option<GroupCommitter>,
+}
+
+/// Most steps one group commit writes.
+const MAX_GROUP: usize = 256;
+
+/// Group commit for a durable journal: steps that arrive while a commit is
+/// being made durable are written together in the next transaction, one
+/// fsync for all of them. Each step still gets its own savepoint, so a step
+/// that fails (e.g. a constraint) rolls back alone; each caller is answered
+/// only after the transaction holding its step is durable.
+struct GroupCommitter {
+    jobs: Option<std::sync::mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Transactions and steps committed, for the average group size.
+    counts: Arc<(AtomicU64, AtomicU64)>,
+}
+
+/// One step waiting for a group commit.
+struct Job {
+    step: OwnedStep,
+    changes: Vec<StateChange>,
+    awaiting: Option<AwaitingRecord>,
+    reply: std::sync::mpsc::SyncSender<Result<i64, CommitError>>,
+}
+
+/// [`NewStep`], owned, to cross to the committer thread.
+struct OwnedStep {
+    run_id: String,
+    agent: String,
+    call_id: String,
+    tool_id: String,
+    arguments: String,
+    verdict: String,
+    outcome: OutcomeKind,
+    result: String,
+    captured: String,
+}
+
+impl OwnedStep {
+    fn of(s: &NewStep<'_>) -> Self {
+        OwnedStep {
+            run_id: s.run_id.to_owned(),
+            agent: s.agent.to_owned(),
+            call_id: s.call_id.to_owned(),
+            tool_id: s.tool_id.to_owned(),
+            arguments: s.arguments.to_owned(),
+            verdict: s.verdict.to_owned(),
+            outcome: s.outcome,
+            result: s.result.to_owned(),
+            captured: s.captured.to_owned(),
+        }
+    }
+    fn borrow(&self) -> NewStep<'_> {
+        NewStep {
+            run_id: &self.run_id,
+            agent: &self.agent,
+            call_id: &self.call_id,
+            tool_id: &self.tool_id,
+            arguments: &self.arguments,
+            verdict: &self.verdict,
+            outcome: self.outcome,
+            result: &self.result,
+            captured: &self.captured,
+        }
+    }
+}
+
+impl GroupCommitter {
+    fn start(mut conn: Connection, path: String) -> std::io::Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let counts = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+        let c = counts.clone();
+        let thread = std::thread::Builder::new().name("toolgate-commit".into()).spawn(move || {
+            while let Ok(first) = rx.recv() {
+                let mut batch = vec![first];
+                while batch.len() < MAX_GROUP {
+                    match rx.try_recv() {
+                        Ok(j) => batch.push(j),
+                        Err(_) => break,
+                    }
+                }
+                let results = commit_group(&mut conn, &batch, &path);
+                c.0.fetch_add(1, Ordering::Relaxed);
+                c.1.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                for (job, r) in batch.into_iter().zip(results) {
+                    // The caller may be gone (its task was cancelled): its step is committed regardless.
+                    let _ = job.reply.send(r);
+                }
+            }
+        })?;
+        Ok(GroupCommitter { jobs: Some(tx), thread: Some(thread), counts })
+    }
+}
+
+impl Drop for GroupCommitter {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread after the batch in hand.
+        self.jobs.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Write `batch` in one transaction, a savepoint per step; one result per job.
+fn commit_group(conn: &mut Connection, batch: &[Job], path: &str) -> Vec<Result<i64, CommitError>> {
+    let all_failed = |message: String| -> Vec<Result<i64, CommitError>> {
+        batch.iter().map(|_| Err(CommitError::Group { path: path.to_owned(), message: message.clone() })).collect()
+    };
+    let mut tx = match conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate) {
+        Ok(tx) => tx,
+        Err(e) => return all_failed(e.to_string()),
+    };
+    let mut results = Vec::with_capacity(batch.len());
+    for job in batch {
+        let r = (|| -> rusqlite::Result<i64> {
+            let sp = tx.savepoint()?;
+            let seq = write_step(&sp, &job.step.borrow(), &job.changes, job.awaiting.as_ref())?;
+            sp.commit()?;
+            Ok(seq)
+        })();
+        results.push(r.map_err(|source| CommitError::Sqlite { path: path.to_owned(), source }));
+    }
+    if let Err(e) = tx.commit() {
+        return all_failed(format!("the group commit failed, nothing in it was written: {e}"));
+    }
+    results
+}
+
+/// Block the calling thread on `wait`; on a multi-threaded tokio runtime, let
+/// the runtime move its other tasks elsewhere meanwhile, so many calls can
+/// wait on one group commit at once.
+fn wait_blocking<T>(wait: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(wait),
+        _ => wait(),
+    }
 }
 
 const SCHEMA: &str = r#"
@@ -322,8 +473,19 @@ impl SqliteJournal {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|source| CommitError::Directory { path: shown.clone(), source })?;
         }
-        let conn = Connection::open(path).map_err(|source| CommitError::Sqlite { path: shown.clone(), source })?;
-        Self::init(conn, shown, true)
+        let open = || Connection::open(path).map_err(|source| CommitError::Sqlite { path: shown.clone(), source });
+        let mut journal = Self::init(open()?, shown.clone(), true)?;
+        // The committer writes steps on its own connection (WAL: readers are not blocked).
+        let writer = open()?;
+        let err = |source| CommitError::Sqlite { path: shown.clone(), source };
+        writer.pragma_update(None, "synchronous", "FULL").map_err(err)?;
+        writer.busy_timeout(std::time::Duration::from_secs(10)).map_err(err)?;
+        let group = GroupCommitter::start(writer, shown.clone()).map_err(|e| CommitError::Group {
+            path: shown.clone(),
+            message: format!("cannot start the committer: {e}"),
+        })?;
+        journal.group = Some(group);
+        Ok(journal)
     }
 
     /// A journal in memory: the same commit path without durability
@@ -352,7 +514,12 @@ impl SqliteJournal {
                 conn.execute_batch(&format!("ALTER TABLE awaiting ADD COLUMN {column} INTEGER")).map_err(err)?;
             }
         }
-        Ok(SqliteJournal { conn: Mutex::new(conn), path })
+        Ok(SqliteJournal { conn: Mutex::new(conn), path, group: None })
+    }
+
+    /// Group commits made and the steps they held (`(0, 0)` for an in-memory journal).
+    pub fn group_commits(&self) -> (u64, u64) {
+        self.group.as_ref().map_or((0, 0), |g| (g.counts.0.load(Ordering::Relaxed), g.counts.1.load(Ordering::Relaxed)))
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>) -> Result<T, CommitError> {
@@ -366,7 +533,35 @@ impl SqliteJournal {
 // Statements run on every call are prepared once per connection
 // (`prepare_cached`): re-parsing the SQL was about a third of an in-memory
 // commit (BENCHMARKS.md).
-fn insert_step(tx: &rusqlite::Transaction<'_>, s: &NewStep<'_>, ticket: Option<&str>) -> rusqlite::Result<i64> {
+/// A step, its state changes and its Awaiting record, inside the caller's transaction.
+fn write_step(
+    tx: &Connection,
+    step: &NewStep<'_>,
+    changes: &[StateChange],
+    awaiting: Option<&AwaitingRecord>,
+) -> rusqlite::Result<i64> {
+    let seq = insert_step(tx, step, awaiting.map(|a| a.ticket_id.as_str()))?;
+    apply_changes(tx, step.agent, step.tool_id, changes)?;
+    if let Some(a) = awaiting {
+        tx.prepare_cached(&format!(
+            "INSERT INTO awaiting ({AWAITING_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'pending')"
+        ))?
+        .execute(params![
+            a.ticket_id,
+            a.run_id,
+            a.agent,
+            a.call_id,
+            a.tool_id,
+            a.arguments,
+            a.argument_digest,
+            a.component_digest.hex(),
+            a.expires_at
+        ])?;
+    }
+    Ok(seq)
+}
+
+fn insert_step(tx: &Connection, s: &NewStep<'_>, ticket: Option<&str>) -> rusqlite::Result<i64> {
     tx.prepare_cached(
         "INSERT INTO steps (run_id, call_id, tool_id, arguments, verdict, outcome, result, captured, ticket_id, committed_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
@@ -375,12 +570,7 @@ fn insert_step(tx: &rusqlite::Transaction<'_>, s: &NewStep<'_>, ticket: Option<&
     Ok(tx.last_insert_rowid())
 }
 
-fn apply_changes(
-    tx: &rusqlite::Transaction<'_>,
-    agent: &str,
-    tool: &str,
-    changes: &[StateChange],
-) -> rusqlite::Result<()> {
+fn apply_changes(tx: &Connection, agent: &str, tool: &str, changes: &[StateChange]) -> rusqlite::Result<()> {
     for c in changes {
         match &c.value {
             Some(v) => tx
@@ -434,28 +624,16 @@ impl StepStore for SqliteJournal {
         changes: &[StateChange],
         awaiting: Option<&AwaitingRecord>,
     ) -> Result<i64, CommitError> {
+        if let Some(group) = &self.group {
+            let (reply, answer) = std::sync::mpsc::sync_channel(1);
+            let job = Job { step: OwnedStep::of(step), changes: changes.to_vec(), awaiting: awaiting.cloned(), reply };
+            let gone = || CommitError::Group { path: self.path.clone(), message: "the committer stopped".into() };
+            group.jobs.as_ref().ok_or_else(gone)?.send(job).map_err(|_| gone())?;
+            return wait_blocking(|| answer.recv()).map_err(|_| gone())?;
+        }
         self.with(|c| {
             let tx = c.transaction()?;
-            let seq = insert_step(&tx, step, awaiting.map(|a| a.ticket_id.as_str()))?;
-            apply_changes(&tx, step.agent, step.tool_id, changes)?;
-            if let Some(a) = awaiting {
-                tx.execute(
-                    &format!(
-                        "INSERT INTO awaiting ({AWAITING_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'pending')"
-                    ),
-                    params![
-                        a.ticket_id,
-                        a.run_id,
-                        a.agent,
-                        a.call_id,
-                        a.tool_id,
-                        a.arguments,
-                        a.argument_digest,
-                        a.component_digest.hex(),
-                        a.expires_at
-                    ],
-                )?;
-            }
+            let seq = write_step(&tx, step, changes, awaiting)?;
             tx.commit()?;
             Ok(seq)
         })
@@ -719,6 +897,50 @@ mod tests {
             j.commit_step(&step("c3", OutcomeKind::Output), &[set("k", "later")], None).unwrap();
             assert_eq!(j.tool_state("main", "notes.add").unwrap()["k"], "later");
         }
+    }
+
+    #[test]
+    fn concurrent_steps_share_durable_commits_and_fail_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = std::sync::Arc::new(SqliteJournal::open(&dir.path().join("j.db")).unwrap());
+        j.commit_step(&step("dup", OutcomeKind::Awaiting), &[], Some(&awaiting("taken", "dup", i64::MAX))).unwrap();
+        let threads: Vec<_> = (0..16)
+            .map(|t| {
+                let j = j.clone();
+                std::thread::spawn(move || {
+                    let mut seqs = Vec::new();
+                    for i in 0..20 {
+                        let call = format!("c{t}-{i}");
+                        if t == 3 && i == 10 {
+                            // Same ticket id as an existing record: this step alone must fail.
+                            let r = j.commit_step(
+                                &step(&call, OutcomeKind::Awaiting),
+                                &[set("poison", "1")],
+                                Some(&awaiting("taken", &call, i64::MAX)),
+                            );
+                            assert!(matches!(r, Err(CommitError::Sqlite { .. })), "{r:?}");
+                            continue;
+                        }
+                        seqs.push(j.commit_step(&step(&call, OutcomeKind::Output), &[set(&call, "1")], None).unwrap());
+                    }
+                    seqs
+                })
+            })
+            .collect();
+        let mut seqs: Vec<i64> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+        seqs.sort();
+        seqs.dedup();
+        assert_eq!(seqs.len(), 16 * 20 - 1, "every other step committed, each with its own seq");
+        let state = j.tool_state("main", "notes.add").unwrap();
+        assert_eq!(state.len(), 16 * 20 - 1);
+        assert!(!state.contains_key("poison"), "the failed step's changes rolled back with it");
+        let (groups, steps) = j.group_commits();
+        assert_eq!(steps, 16 * 20 + 1);
+        assert!(groups <= steps, "{groups} groups for {steps} steps");
+        // Reopened: everything acknowledged is there.
+        drop(j);
+        let j = SqliteJournal::open(&dir.path().join("j.db")).unwrap();
+        assert_eq!(j.steps(None).unwrap().len(), 16 * 20);
     }
 
     #[test]
