@@ -13,7 +13,7 @@
 //! pending → claimed → resolved exactly once; a claimed ticket is never
 //! handed out again, so an approved call executes at most once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -283,7 +283,13 @@ pub struct SqliteJournal {
     path: String,
     /// Durable journals commit steps through the group committer.
     group: Option<GroupCommitter>,
+    /// Runs begun but not yet written: a durable journal records a run in the
+    /// transaction of its first step (one fsync instead of two for a one-call run).
+    pending_runs: Mutex<HashMap<String, (String, String)>>,
 }
+
+/// Runs begun without a step yet, at most; beyond, a run is written at once.
+const MAX_PENDING_RUNS: usize = 4096;
 
 /// Most steps one group commit writes.
 const MAX_GROUP: usize = 256;
@@ -300,12 +306,24 @@ struct GroupCommitter {
     counts: Arc<(AtomicU64, AtomicU64)>,
 }
 
-/// One step waiting for a group commit.
+/// One write waiting for a group commit, with where to send its result.
 struct Job {
-    step: OwnedStep,
-    changes: Vec<StateChange>,
-    awaiting: Option<AwaitingRecord>,
+    write: Write,
     reply: std::sync::mpsc::SyncSender<Result<i64, CommitError>>,
+}
+
+/// What a job writes.
+enum Write {
+    /// A step with its changes and Awaiting record.
+    Step {
+        step: OwnedStep,
+        changes: Vec<StateChange>,
+        awaiting: Option<AwaitingRecord>,
+        /// The run's record, when this is its first step: `(agent, narrowing)`.
+        run: Option<(String, String)>,
+    },
+    /// A run record.
+    Run { run_id: String, agent: String, narrowing: String },
 }
 
 /// [`NewStep`], owned, to cross to the committer thread.
@@ -400,7 +418,18 @@ fn commit_group(conn: &mut Connection, batch: &[Job], path: &str) -> Vec<Result<
     for job in batch {
         let r = (|| -> rusqlite::Result<i64> {
             let sp = tx.savepoint()?;
-            let seq = write_step(&sp, &job.step.borrow(), &job.changes, job.awaiting.as_ref())?;
+            let seq = match &job.write {
+                Write::Step { step, changes, awaiting, run } => {
+                    if let Some((agent, narrowing)) = run {
+                        insert_run(&sp, &step.run_id, agent, narrowing)?;
+                    }
+                    write_step(&sp, &step.borrow(), changes, awaiting.as_ref())?
+                }
+                Write::Run { run_id, agent, narrowing } => {
+                    insert_run(&sp, run_id, agent, narrowing)?;
+                    0
+                }
+            };
             sp.commit()?;
             Ok(seq)
         })();
@@ -466,7 +495,15 @@ CREATE TABLE IF NOT EXISTS tool_state (
 );
 "#;
 
+/// The `store` value that selects an in-memory journal.
+pub const IN_MEMORY: &str = ":memory:";
+
 impl SqliteJournal {
+    /// The journal a config's `store` names: [`IN_MEMORY`], or a file.
+    pub fn open_store(store: &Path) -> Result<Self, CommitError> {
+        if store.as_os_str() == IN_MEMORY { Self::in_memory() } else { Self::open(store) }
+    }
+
     /// Open (creating if needed) the journal at `path`.
     pub fn open(path: &Path) -> Result<Self, CommitError> {
         let shown = path.display().to_string();
@@ -514,12 +551,21 @@ impl SqliteJournal {
                 conn.execute_batch(&format!("ALTER TABLE awaiting ADD COLUMN {column} INTEGER")).map_err(err)?;
             }
         }
-        Ok(SqliteJournal { conn: Mutex::new(conn), path, group: None })
+        Ok(SqliteJournal { conn: Mutex::new(conn), path, group: None, pending_runs: Mutex::new(HashMap::new()) })
     }
 
     /// Group commits made and the steps they held (`(0, 0)` for an in-memory journal).
     pub fn group_commits(&self) -> (u64, u64) {
         self.group.as_ref().map_or((0, 0), |g| (g.counts.0.load(Ordering::Relaxed), g.counts.1.load(Ordering::Relaxed)))
+    }
+
+    /// Hand `write` to the group committer and wait until it is durable (or failed).
+    fn through_group(&self, write: Write) -> Result<i64, CommitError> {
+        let gone = || CommitError::Group { path: self.path.clone(), message: "the committer stopped".into() };
+        let group = self.group.as_ref().and_then(|g| g.jobs.as_ref()).ok_or_else(gone)?;
+        let (reply, answer) = std::sync::mpsc::sync_channel(1);
+        group.send(Job { write, reply }).map_err(|_| gone())?;
+        wait_blocking(|| answer.recv()).map_err(|_| gone())?
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>) -> Result<T, CommitError> {
@@ -533,6 +579,12 @@ impl SqliteJournal {
 // Statements run on every call are prepared once per connection
 // (`prepare_cached`): re-parsing the SQL was about a third of an in-memory
 // commit (BENCHMARKS.md).
+fn insert_run(c: &Connection, run_id: &str, agent: &str, narrowing: &str) -> rusqlite::Result<()> {
+    c.prepare_cached("INSERT OR IGNORE INTO runs (run_id, agent, narrowing, started_at) VALUES (?1, ?2, ?3, ?4)")?
+        .execute(params![run_id, agent, narrowing, now()])
+        .map(|_| ())
+}
+
 /// A step, its state changes and its Awaiting record, inside the caller's transaction.
 fn write_step(
     tx: &Connection,
@@ -609,13 +661,18 @@ const AWAITING_COLS: &str =
 
 impl StepStore for SqliteJournal {
     fn begin_run(&self, run_id: &str, agent: &str, narrowing: &str) -> Result<(), CommitError> {
-        self.with(|c| {
-            c.execute(
-                "INSERT OR IGNORE INTO runs (run_id, agent, narrowing, started_at) VALUES (?1, ?2, ?3, ?4)",
-                params![run_id, agent, narrowing, now()],
-            )
-            .map(|_| ())
-        })
+        if self.group.is_some() {
+            let mut pending = self.pending_runs.lock().unwrap_or_else(|p| p.into_inner());
+            if pending.len() < MAX_PENDING_RUNS {
+                pending.insert(run_id.to_owned(), (agent.to_owned(), narrowing.to_owned()));
+                return Ok(());
+            }
+            drop(pending);
+            let write =
+                Write::Run { run_id: run_id.to_owned(), agent: agent.to_owned(), narrowing: narrowing.to_owned() };
+            return self.through_group(write).map(|_| ());
+        }
+        self.with(|c| insert_run(c, run_id, agent, narrowing))
     }
 
     fn commit_step(
@@ -624,12 +681,20 @@ impl StepStore for SqliteJournal {
         changes: &[StateChange],
         awaiting: Option<&AwaitingRecord>,
     ) -> Result<i64, CommitError> {
-        if let Some(group) = &self.group {
-            let (reply, answer) = std::sync::mpsc::sync_channel(1);
-            let job = Job { step: OwnedStep::of(step), changes: changes.to_vec(), awaiting: awaiting.cloned(), reply };
-            let gone = || CommitError::Group { path: self.path.clone(), message: "the committer stopped".into() };
-            group.jobs.as_ref().ok_or_else(gone)?.send(job).map_err(|_| gone())?;
-            return wait_blocking(|| answer.recv()).map_err(|_| gone())?;
+        if self.group.is_some() {
+            let run = self.pending_runs.lock().unwrap_or_else(|p| p.into_inner()).remove(step.run_id);
+            let write = Write::Step {
+                step: OwnedStep::of(step),
+                changes: changes.to_vec(),
+                awaiting: awaiting.cloned(),
+                run: run.clone(),
+            };
+            let result = self.through_group(write);
+            if let (Err(_), Some(run)) = (&result, run) {
+                // Not written with this step: the run's next step records it.
+                self.pending_runs.lock().unwrap_or_else(|p| p.into_inner()).insert(step.run_id.to_owned(), run);
+            }
+            return result;
         }
         self.with(|c| {
             let tx = c.transaction()?;
@@ -896,6 +961,32 @@ mod tests {
             // The journal still works after the rollback.
             j.commit_step(&step("c3", OutcomeKind::Output), &[set("k", "later")], None).unwrap();
             assert_eq!(j.tool_state("main", "notes.add").unwrap()["k"], "later");
+        }
+    }
+
+    #[test]
+    fn a_run_is_recorded_with_its_first_step() {
+        for (j, dir) in journals() {
+            j.begin_run("run-1", "main", "deny-all").unwrap();
+            j.begin_run("run-empty", "main", "configured").unwrap();
+            j.commit_step(&step("c1", OutcomeKind::Blocked), &[], None).unwrap();
+            j.commit_step(&step("c2", OutcomeKind::Blocked), &[], None).unwrap();
+            let runs = |j: &SqliteJournal| -> Vec<(String, String)> {
+                j.with(|c| {
+                    let mut st = c.prepare("SELECT run_id, narrowing FROM runs ORDER BY run_id")?;
+                    st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect()
+                })
+                .unwrap()
+            };
+            let got = runs(&j);
+            assert!(got.contains(&("run-1".into(), "deny-all".into())), "{got:?}");
+            if let Some(d) = dir {
+                // Durable: a run is written with its first step; one that made no call leaves no record.
+                assert_eq!(got, [("run-1".to_owned(), "deny-all".to_owned())]);
+                drop(j);
+                let j = SqliteJournal::open(&d.path().join("nested/dir/journal.db")).unwrap();
+                assert_eq!(runs(&j), [("run-1".to_owned(), "deny-all".to_owned())]);
+            }
         }
     }
 

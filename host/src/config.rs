@@ -299,7 +299,11 @@ impl Config {
         Ok(Config {
             source: Some(path.to_owned()),
             plugins: abs(raw.plugins.unwrap_or_else(|| "plugins".into())),
-            store: abs(raw.store.unwrap_or_else(|| ".toolgate/journal.db".into())),
+            store: match raw.store {
+                // An ephemeral journal (CI, benchmarks): nothing survives the process.
+                Some(s) if s.as_os_str() == crate::commit::IN_MEMORY => s,
+                s => abs(s.unwrap_or_else(|| ".toolgate/journal.db".into())),
+            },
             cache: abs(raw.cache.unwrap_or_else(|| ".toolgate/cache".into())),
             lock: abs(raw.lock.unwrap_or_else(|| "toolgate.lock".into())),
             limits: raw.limits,
@@ -456,6 +460,15 @@ mod tests {
             "[agents.bot]\nrules = [{ pattern = \"ok\", behavior = \"allow\" }, { pattern = \"x(\", behavior = \"deny\" }]\n",
         );
         assert!(s.contains("rule 1") && s.contains("x("), "{s}");
+    }
+
+    #[test]
+    fn an_in_memory_store_is_not_a_path() {
+        let c = parse("store = \":memory:\"\n").unwrap();
+        assert_eq!(c.store, Path::new(crate::commit::IN_MEMORY));
+        let j = crate::SqliteJournal::open_store(&c.store).unwrap();
+        assert_eq!(j.group_commits(), (0, 0), "in memory: no committer, no file");
+        assert!(!Path::new("/etc/tg/:memory:").exists());
     }
 
     #[test]

@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -269,15 +269,22 @@ pub struct Executor {
 struct Admission {
     total: Arc<tokio::sync::Semaphore>,
     per_tool_limit: usize,
-    per_tool: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
-    in_flight: Mutex<(usize, HashMap<String, usize>)>,
-    peak: Mutex<(usize, HashMap<String, usize>)>,
+    tools: Mutex<HashMap<String, Arc<ToolSlots>>>,
+    in_flight: AtomicUsize,
+    peak: AtomicUsize,
 }
 
-/// Permits of one admitted call; counts are kept for `peak_instances`.
+/// One Tool's slots and counts.
+struct ToolSlots {
+    slots: Arc<tokio::sync::Semaphore>,
+    in_flight: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+/// Permits of one admitted call; released (and counted down) on drop.
 struct Admitted<'a> {
     admission: &'a Admission,
-    tool: String,
+    tool: Arc<ToolSlots>,
     _tool: tokio::sync::OwnedSemaphorePermit,
     _total: tokio::sync::OwnedSemaphorePermit,
 }
@@ -287,42 +294,44 @@ impl Admission {
         Admission {
             total: Arc::new(tokio::sync::Semaphore::new(total)),
             per_tool_limit: per_tool,
-            per_tool: Mutex::new(HashMap::new()),
-            in_flight: Mutex::new((0, HashMap::new())),
-            peak: Mutex::new((0, HashMap::new())),
+            tools: Mutex::new(HashMap::new()),
+            in_flight: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
         }
     }
 
+    fn slots(&self, tool: &str) -> Arc<ToolSlots> {
+        let mut tools = self.tools.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = tools.get(tool) {
+            return t.clone();
+        }
+        let t = Arc::new(ToolSlots {
+            slots: Arc::new(tokio::sync::Semaphore::new(self.per_tool_limit)),
+            in_flight: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+        });
+        tools.insert(tool.to_owned(), t.clone());
+        t
+    }
+
     async fn admit(&self, tool: &str) -> Admitted<'_> {
-        let sem = {
-            let mut m = self.per_tool.lock().unwrap_or_else(|p| p.into_inner());
-            m.entry(tool.to_owned()).or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(self.per_tool_limit))).clone()
-        };
+        let slots = self.slots(tool);
         // Tool slot first: a call waiting on its own Tool holds no executor slot.
         // The semaphores are never closed, so acquiring cannot fail.
-        let tool_permit = sem.acquire_owned().await.unwrap_or_else(|_| unreachable!("never closed"));
+        let tool_permit = slots.slots.clone().acquire_owned().await.unwrap_or_else(|_| unreachable!("never closed"));
         let total_permit = self.total.clone().acquire_owned().await.unwrap_or_else(|_| unreachable!("never closed"));
-        {
-            let mut f = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-            f.0 += 1;
-            let n = *f.1.entry(tool.to_owned()).and_modify(|n| *n += 1).or_insert(1);
-            let total = f.0;
-            let mut p = self.peak.lock().unwrap_or_else(|p| p.into_inner());
-            p.0 = p.0.max(total);
-            let e = p.1.entry(tool.to_owned()).or_insert(0);
-            *e = (*e).max(n);
-        }
-        Admitted { admission: self, tool: tool.to_owned(), _tool: tool_permit, _total: total_permit }
+        let n = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        self.peak.fetch_max(n, Ordering::Relaxed);
+        let n = slots.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        slots.peak.fetch_max(n, Ordering::Relaxed);
+        Admitted { admission: self, tool: slots, _tool: tool_permit, _total: total_permit }
     }
 }
 
 impl Drop for Admitted<'_> {
     fn drop(&mut self) {
-        let mut f = self.admission.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        f.0 = f.0.saturating_sub(1);
-        if let Some(n) = f.1.get_mut(&self.tool) {
-            *n = n.saturating_sub(1);
-        }
+        self.admission.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.tool.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -397,8 +406,8 @@ impl Executor {
 
     /// The most instances that were alive at once: in total, and of `tool`.
     pub fn peak_instances(&self, tool: &str) -> (usize, usize) {
-        let p = self.admission.peak.lock().unwrap_or_else(|p| p.into_inner());
-        (p.0, p.1.get(tool).copied().unwrap_or(0))
+        let total = self.admission.peak.load(Ordering::Relaxed);
+        (total, self.admission.slots(tool).peak.load(Ordering::Relaxed))
     }
 
     /// How many component instances this executor has created. Tests use it

@@ -206,7 +206,7 @@ fn open_host(cli: &Cli) -> Result<Host> {
     }
     let snapshot = ExecutableAgentSnapshot::build(&config, &cli.agent, catalog)?;
     let executor = Arc::new(Executor::new(ExecutorSettings::new(config.limits.clone(), Some(config.cache.clone())))?);
-    let store: Arc<dyn StepStore> = Arc::new(SqliteJournal::open(&config.store)?);
+    let store: Arc<dyn StepStore> = Arc::new(SqliteJournal::open_store(&config.store)?);
     let runtime = Runtime::new(snapshot, executor, store, config.limits.ticket_ttl_secs);
     // A host that died mid-approval left its ticket claimed: record that, once.
     for ticket in runtime.settle_interrupted()? {
@@ -287,7 +287,7 @@ async fn run(cli: Cli) -> Result<u8> {
         }
         Command::Journal { run, awaiting } => {
             let config = Config::load(&cli.config)?;
-            let store = SqliteJournal::open(&config.store)?;
+            let store = SqliteJournal::open_store(&config.store)?;
             journal(&store, run.as_deref(), *awaiting, cli.json)
         }
     }

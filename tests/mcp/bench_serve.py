@@ -1,0 +1,86 @@
+"""`toolgate serve` through a real MCP client (the official Python SDK):
+start-up (process spawn to the first `tools/list` answer) with a directory of
+generated components, and the per-call cost above a trivial stdio MCP server
+driven by the same client on the same machine.
+
+Usage: bench_serve.py TOOLGATE_BIN CONFIG [CALLS]   (run by scripts/bench, after
+the `scale` bench generated target/scale/dir20). Prints Markdown table rows
+and writes JSON next to CONFIG.
+"""
+
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEVNULL = open(os.devnull, "w")
+
+
+async def startup(params: StdioServerParameters, expect_tools: int) -> float:
+    t = time.perf_counter()
+    async with stdio_client(params, errlog=DEVNULL) as (r, w):
+        async with ClientSession(r, w) as s:
+            await s.initialize()
+            tools = await s.list_tools()
+            elapsed = time.perf_counter() - t
+            assert len(tools.tools) == expect_tools, len(tools.tools)
+    return elapsed
+
+
+async def per_call(params: StdioServerParameters, tool: str, calls: int) -> list[float]:
+    async with stdio_client(params, errlog=DEVNULL) as (r, w):
+        async with ClientSession(r, w) as s:
+            await s.initialize()
+            for _ in range(50):  # warm-up (and the first, compiling or cache-loading call)
+                res = await s.call_tool(tool, {"text": "hello"})
+                assert not res.isError, res
+            out = []
+            for _ in range(calls):
+                t = time.perf_counter()
+                res = await s.call_tool(tool, {"text": "hello"})
+                out.append(time.perf_counter() - t)
+                assert not res.isError, res
+            return out
+
+
+async def main() -> None:
+    binary, config = sys.argv[1], sys.argv[2]
+    calls = int(sys.argv[3]) if len(sys.argv) > 3 else 2000
+    toolgate = StdioServerParameters(command=binary, args=["--config", config, "serve"])
+    trivial = StdioServerParameters(command=sys.executable, args=[os.path.join(HERE, "trivial_server.py")])
+
+    starts = [await startup(toolgate, 60) for _ in range(10)]
+    trivial_starts = [await startup(trivial, 1) for _ in range(5)]
+    tg = await per_call(toolgate, "text.upper", calls)
+    tr = await per_call(trivial, "upper", calls)
+
+    med = statistics.median
+    result = {
+        "startup_ms": med(starts) * 1e3,
+        "trivial_startup_ms": med(trivial_starts) * 1e3,
+        "toolgate_call_ms": med(tg) * 1e3,
+        "trivial_call_ms": med(tr) * 1e3,
+        "toolgate_call_mean_ms": statistics.mean(tg) * 1e3,
+        "trivial_call_mean_ms": statistics.mean(tr) * 1e3,
+    }
+    result["overhead_ms"] = result["toolgate_call_ms"] - result["trivial_call_ms"]
+    with open(os.path.join(os.path.dirname(config), "serve.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    ok = lambda b: "met" if b else "MISSED"
+    print(f"| `toolgate serve`: spawn → first `tools/list` with 20 components (median of 10) | "
+          f"{result['startup_ms']:.1f} ms | ≤ 50 ms: {ok(result['startup_ms'] <= 50)} |")
+    print(f"| trivial Python stdio MCP server: spawn → first `tools/list` (median of 5) | "
+          f"{result['trivial_startup_ms']:.1f} ms | reference |")
+    print(f"| per call through `toolgate serve` / trivial server (median of {calls}) | "
+          f"{result['toolgate_call_ms']:.3f} / {result['trivial_call_ms']:.3f} ms | |")
+    print(f"| per-call cost above the trivial server | {result['overhead_ms']:+.3f} ms | "
+          f"≤ 0.05 ms: {ok(result['overhead_ms'] <= 0.05)} |")
+
+
+asyncio.run(main())
