@@ -17,6 +17,7 @@ use sha2::{Digest as _, Sha256};
 
 use crate::descriptor::{self, CheckedTool, DescriptorError};
 use crate::lockfile::{LockError, Lockfile};
+use crate::signing::TrustedKeys;
 
 /// Largest component file accepted.
 pub const MAX_COMPONENT_BYTES: u64 = 256 << 20;
@@ -122,15 +123,22 @@ impl Catalog {
         Self::load_locked(dir, None)
     }
 
-    /// Load the config's plugin directory, checked against its lockfile when one exists.
+    /// Load the config's plugin directory, checked against its lockfile when
+    /// one exists and against its trusted signing keys when it lists any.
     pub fn for_config(config: &crate::config::Config) -> Result<Catalog, CatalogError> {
         let lock = Lockfile::read(&config.lock)?;
-        Self::load_locked(&config.plugins, lock.as_ref())
+        Self::load_checked(&config.plugins, lock.as_ref(), &config.trusted_keys)
     }
 
     /// Load `dir`; with `lock`, a file that is not pinned or whose digest
     /// differs is refused before its metadata is read.
     pub fn load_locked(dir: &Path, lock: Option<&Lockfile>) -> Result<Catalog, CatalogError> {
+        Self::load_checked(dir, lock, &TrustedKeys::default())
+    }
+
+    /// [`Catalog::load_locked`], and with `keys`, a file without a valid
+    /// signature by one of them is refused before its metadata is read.
+    pub fn load_checked(dir: &Path, lock: Option<&Lockfile>, keys: &TrustedKeys) -> Result<Catalog, CatalogError> {
         let entries =
             std::fs::read_dir(dir).map_err(|source| CatalogError::Directory { path: dir.to_owned(), source })?;
         let mut paths: Vec<PathBuf> = entries
@@ -140,14 +148,17 @@ impl Catalog {
         paths.sort();
         let mut catalog = Catalog { dir: dir.to_owned(), ..Default::default() };
         for path in paths {
-            let pinned = |c: Component| -> Result<Component, String> {
+            let checked = |_: &[u8], digest: &Digest| -> Result<(), String> {
                 let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                match lock {
-                    Some(l) => l.check(&name, &c.digest).map(|()| c),
-                    None => Ok(c),
+                if let Some(l) = lock {
+                    l.check(&name, digest)?;
                 }
+                if !keys.is_empty() {
+                    keys.verify(&path, digest)?;
+                }
+                Ok(())
             };
-            match load_file(&path).and_then(pinned) {
+            match load_file_checked(&path, checked) {
                 Ok(c) => catalog.components.push(Arc::new(c)),
                 Err(reason) => catalog.refused.push(Refused { path, reason }),
             }
@@ -210,8 +221,15 @@ impl Catalog {
 
 /// Read one file: size bound, digest, metadata. The error is the reason.
 pub fn load_file(path: &Path) -> Result<Component, String> {
+    load_file_checked(path, |_, _| Ok(()))
+}
+
+/// [`load_file`], with `check` (lock, signature) run on the bytes and digest
+/// before any metadata is read.
+fn load_file_checked(path: &Path, check: impl Fn(&[u8], &Digest) -> Result<(), String>) -> Result<Component, String> {
     let bytes = read_bounded(path)?;
     let digest = Digest::of(&bytes);
+    check(&bytes, &digest)?;
     let tools = descriptor::read_metadata(&bytes).map_err(|e: DescriptorError| e.to_string())?;
     Ok(Component { path: path.to_owned(), digest, tools })
 }

@@ -185,6 +185,15 @@ struct RawConfig {
     agents: BTreeMap<String, AgentConfig>,
     #[serde(default)]
     credentials: BTreeMap<String, CredentialConfig>,
+    #[serde(default)]
+    signing: Option<SigningConfig>,
+}
+
+/// `[signing]`: publishers whose components this host accepts.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SigningConfig {
+    keys: Vec<String>,
 }
 
 /// A checked configuration with absolute paths.
@@ -208,6 +217,8 @@ pub struct Config {
     pub agents: BTreeMap<String, AgentConfig>,
     /// Credentials by name: where the secret comes from, never the secret.
     pub credentials: BTreeMap<String, Arc<CredentialSpec>>,
+    /// With keys, only components signed by one of them load.
+    pub trusted_keys: crate::signing::TrustedKeys,
 }
 
 impl Config {
@@ -245,6 +256,13 @@ impl Config {
                 return Err(field(name, format!("{value} is out of range; use 1 to {max}")));
             }
         }
+        let trusted_keys = match &raw.signing {
+            None => crate::signing::TrustedKeys::default(),
+            Some(sc) if sc.keys.is_empty() => {
+                return Err(field("signing.keys", "is empty; list trusted keys or remove `[signing]`".into()));
+            }
+            Some(sc) => crate::signing::TrustedKeys::parse(&sc.keys).map_err(|e| field("signing.keys", e))?,
+        };
         let mut credentials = BTreeMap::new();
         for (name, c) in &raw.credentials {
             let spec =
@@ -310,6 +328,7 @@ impl Config {
             grants,
             agents: raw.agents,
             credentials,
+            trusted_keys,
         })
     }
 

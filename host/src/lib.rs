@@ -33,6 +33,7 @@ pub mod outbound;
 pub mod pack;
 pub mod policy;
 pub mod runtime;
+pub mod signing;
 pub mod skill;
 pub mod snapshot;
 

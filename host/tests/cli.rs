@@ -153,3 +153,50 @@ fn a_lockfile_refuses_changed_and_unknown_components_until_relocked() {
     assert_eq!(tg(d, &["lock"]).status.code(), Some(0));
     assert_eq!(tg(d, &["call", "text.upper", "--args", r#"{"text":"a"}"#]).status.code(), Some(0));
 }
+
+#[test]
+fn with_trusted_keys_only_components_signed_by_them_load() {
+    let dir = setup();
+    let d = dir.path();
+    let out = tg(d, &["keygen", "-o", "publisher.key"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let signing = text(&out.stdout);
+    assert!(signing.starts_with("[signing]\nkeys = [\"ed25519:"), "{signing}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(d.join("publisher.key")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "the secret key is readable by its owner only");
+    }
+    assert_ne!(tg(d, &["keygen", "-o", "publisher.key"]).status.code(), Some(0), "never overwrites a key");
+    assert_eq!(tg(d, &["keygen", "-o", "stranger.key"]).status.code(), Some(0));
+    let config = std::fs::read_to_string(d.join("toolgate.toml")).unwrap();
+    std::fs::write(d.join("toolgate.toml"), format!("{config}\n{signing}")).unwrap();
+
+    // Signed by the trusted key: loads. Unsigned, or signed by a stranger: refused before anything is read.
+    let out = tg(d, &["sign", "plugins/text.wasm", "--key", "publisher.key"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(d.join("plugins/text.wasm.sig").is_file());
+    assert_eq!(tg(d, &["sign", "plugins/notes.wasm", "--key", "stranger.key"]).status.code(), Some(0));
+    let out = tg(d, &["list", "--all"]);
+    let s = text(&out.stdout);
+    assert!(s.contains("text.upper"), "{s}");
+    assert!(s.contains("notes.wasm") && s.contains("does not verify"), "{s}");
+    assert!(s.contains("hostile.wasm") && s.contains("not signed") && s.contains("toolgate sign"), "{s}");
+    assert_eq!(tg(d, &["call", "text.upper", "--args", r#"{"text":"a"}"#]).status.code(), Some(0));
+    assert_eq!(tg(d, &["call", "notes", "--args", r#"{"op":"list"}"#]).status.code(), Some(2), "unknown: refused");
+
+    // A signed file changed afterwards (one custom section appended) no longer loads.
+    let mut changed = std::fs::read(d.join("plugins/text.wasm")).unwrap();
+    changed.extend_from_slice(&[0, 3, 1, b'x', 0]);
+    std::fs::write(d.join("plugins/text.wasm"), &changed).unwrap();
+    let s = text(&tg(d, &["list", "--all"]).stdout);
+    assert!(s.contains("text.wasm") && s.contains("does not verify"), "{s}");
+    assert_eq!(tg(d, &["call", "text.upper", "--args", r#"{"text":"a"}"#]).status.code(), Some(2));
+
+    // A bad key in the config is a config error naming the field.
+    std::fs::write(d.join("toolgate.toml"), format!("{config}\n[signing]\nkeys = [\"ed25519:short\"]\n")).unwrap();
+    let out = tg(d, &["list"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(text(&out.stderr).contains("signing.keys"), "{}", text(&out.stderr));
+}

@@ -101,6 +101,20 @@ enum Command {
         #[command(subcommand)]
         command: McpCommand,
     },
+    /// Make an ed25519 key pair for signing components: writes the secret key (mode 0600), prints the public key.
+    Keygen {
+        /// Where to write the secret key.
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Sign a component with a secret key from `toolgate keygen`: writes FILE.sig next to it.
+    Sign {
+        /// The component file.
+        file: PathBuf,
+        /// The secret key file.
+        #[arg(long)]
+        key: PathBuf,
+    },
     /// Pin the digest of every loadable plugin in toolgate.lock; with a lock, nothing else loads.
     Lock,
     /// Serve the agent's tools to an MCP client over stdio (the same gate, sandbox and journal).
@@ -262,6 +276,24 @@ async fn run(cli: Cli) -> Result<u8> {
             let source = emit_source.as_deref();
             mcp_import(&cli.config, url, credential.as_deref(), name.as_deref(), output, source).await
         }
+        Command::Keygen { output } => {
+            let (secret, public) = toolgate::signing::keygen().map_err(anyhow::Error::msg)?;
+            write_private(output, &secret)?;
+            eprintln!("wrote the secret key to {}; trust it with:", output.display());
+            println!("[signing]\nkeys = [\"{public}\"]");
+            Ok(exit::OUTPUT)
+        }
+        Command::Sign { file, key } => {
+            let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+            let secret = std::fs::read_to_string(key).with_context(|| format!("cannot read {}", key.display()))?;
+            let (sig, public) =
+                toolgate::signing::sign(&bytes, &secret).map_err(|e| anyhow::anyhow!("{}: {e}", key.display()))?;
+            let out = toolgate::signing::sig_path(file);
+            std::fs::write(&out, sig).with_context(|| format!("cannot write {}", out.display()))?;
+            eprintln!("signed {} ({}) with {public}", file.display(), toolgate::Digest::of(&bytes));
+            println!("{}", out.display());
+            Ok(exit::OUTPUT)
+        }
         Command::Lock => {
             let config = Config::load(&cli.config)?;
             // Read without the old lock: the operator is accepting what is there now.
@@ -328,6 +360,19 @@ fn report(result: &StepResult, run: Option<&str>, as_json: bool) -> u8 {
         }
     }
     code
+}
+
+/// Write a file readable by its owner only (secret keys).
+fn write_private(path: &Path, text: &str) -> Result<()> {
+    use std::io::Write as _;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut f = options
+        .open(path)
+        .with_context(|| format!("cannot create {} (an existing key is never overwritten)", path.display()))?;
+    f.write_all(text.as_bytes()).with_context(|| format!("cannot write {}", path.display()))
 }
 
 async fn pack(input: &Path, output: &Path) -> Result<u8> {
