@@ -213,8 +213,15 @@ impl Runtime {
         narrowing: ToolCapabilityNarrowing,
         restriction: Restriction,
     ) -> Result<Run<'_>, CommitError> {
-        let id = id.unwrap_or_else(|| new_id("run"));
-        let snapshot = self.snapshot.narrowed(narrowing).restricted(restriction);
+        let (id, continued) = match id {
+            Some(id) => (id, true),
+            None => (new_id("run"), false),
+        };
+        let mut snapshot = self.snapshot.narrowed(narrowing).restricted(restriction);
+        if continued {
+            // Skills activated earlier in this run (maybe by another process) still narrow it.
+            snapshot = self.with_run_skills(snapshot, &id)?;
+        }
         let n = match snapshot.narrowing() {
             ToolCapabilityNarrowing::Configured => "configured",
             ToolCapabilityNarrowing::DenyAll => "deny-all",
@@ -223,11 +230,32 @@ impl Runtime {
         Ok(Run { runtime: self, id, snapshot: std::sync::Mutex::new(Arc::new(snapshot)) })
     }
 
+    /// `snapshot` narrowed by every Skill the journal shows activated in run
+    /// `run_id` (an output step of a Skill Tool with `allowed-tools`).
+    fn with_run_skills(
+        &self,
+        mut snapshot: ExecutableAgentSnapshot,
+        run_id: &str,
+    ) -> Result<ExecutableAgentSnapshot, CommitError> {
+        for s in self.store.steps(Some(run_id))? {
+            if s.outcome != OutcomeKind::Output {
+                continue;
+            }
+            if let Some(crate::catalog::Availability::Installed(t)) = snapshot.catalog().get(&s.tool_id)
+                && let Some(allowed) = t.tool.metadata.skill.as_ref().and_then(|k| k.allowed_tools.clone())
+            {
+                snapshot = snapshot.with_skill(&s.tool_id, &allowed);
+            }
+        }
+        Ok(snapshot)
+    }
+
     /// Approve a ticket: execute exactly the stored call, once.
     pub async fn approve(&self, ticket_id: &str) -> Result<StepResult, CallError> {
         let ticket = self.claim(ticket_id)?;
         let r = ticket.record().clone();
-        let snapshot = self.snapshot.clone();
+        // The gate decides again on the run's view now, Skills activated since included.
+        let snapshot = self.with_run_skills(self.snapshot.clone(), &r.run_id)?;
         let call = stored_call(&r);
         let step = Step { run_id: &r.run_id, agent: &r.agent, call: &call };
         let candidate = match snapshot.candidate(&call.tool_id, &|d| self.executor.unhealthy(d)) {

@@ -74,4 +74,17 @@ rules = [{ pattern = "text.repeat", behavior = "deny" }]
     // Another run is not narrowed.
     let other = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).unwrap();
     assert!(matches!(other.call("hostile.big", json!({"bytes": 1})).await.unwrap(), StepResult::Output { .. }));
+
+    // A host restarted on the same journal (`toolgate call --run ID` in another process)
+    // re-derives the activation from the journal: the run stays narrowed.
+    let run_id = run.id().to_owned();
+    let other_id = other.id().to_owned();
+    drop((run, other));
+    let host = host.restart();
+    let resumed = host.runtime.start_run(Some(run_id), toolgate::ToolCapabilityNarrowing::Configured).unwrap();
+    let r = resumed.call("hostile.big", json!({"bytes": 1})).await.unwrap();
+    assert!(matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("allowed-tools")), "{r:?}");
+    assert!(matches!(resumed.call("text.count", json!({"text": "a"})).await.unwrap(), StepResult::Output { .. }));
+    let other = host.runtime.start_run(Some(other_id), toolgate::ToolCapabilityNarrowing::Configured).unwrap();
+    assert!(matches!(other.call("hostile.big", json!({"bytes": 1})).await.unwrap(), StepResult::Output { .. }));
 }
