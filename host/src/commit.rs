@@ -459,7 +459,8 @@ CREATE TABLE IF NOT EXISTS runs (
     started_at INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS steps (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    -- A rowid alias: steps are never deleted, so seq only grows (no AUTOINCREMENT bookkeeping per insert).
+    seq INTEGER PRIMARY KEY,
     run_id TEXT NOT NULL,
     call_id TEXT NOT NULL,
     tool_id TEXT NOT NULL,

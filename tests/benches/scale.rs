@@ -164,25 +164,12 @@ fn first_calls(rt: &tokio::runtime::Runtime, host: &Host) -> FirstCalls {
     FirstCalls { never_compiled: median(never), disk_cached: median(cached), warm: median(warm) }
 }
 
-/// Per-call latencies of `n` sequential calls.
-fn sequential<F: std::future::Future<Output = ()>>(
-    rt: &tokio::runtime::Runtime,
-    n: usize,
-    f: impl Fn() -> F,
-) -> Vec<Duration> {
-    rt.block_on(async {
-        for _ in 0..200 {
-            f().await; // warm-up
-        }
-        let mut out = Vec::with_capacity(n);
-        for _ in 0..n {
-            let t = Instant::now();
-            f().await;
-            out.push(t.elapsed());
-        }
-        out.sort();
-        out
-    })
+/// Per-call latencies of `n` sequential calls on a current-thread runtime, after a warm-up.
+fn sequential(rt: &tokio::runtime::Runtime, n: usize, task: &Task) -> Vec<Duration> {
+    rt.block_on(task(200));
+    let mut out = rt.block_on(task(n));
+    out.sort();
+    out
 }
 
 #[derive(Clone, Copy)]
@@ -193,13 +180,13 @@ struct Point {
     p99: Duration,
 }
 
-/// `total` calls by `c` tasks on a 2-worker runtime; per-call latencies and throughput.
-fn concurrent<F>(c: usize, total: usize, call: F, rss_peak: Option<&std::sync::atomic::AtomicU64>) -> Point
-where
-    F: Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync + 'static,
-{
+/// A task making `n` calls and returning their latencies.
+type Task =
+    Arc<dyn Fn(usize) -> std::pin::Pin<Box<dyn std::future::Future<Output = Vec<Duration>> + Send>> + Send + Sync>;
+
+/// `total` calls by `c` concurrent tasks on a 2-worker runtime; per-call latencies and throughput.
+fn concurrent(c: usize, total: usize, task: Task, rss_peak: Option<&std::sync::atomic::AtomicU64>) -> Point {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let call = Arc::new(call);
     let per_task = total / c;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = rss_peak.map(|_| {
@@ -214,22 +201,11 @@ where
         })
     });
     let (elapsed, mut lat) = rt.block_on(async {
-        for _ in 0..100 {
-            call().await;
-        }
+        task(100).await; // warm-up
         let t = Instant::now();
         let mut set = tokio::task::JoinSet::new();
         for _ in 0..c {
-            let call = call.clone();
-            set.spawn(async move {
-                let mut lat = Vec::with_capacity(per_task);
-                for _ in 0..per_task {
-                    let s = Instant::now();
-                    call().await;
-                    lat.push(s.elapsed());
-                }
-                lat
-            });
+            set.spawn(task(per_task));
         }
         let mut all = Vec::with_capacity(total);
         while let Some(l) = set.join_next().await {
@@ -248,6 +224,39 @@ where
         p50: pct(&lat, 0.5),
         p99: pct(&lat, 0.99),
     }
+}
+
+/// `n` bare instantiate+calls.
+fn bare_task(b: Arc<Bare>) -> Task {
+    Arc::new(move |n| {
+        let b = b.clone();
+        Box::pin(async move {
+            let mut lat = Vec::with_capacity(n);
+            for _ in 0..n {
+                let s = Instant::now();
+                std::hint::black_box(b.call(TOOL, ARGS).await);
+                lat.push(s.elapsed());
+            }
+            lat
+        })
+    })
+}
+
+/// One run making `n` calls through the full path (an agent run calls many times).
+fn toolgate_task(r: Arc<Runtime>) -> Task {
+    Arc::new(move |n| {
+        let r = r.clone();
+        Box::pin(async move {
+            let run = r.start_run(None, ToolCapabilityNarrowing::Configured).unwrap();
+            let mut lat = Vec::with_capacity(n);
+            for _ in 0..n {
+                let s = Instant::now();
+                assert_upper(&run.call(TOOL, json!({"text": "hello"})).await.unwrap());
+                lat.push(s.elapsed());
+            }
+            lat
+        })
+    })
 }
 
 fn svg(series: &[(&str, &str, Vec<Point>)]) -> String {
@@ -327,22 +336,9 @@ fn main() {
 
     // Latency distribution, sequential, against bare wasmtime on the same component.
     let bare = Arc::new(Bare::new(&packed(guests::TEXT), host.dir.path()));
-    let b = bare.clone();
-    let bare_lat = sequential(&rt, 5000, || {
-        let b = b.clone();
-        async move {
-            std::hint::black_box(b.call(TOOL, ARGS).await);
-        }
-    });
+    let bare_lat = sequential(&rt, 5000, &bare_task(bare.clone()));
     let mem = Arc::new(host.runtime("default", Arc::new(SqliteJournal::in_memory().unwrap())));
-    let r = mem.clone();
-    let full_lat = sequential(&rt, 5000, || {
-        let r = r.clone();
-        async move {
-            let run = r.start_run(None, ToolCapabilityNarrowing::Configured).unwrap();
-            assert_upper(&run.call(TOOL, json!({"text": "hello"})).await.unwrap());
-        }
-    });
+    let full_lat = sequential(&rt, 5000, &toolgate_task(mem));
 
     // Throughput against concurrency: bare, in-memory commit, durable commit.
     let mut series: Vec<(&str, &str, Vec<Point>)> = Vec::new();
@@ -352,45 +348,12 @@ fn main() {
     let mut durable_points = Vec::new();
     let mut groups = Vec::new();
     for c in CONCURRENCY {
-        let b = bare.clone();
-        bare_points.push(concurrent(
-            c,
-            8192,
-            move || {
-                let b = b.clone();
-                Box::pin(async move {
-                    std::hint::black_box(b.call(TOOL, ARGS).await);
-                })
-            },
-            None,
-        ));
+        bare_points.push(concurrent(c, 8192, bare_task(bare.clone()), None));
         let r = Arc::new(host.runtime("default", Arc::new(SqliteJournal::in_memory().unwrap())));
-        mem_points.push(concurrent(
-            c,
-            8192,
-            move || {
-                let r = r.clone();
-                Box::pin(async move {
-                    let run = r.start_run(None, ToolCapabilityNarrowing::Configured).unwrap();
-                    assert_upper(&run.call(TOOL, json!({"text": "hello"})).await.unwrap());
-                })
-            },
-            (c == 64).then_some(&rss_64),
-        ));
+        mem_points.push(concurrent(c, 8192, toolgate_task(r), (c == 64).then_some(&rss_64)));
         let journal = Arc::new(SqliteJournal::open(&host.dir.path().join(format!("durable-{c}.db"))).unwrap());
         let r = Arc::new(host.runtime("default", journal.clone()));
-        durable_points.push(concurrent(
-            c,
-            4096,
-            move || {
-                let r = r.clone();
-                Box::pin(async move {
-                    let run = r.start_run(None, ToolCapabilityNarrowing::Configured).unwrap();
-                    assert_upper(&run.call(TOOL, json!({"text": "hello"})).await.unwrap());
-                })
-            },
-            None,
-        ));
+        durable_points.push(concurrent(c, 4096, toolgate_task(r), None));
         let (g, s) = journal.group_commits();
         groups.push(s as f64 / g.max(1) as f64);
     }
