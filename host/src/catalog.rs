@@ -115,6 +115,8 @@ pub struct Catalog {
     components: Vec<Arc<Component>>,
     tools: BTreeMap<String, Availability>,
     refused: Vec<Refused>,
+    /// Installed Skills with `allowed-tools`: id → the tools they allow.
+    narrowing_skills: BTreeMap<String, Vec<String>>,
 }
 
 impl Catalog {
@@ -195,6 +197,21 @@ impl Catalog {
                 (id, a)
             })
             .collect();
+        self.narrowing_skills = self
+            .tools
+            .iter()
+            .filter_map(|(id, a)| match a {
+                Availability::Installed(t) => {
+                    t.tool.metadata.skill.as_ref()?.allowed_tools.clone().map(|allowed| (id.clone(), allowed))
+                }
+                Availability::Ambiguous(_) => None,
+            })
+            .collect();
+    }
+
+    /// Installed Skills whose `allowed-tools` narrow a run once activated.
+    pub fn narrowing_skills(&self) -> &BTreeMap<String, Vec<String>> {
+        &self.narrowing_skills
     }
 
     /// The plugin directory.

@@ -270,6 +270,18 @@ pub trait StepStore: Send + Sync {
     fn steps(&self, run_id: Option<&str>) -> Result<Vec<StepRecord>, CommitError>;
     /// Awaiting records still pending.
     fn pending(&self) -> Result<Vec<AwaitingRecord>, CommitError>;
+    /// The distinct Tools that produced output in run `run_id` (Skill activations).
+    fn output_tools(&self, run_id: &str) -> Result<Vec<String>, CommitError> {
+        let mut ids: Vec<String> = self
+            .steps(Some(run_id))?
+            .into_iter()
+            .filter(|s| s.outcome == OutcomeKind::Output)
+            .map(|s| s.tool_id)
+            .collect();
+        ids.sort();
+        ids.dedup();
+        Ok(ids)
+    }
 }
 
 /// Unix seconds now.
@@ -815,6 +827,16 @@ impl StepStore for SqliteJournal {
             }
             tx.commit()?;
             Ok(stuck.into_iter().map(|r| r.ticket_id).collect())
+        })
+    }
+
+    fn output_tools(&self, run_id: &str) -> Result<Vec<String>, CommitError> {
+        self.with(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT DISTINCT tool_id FROM steps WHERE run_id = ?1 AND outcome = 'output' ORDER BY tool_id",
+            )?;
+            let rows = stmt.query_map(params![run_id], |r| r.get(0))?;
+            rows.collect()
         })
     }
 

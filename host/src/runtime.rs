@@ -237,14 +237,15 @@ impl Runtime {
         mut snapshot: ExecutableAgentSnapshot,
         run_id: &str,
     ) -> Result<ExecutableAgentSnapshot, CommitError> {
-        for s in self.store.steps(Some(run_id))? {
-            if s.outcome != OutcomeKind::Output {
-                continue;
-            }
-            if let Some(crate::catalog::Availability::Installed(t)) = snapshot.catalog().get(&s.tool_id)
-                && let Some(allowed) = t.tool.metadata.skill.as_ref().and_then(|k| k.allowed_tools.clone())
-            {
-                snapshot = snapshot.with_skill(&s.tool_id, &allowed);
+        let catalog = snapshot.catalog().clone();
+        let skills = catalog.narrowing_skills();
+        // Most catalogs hold no narrowing Skill: then there is nothing to look up.
+        if skills.is_empty() {
+            return Ok(snapshot);
+        }
+        for id in self.store.output_tools(run_id)? {
+            if let Some(allowed) = skills.get(&id) {
+                snapshot = snapshot.with_skill(&id, allowed);
             }
         }
         Ok(snapshot)
