@@ -268,8 +268,8 @@ fn svg(series: &[(&str, &str, Vec<Point>)]) -> String {
         2.0 * w,
         h + 40.0
     );
-    let panels: [(&str, fn(&Point) -> f64); 2] =
-        [("calls per second", |p| p.calls_per_sec), ("p50 latency per call (µs)", |p| us(p.p50))];
+    type Panel = (&'static str, fn(&Point) -> f64);
+    let panels: [Panel; 2] = [("calls per second", |p| p.calls_per_sec), ("p50 latency per call (µs)", |p| us(p.p50))];
     for (k, (title, value)) in panels.iter().enumerate() {
         let ox = k as f64 * w;
         let max = series.iter().flat_map(|s| s.2.iter().map(value)).fold(1.0, f64::max) * 1.1;
