@@ -150,7 +150,7 @@ impl Catalog {
         paths.sort();
         let mut catalog = Catalog { dir: dir.to_owned(), ..Default::default() };
         for path in paths {
-            let checked = |_: &[u8], digest: &Digest| -> Result<(), String> {
+            let checked = |digest: &Digest| -> Result<(), String> {
                 let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
                 if let Some(l) = lock {
                     l.check(&name, digest)?;
@@ -238,15 +238,15 @@ impl Catalog {
 
 /// Read one file: size bound, digest, metadata. The error is the reason.
 pub fn load_file(path: &Path) -> Result<Component, String> {
-    load_file_checked(path, |_, _| Ok(()))
+    load_file_checked(path, |_| Ok(()))
 }
 
-/// [`load_file`], with `check` (lock, signature) run on the bytes and digest
-/// before any metadata is read.
-fn load_file_checked(path: &Path, check: impl Fn(&[u8], &Digest) -> Result<(), String>) -> Result<Component, String> {
+/// [`load_file`], with `check` (lock, signature) run on the digest before
+/// any metadata is read.
+fn load_file_checked(path: &Path, check: impl Fn(&Digest) -> Result<(), String>) -> Result<Component, String> {
     let bytes = read_bounded(path)?;
     let digest = Digest::of(&bytes);
-    check(&bytes, &digest)?;
+    check(&digest)?;
     let tools = descriptor::read_metadata(&bytes).map_err(|e: DescriptorError| e.to_string())?;
     Ok(Component { path: path.to_owned(), digest, tools })
 }

@@ -407,7 +407,8 @@ impl Executor {
     /// The most instances that were alive at once: in total, and of `tool`.
     pub fn peak_instances(&self, tool: &str) -> (usize, usize) {
         let total = self.admission.peak.load(Ordering::Relaxed);
-        (total, self.admission.slots(tool).peak.load(Ordering::Relaxed))
+        let tools = self.admission.tools.lock().unwrap_or_else(|p| p.into_inner());
+        (total, tools.get(tool).map_or(0, |t| t.peak.load(Ordering::Relaxed)))
     }
 
     /// How many component instances this executor has created. Tests use it

@@ -87,11 +87,12 @@ impl OutboundPolicy {
         HttpError::HttpRequestDenied
     }
 
-    /// Decide a request: the destination, and the credential it asks for.
+    /// Decide a request: its destination (`scheme://host:port`) and the credential it asks for.
+    #[allow(clippy::type_complexity)]
     fn authorize(
         &self,
         request: &mut http::Request<WasiBody>,
-    ) -> Result<Option<(Arc<CredentialSpec>, Secret)>, HttpError> {
+    ) -> Result<(String, Option<(Arc<CredentialSpec>, Secret)>), HttpError> {
         let uri = request.uri();
         let scheme = uri.scheme_str().unwrap_or("https").to_ascii_lowercase();
         let Some(host) = uri.host().map(str::to_ascii_lowercase) else {
@@ -107,7 +108,7 @@ impl OutboundPolicy {
         while request.headers_mut().remove(CREDENTIAL_HEADER).is_some() {
             more += 1;
         }
-        let Some(name) = asked.first() else { return Ok(None) };
+        let Some(name) = asked.first() else { return Ok((dest, None)) };
         if more > 0 {
             return Err(self.deny("more than one credential requested"));
         }
@@ -119,7 +120,7 @@ impl OutboundPolicy {
             return Err(self.deny(&format!("credential `{name}` is not bound to {dest}")));
         }
         match spec.materialize(&scheme, &host, port) {
-            Ok(secret) => Ok(Some((spec.clone(), secret))),
+            Ok(secret) => Ok((dest, Some((spec.clone(), secret)))),
             Err(e) => {
                 self.log.write(format!("[host] {e}\n").as_bytes());
                 Err(HttpError::InternalError(Some(format!("credential `{name}` is unavailable on this host"))))
@@ -211,12 +212,8 @@ impl WasiHttpHooks for OutboundPolicy {
         let decided = self.authorize(&mut request);
         let limits = self.limits;
         let transport = self.transport.clone();
-        let uri = request.uri();
-        let scheme = uri.scheme_str().unwrap_or("https").to_ascii_lowercase();
-        let port = uri.port_u16().unwrap_or_else(|| default_port(&scheme));
-        let dest = format!("{scheme}://{}:{port}", uri.host().unwrap_or_default());
         Box::new(async move {
-            let credential = decided?;
+            let (dest, credential) = decided?;
             let forms = match &credential {
                 Some((spec, secret)) => apply(&mut request, spec, secret)?,
                 None => Vec::new(),
