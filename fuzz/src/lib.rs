@@ -15,7 +15,7 @@ use std::sync::{Arc, OnceLock};
 
 use serde_json::{Value, json};
 use toolgate::config::ConfigError;
-use toolgate::descriptor::{self, CheckedTool, DescriptorError};
+use toolgate::catalog::descriptor::{self, CheckedTool, DescriptorError};
 use toolgate::policy::{Behavior, Decision, Policy, PolicyError, RuleSpec};
 use toolgate_sdk::metadata::{ComponentMetadata, ToolMetadata};
 
@@ -254,7 +254,7 @@ pub fn config(data: &[u8]) -> bool {
     };
     assert_eq!(config.source.as_deref(), Some(path));
     // `store = ":memory:"` is an ephemeral journal, kept as written.
-    let store_in_memory = config.store.as_os_str() == toolgate::commit::IN_MEMORY;
+    let store_in_memory = config.store.as_os_str() == toolgate::store::sqlite::IN_MEMORY;
     for p in
         [&config.plugins, &config.cache, &config.lock].into_iter().chain((!store_in_memory).then_some(&config.store))
     {

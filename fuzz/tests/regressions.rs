@@ -151,10 +151,10 @@ fn write_demo_seeds() {
     for file in files(&plugins) {
         let Some(stem) = file.file_stem().and_then(|s| s.to_str()) else { continue };
         let bytes = std::fs::read(&file).expect("read plugin");
-        let tools = toolgate::descriptor::read_metadata(&bytes).expect("a packed demo Tool");
+        let tools = toolgate::catalog::descriptor::read_metadata(&bytes).expect("a packed demo Tool");
         let doc = toolgate_sdk::metadata::ComponentMetadata::new(tools.iter().map(|t| t.metadata.clone()).collect());
         let bare = toolgate_fuzz::seeds::component(&[], Some(toolgate_fuzz::seeds::TOOL_EXPORT));
-        let slim = toolgate::descriptor::embed_metadata(&bare, &doc).expect("embed");
+        let slim = toolgate::catalog::descriptor::embed_metadata(&bare, &doc).expect("embed");
         std::fs::write(root().join("corpus/metadata").join(format!("ok-demo-{stem}.wasm")), slim).expect("write");
         written += 1;
     }

@@ -10,20 +10,19 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use toolgate::{
-    Catalog, Config, ExecutableAgentSnapshot, Executor, ExecutorSettings, Runtime, SqliteJournal,
-    ToolCapabilityNarrowing,
+    Config, ExecutableAgentSnapshot, Executor, ExecutorSettings, Runtime, SqliteJournal, ToolCapabilityNarrowing,
 };
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let path = std::env::args().nth(1).ok_or_else(|| anyhow::anyhow!("usage: serve_probe CONFIG"))?;
     let config = Config::load(std::path::Path::new(&path))?;
-    let catalog = Arc::new(Catalog::for_config(&config)?);
+    let catalog = Arc::new(toolgate::host::catalog(&config)?);
     let snapshot = ExecutableAgentSnapshot::build(&config, "default", catalog)?;
     let executor = Arc::new(Executor::new(ExecutorSettings::new(config.limits.clone(), Some(config.cache.clone())))?);
     let rt = Arc::new(Runtime::new(snapshot, executor, Arc::new(SqliteJournal::in_memory()?), 100));
     let call = |rt: Arc<Runtime>| async move {
-        let run = rt.start_run(None, ToolCapabilityNarrowing::Configured)?;
+        let run = rt.start_run(None, ToolCapabilityNarrowing::Configured).await?;
         run.call("text.upper", serde_json::json!({"text": "hello"})).await?;
         anyhow::Ok(())
     };

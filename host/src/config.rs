@@ -16,9 +16,9 @@ use serde::Deserialize;
 
 use std::sync::Arc;
 
-use crate::credentials::{CredentialConfig, CredentialSpec};
-use crate::destination::Destination;
-use crate::narrowing::ToolCapabilityNarrowing;
+use crate::authority::credentials::{CredentialConfig, CredentialSpec};
+use crate::authority::destination::Destination;
+use crate::authority::narrowing::ToolCapabilityNarrowing;
 use crate::policy::{Behavior, RuleSpec};
 
 /// Config errors. Each says which file and field, and what to do.
@@ -218,7 +218,7 @@ pub struct Config {
     /// Credentials by name: where the secret comes from, never the secret.
     pub credentials: BTreeMap<String, Arc<CredentialSpec>>,
     /// With keys, only components signed by one of them load.
-    pub trusted_keys: crate::signing::TrustedKeys,
+    pub trusted_keys: crate::catalog::signing::TrustedKeys,
 }
 
 impl Config {
@@ -257,11 +257,11 @@ impl Config {
             }
         }
         let trusted_keys = match &raw.signing {
-            None => crate::signing::TrustedKeys::default(),
+            None => crate::catalog::signing::TrustedKeys::default(),
             Some(sc) if sc.keys.is_empty() => {
                 return Err(field("signing.keys", "is empty; list trusted keys or remove `[signing]`".into()));
             }
-            Some(sc) => crate::signing::TrustedKeys::parse(&sc.keys).map_err(|e| field("signing.keys", e))?,
+            Some(sc) => crate::catalog::signing::TrustedKeys::parse(&sc.keys).map_err(|e| field("signing.keys", e))?,
         };
         let mut credentials = BTreeMap::new();
         for (name, c) in &raw.credentials {
@@ -319,7 +319,7 @@ impl Config {
             plugins: abs(raw.plugins.unwrap_or_else(|| "plugins".into())),
             store: match raw.store {
                 // An ephemeral journal (CI, benchmarks): nothing survives the process.
-                Some(s) if s.as_os_str() == crate::commit::IN_MEMORY => s,
+                Some(s) if s.as_os_str() == crate::store::sqlite::IN_MEMORY => s,
                 s => abs(s.unwrap_or_else(|| ".toolgate/journal.db".into())),
             },
             cache: abs(raw.cache.unwrap_or_else(|| ".toolgate/cache".into())),
@@ -484,7 +484,7 @@ mod tests {
     #[test]
     fn an_in_memory_store_is_not_a_path() {
         let c = parse("store = \":memory:\"\n").unwrap();
-        assert_eq!(c.store, Path::new(crate::commit::IN_MEMORY));
+        assert_eq!(c.store, Path::new(crate::store::sqlite::IN_MEMORY));
         let j = crate::SqliteJournal::open_store(&c.store).unwrap();
         assert_eq!(j.group_commits(), (0, 0), "in memory: no committer, no file");
         assert!(!Path::new("/etc/tg/:memory:").exists());

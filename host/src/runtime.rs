@@ -20,14 +20,15 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::commit::{
-    AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, StateChange, StepStore, TicketError,
-};
+use crate::authority::narrowing::ToolCapabilityNarrowing;
 use crate::config::Restriction;
-use crate::executor::{Captured, Content, Execution, Executor, ExecutorError, GuestCommand, ToolFailure};
-use crate::gate::{self, GateOutcome, ToolCall, ToolPermissionVerdict};
-use crate::narrowing::ToolCapabilityNarrowing;
+use crate::policy::gate::{self, GateOutcome, ToolCall, ToolPermissionVerdict};
+use crate::sandbox::executor::{Captured, Content, Execution, Executor, ExecutorError, GuestCommand, ToolFailure};
 use crate::snapshot::{Candidate, ExecutableAgentSnapshot};
+use crate::store::{
+    AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, RunRecord, StateChange, StepStore, TicketError,
+    Verdict,
+};
 
 /// A claim older than this is settled as interrupted even if its process
 /// cannot be checked (another machine, PID reuse): far beyond any deadline.
@@ -166,10 +167,10 @@ impl Runtime {
     /// Settle tickets whose approving host died before committing the result
     /// (see [`StepStore::settle_interrupted`]): claimed by a process that is
     /// gone, or more than [`CLAIM_LEASE_SECS`] ago. Hosts call this at start.
-    pub fn settle_interrupted(&self) -> Result<Vec<String>, CommitError> {
+    pub async fn settle_interrupted(&self) -> Result<Vec<String>, CommitError> {
         let me = std::process::id();
         let alive = move |pid: u32| pid == me || process_alive(pid);
-        self.store.settle_interrupted(crate::commit::now() - CLAIM_LEASE_SECS, &alive)
+        self.store.settle_interrupted(crate::store::now() - CLAIM_LEASE_SECS, &alive).await
     }
 
     /// The same runtime over a new snapshot (a reload): same executor, same store.
@@ -201,13 +202,17 @@ impl Runtime {
     }
 
     /// Start a run, optionally narrowed (e.g. `DenyAll`: tools disabled).
-    pub fn start_run(&self, id: Option<String>, narrowing: ToolCapabilityNarrowing) -> Result<Run<'_>, CommitError> {
-        self.start_restricted_run(id, narrowing, Restriction::default())
+    pub async fn start_run(
+        &self,
+        id: Option<String>,
+        narrowing: ToolCapabilityNarrowing,
+    ) -> Result<Run<'_>, CommitError> {
+        self.start_restricted_run(id, narrowing, Restriction::default()).await
     }
 
     /// Start a run whose Tools get at most `restriction` of their granted
     /// authority (intersected with the agent's): a run can only remove.
-    pub fn start_restricted_run(
+    pub async fn start_restricted_run(
         &self,
         id: Option<String>,
         narrowing: ToolCapabilityNarrowing,
@@ -220,19 +225,19 @@ impl Runtime {
         let mut snapshot = self.snapshot.narrowed(narrowing).restricted(restriction);
         if continued {
             // Skills activated earlier in this run (maybe by another process) still narrow it.
-            snapshot = self.with_run_skills(snapshot, &id)?;
+            snapshot = self.with_run_skills(snapshot, &id).await?;
         }
         let n = match snapshot.narrowing() {
             ToolCapabilityNarrowing::Configured => "configured",
             ToolCapabilityNarrowing::DenyAll => "deny-all",
         };
-        self.store.begin_run(&id, self.snapshot.agent(), n)?;
+        self.store.begin_run(&RunRecord { run_id: &id, agent: self.snapshot.agent(), narrowing: n }).await?;
         Ok(Run { runtime: self, id, snapshot: std::sync::Mutex::new(Arc::new(snapshot)) })
     }
 
     /// `snapshot` narrowed by every Skill the journal shows activated in run
     /// `run_id` (an output step of a Skill Tool with `allowed-tools`).
-    fn with_run_skills(
+    async fn with_run_skills(
         &self,
         mut snapshot: ExecutableAgentSnapshot,
         run_id: &str,
@@ -243,7 +248,7 @@ impl Runtime {
         if skills.is_empty() {
             return Ok(snapshot);
         }
-        for id in self.store.output_tools(run_id)? {
+        for id in self.store.output_tools(run_id).await? {
             if let Some(allowed) = skills.get(&id) {
                 snapshot = snapshot.with_skill(&id, allowed);
             }
@@ -253,25 +258,17 @@ impl Runtime {
 
     /// Approve a ticket: execute exactly the stored call, once.
     pub async fn approve(&self, ticket_id: &str) -> Result<StepResult, CallError> {
-        let ticket = self.claim(ticket_id)?;
+        let ticket = self.claim(ticket_id).await?;
         let r = ticket.record().clone();
         // The gate decides again on the run's view now, Skills activated since included.
-        let snapshot = self.with_run_skills(self.snapshot.clone(), &r.run_id)?;
+        let snapshot = self.with_run_skills(self.snapshot.clone(), &r.run_id).await?;
         let call = stored_call(&r);
         let step = Step { run_id: &r.run_id, agent: &r.agent, call: &call };
         let candidate = match snapshot.candidate(&call.tool_id, &|d| self.executor.unhealthy(d)) {
             Ok(c) => c,
             Err(removal) => {
                 let reason = format!("`{}` is no longer available: {removal}", call.tool_id);
-                let seq = step.commit_resolved(
-                    self,
-                    ticket,
-                    "none",
-                    OutcomeKind::Blocked,
-                    &reason,
-                    &Captured::default(),
-                    &[],
-                )?;
+                let seq = step.resolve(self, ticket, Ending::blocked(Verdict::None, &reason)).await?;
                 return Ok(StepResult::Blocked { seq, reason });
             }
         };
@@ -282,71 +279,46 @@ impl Runtime {
                 was: ticket.component_digest().to_string(),
                 now: candidate.installed.component.digest.to_string(),
             };
-            step.commit_resolved(
-                self,
-                ticket,
-                "none",
-                OutcomeKind::Blocked,
-                &err.to_string(),
-                &Captured::default(),
-                &[],
-            )?;
+            step.resolve(self, ticket, Ending::blocked(Verdict::None, &err.to_string())).await?;
             return Err(err.into());
         }
         let verdict = gate::decide_resumed(&snapshot, &candidate, &call, &ticket);
         match GateOutcome::from_verdict(verdict, candidate, call.clone()) {
             GateOutcome::Execute(allowed) => {
-                let state = self.store.tool_state(&r.agent, &call.tool_id)?;
+                let state = self.store.tool_state(&r.agent, &call.tool_id).await?;
                 let exec = self.executor.execute(&allowed, state).await;
-                step.finish(self, Some(ticket), exec)
+                step.finish(self, Some(ticket), exec).await
             }
             GateOutcome::Blocked { reason } => {
-                let seq = step.commit_resolved(
-                    self,
-                    ticket,
-                    "deny",
-                    OutcomeKind::Blocked,
-                    &reason,
-                    &Captured::default(),
-                    &[],
-                )?;
+                let seq = step.resolve(self, ticket, Ending::blocked(Verdict::Deny, &reason)).await?;
                 Ok(StepResult::Blocked { seq, reason })
             }
             // decide_resumed never asks again; treat it as a block rather than loop.
             GateOutcome::AwaitConfirmation { .. } => {
                 let reason = "the approval could not be applied".to_owned();
-                let seq = step.commit_resolved(
-                    self,
-                    ticket,
-                    "ask",
-                    OutcomeKind::Blocked,
-                    &reason,
-                    &Captured::default(),
-                    &[],
-                )?;
+                let seq = step.resolve(self, ticket, Ending::blocked(Verdict::Ask, &reason)).await?;
                 Ok(StepResult::Blocked { seq, reason })
             }
         }
     }
 
     /// Deny a ticket: commit a blocked result; nothing executes.
-    pub fn deny(&self, ticket_id: &str, reason: &str) -> Result<StepResult, CallError> {
-        let ticket = self.claim(ticket_id)?;
+    pub async fn deny(&self, ticket_id: &str, reason: &str) -> Result<StepResult, CallError> {
+        let ticket = self.claim(ticket_id).await?;
         let r = ticket.record().clone();
         let call = stored_call(&r);
         let step = Step { run_id: &r.run_id, agent: &r.agent, call: &call };
         let reason = format!("a human denied `{}`: {reason}", call.tool_id);
-        let seq =
-            step.commit_resolved(self, ticket, "deny", OutcomeKind::Blocked, &reason, &Captured::default(), &[])?;
+        let seq = step.resolve(self, ticket, Ending::blocked(Verdict::Deny, &reason)).await?;
         Ok(StepResult::Blocked { seq, reason })
     }
 
-    fn claim(&self, ticket_id: &str) -> Result<ClaimedTicket, CallError> {
-        let ticket = self.store.claim_ticket(ticket_id, crate::commit::now())??;
+    async fn claim(&self, ticket_id: &str) -> Result<ClaimedTicket, CallError> {
+        let ticket = self.store.claim_ticket(ticket_id, crate::store::now()).await??;
         if ticket.record().agent != self.snapshot.agent() {
             let ticket_agent = ticket.record().agent.clone();
             // Not ours to resolve: put nothing back into play, but say whose it is.
-            self.store.abandon_ticket(ticket, "claimed by the wrong agent")?;
+            self.store.abandon_ticket(ticket, "claimed by the wrong agent").await?;
             return Err(CallError::WrongAgent { ticket_agent });
         }
         Ok(ticket)
@@ -385,48 +357,41 @@ impl Run<'_> {
             Err(r) if r.is_unknown_to_model() => return Err(CallError::UnknownTool(tool_id.to_owned())),
             Err(removal) => {
                 let reason = format!("`{tool_id}` is unavailable: {removal}");
-                let seq = step.commit(rt, "none", OutcomeKind::Blocked, &reason, &Captured::default(), &[], None)?;
+                let seq = step.commit(rt, Ending::blocked(Verdict::None, &reason), None).await?;
                 return Ok(StepResult::Blocked { seq, reason });
             }
         };
 
         // 2. Arguments against the descriptor's schema: before the gate, nothing instantiated.
         if let Err(message) = candidate.installed.tool.validate_arguments(&call.arguments) {
-            let seq = step.commit(rt, "none", OutcomeKind::ToolError, &message, &Captured::default(), &[], None)?;
+            let ending = Ending { outcome: OutcomeKind::ToolError, ..Ending::blocked(Verdict::None, &message) };
+            let seq = step.commit(rt, ending, None).await?;
             return Ok(StepResult::ToolError { seq, message });
         }
 
         // 3. The gate on the exact call.
         let verdict = gate::decide(snapshot, &candidate, &call);
-        let verdict_name = verdict_name(&verdict);
+        let verdict_kind = verdict_kind(&verdict);
         match GateOutcome::from_verdict(verdict, candidate.clone(), call.clone()) {
             // 4. Effect and durable result.
             GateOutcome::Execute(allowed) => {
-                let state = rt.store.tool_state(snapshot.agent(), tool_id)?;
+                let state = rt.store.tool_state(snapshot.agent(), tool_id).await?;
                 let exec = rt.executor.execute(&allowed, state).await;
-                let result = step.finish(rt, None, exec)?;
+                let result = step.finish(rt, None, exec).await?;
                 if let (StepResult::Output { .. }, Some(skill)) = (&result, &candidate.installed.tool.metadata.skill) {
                     self.activate(tool_id, skill);
                 }
                 Ok(result)
             }
             GateOutcome::Blocked { reason } => {
-                let seq =
-                    step.commit(rt, verdict_name, OutcomeKind::Blocked, &reason, &Captured::default(), &[], None)?;
+                let seq = step.commit(rt, Ending::blocked(verdict_kind, &reason), None).await?;
                 Ok(StepResult::Blocked { seq, reason })
             }
             GateOutcome::AwaitConfirmation { correlation_id } => {
                 let awaiting = awaiting_record(rt, &self.id, snapshot.agent(), &call, &candidate, &correlation_id);
                 let text = format!("awaiting approval: ticket {}", awaiting.ticket_id);
-                let seq = step.commit(
-                    rt,
-                    verdict_name,
-                    OutcomeKind::Awaiting,
-                    &text,
-                    &Captured::default(),
-                    &[],
-                    Some(&awaiting),
-                )?;
+                let ending = Ending { outcome: OutcomeKind::Awaiting, ..Ending::blocked(verdict_kind, &text) };
+                let seq = step.commit(rt, ending, Some(&awaiting)).await?;
                 Ok(StepResult::Awaiting { seq, ticket: awaiting.ticket_id, expires_at: awaiting.expires_at })
             }
         }
@@ -460,7 +425,7 @@ fn awaiting_record(
         arguments: call.arguments.to_string(),
         argument_digest: gate::argument_digest(&call.arguments),
         component_digest: candidate.installed.component.digest,
-        expires_at: crate::commit::now() + rt.ticket_ttl_secs,
+        expires_at: crate::store::now() + rt.ticket_ttl_secs,
         state: "pending".into(),
     }
 }
@@ -484,11 +449,11 @@ fn normalize(arguments: Value) -> Value {
     }
 }
 
-fn verdict_name(v: &ToolPermissionVerdict) -> &'static str {
+fn verdict_kind(v: &ToolPermissionVerdict) -> Verdict {
     match v {
-        ToolPermissionVerdict::Allow => "allow",
-        ToolPermissionVerdict::Deny { .. } => "deny",
-        ToolPermissionVerdict::RequireConfirmation { .. } => "ask",
+        ToolPermissionVerdict::Allow => Verdict::Allow,
+        ToolPermissionVerdict::Deny { .. } => Verdict::Deny,
+        ToolPermissionVerdict::RequireConfirmation { .. } => Verdict::Ask,
     }
 }
 
@@ -499,82 +464,89 @@ struct Step<'a> {
     call: &'a ToolCall,
 }
 
+/// What a step ended as: the plain data the Step commit writes.
+struct Ending<'a> {
+    verdict: Verdict,
+    outcome: OutcomeKind,
+    /// What the model reads.
+    text: &'a str,
+    captured: &'a Captured,
+    /// The Tool's Commands, already checked to be in its scope.
+    changes: &'a [StateChange],
+}
+
+static NOTHING_CAPTURED: std::sync::LazyLock<Captured> = std::sync::LazyLock::new(Captured::default);
+
+impl<'a> Ending<'a> {
+    /// A result that ran nothing: blocked by `verdict` (or, with another
+    /// `outcome`, an error found before the gate), nothing captured or changed.
+    fn blocked(verdict: Verdict, text: &'a str) -> Self {
+        Ending { verdict, outcome: OutcomeKind::Blocked, text, captured: &NOTHING_CAPTURED, changes: &[] }
+    }
+}
+
 impl Step<'_> {
-    #[allow(clippy::too_many_arguments)]
-    fn commit(
-        &self,
-        rt: &Runtime,
-        verdict: &str,
-        outcome: OutcomeKind,
-        result: &str,
-        captured: &Captured,
-        changes: &[StateChange],
-        awaiting: Option<&AwaitingRecord>,
-    ) -> Result<i64, CommitError> {
-        let args = self.call.arguments.to_string();
-        let captured = serde_json::to_string(captured).unwrap_or_default();
-        let step = self.new_step(verdict, outcome, result, &args, &captured);
-        rt.store.commit_step(&step, changes, awaiting)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn commit_resolved(
-        &self,
-        rt: &Runtime,
-        ticket: ClaimedTicket,
-        verdict: &str,
-        outcome: OutcomeKind,
-        result: &str,
-        captured: &Captured,
-        changes: &[StateChange],
-    ) -> Result<i64, CommitError> {
-        let args = self.call.arguments.to_string();
-        let captured = serde_json::to_string(captured).unwrap_or_default();
-        let step = self.new_step(verdict, outcome, result, &args, &captured);
-        rt.store.resolve_ticket(ticket, &step, changes)
-    }
-
-    fn new_step<'s>(
-        &'s self,
-        verdict: &'s str,
-        outcome: OutcomeKind,
-        result: &'s str,
-        args: &'s str,
-        captured: &'s str,
-    ) -> NewStep<'s> {
+    fn record<'s>(&'s self, ending: &Ending<'s>, args: &'s str, captured: &'s str) -> NewStep<'s> {
         NewStep {
             run_id: self.run_id,
             agent: self.agent,
             call_id: &self.call.call_id,
             tool_id: &self.call.tool_id,
             arguments: args,
-            verdict,
-            outcome,
-            result,
+            verdict: ending.verdict,
+            outcome: ending.outcome,
+            result: ending.text,
             captured,
         }
     }
 
+    /// Commit a fresh call's step (with its Awaiting record, for an ask).
+    async fn commit(
+        &self,
+        rt: &Runtime,
+        ending: Ending<'_>,
+        awaiting: Option<&AwaitingRecord>,
+    ) -> Result<i64, CommitError> {
+        let args = self.call.arguments.to_string();
+        let captured = serde_json::to_string(ending.captured).unwrap_or_default();
+        rt.store.commit_step(&self.record(&ending, &args, &captured), ending.changes, awaiting).await
+    }
+
+    /// Commit the step that resolves `ticket`.
+    async fn resolve(&self, rt: &Runtime, ticket: ClaimedTicket, ending: Ending<'_>) -> Result<i64, CommitError> {
+        let args = self.call.arguments.to_string();
+        let captured = serde_json::to_string(ending.captured).unwrap_or_default();
+        rt.store.resolve_ticket(ticket, &self.record(&ending, &args, &captured), ending.changes).await
+    }
+
+    async fn commit_or_resolve(
+        &self,
+        rt: &Runtime,
+        ticket: Option<ClaimedTicket>,
+        ending: Ending<'_>,
+    ) -> Result<i64, CommitError> {
+        match ticket {
+            Some(t) => self.resolve(rt, t, ending).await,
+            None => self.commit(rt, ending, None).await,
+        }
+    }
+
     /// Commit an execution: output with its Commands, or the failure.
-    fn finish(
+    async fn finish(
         &self,
         rt: &Runtime,
         ticket: Option<ClaimedTicket>,
         exec: Result<Execution, ExecutorError>,
     ) -> Result<StepResult, CallError> {
-        let commit = |outcome: OutcomeKind,
-                      text: &str,
-                      captured: &Captured,
-                      changes: &[StateChange],
-                      ticket: Option<ClaimedTicket>| match ticket {
-            Some(t) => self.commit_resolved(rt, t, "allow", outcome, text, captured, changes),
-            None => self.commit(rt, "allow", outcome, text, captured, changes, None),
-        };
+        let ran =
+            |outcome, text, captured, changes| Ending { verdict: Verdict::Allow, outcome, text, captured, changes };
         let exec = match exec {
             Ok(e) => e,
             Err(e) => {
                 // Someone must act (reload, rebuild); the journal still says what happened.
-                commit(OutcomeKind::ExecutorError, &e.to_string(), &Captured::default(), &[], ticket)?;
+                let text = e.to_string();
+                self.commit_or_resolve(rt, ticket, ran(OutcomeKind::ExecutorError, &text, &NOTHING_CAPTURED, &[]))
+                    .await?;
                 return Err(e.into());
             }
         };
@@ -585,11 +557,13 @@ impl Step<'_> {
                         Content::Json(v) => v.to_string(),
                         Content::Text(t) => t.clone(),
                     };
-                    let seq = commit(OutcomeKind::Output, &text, &exec.captured, &changes, ticket)?;
+                    let ending = ran(OutcomeKind::Output, &text, &exec.captured, &changes);
+                    let seq = self.commit_or_resolve(rt, ticket, ending).await?;
                     Ok(StepResult::Output { seq, content: out.content })
                 }
                 Err(message) => {
-                    let seq = commit(OutcomeKind::ToolError, &message, &exec.captured, &[], ticket)?;
+                    let ending = ran(OutcomeKind::ToolError, &message, &exec.captured, &[]);
+                    let seq = self.commit_or_resolve(rt, ticket, ending).await?;
                     Ok(StepResult::ToolError { seq, message })
                 }
             },
@@ -600,12 +574,14 @@ impl Step<'_> {
                     failure: exec.transport_failure.unwrap_or_default(),
                     said,
                 };
-                commit(OutcomeKind::ExecutorError, &e.to_string(), &exec.captured, &[], ticket)?;
+                let text = e.to_string();
+                self.commit_or_resolve(rt, ticket, ran(OutcomeKind::ExecutorError, &text, &exec.captured, &[])).await?;
                 Err(e.into())
             }
             Err(failure) => {
                 let message = failure.to_string();
-                let seq = commit(OutcomeKind::ToolError, &message, &exec.captured, &[], ticket)?;
+                let ending = ran(OutcomeKind::ToolError, &message, &exec.captured, &[]);
+                let seq = self.commit_or_resolve(rt, ticket, ending).await?;
                 Ok(StepResult::ToolError { seq, message })
             }
         }

@@ -18,11 +18,11 @@ use std::sync::Arc;
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use toolgate_sdk::{DeclaredCapabilities, ToolDescriptor};
 
+use crate::authority::credentials::CredentialSpec;
+use crate::authority::destination::Destination;
+use crate::authority::narrowing::{Access, CapabilitySet, ToolCapabilityNarrowing};
 use crate::catalog::{Availability, Catalog, InstalledTool};
 use crate::config::{AgentConfig, Config, ConfigError, Grant, Restriction};
-use crate::credentials::CredentialSpec;
-use crate::destination::Destination;
-use crate::narrowing::{Access, CapabilitySet, ToolCapabilityNarrowing};
 use crate::policy::Policy;
 
 /// Why a Tool is not a candidate for a call.
@@ -227,7 +227,7 @@ impl ExecutableAgentSnapshot {
     pub fn candidate(
         &self,
         id: &str,
-        unhealthy: &dyn Fn(&crate::catalog::Digest) -> Option<String>,
+        unhealthy: &dyn Fn(&crate::digest::Digest) -> Option<String>,
     ) -> Result<Candidate, Removal> {
         if !self.is_visible(id) {
             return Err(Removal::NotVisible);
@@ -328,7 +328,7 @@ impl ExecutableAgentSnapshot {
     }
 
     /// Descriptors the model sees: visible and passing the filter, sorted by id.
-    pub fn list(&self, unhealthy: &dyn Fn(&crate::catalog::Digest) -> Option<String>) -> Vec<ToolDescriptor> {
+    pub fn list(&self, unhealthy: &dyn Fn(&crate::digest::Digest) -> Option<String>) -> Vec<ToolDescriptor> {
         self.catalog
             .tools()
             .filter_map(|(id, _)| self.candidate(id, unhealthy).ok())
@@ -337,7 +337,7 @@ impl ExecutableAgentSnapshot {
     }
 
     /// Every claimed id with why it is or is not shown (`list --all`).
-    pub fn list_all(&self, unhealthy: &dyn Fn(&crate::catalog::Digest) -> Option<String>) -> Vec<Listing> {
+    pub fn list_all(&self, unhealthy: &dyn Fn(&crate::digest::Digest) -> Option<String>) -> Vec<Listing> {
         self.catalog
             .tools()
             .map(|(id, a)| {

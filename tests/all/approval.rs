@@ -2,7 +2,7 @@
 //! ticket bound to the exact call.
 
 use serde_json::json;
-use toolgate::commit::{OutcomeKind, TicketError};
+use toolgate::store::{OutcomeKind, TicketError};
 use toolgate::{CallError, StepResult};
 use toolgate_tests::{guests, packed};
 
@@ -20,11 +20,11 @@ async fn ask_awaits_then_approve_executes_the_exact_call_once() {
     let host = text_and_notes("");
     let ticket = ask(&host, "buy milk").await;
     assert_eq!(host.instantiations(), 0, "nothing runs before approval");
-    assert_eq!(host.runtime.store().pending().unwrap().len(), 1);
+    assert_eq!(host.runtime.store().pending().await.unwrap().len(), 1);
 
     let r = host.runtime.approve(&ticket).await.unwrap();
     assert!(
-        matches!(&r, StepResult::Output { content: toolgate::executor::Content::Json(v), .. } if v == &json!({"notes": ["buy milk"]})),
+        matches!(&r, StepResult::Output { content: toolgate::sandbox::executor::Content::Json(v), .. } if v == &json!({"notes": ["buy milk"]})),
         "{r:?}"
     );
     assert_eq!(host.instantiations(), 1);
@@ -33,18 +33,18 @@ async fn ask_awaits_then_approve_executes_the_exact_call_once() {
     assert!(matches!(again, CallError::Ticket(TicketError::Used(_))), "{again}");
     assert_eq!(host.instantiations(), 1, "a reused ticket executes nothing");
 
-    let s = steps(&host);
+    let s = steps(&host).await;
     assert_eq!(s.iter().map(|s| s.outcome).collect::<Vec<_>>(), [OutcomeKind::Awaiting, OutcomeKind::Output]);
     assert_eq!(s[0].call_id, s[1].call_id, "the approval resolves the same call");
     assert_eq!(s[1].arguments, s[0].arguments);
-    assert!(host.runtime.store().pending().unwrap().is_empty());
+    assert!(host.runtime.store().pending().await.unwrap().is_empty());
 }
 
 #[tokio::test]
 async fn deny_commits_a_blocked_result_and_executes_nothing() {
     let host = text_and_notes("");
     let ticket = ask(&host, "x").await;
-    let r = host.runtime.deny(&ticket, "not today").unwrap();
+    let r = host.runtime.deny(&ticket, "not today").await.unwrap();
     assert!(matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("not today")), "{r:?}");
     assert_eq!(host.instantiations(), 0);
     let again = host.runtime.approve(&ticket).await.unwrap_err();
@@ -146,6 +146,6 @@ async fn two_hosts_approving_one_ticket_at_once_execute_it_once() {
     let loser = if a.is_ok() { b } else { a };
     assert!(matches!(loser, Err(CallError::Ticket(TicketError::Used(_)))));
     assert_eq!(host.instantiations() + other.executor().instantiations(), 1);
-    let state = host.runtime.store().tool_state("default", "notes").unwrap();
+    let state = host.runtime.store().tool_state("default", "notes").await.unwrap();
     assert_eq!(state.get("notes").map(String::as_str), Some("[\"once\"]"));
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::json;
 use toolgate::StepResult;
-use toolgate::executor::Content;
+use toolgate::sandbox::executor::Content;
 use toolgate_tests::{TestHost, TestServer, guests, packed};
 
 use super::call;
@@ -164,7 +164,7 @@ async fn ungranted_hosts_ports_and_schemes_are_refused_naming_the_destination() 
     }
     assert!(w.api.requests().is_empty());
     // The step's log says which destination was refused.
-    let steps = w.host.runtime.store().steps(None).unwrap();
+    let steps = w.host.runtime.store().steps(None).await.unwrap();
     assert!(
         steps[0].captured.contains(&format!("http://127.0.0.1:{free_port} is not granted")),
         "{}",
@@ -290,12 +290,15 @@ async fn a_run_can_only_narrow_the_granted_authority() {
     let rt = &w.host.runtime;
     let configured = toolgate::ToolCapabilityNarrowing::Configured;
     // No hosts for this run.
-    let run =
-        rt.start_restricted_run(None, configured, Restriction { hosts: Some(vec![]), ..Default::default() }).unwrap();
+    let run = rt
+        .start_restricted_run(None, configured, Restriction { hosts: Some(vec![]), ..Default::default() })
+        .await
+        .unwrap();
     assert_err(&thief_in(&run, "http", &w.other.url("/echo"), false).await, "denied");
     // No credentials: the destination stays, the credential goes.
     let run = rt
         .start_restricted_run(None, configured, Restriction { credentials: Some(vec![]), ..Default::default() })
+        .await
         .unwrap();
     assert_err(&thief_in(&run, "http", &w.api.url("/echo"), true).await, "denied");
     assert!(thief_in(&run, "http", &w.api.url("/echo"), false).await.starts_with("ok: 200"));
@@ -306,6 +309,7 @@ async fn a_run_can_only_narrow_the_granted_authority() {
             configured,
             Restriction { directories: Some(vec!["/scratch".into()]), ..Default::default() },
         )
+        .await
         .unwrap();
     assert_err(&thief_in(&run, "read", "/data/a.txt", false).await, "");
     // A restriction naming authority that was never granted adds nothing.
@@ -319,6 +323,7 @@ async fn a_run_can_only_narrow_the_granted_authority() {
                 ..Default::default()
             },
         )
+        .await
         .unwrap();
     assert_err(&thief_in(&run, "http", "https://example.com/", false).await, "denied");
     assert!(thief_in(&run, "read", "/etc/passwd", false).await.starts_with("err: "));
@@ -332,7 +337,7 @@ async fn an_agent_can_narrow_the_hosts_grants() {
     let mut config = w.host.config.clone();
     config.agents.get_mut("default").unwrap().authority.hosts = Some(vec![w.other.origin()]);
     let rt = toolgate_tests::runtime_for(&config, "default");
-    let run = rt.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).unwrap();
+    let run = rt.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
     assert_err(&thief_in(&run, "http", &w.api.url("/echo"), false).await, "denied");
     assert!(thief_in(&run, "http", &w.other.url("/echo"), false).await.starts_with("ok: 200"));
 }

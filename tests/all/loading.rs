@@ -3,7 +3,7 @@
 
 use serde_json::json;
 use toolgate::StepResult;
-use toolgate::descriptor::{DescriptorError, embed_metadata, read_metadata};
+use toolgate::catalog::descriptor::{DescriptorError, embed_metadata, read_metadata};
 use toolgate_sdk::ComponentMetadata;
 use toolgate_tests::{TestHost, guests, packed, raw};
 

@@ -8,6 +8,7 @@ mod path;
 mod sandbox;
 mod skills;
 mod state;
+mod store;
 
 use serde_json::json;
 use toolgate::StepResult;
@@ -36,12 +37,12 @@ rules = [
 }
 
 async fn call(host: &TestHost, tool: &str, args: serde_json::Value) -> StepResult {
-    let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).unwrap();
+    let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
     run.call(tool, args).await.unwrap()
 }
 
-fn steps(host: &TestHost) -> Vec<toolgate::commit::StepRecord> {
-    host.runtime.store().steps(None).unwrap()
+async fn steps(host: &TestHost) -> Vec<toolgate::store::StepRecord> {
+    host.runtime.store().steps(None).await.unwrap()
 }
 
 #[tokio::test]
@@ -49,10 +50,10 @@ async fn allowed_call_returns_the_tools_output() {
     let host = text_and_notes("");
     let r = call(&host, "text.upper", json!({"text": "hello"})).await;
     assert!(
-        matches!(&r, StepResult::Output { content: toolgate::executor::Content::Json(v), .. } if v == "HELLO"),
+        matches!(&r, StepResult::Output { content: toolgate::sandbox::executor::Content::Json(v), .. } if v == "HELLO"),
         "{r:?}"
     );
-    let s = steps(&host);
+    let s = steps(&host).await;
     assert_eq!(s.len(), 1);
     assert_eq!(s[0].verdict, "allow");
     assert_eq!(s[0].result, "\"HELLO\"");

@@ -2,7 +2,7 @@
 //! before any effect; only Allow executes; blocked calls are committed results.
 
 use serde_json::json;
-use toolgate::commit::OutcomeKind;
+use toolgate::store::OutcomeKind;
 use toolgate::{CallError, StepResult, ToolCapabilityNarrowing};
 use toolgate_tests::{TestHost, guests, packed};
 
@@ -17,7 +17,7 @@ async fn visible_but_denied_is_blocked_committed_and_never_instantiated() {
     assert!(reason.contains("rule `text.repeat`"), "reason names the rule: {reason}");
     assert_eq!(host.instantiations(), 0, "a denied call instantiates nothing");
     assert_eq!(host.runtime.executor().compilations(), 0, "a denied call compiles nothing");
-    let s = steps(&host);
+    let s = steps(&host).await;
     assert_eq!((s.len(), s[0].outcome, s[0].verdict.as_str()), (1, OutcomeKind::Blocked, "deny"));
 }
 
@@ -29,7 +29,7 @@ async fn installed_but_invisible_is_absent_and_refused_like_an_unknown_tool() {
         &[("text.wasm", packed(guests::TEXT)), ("notes.wasm", packed(guests::NOTES))],
     );
     assert!(host.runtime.list().iter().all(|d| d.id != "notes"));
-    let run = host.runtime.start_run(None, ToolCapabilityNarrowing::Configured).unwrap();
+    let run = host.runtime.start_run(None, ToolCapabilityNarrowing::Configured).await.unwrap();
     let invisible = run.call("notes", json!({"op": "list"})).await.unwrap_err();
     let missing = run.call("no.such.tool", json!({})).await.unwrap_err();
     assert!(matches!(invisible, CallError::UnknownTool(ref id) if id == "notes"), "{invisible}");
@@ -39,7 +39,7 @@ async fn installed_but_invisible_is_absent_and_refused_like_an_unknown_tool() {
         "an invisible tool is indistinguishable from a missing one"
     );
     assert_eq!(host.instantiations(), 0);
-    assert!(steps(&host).is_empty(), "an unknown tool is a protocol error, not a step");
+    assert!(steps(&host).await.is_empty(), "an unknown tool is a protocol error, not a step");
 }
 
 #[tokio::test]
@@ -57,13 +57,13 @@ async fn invalid_arguments_are_a_tool_error_before_the_gate_and_nothing_runs() {
         "{r:?}"
     );
     assert_eq!(host.instantiations(), 0);
-    assert!(steps(&host).iter().all(|s| s.outcome == OutcomeKind::ToolError && s.verdict == "none"));
+    assert!(steps(&host).await.iter().all(|s| s.outcome == OutcomeKind::ToolError && s.verdict == "none"));
 }
 
 #[tokio::test]
 async fn a_run_with_tools_disabled_blocks_every_call_with_a_reason() {
     let host = text_and_notes("");
-    let run = host.runtime.start_run(None, ToolCapabilityNarrowing::DenyAll).unwrap();
+    let run = host.runtime.start_run(None, ToolCapabilityNarrowing::DenyAll).await.unwrap();
     let r = run.call("text.upper", json!({"text": "x"})).await.unwrap();
     assert!(matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("tools are disabled")), "{r:?}");
     assert_eq!(host.instantiations(), 0);
@@ -113,11 +113,11 @@ async fn a_component_that_fails_to_compile_is_an_executor_error_then_unhealthy()
         &[("broken.wasm", broken), ("notes.wasm", packed(guests::NOTES))],
     );
     assert_eq!(host.runtime.list().len(), 4, "descriptors load without compiling");
-    let run = host.runtime.start_run(None, ToolCapabilityNarrowing::Configured).unwrap();
+    let run = host.runtime.start_run(None, ToolCapabilityNarrowing::Configured).await.unwrap();
     let e = run.call("text.upper", json!({"text": "x"})).await.unwrap_err();
     assert!(matches!(e, CallError::Executor(_)), "{e}");
     assert!(e.to_string().contains("broken.wasm"), "names the file: {e}");
-    assert_eq!(steps(&host).last().unwrap().outcome, OutcomeKind::ExecutorError, "and the journal says so");
+    assert_eq!(steps(&host).await.last().unwrap().outcome, OutcomeKind::ExecutorError, "and the journal says so");
     // Now unhealthy: removed by the filter, with the reason.
     assert!(host.runtime.list().iter().all(|d| !d.id.starts_with("text.")));
     let r = run.call("text.count", json!({"text": "x"})).await.unwrap();

@@ -65,7 +65,7 @@ async fn guest_output_is_captured_bounded_and_attached_to_the_step() {
     let host = hostile("capture_kib = 1");
     let r = call(&host, "hostile.chatter", json!({})).await;
     assert!(matches!(r, StepResult::Output { .. }), "a full capture does not fail the Tool: {r:?}");
-    let s = steps(&host);
+    let s = steps(&host).await;
     let captured: serde_json::Value = serde_json::from_str(&s[0].captured).unwrap();
     let stdout = captured["stdout"].as_str().unwrap();
     assert!(stdout.starts_with("{\"jsonrpc\""), "{stdout}");
@@ -78,7 +78,7 @@ async fn guest_output_is_captured_bounded_and_attached_to_the_step() {
 async fn ambient_authority_is_absent() {
     let host = hostile("");
     let r = call(&host, "hostile.snoop", json!({})).await;
-    let StepResult::Output { content: toolgate::executor::Content::Json(v), .. } = &r else { panic!("{r:?}") };
+    let StepResult::Output { content: toolgate::sandbox::executor::Content::Json(v), .. } = &r else { panic!("{r:?}") };
     assert_eq!(v["env"], json!([]), "no environment variables");
     for key in ["root", "passwd", "tcp"] {
         assert!(v[key].as_str().unwrap().starts_with("Err("), "{key}: {}", v[key]);
@@ -110,9 +110,9 @@ async fn unbounded_recursion_is_a_tool_error() {
     let m = tool_error(&r);
     assert!(m.contains("crashed") && m.contains("stack"), "a stack overflow is a trap, named: {m}");
     still_serving(&host).await;
-    let s = steps(&host);
+    let s = steps(&host).await;
     assert_eq!(s.len(), 2);
-    assert_eq!(s[0].outcome, toolgate::commit::OutcomeKind::ToolError);
+    assert_eq!(s[0].outcome, toolgate::store::OutcomeKind::ToolError);
 }
 
 #[tokio::test]
@@ -122,8 +122,8 @@ async fn output_that_breaks_the_declared_output_schema_is_refused() {
     let m = tool_error(&r);
     assert!(m.contains("hostile.liar") && m.contains("output schema") && m.contains("object"), "{m}");
     still_serving(&host).await;
-    let s = steps(&host);
-    assert_eq!(s[0].outcome, toolgate::commit::OutcomeKind::ToolError);
+    let s = steps(&host).await;
+    assert_eq!(s[0].outcome, toolgate::store::OutcomeKind::ToolError);
     assert!(s[0].result.starts_with("the Tool returned malformed output"), "{}", s[0].result);
 }
 
@@ -149,11 +149,11 @@ fn imports_a_backdoor() -> Vec<u8> {
     let mut c = Component::new();
     c.section(&types).section(&imports).section(&exports);
     let mut doc = {
-        let tools = toolgate::descriptor::read_metadata(&packed(guests::TEXT)).unwrap();
+        let tools = toolgate::catalog::descriptor::read_metadata(&packed(guests::TEXT)).unwrap();
         toolgate_sdk::ComponentMetadata::new(tools.iter().take(1).map(|t| t.metadata.clone()).collect())
     };
     doc.tools[0].descriptor.id = "evil.open".into();
-    toolgate::descriptor::embed_metadata(&c.finish(), &doc).unwrap()
+    toolgate::catalog::descriptor::embed_metadata(&c.finish(), &doc).unwrap()
 }
 
 #[tokio::test]
@@ -164,7 +164,7 @@ async fn a_component_importing_what_the_host_lacks_fails_to_link_and_is_marked_u
     );
     let refused: Vec<_> = host.runtime.snapshot().catalog().refused().iter().map(|r| r.reason.clone()).collect();
     assert!(host.runtime.list().iter().any(|d| d.id == "evil.open"), "metadata alone loads; nothing ran: {refused:?}");
-    let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).unwrap();
+    let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
     match run.call("evil.open", json!({"text": "x"})).await {
         Err(toolgate::runtime::CallError::Executor(e)) => {
             let m = e.to_string();
@@ -177,9 +177,9 @@ async fn a_component_importing_what_the_host_lacks_fails_to_link_and_is_marked_u
     assert!(!host.runtime.list().iter().any(|d| d.id == "evil.open"));
     let r = call(&host, "evil.open", json!({"text": "x"})).await;
     assert!(matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("unhealthy")), "{r:?}");
-    let s = steps(&host);
+    let s = steps(&host).await;
     let kinds: Vec<_> = s.iter().map(|s| s.outcome).collect();
-    use toolgate::commit::OutcomeKind as K;
+    use toolgate::store::OutcomeKind as K;
     assert_eq!(kinds, [K::ExecutorError, K::Output, K::Blocked]);
 }
 
@@ -214,5 +214,5 @@ async fn saturation_queues_calls_instead_of_failing_them() {
         let (total, per_tool) = host.runtime.executor().peak_instances(tool);
         assert!(total <= 2 && per_tool == 1, "{tool}: peak {total} in total, {per_tool} of the Tool");
     }
-    assert_eq!(steps(&host).len(), 24);
+    assert_eq!(steps(&host).await.len(), 24);
 }

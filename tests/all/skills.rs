@@ -5,16 +5,16 @@ use std::path::Path;
 
 use serde_json::json;
 use toolgate::StepResult;
-use toolgate::executor::Content;
+use toolgate::sandbox::executor::Content;
 use toolgate_tests::{TestHost, guests, packed};
 
 fn skill_component() -> Vec<u8> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../example-tools/skills/release-notes");
-    let skill = toolgate::skill::read(&dir).unwrap();
-    let raw = toolgate::skill::build(&skill, &toolgate::skill::BuildEnv::default()).unwrap();
+    let skill = toolgate_author::skill::read(&dir).unwrap();
+    let raw = toolgate_author::skill::build(&skill, &toolgate_author::skill::BuildEnv::default()).unwrap();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(toolgate::pack::pack(&raw)).unwrap().0
+        rt.block_on(toolgate_author::pack::pack(&raw)).unwrap().0
     })
     .join()
     .unwrap()
@@ -48,7 +48,7 @@ rules = [{ pattern = "text.repeat", behavior = "deny" }]
     let listing = serde_json::to_string(&d).unwrap();
     assert!(!listing.contains("Group the items"), "{listing}");
 
-    let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).unwrap();
+    let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
     // Before activation the agent's own policy applies.
     assert!(matches!(run.call("hostile.big", json!({"bytes": 1})).await.unwrap(), StepResult::Output { .. }));
 
@@ -72,7 +72,7 @@ rules = [{ pattern = "text.repeat", behavior = "deny" }]
     let r = run.call("text.repeat", json!({"text": "a", "times": 1})).await.unwrap();
     assert!(matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("rule `text.repeat`")), "{r:?}");
     // Another run is not narrowed.
-    let other = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).unwrap();
+    let other = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
     assert!(matches!(other.call("hostile.big", json!({"bytes": 1})).await.unwrap(), StepResult::Output { .. }));
 
     // A host restarted on the same journal (`toolgate call --run ID` in another process)
@@ -81,10 +81,10 @@ rules = [{ pattern = "text.repeat", behavior = "deny" }]
     let other_id = other.id().to_owned();
     drop((run, other));
     let host = host.restart();
-    let resumed = host.runtime.start_run(Some(run_id), toolgate::ToolCapabilityNarrowing::Configured).unwrap();
+    let resumed = host.runtime.start_run(Some(run_id), toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
     let r = resumed.call("hostile.big", json!({"bytes": 1})).await.unwrap();
     assert!(matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("allowed-tools")), "{r:?}");
     assert!(matches!(resumed.call("text.count", json!({"text": "a"})).await.unwrap(), StepResult::Output { .. }));
-    let other = host.runtime.start_run(Some(other_id), toolgate::ToolCapabilityNarrowing::Configured).unwrap();
+    let other = host.runtime.start_run(Some(other_id), toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
     assert!(matches!(other.call("hostile.big", json!({"bytes": 1})).await.unwrap(), StepResult::Output { .. }));
 }

@@ -3,7 +3,7 @@
 
 use serde_json::json;
 use toolgate::StepResult;
-use toolgate::executor::Content;
+use toolgate::sandbox::executor::Content;
 use toolgate_tests::{TestHost, guests, packed};
 
 use super::{call, steps};
@@ -31,7 +31,7 @@ async fn commands_commit_with_the_result_and_persist_across_runs_and_restarts() 
     assert_eq!(notes(&call(&host, "notes", json!({"op": "list"})).await), json!(["a", "b"]));
     call(&host, "notes", json!({"op": "clear"})).await;
     assert_eq!(notes(&call(&host, "notes", json!({"op": "list"})).await), json!([]));
-    let state = host.runtime.store().tool_state("default", "notes").unwrap();
+    let state = host.runtime.store().tool_state("default", "notes").await.unwrap();
     assert!(state.is_empty());
 }
 
@@ -43,12 +43,15 @@ async fn a_command_for_another_tools_state_fails_the_call_and_changes_nothing() 
     let StepResult::ToolError { message, .. } = &r else { panic!("{r:?}") };
     assert!(message.contains("outside its own scope") && message.contains("`notes`"), "{message}");
     let store = host.runtime.store();
-    assert_eq!(store.tool_state("default", "notes").unwrap().get("notes").map(String::as_str), Some("[\"mine\"]"));
+    assert_eq!(
+        store.tool_state("default", "notes").await.unwrap().get("notes").map(String::as_str),
+        Some("[\"mine\"]")
+    );
     assert!(
-        store.tool_state("default", "hostile.trespass").unwrap().is_empty(),
+        store.tool_state("default", "hostile.trespass").await.unwrap().is_empty(),
         "its own in-scope Command was not applied either"
     );
-    assert_eq!(steps(&host).last().unwrap().outcome, toolgate::commit::OutcomeKind::ToolError);
+    assert_eq!(steps(&host).await.last().unwrap().outcome, toolgate::store::OutcomeKind::ToolError);
 }
 
 #[tokio::test]
@@ -59,7 +62,7 @@ async fn state_is_scoped_by_agent() {
     );
     call(&host, "notes", json!({"op": "add", "note": "default's"})).await;
     let other = toolgate_tests::runtime_for(&host.config, "other");
-    let run = other.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).unwrap();
+    let run = other.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
     let r = run.call("notes", json!({"op": "list"})).await.unwrap();
     assert_eq!(notes(&r), json!([]));
 }

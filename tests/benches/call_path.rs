@@ -24,12 +24,13 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::json;
-use toolgate::commit::{
-    AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, StateChange, StepRecord, StepStore, TicketError,
-};
 use toolgate::config::AgentConfig;
-use toolgate::gate::{self, GateOutcome, ToolCall, ToolPermissionVerdict};
+use toolgate::policy::gate::{self, GateOutcome, ToolCall, ToolPermissionVerdict};
 use toolgate::policy::{Behavior, Policy, RuleSpec};
+use toolgate::store::{
+    AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, RunRecord, StateChange, StepRecord, StepStore,
+    TicketError, Verdict,
+};
 use toolgate::{Catalog, ExecutableAgentSnapshot, SqliteJournal, ToolCapabilityNarrowing};
 use toolgate_tests::{guests, packed};
 
@@ -42,11 +43,12 @@ use common::{ARGS, Bare, Host, TOOL, assert_upper, tokio_rt, wit_types};
 /// handling) without SQLite.
 struct NullStore(std::sync::atomic::AtomicI64);
 
+#[async_trait::async_trait]
 impl StepStore for NullStore {
-    fn begin_run(&self, _: &str, _: &str, _: &str) -> Result<(), CommitError> {
+    async fn begin_run(&self, _: &RunRecord<'_>) -> Result<(), CommitError> {
         Ok(())
     }
-    fn commit_step(
+    async fn commit_step(
         &self,
         step: &NewStep<'_>,
         _: &[StateChange],
@@ -55,25 +57,28 @@ impl StepStore for NullStore {
         std::hint::black_box(step);
         Ok(self.0.fetch_add(1, Ordering::Relaxed))
     }
-    fn resolve_ticket(&self, _: ClaimedTicket, _: &NewStep<'_>, _: &[StateChange]) -> Result<i64, CommitError> {
+    async fn resolve_ticket(&self, _: ClaimedTicket, _: &NewStep<'_>, _: &[StateChange]) -> Result<i64, CommitError> {
         unreachable!("no tickets in this benchmark")
     }
-    fn claim_ticket(&self, id: &str, _: i64) -> Result<Result<ClaimedTicket, TicketError>, CommitError> {
+    async fn claim_ticket(&self, id: &str, _: i64) -> Result<Result<ClaimedTicket, TicketError>, CommitError> {
         Ok(Err(TicketError::Unknown(id.to_owned())))
     }
-    fn abandon_ticket(&self, _: ClaimedTicket, _: &str) -> Result<(), CommitError> {
+    async fn abandon_ticket(&self, _: ClaimedTicket, _: &str) -> Result<(), CommitError> {
         Ok(())
     }
-    fn settle_interrupted(&self, _: i64, _: &dyn Fn(u32) -> bool) -> Result<Vec<String>, CommitError> {
+    async fn settle_interrupted(&self, _: i64, _: &(dyn Fn(u32) -> bool + Sync)) -> Result<Vec<String>, CommitError> {
         Ok(Vec::new())
     }
-    fn tool_state(&self, _: &str, _: &str) -> Result<BTreeMap<String, String>, CommitError> {
+    async fn tool_state(&self, _: &str, _: &str) -> Result<BTreeMap<String, String>, CommitError> {
         Ok(BTreeMap::new())
     }
-    fn steps(&self, _: Option<&str>) -> Result<Vec<StepRecord>, CommitError> {
+    async fn steps(&self, _: Option<&str>) -> Result<Vec<StepRecord>, CommitError> {
         Ok(Vec::new())
     }
-    fn pending(&self) -> Result<Vec<AwaitingRecord>, CommitError> {
+    async fn awaiting(&self, _: &str) -> Result<Option<AwaitingRecord>, CommitError> {
+        Ok(None)
+    }
+    async fn pending(&self) -> Result<Vec<AwaitingRecord>, CommitError> {
         Ok(Vec::new())
     }
 }
@@ -174,7 +179,7 @@ fn benches(c: &mut Criterion) {
             ("full_path_durable_commit", host.durable_journal("durable.db")),
         ] {
             let runtime = host.runtime("default", store);
-            let run = runtime.start_run(None, ToolCapabilityNarrowing::Configured).unwrap();
+            let run = rt.block_on(runtime.start_run(None, ToolCapabilityNarrowing::Configured)).unwrap();
             // Warm: loads the component from the cache into this executor.
             assert_upper(&rt.block_on(run.call(TOOL, json!({"text": "hello"}))).unwrap());
             assert_eq!(runtime.executor().compilations(), 0, "loaded from the cache, not compiled");
@@ -241,7 +246,9 @@ fn steps(c: &mut Criterion, rt: &tokio::runtime::Runtime, host: &Host) {
         b.iter(|| candidate.installed.tool.validate_arguments(std::hint::black_box(&args)).unwrap())
     });
     g.bench_function("new_id", |b| b.iter(|| toolgate::runtime::new_id("call")));
-    g.bench_function("tool_state_in_memory", |b| b.iter(|| memory.tool_state("default", TOOL).unwrap()));
+    g.bench_function("tool_state_in_memory", |b| {
+        b.to_async(rt).iter(|| async { memory.tool_state("default", TOOL).await.unwrap() })
+    });
 
     // The executor alone (instantiate + call + output conversion).
     let allowed = || {
@@ -260,7 +267,7 @@ fn steps(c: &mut Criterion, rt: &tokio::runtime::Runtime, host: &Host) {
 
     // The whole path with a store that keeps nothing: the runtime without SQLite.
     let null = host.runtime("default", Arc::new(NullStore(Default::default())));
-    let null_run = null.start_run(None, ToolCapabilityNarrowing::Configured).unwrap();
+    let null_run = rt.block_on(null.start_run(None, ToolCapabilityNarrowing::Configured)).unwrap();
     assert_upper(&rt.block_on(null_run.call(TOOL, args.clone())).unwrap());
     g.bench_function("full_path_null_store", |b| {
         b.to_async(rt)
@@ -270,9 +277,10 @@ fn steps(c: &mut Criterion, rt: &tokio::runtime::Runtime, host: &Host) {
     // The Step commit alone, as `Run::call` makes it for an Output.
     let durable = host.durable_journal("steps.db");
     for (name, store) in [("commit_step_in_memory", &memory), ("commit_step_durable", &durable)] {
-        store.begin_run("run-bench", "default", "configured").unwrap();
+        rt.block_on(store.begin_run(&RunRecord { run_id: "run-bench", agent: "default", narrowing: "configured" }))
+            .unwrap();
         g.bench_function(name, |b| {
-            b.iter(|| {
+            b.to_async(rt).iter(|| async {
                 let call_id = toolgate::runtime::new_id("call");
                 let arguments = args.to_string();
                 let step = NewStep {
@@ -281,12 +289,12 @@ fn steps(c: &mut Criterion, rt: &tokio::runtime::Runtime, host: &Host) {
                     call_id: &call_id,
                     tool_id: TOOL,
                     arguments: &arguments,
-                    verdict: "allow",
+                    verdict: Verdict::Allow,
                     outcome: OutcomeKind::Output,
                     result: "\"HELLO\"",
                     captured: r#"{"stdout":"","stderr":"","log":"","dropped":0}"#,
                 };
-                store.commit_step(&step, &[], None).unwrap()
+                store.commit_step(&step, &[], None).await.unwrap()
             })
         });
     }

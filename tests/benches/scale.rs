@@ -21,11 +21,10 @@ use std::time::{Duration, Instant};
 
 use common::{ARGS, Bare, Host, TOOL, assert_upper};
 use serde_json::{Value, json};
-use toolgate::commit::StepStore;
-use toolgate::descriptor::{embed_metadata, read_metadata};
+use toolgate::catalog::descriptor::{embed_metadata, read_metadata};
+use toolgate::store::StepStore;
 use toolgate::{
-    Catalog, Config, ExecutableAgentSnapshot, Executor, ExecutorSettings, Runtime, SqliteJournal,
-    ToolCapabilityNarrowing,
+    Config, ExecutableAgentSnapshot, Executor, ExecutorSettings, Runtime, SqliteJournal, ToolCapabilityNarrowing,
 };
 use toolgate_sdk::ComponentMetadata;
 use toolgate_tests::{guests, packed};
@@ -104,7 +103,7 @@ fn listing(dir: &Path, n: usize) -> Listing {
     let mut keep = None;
     for _ in 0..10 {
         let t = Instant::now();
-        let catalog = Arc::new(Catalog::for_config(&config).unwrap());
+        let catalog = Arc::new(toolgate::host::catalog(&config).unwrap());
         let snapshot = ExecutableAgentSnapshot::build(&config, "default", catalog).unwrap();
         let listed = snapshot.list(&|_| None);
         cold.push(t.elapsed());
@@ -124,7 +123,7 @@ fn listing(dir: &Path, n: usize) -> Listing {
 }
 
 fn runtime(config: &Config, store: Arc<dyn StepStore>, cache: &Path) -> Runtime {
-    let catalog = Arc::new(Catalog::for_config(config).unwrap());
+    let catalog = Arc::new(toolgate::host::catalog(config).unwrap());
     let snapshot = ExecutableAgentSnapshot::build(config, "default", catalog).unwrap();
     let executor =
         Arc::new(Executor::new(ExecutorSettings::new(config.limits.clone(), Some(cache.to_owned()))).unwrap());
@@ -145,12 +144,12 @@ fn first_calls(rt: &tokio::runtime::Runtime, host: &Host) -> FirstCalls {
     for i in 0..5 {
         let cache = host.dir.path().join(format!("fresh-cache-{i}"));
         let r = runtime(&host.config, Arc::new(SqliteJournal::in_memory().unwrap()), &cache);
-        let run = r.start_run(None, ToolCapabilityNarrowing::Configured).unwrap();
+        let run = rt.block_on(r.start_run(None, ToolCapabilityNarrowing::Configured)).unwrap();
         let t = Instant::now();
         assert_upper(&rt.block_on(run.call(TOOL, args.clone())).unwrap());
         never.push(t.elapsed());
         let r = runtime(&host.config, Arc::new(SqliteJournal::in_memory().unwrap()), &cache);
-        let run = r.start_run(None, ToolCapabilityNarrowing::Configured).unwrap();
+        let run = rt.block_on(r.start_run(None, ToolCapabilityNarrowing::Configured)).unwrap();
         let t = Instant::now();
         assert_upper(&rt.block_on(run.call(TOOL, args.clone())).unwrap());
         cached.push(t.elapsed());
@@ -247,7 +246,7 @@ fn toolgate_task(r: Arc<Runtime>) -> Task {
     Arc::new(move |n| {
         let r = r.clone();
         Box::pin(async move {
-            let run = r.start_run(None, ToolCapabilityNarrowing::Configured).unwrap();
+            let run = r.start_run(None, ToolCapabilityNarrowing::Configured).await.unwrap();
             let mut lat = Vec::with_capacity(n);
             for _ in 0..n {
                 let s = Instant::now();

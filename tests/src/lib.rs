@@ -5,8 +5,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use toolgate::commit::StepStore;
-use toolgate::{Catalog, Config, ExecutableAgentSnapshot, Executor, ExecutorSettings, Runtime, SqliteJournal};
+use toolgate::store::StepStore;
+use toolgate::{Config, ExecutableAgentSnapshot, Executor, ExecutorSettings, Runtime, SqliteJournal};
+
+pub mod conformance;
 
 /// Paths of the built (unpacked) guest components.
 pub mod guests {
@@ -30,7 +32,7 @@ pub fn packed(path: &str) -> Vec<u8> {
     let (packed, _) = std::thread::scope(|s| {
         s.spawn(|| {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            rt.block_on(toolgate::pack::pack(&bytes))
+            rt.block_on(toolgate_author::pack::pack(&bytes))
         })
         .join()
         .unwrap()
@@ -96,7 +98,7 @@ impl TestHost {
 
 /// A runtime for `agent` over `config`.
 pub fn runtime_for(config: &Config, agent: &str) -> Runtime {
-    let catalog = Arc::new(Catalog::for_config(config).unwrap());
+    let catalog = Arc::new(toolgate::host::catalog(config).unwrap());
     let snapshot = ExecutableAgentSnapshot::build(config, agent, catalog).unwrap();
     let executor =
         Arc::new(Executor::new(ExecutorSettings::new(config.limits.clone(), Some(config.cache.clone()))).unwrap());

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use toolgate::commit::StepStore;
+use toolgate::store::StepStore;
 use toolgate::{
     Catalog, Config, ExecutableAgentSnapshot, Executor, ExecutorSettings, Runtime, SqliteJournal, StepResult,
     ToolCapabilityNarrowing,
@@ -169,7 +169,7 @@ impl Host {
         let config = Config::load(&dir.path().join("toolgate.toml")).unwrap();
         let host = Host { dir, config };
         let warm = host.runtime("default", Arc::new(SqliteJournal::in_memory().unwrap()));
-        let run = warm.start_run(None, ToolCapabilityNarrowing::Configured).unwrap();
+        let run = rt.block_on(warm.start_run(None, ToolCapabilityNarrowing::Configured)).unwrap();
         assert_upper(&rt.block_on(run.call(TOOL, json!({"text": "hello"}))).unwrap());
         assert_eq!(warm.executor().compilations(), 1);
         host
@@ -190,7 +190,7 @@ impl Host {
 
 pub fn assert_upper(r: &StepResult) {
     assert!(
-        matches!(r, StepResult::Output { content: toolgate::executor::Content::Json(Value::String(s)), .. } if s == "HELLO"),
+        matches!(r, StepResult::Output { content: toolgate::sandbox::executor::Content::Json(Value::String(s)), .. } if s == "HELLO"),
         "{r:?}"
     );
 }

@@ -13,46 +13,17 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use sha2::{Digest as _, Sha256};
+pub mod descriptor;
+pub mod lockfile;
+pub mod signing;
 
-use crate::descriptor::{self, CheckedTool, DescriptorError};
-use crate::lockfile::{LockError, Lockfile};
-use crate::signing::TrustedKeys;
+use crate::digest::Digest;
+use descriptor::{CheckedTool, DescriptorError};
+use lockfile::{LockError, Lockfile};
+use signing::TrustedKeys;
 
 /// Largest component file accepted.
 pub const MAX_COMPONENT_BYTES: u64 = 256 << 20;
-
-/// A sha256 digest, shown as lowercase hex.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Digest(pub [u8; 32]);
-
-impl Digest {
-    /// The digest of `bytes`.
-    pub fn of(bytes: &[u8]) -> Self {
-        Digest(Sha256::digest(bytes).into())
-    }
-    /// Lowercase hex.
-    pub fn hex(&self) -> String {
-        hex::encode(self.0)
-    }
-    /// Parse lowercase or uppercase hex.
-    pub fn from_hex(s: &str) -> Option<Self> {
-        let v = hex::decode(s).ok()?;
-        Some(Digest(v.try_into().ok()?))
-    }
-}
-
-impl std::fmt::Debug for Digest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "sha256:{}", self.hex())
-    }
-}
-
-impl std::fmt::Display for Digest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "sha256:{}", self.hex())
-    }
-}
 
 /// One loaded component file.
 #[derive(Debug)]
@@ -123,13 +94,6 @@ impl Catalog {
     /// Load every `*.wasm` file of `dir` (not recursive), in file-name order.
     pub fn load(dir: &Path) -> Result<Catalog, CatalogError> {
         Self::load_locked(dir, None)
-    }
-
-    /// Load the config's plugin directory, checked against its lockfile when
-    /// one exists and against its trusted signing keys when it lists any.
-    pub fn for_config(config: &crate::config::Config) -> Result<Catalog, CatalogError> {
-        let lock = Lockfile::read(&config.lock)?;
-        Self::load_checked(&config.plugins, lock.as_ref(), &config.trusted_keys)
     }
 
     /// Load `dir`; with `lock`, a file that is not pinned or whose digest

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use base64::Engine as _;
 use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
 
-use crate::catalog::Digest;
+use crate::digest::Digest;
 
 /// What a signature signs, before the digest.
 const DOMAIN: &[u8] = b"toolgate-component-v1\n";

@@ -9,12 +9,11 @@ use std::sync::Arc;
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
 use serde_json::json;
-use toolgate::commit::StepStore;
 use toolgate::runtime::StepResult;
-use toolgate::{
-    Catalog, Config, ExecutableAgentSnapshot, Executor, ExecutorSettings, Runtime, SqliteJournal,
-    ToolCapabilityNarrowing,
-};
+use toolgate::store::StepStore;
+use toolgate::{Catalog, Config, ExecutableAgentSnapshot, Runtime, ToolCapabilityNarrowing};
+
+mod serve;
 
 /// Exit codes: callers (scripts, CI) tell outcomes apart without parsing text.
 mod exit {
@@ -166,19 +165,21 @@ enum McpCommand {
 }
 
 fn main() -> ExitCode {
+    // Warnings (refused plugin files, settled tickets) show by default;
+    // `TOOLGATE_LOG` overrides. Plain text when stderr is not a terminal.
+    let filter = tracing_subscriber::EnvFilter::builder()
+        .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
+        .with_env_var("TOOLGATE_LOG")
+        .from_env_lossy();
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("TOOLGATE_LOG"))
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .without_time()
+        .with_target(false)
         .init();
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("toolgate: cannot start the async runtime: {e}");
-            return ExitCode::from(exit::HOST_ERROR);
-        }
-    };
-    match rt.block_on(run(cli)) {
+    match run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("toolgate: {e:#}");
@@ -207,64 +208,67 @@ fn config_hint(e: &toolgate::config::ConfigError) -> &'static str {
     }
 }
 
+/// Parse nothing more, decide nothing: start the async runtime and dispatch.
+fn run(cli: Cli) -> Result<u8> {
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")?;
+    rt.block_on(dispatch(cli))
+}
+
 struct Host {
     config: Config,
     runtime: Runtime,
 }
 
-fn open_host(cli: &Cli) -> Result<Host> {
+async fn open_host(cli: &Cli) -> Result<Host> {
     let config = Config::load(&cli.config)?;
-    let catalog = Arc::new(Catalog::for_config(&config)?);
-    for r in catalog.refused() {
-        tracing::warn!(file = %r.path.display(), "refused: {}", r.reason);
-    }
-    let snapshot = ExecutableAgentSnapshot::build(&config, &cli.agent, catalog)?;
-    let executor = Arc::new(Executor::new(ExecutorSettings::new(config.limits.clone(), Some(config.cache.clone())))?);
-    let store: Arc<dyn StepStore> = Arc::new(SqliteJournal::open_store(&config.store)?);
-    let runtime = Runtime::new(snapshot, executor, store, config.limits.ticket_ttl_secs);
-    // A host that died mid-approval left its ticket claimed: record that, once.
-    for ticket in runtime.settle_interrupted()? {
-        eprintln!("toolgate: ticket {ticket} was interrupted by a host that stopped mid-call; see `toolgate journal`");
-    }
+    let runtime = toolgate::host::open(&config, &cli.agent).await?;
+    report_refused(runtime.snapshot().catalog());
     Ok(Host { config, runtime })
 }
 
-async fn run(cli: Cli) -> Result<u8> {
+fn report_refused(catalog: &Catalog) {
+    for r in catalog.refused() {
+        tracing::warn!("refused plugin {}: {}", r.path.display(), r.reason);
+    }
+}
+
+async fn dispatch(cli: Cli) -> Result<u8> {
     match &cli.command {
         Command::Pack { input, output } => pack(input, output).await,
         Command::Inspect { file } => inspect(file, cli.json),
         Command::List { all } => {
             // Listing reads metadata only: no engine, no journal.
             let config = Config::load(&cli.config)?;
-            let catalog = Arc::new(Catalog::for_config(&config)?);
+            let catalog = Arc::new(toolgate::host::catalog(&config)?);
             let snapshot = ExecutableAgentSnapshot::build(&config, &cli.agent, catalog)?;
             list(&config, &snapshot, *all, cli.json)
         }
         Command::Call { tool, args, run, no_tools } => {
-            let host = open_host(&cli)?;
+            let host = open_host(&cli).await?;
             let arguments: serde_json::Value =
                 serde_json::from_str(args).with_context(|| format!("--args is not JSON: {args}"))?;
             let narrowing =
                 if *no_tools { ToolCapabilityNarrowing::DenyAll } else { ToolCapabilityNarrowing::Configured };
-            let run = host.runtime.start_run(run.clone(), narrowing)?;
+            let run = host.runtime.start_run(run.clone(), narrowing).await?;
             let result = run.call(tool, arguments).await?;
             Ok(report(&result, Some(run.id()), cli.json))
         }
         Command::Approve { ticket } => {
-            let host = open_host(&cli)?;
+            let host = open_host(&cli).await?;
             let result = host.runtime.approve(ticket).await?;
             Ok(report(&result, None, cli.json))
         }
         Command::Deny { ticket, reason } => {
-            let host = open_host(&cli)?;
-            let result = host.runtime.deny(ticket, reason)?;
+            let host = open_host(&cli).await?;
+            let result = host.runtime.deny(ticket, reason).await?;
             Ok(report(&result, None, cli.json))
         }
         Command::Skill { command: SkillCommand::Pack { dir, output } } => {
-            let skill = toolgate::skill::read(dir)?;
+            let skill = toolgate_author::skill::read(dir)?;
             eprintln!("building {} ...", skill.tool_id());
-            let raw = toolgate::skill::build(&skill, &toolgate::skill::BuildEnv::default())?;
-            let (packed, tools) = toolgate::pack::pack(&raw).await?;
+            let raw = toolgate_author::skill::build(&skill, &toolgate_author::skill::BuildEnv::default())?;
+            let (packed, tools) = toolgate_author::pack::pack(&raw).await?;
             std::fs::write(output, &packed).with_context(|| format!("cannot write {}", output.display()))?;
             eprintln!("packed {} into {} ({})", skill.tool_id(), output.display(), toolgate::Digest::of(&packed));
             for t in tools {
@@ -277,7 +281,7 @@ async fn run(cli: Cli) -> Result<u8> {
             mcp_import(&cli.config, url, credential.as_deref(), name.as_deref(), output, source).await
         }
         Command::Keygen { output } => {
-            let (secret, public) = toolgate::signing::keygen().map_err(anyhow::Error::msg)?;
+            let (secret, public) = toolgate::catalog::signing::keygen().map_err(anyhow::Error::msg)?;
             write_private(output, &secret)?;
             eprintln!("wrote the secret key to {}; trust it with:", output.display());
             println!("[signing]\nkeys = [\"{public}\"]");
@@ -286,9 +290,9 @@ async fn run(cli: Cli) -> Result<u8> {
         Command::Sign { file, key } => {
             let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
             let secret = std::fs::read_to_string(key).with_context(|| format!("cannot read {}", key.display()))?;
-            let (sig, public) =
-                toolgate::signing::sign(&bytes, &secret).map_err(|e| anyhow::anyhow!("{}: {e}", key.display()))?;
-            let out = toolgate::signing::sig_path(file);
+            let (sig, public) = toolgate::catalog::signing::sign(&bytes, &secret)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", key.display()))?;
+            let out = toolgate::catalog::signing::sig_path(file);
             std::fs::write(&out, sig).with_context(|| format!("cannot write {}", out.display()))?;
             eprintln!("signed {} ({}) with {public}", file.display(), toolgate::Digest::of(&bytes));
             println!("{}", out.display());
@@ -307,20 +311,20 @@ async fn run(cli: Cli) -> Result<u8> {
             for r in catalog.refused() {
                 eprintln!("toolgate: not pinned: {}: {}", r.path.display(), r.reason);
             }
-            toolgate::lockfile::Lockfile::write(&config.lock, &pinned)?;
+            toolgate::catalog::lockfile::Lockfile::write(&config.lock, &pinned)?;
             eprintln!("pinned {} plugin(s) in {}", pinned.len(), config.lock.display());
             Ok(exit::OUTPUT)
         }
         Command::Serve => {
-            let host = open_host(&cli)?;
-            let server = toolgate::mcp::McpServer::new(host.config, &cli.agent, host.runtime);
+            let host = open_host(&cli).await?;
+            let server = serve::McpServer::new(host.config, &cli.agent, host.runtime);
             server.serve_stdio().await?;
             Ok(exit::OUTPUT)
         }
         Command::Journal { run, awaiting } => {
             let config = Config::load(&cli.config)?;
-            let store = SqliteJournal::open_store(&config.store)?;
-            journal(&store, run.as_deref(), *awaiting, cli.json)
+            let store = toolgate::host::store(&config)?;
+            journal(store.as_ref(), run.as_deref(), *awaiting, cli.json).await
         }
     }
 }
@@ -335,7 +339,7 @@ fn report(result: &StepResult, run: Option<&str>, as_json: bool) -> u8 {
     };
     if as_json {
         let mut v = json!({ "outcome": kind, "result": result.model_text() });
-        if let StepResult::Output { content: toolgate::executor::Content::Json(j), .. } = result {
+        if let StepResult::Output { content: toolgate::sandbox::executor::Content::Json(j), .. } = result {
             v["result"] = j.clone();
         }
         if let StepResult::Awaiting { ticket, expires_at, .. } = result {
@@ -377,7 +381,7 @@ fn write_private(path: &Path, text: &str) -> Result<()> {
 
 async fn pack(input: &Path, output: &Path) -> Result<u8> {
     let bytes = std::fs::read(input).with_context(|| format!("cannot read {}", input.display()))?;
-    let (packed, tools) = toolgate::pack::pack(&bytes).await.with_context(|| input.display().to_string())?;
+    let (packed, tools) = toolgate_author::pack::pack(&bytes).await.with_context(|| input.display().to_string())?;
     std::fs::write(output, &packed).with_context(|| format!("cannot write {}", output.display()))?;
     eprintln!("packed {} tool(s) into {} ({})", tools.len(), output.display(), toolgate::Digest::of(&packed));
     for t in tools {
@@ -394,7 +398,7 @@ async fn mcp_import(
     output: &Path,
     emit_source: Option<&Path>,
 ) -> Result<u8> {
-    use toolgate::mcp_adapter;
+    use toolgate_author::mcp_import as mcp_adapter;
     let spec = match credential {
         None => None,
         Some(c) => {
@@ -415,10 +419,13 @@ async fn mcp_import(
     if let Some(path) = emit_source {
         std::fs::write(path, &source).with_context(|| format!("cannot write {}", path.display()))?;
     }
-    let raw =
-        toolgate::generate::build(&mcp_adapter::crate_name(&pinned), &source, &toolgate::generate::BuildEnv::default())
-            .map_err(|e| anyhow::anyhow!("building the adapter component failed: {e}"))?;
-    let (packed, tools) = toolgate::pack::pack(&raw).await?;
+    let raw = toolgate_author::generate::build(
+        &mcp_adapter::crate_name(&pinned),
+        &source,
+        &toolgate_author::generate::BuildEnv::default(),
+    )
+    .map_err(|e| anyhow::anyhow!("building the adapter component failed: {e}"))?;
+    let (packed, tools) = toolgate_author::pack::pack(&raw).await?;
     std::fs::write(output, &packed).with_context(|| format!("cannot write {}", output.display()))?;
     eprintln!("pinned {} tool(s) into {} ({})", tools.len(), output.display(), toolgate::Digest::of(&packed));
     if let Some(origin) = toolgate_sdk::mcp::origin(url) {
@@ -513,9 +520,9 @@ fn list(config: &Config, snapshot: &ExecutableAgentSnapshot, all: bool, as_json:
     Ok(exit::OUTPUT)
 }
 
-fn journal(store: &SqliteJournal, run: Option<&str>, awaiting: bool, as_json: bool) -> Result<u8> {
+async fn journal(store: &dyn StepStore, run: Option<&str>, awaiting: bool, as_json: bool) -> Result<u8> {
     if awaiting {
-        let pending = store.pending()?;
+        let pending = store.pending().await?;
         for a in pending {
             if as_json {
                 println!(
@@ -528,7 +535,7 @@ fn journal(store: &SqliteJournal, run: Option<&str>, awaiting: bool, as_json: bo
         }
         return Ok(exit::OUTPUT);
     }
-    for s in store.steps(run)? {
+    for s in store.steps(run).await? {
         if as_json {
             println!(
                 "{}",

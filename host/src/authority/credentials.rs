@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::destination::Destination;
+use crate::authority::destination::Destination;
 
 /// Where a secret comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

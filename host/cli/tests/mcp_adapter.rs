@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use serde_json::{Value, json};
-use toolgate::commit::OutcomeKind;
-use toolgate::executor::{Content, ExecutorError};
 use toolgate::runtime::CallError;
+use toolgate::sandbox::executor::{Content, ExecutorError};
+use toolgate::store::OutcomeKind;
 use toolgate::{Config, StepResult, ToolCapabilityNarrowing};
 use toolgate_tests::runtime_for;
 
@@ -70,7 +70,7 @@ impl Drop for Remote {
 }
 
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 fn config(dir: &Path, port: u16, grant: &str) {
@@ -152,7 +152,7 @@ async fn an_imported_mcp_server_is_called_through_the_boundary_and_drift_is_refu
     assert_eq!(listed[0].1, "Add two integers.", "the remote description, verbatim");
     assert_eq!(listed[0].2["required"], json!(["a", "b"]), "the remote schema, verbatim");
 
-    let run = rt.start_run(None, ToolCapabilityNarrowing::Configured).unwrap();
+    let run = rt.start_run(None, ToolCapabilityNarrowing::Configured).await.unwrap();
     // Schema checked by the host before anything runs.
     let r = run.call("mcp__calc__add", json!({"a": "two", "b": 3})).await.unwrap();
     assert!(tool_error(&r).contains("invalid arguments"), "{r:?}");
@@ -183,7 +183,7 @@ async fn an_imported_mcp_server_is_called_through_the_boundary_and_drift_is_refu
         }
         other => panic!("expected a transport executor error, got {other:?}"),
     }
-    let steps = rt.store().steps(Some(run.id())).unwrap();
+    let steps = rt.store().steps(Some(run.id())).await.unwrap();
     let kinds: Vec<_> = steps.iter().map(|s| s.outcome).collect();
     let o = |k: &str| match k {
         "output" => OutcomeKind::Output,
@@ -210,7 +210,7 @@ async fn an_ungranted_remote_is_refused() {
     let cfg = Config::load(&dir.path().join("toolgate.toml")).unwrap();
     let rt = runtime_for(&cfg, "default");
     assert!(rt.list().is_empty(), "nothing granted, nothing listed");
-    let run = rt.start_run(None, ToolCapabilityNarrowing::Configured).unwrap();
+    let run = rt.start_run(None, ToolCapabilityNarrowing::Configured).await.unwrap();
     let r = run.call("mcp__calc__add", json!({"a": 1, "b": 2})).await;
     let m = match &r {
         Ok(StepResult::Blocked { reason, .. }) => reason.clone(),
@@ -223,7 +223,7 @@ async fn an_ungranted_remote_is_refused() {
     config(dir.path(), remote.port, &format!("[[grants]]\ntools = \"mcp__calc__*\"\nhosts = [\"{origin}\"]\n"));
     let cfg = Config::load(&dir.path().join("toolgate.toml")).unwrap();
     let rt = runtime_for(&cfg, "default");
-    let run = rt.start_run(None, ToolCapabilityNarrowing::Configured).unwrap();
+    let run = rt.start_run(None, ToolCapabilityNarrowing::Configured).await.unwrap();
     let r = run.call("mcp__calc__add", json!({"a": 1, "b": 2})).await;
     assert!(matches!(&r, Ok(StepResult::Blocked { reason, .. }) if reason.contains("calc")), "{r:?}");
     assert_eq!(remote.stats()["authorized"], before, "no request reached the remote");
@@ -232,7 +232,7 @@ async fn an_ungranted_remote_is_refused() {
 #[test]
 fn the_example_adapter_declares_its_remote_and_credential_by_name() {
     let packed = toolgate_tests::packed(toolgate_tests::guests::MCP_CALC);
-    let tools = toolgate::descriptor::read_metadata(&packed).unwrap();
+    let tools = toolgate::catalog::descriptor::read_metadata(&packed).unwrap();
     let ids: Vec<_> = tools.iter().map(|t| t.id().to_owned()).collect();
     assert_eq!(ids, ["mcp__calc__add", "mcp__calc__fail"]);
     for t in &tools {

@@ -24,7 +24,7 @@ impl Default for BuildEnv {
     fn default() -> Self {
         let sdk = std::env::var_os("TOOLGATE_SDK")
             .map(PathBuf::from)
-            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk"));
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guest-sdk"));
         let target_dir = std::env::var_os("CARGO_TARGET_DIR")
             .map(|d| PathBuf::from(d).join("generated-build"))
             .unwrap_or_else(|| std::env::temp_dir().join("toolgate-generated-build"));

@@ -23,10 +23,10 @@
 
 use serde_json::Value;
 
-use crate::commit::ClaimedTicket;
-use crate::narrowing::ToolCapabilityNarrowing;
+use crate::authority::narrowing::ToolCapabilityNarrowing;
 use crate::policy::Behavior;
 use crate::snapshot::{Candidate, ExecutableAgentSnapshot};
+use crate::store::ClaimedTicket;
 
 /// One call the model asked for: a Tool id and its arguments.
 #[derive(Debug, Clone, PartialEq)]
@@ -157,7 +157,7 @@ impl GateOutcome {
 pub fn argument_digest(arguments: &Value) -> String {
     let mut buf = String::new();
     canonical(arguments, &mut buf);
-    crate::catalog::Digest::of(buf.as_bytes()).hex()
+    crate::digest::Digest::of(buf.as_bytes()).hex()
 }
 
 fn canonical(v: &Value, out: &mut String) {
@@ -197,7 +197,7 @@ mod tests {
     use serde_json::json;
 
     fn sha256_hex(text: &str) -> String {
-        crate::catalog::Digest::of(text.as_bytes()).hex()
+        crate::digest::Digest::of(text.as_bytes()).hex()
     }
 
     #[test]

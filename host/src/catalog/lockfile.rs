@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::Digest;
+use crate::digest::Digest;
 
 /// Lockfile errors, naming the file.
 #[derive(Debug, thiserror::Error)]

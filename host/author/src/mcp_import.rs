@@ -21,8 +21,8 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use toolgate_sdk::Annotations;
 use toolgate_sdk::mcp::{AdapterConfig, PinnedTool, sanitize, tool_id};
 
-use crate::credentials::CredentialSpec;
-use crate::destination::default_port;
+use toolgate::authority::credentials::CredentialSpec;
+use toolgate::authority::destination::default_port;
 
 /// Why an import failed. Messages name the URL, tool or credential.
 #[derive(Debug, thiserror::Error)]
@@ -97,7 +97,7 @@ pub async fn discover(url: &str, credential: Option<&CredentialSpec>) -> Result<
     if let Some(spec) = credential {
         let secret = spec.materialize(&scheme, &host, port).map_err(|e| ImportError::Credential(e.to_string()))?;
         let mut request = http::Request::builder().uri(url).body(()).map_err(|_| ImportError::Url(url.to_owned()))?;
-        forms = crate::outbound::apply(&mut request, spec, &secret)
+        forms = toolgate::sandbox::outbound::apply(&mut request, spec, &secret)
             .map_err(|_| ImportError::Credential(format!("credential `{}` cannot be applied to {url}", spec.name)))?;
         target = request.uri().to_string();
         headers = request.headers().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -176,7 +176,7 @@ pub fn pin(
     }
     let config = AdapterConfig { url: url.to_owned(), server, credential: credential.map(str::to_owned), tools };
     // The same checks a host applies when it loads the component.
-    crate::descriptor::check_document(config.metadata())
+    toolgate::catalog::descriptor::check_document(config.metadata())
         .map_err(|e| bad(format!("{e}; it cannot be imported as is")))?;
     Ok(config)
 }
@@ -251,7 +251,7 @@ mod tests {
 
     #[test]
     fn the_example_is_what_import_generates() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../example-tools/mcp-calc/src/lib.rs");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../example-tools/mcp-calc/src/lib.rs");
         let text = std::fs::read_to_string(path).unwrap();
         let json = text.split_once("r#\"").and_then(|(_, rest)| rest.split_once("\"#;")).unwrap().0;
         let config: AdapterConfig = serde_json::from_str(json).unwrap();

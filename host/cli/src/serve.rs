@@ -1,4 +1,4 @@
-//! MCP: `toolgate serve`, an MCP server over stdio (rmcp).
+//! Serve: `toolgate serve`, an MCP server over stdio (rmcp).
 //!
 //! Owns translating between MCP and the runtime: `tools/list` is the agent
 //! snapshot's list, `tools/call` is `Run::call` — the same descriptor, gate,
@@ -27,12 +27,10 @@ use rmcp::service::{NotificationContext, Peer, RequestContext, RoleServer};
 use rmcp::{ErrorData, ServerHandler, ServiceExt};
 use toolgate_sdk::ToolDescriptor;
 
-use crate::catalog::Catalog;
-use crate::config::Config;
-use crate::executor::Content;
-use crate::narrowing::ToolCapabilityNarrowing;
-use crate::runtime::{CallError, Runtime, StepResult, new_id};
-use crate::snapshot::ExecutableAgentSnapshot;
+use toolgate::config::Config;
+use toolgate::runtime::{CallError, Runtime, StepResult, new_id};
+use toolgate::sandbox::executor::Content;
+use toolgate::{ExecutableAgentSnapshot, ToolCapabilityNarrowing};
 
 /// How often the plugin directory is checked for changes.
 const RELOAD_POLL: Duration = Duration::from_millis(500);
@@ -103,7 +101,7 @@ impl McpServer {
     }
 
     fn reload(&self) -> anyhow::Result<()> {
-        let catalog = Arc::new(Catalog::for_config(&self.shared.config)?);
+        let catalog = Arc::new(toolgate::host::catalog(&self.shared.config)?);
         for r in catalog.refused() {
             tracing::warn!(file = %r.path.display(), "refused: {}", r.reason);
         }
@@ -122,6 +120,7 @@ impl McpServer {
         let runtime = self.runtime();
         let run = runtime
             .start_run(Some(self.shared.run_id.clone()), ToolCapabilityNarrowing::Configured)
+            .await
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
         let descriptor = runtime
             .snapshot()
@@ -187,7 +186,7 @@ impl McpServer {
                 Ok(_) => "declined by the user",
                 Err(_) => "the approval request failed",
             };
-            runtime.deny(ticket, why)
+            runtime.deny(ticket, why).await
         };
         step.map_err(|e| ErrorData::internal_error(e.to_string(), None))
     }

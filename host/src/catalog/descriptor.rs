@@ -248,7 +248,8 @@ pub fn check_document(doc: ComponentMetadata) -> Result<Vec<Arc<CheckedTool>>, D
             }
         }
         for h in &tool.capabilities.hosts {
-            crate::destination::Destination::parse(h, true).map_err(|e| bad(format!("declared host: {e}")))?;
+            crate::authority::destination::Destination::parse(h, true)
+                .map_err(|e| bad(format!("declared host: {e}")))?;
         }
         for c in &tool.capabilities.credentials {
             check_id(c).map_err(|e| bad(format!("declared credential `{c}`: {e}")))?;

@@ -8,7 +8,7 @@ use toolgate_tests::{guests, packed};
 
 #[test]
 fn the_official_python_mcp_client_drives_toolgate_serve() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let python = root.join(".venv/bin/python");
     assert!(
         python.exists(),

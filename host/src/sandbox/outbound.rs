@@ -21,9 +21,9 @@ use http::header::{AUTHORIZATION, HeaderName, HeaderValue};
 use http_body_util::{BodyExt, Full, Limited};
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
-use crate::capture::Capture;
-use crate::credentials::{Apply, CredentialSpec, Secret};
-use crate::destination::{Destination, default_port};
+use crate::authority::credentials::{Apply, CredentialSpec, Secret};
+use crate::authority::destination::{Destination, default_port};
+use crate::sandbox::capture::Capture;
 
 /// The request header a guest sets to ask for a credential by name.
 pub const CREDENTIAL_HEADER: &str = "toolgate-credential";
@@ -130,8 +130,9 @@ impl OutboundPolicy {
 }
 
 /// Write the secret into the request as configured; returns every form in
-/// which it now appears, for redaction.
-pub(crate) fn apply<B>(
+/// which it now appears, for redaction. The one way a secret enters a
+/// request: the hook uses it, and so does `toolgate mcp import` (author side).
+pub fn apply<B>(
     request: &mut http::Request<B>,
     spec: &CredentialSpec,
     secret: &Secret,

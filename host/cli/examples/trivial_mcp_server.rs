@@ -4,7 +4,7 @@
 //! process — no catalog, gate, sandbox or journal. What `toolgate serve` costs
 //! per call above it is what toolgate adds.
 //!
-//! `cargo build --release -p toolgate --example trivial_mcp_server`
+//! `cargo build --release -p toolgate-cli --example trivial_mcp_server`
 
 use std::sync::Arc;
 

@@ -28,15 +28,16 @@ use wasmtime::{
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
-use crate::narrowing::Access;
-use crate::outbound::{HttpLimits, OutboundPolicy};
+use crate::authority::narrowing::Access;
+use crate::sandbox::outbound::{HttpLimits, OutboundPolicy};
 use crate::snapshot::EffectiveGrant;
 
-use crate::capture::Capture;
-use crate::catalog::{self, Digest};
+use crate::catalog::descriptor::CheckedTool;
+use crate::catalog::{self};
 use crate::config::Limits;
-use crate::descriptor::CheckedTool;
-use crate::gate::AllowedCall;
+use crate::digest::Digest;
+use crate::policy::gate::AllowedCall;
+use crate::sandbox::capture::Capture;
 
 mod bindings {
     wasmtime::component::bindgen!({

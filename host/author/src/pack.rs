@@ -10,9 +10,9 @@
 
 use std::sync::Arc;
 
-use crate::config::Limits;
-use crate::descriptor::{self, CheckedTool, DescriptorError};
-use crate::executor::{Executor, ExecutorError, ExecutorSettings};
+use toolgate::catalog::descriptor::{self, CheckedTool, DescriptorError};
+use toolgate::config::Limits;
+use toolgate::sandbox::executor::{Executor, ExecutorError, ExecutorSettings};
 
 /// Why packing failed.
 #[derive(Debug, thiserror::Error)]

@@ -19,7 +19,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use toolgate::commit::{OutcomeKind, StepStore};
+use toolgate::store::{OutcomeKind, StepStore};
 use toolgate::{Config, SqliteJournal};
 use toolgate_tests::{PREAMBLE, guests, packed};
 
@@ -91,8 +91,8 @@ fn setup() -> tempfile::TempDir {
     dir
 }
 
-#[test]
-fn killing_the_host_at_random_points_loses_and_repeats_nothing() {
+#[tokio::test]
+async fn killing_the_host_at_random_points_loses_and_repeats_nothing() {
     let kills: u64 = std::env::var("TOOLGATE_CRASH_KILLS").ok().and_then(|k| k.parse().ok()).unwrap_or(100);
     let seed: u64 = std::env::var("TOOLGATE_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed_c0de);
     let mut rng = Rng(seed);
@@ -157,7 +157,7 @@ fn killing_the_host_at_random_points_loses_and_repeats_nothing() {
     let journal = SqliteJournal::open(&config.store).unwrap();
 
     // Awaiting tickets are still resumable: approve every one still pending.
-    for a in journal.pending().unwrap() {
+    for a in journal.pending().await.unwrap() {
         let o = host(d, &["approve", &a.ticket_id]).output().unwrap();
         assert_eq!(
             o.status.code(),
@@ -168,9 +168,9 @@ fn killing_the_host_at_random_points_loses_and_repeats_nothing() {
         );
         assert_eq!(json_out(&o)["outcome"], "output");
     }
-    assert!(journal.pending().unwrap().is_empty());
+    assert!(journal.pending().await.unwrap().is_empty());
 
-    let steps = journal.steps(None).unwrap();
+    let steps = journal.steps(None).await.unwrap();
     // None executed twice: call ids are unique among results; a ticket resolves at most once.
     let mut results_per_call: BTreeMap<&str, usize> = BTreeMap::new();
     let mut resolutions: BTreeMap<&str, usize> = BTreeMap::new();
@@ -195,7 +195,7 @@ fn killing_the_host_at_random_points_loses_and_repeats_nothing() {
         let shown: Value = serde_json::from_str(&s.result).unwrap();
         assert_eq!(shown["notes"], json!(replay), "step {} reported a state the replay disagrees with", s.seq);
     }
-    let state = journal.tool_state("default", "notes").unwrap();
+    let state = journal.tool_state("default", "notes").await.unwrap();
     let stored: Vec<String> = state.get("notes").map(|v| serde_json::from_str(v).unwrap()).unwrap_or_default();
     assert_eq!(stored, replay, "Tool state and committed steps disagree");
     // Each note was added at most once, and none acknowledged is missing.
@@ -217,8 +217,8 @@ fn killing_the_host_at_random_points_loses_and_repeats_nothing() {
     );
 }
 
-#[test]
-fn two_processes_approving_one_ticket_execute_it_once() {
+#[tokio::test]
+async fn two_processes_approving_one_ticket_execute_it_once() {
     let dir = setup();
     let d = dir.path();
     for round in 0..5 {
@@ -236,7 +236,7 @@ fn two_processes_approving_one_ticket_execute_it_once() {
     }
     let config = Config::load(&d.join("toolgate.toml")).unwrap();
     let journal = SqliteJournal::open(&config.store).unwrap();
-    let state = journal.tool_state("default", "notes").unwrap();
+    let state = journal.tool_state("default", "notes").await.unwrap();
     let notes: Vec<String> = serde_json::from_str(&state["notes"]).unwrap();
     assert_eq!(notes, (0..5).map(|r| format!("ask-race-{r}")).collect::<Vec<_>>());
 }

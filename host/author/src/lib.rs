@@ -1,0 +1,20 @@
+//! toolgate-author: the steps a Tool author (or an operator importing a
+//! Tool) runs before a host ever loads the result.
+//!
+//! - [`pack`]: call a built component's `describe` export once, in a sandbox
+//!   with no authority, and embed the descriptors in its metadata section.
+//! - [`skill`]: turn an Agent Skills folder into a Tool component.
+//! - [`mcp_import`]: list a remote MCP server's tools once and pin them into
+//!   an adapter component whose calls leave through the host's boundary.
+//! - [`generate`]: build the SDK source the two above write.
+//!
+//! Architecture invariant: nothing here is used by a host loading a plugin
+//! directory; a host reads the metadata section and never runs `describe`,
+//! builds, or lists a remote.
+
+#![deny(missing_docs)]
+
+pub mod generate;
+pub mod mcp_import;
+pub mod pack;
+pub mod skill;

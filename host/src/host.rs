@@ -1,0 +1,67 @@
+//! Host: opening the whole path from a checked [`Config`] — catalog,
+//! snapshot, executor, store, runtime.
+//!
+//! Owns the order in which a host starts: the plugin directory is loaded
+//! (lock and signatures checked before any metadata is read), the agent's
+//! snapshot is built, the executor and the journal open, and claims left by
+//! hosts that died mid-approval are settled before anything else is served.
+//! The CLI and any embedding agent runtime open a host the same way.
+//!
+//! Architecture invariant: opening a host compiles and runs nothing; the
+//! first compilation happens inside the first allowed call.
+
+use std::sync::Arc;
+
+use crate::catalog::lockfile::Lockfile;
+use crate::catalog::{Catalog, CatalogError};
+use crate::config::{Config, ConfigError};
+use crate::runtime::Runtime;
+use crate::sandbox::executor::{Executor, ExecutorError, ExecutorSettings};
+use crate::snapshot::ExecutableAgentSnapshot;
+use crate::store::sqlite::SqliteJournal;
+use crate::store::{CommitError, StepStore};
+
+/// Why a host could not start. Each names what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// The config names something that does not exist or does not fit.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The plugin directory or its lockfile cannot be read.
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    /// The engine cannot start.
+    #[error(transparent)]
+    Executor(#[from] ExecutorError),
+    /// The journal cannot be opened.
+    #[error(transparent)]
+    Store(#[from] CommitError),
+}
+
+/// The config's plugin directory, checked against its lockfile when one
+/// exists and against its trusted signing keys when it lists any. Reads
+/// metadata only: nothing is compiled.
+pub fn catalog(config: &Config) -> Result<Catalog, CatalogError> {
+    let lock = Lockfile::read(&config.lock)?;
+    Catalog::load_checked(&config.plugins, lock.as_ref(), &config.trusted_keys)
+}
+
+/// The journal the config's `store` names.
+pub fn store(config: &Config) -> Result<Arc<dyn StepStore>, CommitError> {
+    Ok(Arc::new(SqliteJournal::open_store(&config.store)?))
+}
+
+/// Open agent `agent`'s runtime on `config`: catalog, snapshot, executor and
+/// store, then settle claims of hosts that died mid-approval. Files the
+/// catalog refused are in `runtime.snapshot().catalog().refused()`.
+pub async fn open(config: &Config, agent: &str) -> Result<Runtime, HostError> {
+    let catalog = Arc::new(catalog(config)?);
+    let snapshot = ExecutableAgentSnapshot::build(config, agent, catalog)?;
+    let executor = Arc::new(Executor::new(ExecutorSettings::new(config.limits.clone(), Some(config.cache.clone())))?);
+    let runtime = Runtime::new(snapshot, executor, store(config)?, config.limits.ticket_ttl_secs);
+    // A host that died mid-approval left its ticket claimed: record that, once.
+    for ticket in runtime.settle_interrupted().await? {
+        tracing::warn!(ticket, "a ticket was interrupted by a host that stopped mid-call; see `toolgate journal`");
+    }
+    Ok(runtime)
+}

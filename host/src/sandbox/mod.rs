@@ -1,0 +1,15 @@
+//! Sandbox: where an allowed call runs, holding exactly its authority.
+//!
+//! Owns the wasmtime engine and per-call stores ([`executor`]), the only
+//! network a guest has — `wasi:http` through the outbound boundary
+//! ([`outbound`]), where a credential reference becomes a secret on the way
+//! out and every response is checked on the way back — and the bounded
+//! capture of guest output ([`capture`]).
+//!
+//! Architecture invariant: the sandbox decides nothing. [`executor::Executor::execute`]
+//! takes only a [`crate::policy::gate::AllowedCall`], and a guest reaches the
+//! host only through the imports linked here.
+
+pub mod capture;
+pub mod executor;
+pub mod outbound;

@@ -1,0 +1,352 @@
+//! Store: the Step commit's one interface to the journal.
+//!
+//! Owns the records of run state — runs, steps (call, verdict, outcome,
+//! captured output), Awaiting records with their resume tickets, Tool state —
+//! and the [`StepStore`] trait that every backend implements with the same
+//! semantics: a step's result and its Commands are written in one
+//! transaction or not at all; a ticket moves pending → claimed → resolved
+//! exactly once, whatever number of threads, processes or hosts race for it;
+//! a caller is answered only once its write is durable. [`sqlite`] is the
+//! embedded default. The conformance suite in the `toolgate-tests` crate
+//! (`toolgate_tests::conformance`) is what a backend must pass.
+//!
+//! Architecture invariant: nothing writes run state beside this trait, and a
+//! claimed ticket is never handed out again, so an approved call executes at
+//! most once.
+
+use std::collections::BTreeMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::digest::Digest;
+
+pub mod sqlite;
+
+/// Journal errors: the store itself failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    /// SQLite failed.
+    #[error("journal {path}: {source}")]
+    Sqlite {
+        /// The journal file.
+        path: String,
+        /// Why.
+        source: rusqlite::Error,
+    },
+    /// A group commit failed as a whole (every write in it is not committed).
+    #[error("journal {path}: {message}")]
+    Group {
+        /// The journal file.
+        path: String,
+        /// Why.
+        message: String,
+    },
+    /// Cannot create the journal's directory.
+    #[error("cannot create journal directory for {path}: {source}; check `store` in the config")]
+    Directory {
+        /// The journal file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The journal was written by a newer toolgate whose schema this one does not know.
+    #[error(
+        "journal {path} has schema version {found}, newer than the {known} this toolgate knows; upgrade toolgate or use another `store`"
+    )]
+    NewerSchema {
+        /// The journal file.
+        path: String,
+        /// Its version.
+        found: i64,
+        /// The newest this build knows.
+        known: i64,
+    },
+}
+
+/// Why a ticket cannot be used. Nothing was executed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TicketError {
+    /// No such ticket.
+    #[error("unknown ticket `{0}`; list pending tickets with `toolgate journal --awaiting`")]
+    Unknown(String),
+    /// Already approved or denied.
+    #[error("ticket `{0}` was already used; a ticket approves exactly one execution")]
+    Used(String),
+    /// Past its expiry.
+    #[error("ticket `{0}` expired; ask the agent to make the call again")]
+    Expired(String),
+    /// The component changed since the ticket was issued.
+    #[error(
+        "ticket `{ticket}`: the component of `{tool}` changed since the call was requested (was {was}, now {now}); the approval does not carry over, make the call again"
+    )]
+    ComponentChanged {
+        /// The ticket.
+        ticket: String,
+        /// The Tool.
+        tool: String,
+        /// Digest when issued.
+        was: String,
+        /// Digest now.
+        now: String,
+    },
+}
+
+/// How a step ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutcomeKind {
+    /// The Tool returned output.
+    Output,
+    /// The Tool returned an error (or trapped, timed out, ran out of memory).
+    ToolError,
+    /// The gate denied it.
+    Blocked,
+    /// Waiting for a human.
+    Awaiting,
+    /// The host could not run it (compile, instantiate); someone must act.
+    ExecutorError,
+}
+
+impl OutcomeKind {
+    /// Stable name in the journal.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutcomeKind::Output => "output",
+            OutcomeKind::ToolError => "tool_error",
+            OutcomeKind::Blocked => "blocked",
+            OutcomeKind::Awaiting => "awaiting",
+            OutcomeKind::ExecutorError => "executor_error",
+        }
+    }
+
+    /// The kind a stored name means; an unknown name reads as an executor
+    /// error (someone must look), never as output.
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "output" => OutcomeKind::Output,
+            "tool_error" => OutcomeKind::ToolError,
+            "blocked" => OutcomeKind::Blocked,
+            "awaiting" => OutcomeKind::Awaiting,
+            _ => OutcomeKind::ExecutorError,
+        }
+    }
+}
+
+/// What the gate said about a step's call, as the journal records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The gate allowed it (or a human approved it).
+    Allow,
+    /// A rule, a narrowing or a human denied it.
+    Deny,
+    /// The gate asked for a human's approval.
+    Ask,
+    /// The call never reached the gate (unavailable, invalid arguments).
+    None,
+}
+
+impl Verdict {
+    /// Stable name in the journal.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Allow => "allow",
+            Verdict::Deny => "deny",
+            Verdict::Ask => "ask",
+            Verdict::None => "none",
+        }
+    }
+}
+
+/// One committed step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepRecord {
+    /// Journal order.
+    pub seq: i64,
+    /// The run.
+    pub run_id: String,
+    /// The call.
+    pub call_id: String,
+    /// The Tool.
+    pub tool_id: String,
+    /// Arguments as the model sent them (JSON).
+    pub arguments: String,
+    /// The verdict ([`Verdict::as_str`]).
+    pub verdict: String,
+    /// How it ended.
+    pub outcome: OutcomeKind,
+    /// Output or error text the model reads.
+    pub result: String,
+    /// Captured guest stdout, stderr and log (JSON object).
+    pub captured: String,
+    /// The ticket this step resolved or issued, if any.
+    pub ticket_id: Option<String>,
+}
+
+/// A step to commit (sequence assigned by the store).
+#[derive(Debug, Clone)]
+pub struct NewStep<'a> {
+    /// The run.
+    pub run_id: &'a str,
+    /// The agent (Tool state is scoped by agent and Tool).
+    pub agent: &'a str,
+    /// The call.
+    pub call_id: &'a str,
+    /// The Tool.
+    pub tool_id: &'a str,
+    /// Arguments (JSON).
+    pub arguments: &'a str,
+    /// What the gate said.
+    pub verdict: Verdict,
+    /// How it ended.
+    pub outcome: OutcomeKind,
+    /// What the model reads.
+    pub result: &'a str,
+    /// Captured output (JSON).
+    pub captured: &'a str,
+}
+
+/// A run as the journal records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunRecord<'a> {
+    /// The run id.
+    pub run_id: &'a str,
+    /// Its agent.
+    pub agent: &'a str,
+    /// `configured` or `deny-all`.
+    pub narrowing: &'a str,
+}
+
+/// A state change, already checked to be in the called Tool's scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateChange {
+    /// Key.
+    pub key: String,
+    /// `Some(json)` sets, `None` removes.
+    pub value: Option<String>,
+}
+
+/// A call waiting for approval.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AwaitingRecord {
+    /// The ticket id (unguessable).
+    pub ticket_id: String,
+    /// The run.
+    pub run_id: String,
+    /// The agent.
+    pub agent: String,
+    /// The call.
+    pub call_id: String,
+    /// The Tool.
+    pub tool_id: String,
+    /// Arguments (JSON), exactly as they will run.
+    pub arguments: String,
+    /// [`crate::policy::gate::argument_digest`] of them.
+    pub argument_digest: String,
+    /// The component digest when the call was requested.
+    pub component_digest: Digest,
+    /// Unix seconds.
+    pub expires_at: i64,
+    /// `pending`, `claimed` or `resolved`.
+    pub state: String,
+}
+
+/// A ticket this process claimed: the only value that lets the gate treat an
+/// approved call as Allow. Built only by a [`StepStore`] of this crate when
+/// it moves a ticket from pending to claimed.
+#[derive(Debug)]
+pub struct ClaimedTicket {
+    record: AwaitingRecord,
+}
+
+impl ClaimedTicket {
+    /// Only a store makes one, at the moment it wins the claim.
+    pub(crate) fn new(record: AwaitingRecord) -> Self {
+        ClaimedTicket { record }
+    }
+    /// The stored call's record.
+    pub fn record(&self) -> &AwaitingRecord {
+        &self.record
+    }
+    /// Ticket id.
+    pub fn ticket_id(&self) -> &str {
+        &self.record.ticket_id
+    }
+    /// Tool id.
+    pub fn tool_id(&self) -> &str {
+        &self.record.tool_id
+    }
+    /// Call id.
+    pub fn call_id(&self) -> &str {
+        &self.record.call_id
+    }
+    /// Argument digest.
+    pub fn argument_digest(&self) -> &str {
+        &self.record.argument_digest
+    }
+    /// Component digest.
+    pub fn component_digest(&self) -> &Digest {
+        &self.record.component_digest
+    }
+}
+
+/// The store behind the Step commit. Every method is one transaction.
+#[async_trait::async_trait]
+pub trait StepStore: Send + Sync {
+    /// Record a new run (a durable store may write it with the run's first step).
+    async fn begin_run(&self, run: &RunRecord<'_>) -> Result<(), CommitError>;
+    /// Commit a step with its state changes and, for RequireConfirmation, its
+    /// Awaiting record — one transaction. Returns the step's sequence number.
+    async fn commit_step(
+        &self,
+        step: &NewStep<'_>,
+        changes: &[StateChange],
+        awaiting: Option<&AwaitingRecord>,
+    ) -> Result<i64, CommitError>;
+    /// Claim a pending, unexpired ticket: pending → claimed, atomically.
+    async fn claim_ticket(&self, ticket_id: &str, now: i64) -> Result<Result<ClaimedTicket, TicketError>, CommitError>;
+    /// Commit the step that resolves a claimed ticket, with its state changes.
+    async fn resolve_ticket(
+        &self,
+        ticket: ClaimedTicket,
+        step: &NewStep<'_>,
+        changes: &[StateChange],
+    ) -> Result<i64, CommitError>;
+    /// Release a claim that could not run for a reason outside the call
+    /// (e.g. the component changed): the ticket is marked resolved.
+    async fn abandon_ticket(&self, ticket: ClaimedTicket, reason: &str) -> Result<(), CommitError>;
+    /// Settle claimed tickets whose result was never committed because the
+    /// claiming host died mid-call: those claimed before `claimed_before`
+    /// (unix seconds), or by a process `alive` says is gone. Each gets an
+    /// `executor_error` step saying so and is resolved: the call may have
+    /// run, so it never runs again, and nothing is silently lost. Returns the
+    /// tickets settled.
+    async fn settle_interrupted(
+        &self,
+        claimed_before: i64,
+        alive: &(dyn Fn(u32) -> bool + Sync),
+    ) -> Result<Vec<String>, CommitError>;
+    /// A Tool's committed state for an agent.
+    async fn tool_state(&self, agent: &str, tool_id: &str) -> Result<BTreeMap<String, String>, CommitError>;
+    /// Steps in journal order, optionally of one run.
+    async fn steps(&self, run_id: Option<&str>) -> Result<Vec<StepRecord>, CommitError>;
+    /// The Awaiting record of `ticket_id`, in whatever state it is.
+    async fn awaiting(&self, ticket_id: &str) -> Result<Option<AwaitingRecord>, CommitError>;
+    /// Awaiting records still pending.
+    async fn pending(&self) -> Result<Vec<AwaitingRecord>, CommitError>;
+    /// The distinct Tools that produced output in run `run_id` (Skill activations).
+    async fn output_tools(&self, run_id: &str) -> Result<Vec<String>, CommitError> {
+        let mut ids: Vec<String> = self
+            .steps(Some(run_id))
+            .await?
+            .into_iter()
+            .filter(|s| s.outcome == OutcomeKind::Output)
+            .map(|s| s.tool_id)
+            .collect();
+        ids.sort();
+        ids.dedup();
+        Ok(ids)
+    }
+}
+
+/// Unix seconds now.
+pub fn now() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}

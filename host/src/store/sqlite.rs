@@ -1,0 +1,923 @@
+//! SQLite: the embedded default journal.
+//!
+//! Owns the SQLite schema and its versioned migrations, and the write
+//! discipline of a file journal: WAL with `synchronous = FULL`, and a single
+//! writer — the group committer thread — through which every write goes
+//! (steps, runs, ticket claims, resolutions, settlements). Writes that arrive
+//! while one commit is being made durable share the next transaction, a
+//! savepoint each, so a failing write rolls back alone; each caller is
+//! answered only once the transaction holding its write is durable. Reads use
+//! their own connection (WAL: never blocked by the writer). An in-memory
+//! journal (`store = ":memory:"`) has one connection and no durability.
+//!
+//! Architecture invariant: no connection but the writer's changes a durable
+//! journal, and every transaction that claims a ticket takes the database's
+//! write lock first, so claims from threads, processes and hosts sharing the
+//! file serialize and exactly one sees a ticket pending.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::{
+    AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, RunRecord, StateChange, StepRecord, StepStore,
+    TicketError, Verdict, now,
+};
+use crate::digest::Digest;
+
+/// The `store` value that selects an in-memory journal.
+pub const IN_MEMORY: &str = ":memory:";
+
+/// Runs begun without a step yet, at most; beyond, a run is written at once.
+const MAX_PENDING_RUNS: usize = 4096;
+
+/// Most writes one group commit holds.
+const MAX_GROUP: usize = 256;
+
+/// The embedded SQLite journal.
+pub struct SqliteJournal {
+    /// Reads; and every write of an in-memory journal.
+    conn: Mutex<Connection>,
+    path: String,
+    /// Durable journals write through the group committer only.
+    group: Option<GroupCommitter>,
+    /// Runs begun but not yet written: a durable journal records a run in the
+    /// transaction of its first step (one fsync instead of two for a one-call run).
+    pending_runs: Mutex<HashMap<String, (String, String)>>,
+}
+
+/// Group commit for a durable journal: writes that arrive while a commit is
+/// being made durable go together into the next transaction, one fsync for
+/// all of them.
+struct GroupCommitter {
+    jobs: Option<std::sync::mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Transactions and writes committed, for the average group size.
+    counts: Arc<(AtomicU64, AtomicU64)>,
+}
+
+/// One write waiting for a group commit, with where to send its result.
+struct Job {
+    write: Write,
+    reply: tokio::sync::oneshot::Sender<Result<Written, CommitError>>,
+}
+
+/// What a job writes.
+#[allow(clippy::large_enum_variant)] // moved once into the committer's channel; boxing buys nothing
+enum Write {
+    /// A step with its changes and Awaiting record, and the run's record when
+    /// this is its first step: `(agent, narrowing)`.
+    Step { step: OwnedStep, changes: Vec<StateChange>, awaiting: Option<AwaitingRecord>, run: Option<(String, String)> },
+    /// A run record.
+    Run { run_id: String, agent: String, narrowing: String },
+    /// Claim a pending ticket.
+    Claim { ticket_id: String, now: i64, pid: u32 },
+    /// The step that resolves a claimed ticket.
+    Resolve { ticket_id: String, step: OwnedStep, changes: Vec<StateChange> },
+    /// Resolve a claimed ticket without a step.
+    Abandon { ticket_id: String },
+    /// Settle these interrupted claims.
+    Settle { stuck: Vec<AwaitingRecord> },
+}
+
+/// What a write produced.
+#[allow(clippy::large_enum_variant)] // sent once over a oneshot; boxing buys nothing
+enum Written {
+    Seq(i64),
+    Claim(Result<AwaitingRecord, TicketError>),
+    Settled(Vec<String>),
+    Done,
+}
+
+/// [`NewStep`], owned, to cross to the committer thread.
+struct OwnedStep {
+    run_id: String,
+    agent: String,
+    call_id: String,
+    tool_id: String,
+    arguments: String,
+    verdict: Verdict,
+    outcome: OutcomeKind,
+    result: String,
+    captured: String,
+}
+
+impl OwnedStep {
+    fn of(s: &NewStep<'_>) -> Self {
+        OwnedStep {
+            run_id: s.run_id.to_owned(),
+            agent: s.agent.to_owned(),
+            call_id: s.call_id.to_owned(),
+            tool_id: s.tool_id.to_owned(),
+            arguments: s.arguments.to_owned(),
+            verdict: s.verdict,
+            outcome: s.outcome,
+            result: s.result.to_owned(),
+            captured: s.captured.to_owned(),
+        }
+    }
+    fn borrow(&self) -> NewStep<'_> {
+        NewStep {
+            run_id: &self.run_id,
+            agent: &self.agent,
+            call_id: &self.call_id,
+            tool_id: &self.tool_id,
+            arguments: &self.arguments,
+            verdict: self.verdict,
+            outcome: self.outcome,
+            result: &self.result,
+            captured: &self.captured,
+        }
+    }
+}
+
+impl Write {
+    /// Apply inside the caller's transaction (or savepoint).
+    fn apply(&self, c: &Connection) -> rusqlite::Result<Written> {
+        match self {
+            Write::Step { step, changes, awaiting, run } => {
+                if let Some((agent, narrowing)) = run {
+                    insert_run(c, &step.run_id, agent, narrowing)?;
+                }
+                write_step(c, &step.borrow(), changes, awaiting.as_ref()).map(Written::Seq)
+            }
+            Write::Run { run_id, agent, narrowing } => insert_run(c, run_id, agent, narrowing).map(|_| Written::Done),
+            Write::Claim { ticket_id, now, pid } => claim(c, ticket_id, *now, *pid).map(Written::Claim),
+            Write::Resolve { ticket_id, step, changes } => {
+                resolve(c, ticket_id, &step.borrow(), changes).map(Written::Seq)
+            }
+            Write::Abandon { ticket_id } => abandon(c, ticket_id).map(|_| Written::Done),
+            Write::Settle { stuck } => settle(c, stuck).map(Written::Settled),
+        }
+    }
+}
+
+impl GroupCommitter {
+    fn start(mut conn: Connection, path: String) -> std::io::Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let counts = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+        let c = counts.clone();
+        let thread = std::thread::Builder::new().name("toolgate-commit".into()).spawn(move || {
+            while let Ok(first) = rx.recv() {
+                let mut batch = vec![first];
+                while batch.len() < MAX_GROUP {
+                    match rx.try_recv() {
+                        Ok(j) => batch.push(j),
+                        Err(_) => break,
+                    }
+                }
+                let results = commit_group(&mut conn, &batch, &path);
+                c.0.fetch_add(1, Ordering::Relaxed);
+                c.1.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                for (job, r) in batch.into_iter().zip(results) {
+                    // The caller may be gone (its task was cancelled): its write is committed regardless.
+                    let _ = job.reply.send(r);
+                }
+            }
+        })?;
+        Ok(GroupCommitter { jobs: Some(tx), thread: Some(thread), counts })
+    }
+}
+
+impl Drop for GroupCommitter {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread after the batch in hand.
+        self.jobs.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Write `batch` in one transaction, a savepoint per write; one result per job.
+fn commit_group(conn: &mut Connection, batch: &[Job], path: &str) -> Vec<Result<Written, CommitError>> {
+    let all_failed = |message: String| -> Vec<Result<Written, CommitError>> {
+        batch.iter().map(|_| Err(CommitError::Group { path: path.to_owned(), message: message.clone() })).collect()
+    };
+    // IMMEDIATE: the write lock first, so claims from other processes serialize with ours.
+    let mut tx = match conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate) {
+        Ok(tx) => tx,
+        Err(e) => return all_failed(e.to_string()),
+    };
+    let mut results = Vec::with_capacity(batch.len());
+    for job in batch {
+        let r = (|| -> rusqlite::Result<Written> {
+            let sp = tx.savepoint()?;
+            let written = job.write.apply(&sp)?;
+            sp.commit()?;
+            Ok(written)
+        })();
+        results.push(r.map_err(|source| CommitError::Sqlite { path: path.to_owned(), source }));
+    }
+    if let Err(e) = tx.commit() {
+        return all_failed(format!("the group commit failed, nothing in it was written: {e}"));
+    }
+    results
+}
+
+/// Version 1: the first released journal.
+const SCHEMA_V1: &str = r#"
+CREATE TABLE runs (
+    run_id TEXT PRIMARY KEY,
+    agent TEXT NOT NULL,
+    narrowing TEXT NOT NULL,
+    started_at INTEGER NOT NULL
+);
+CREATE TABLE steps (
+    -- A rowid alias: steps are never deleted, so seq only grows (no AUTOINCREMENT bookkeeping per insert).
+    seq INTEGER PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    tool_id TEXT NOT NULL,
+    arguments TEXT NOT NULL,
+    verdict TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    result TEXT NOT NULL,
+    captured TEXT NOT NULL,
+    ticket_id TEXT,
+    committed_at INTEGER NOT NULL
+);
+CREATE INDEX steps_run ON steps(run_id, seq);
+CREATE TABLE awaiting (
+    ticket_id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    call_id TEXT NOT NULL UNIQUE,
+    tool_id TEXT NOT NULL,
+    arguments TEXT NOT NULL,
+    argument_digest TEXT NOT NULL,
+    component_digest TEXT NOT NULL,
+    expires_at INTEGER NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('pending', 'claimed', 'resolved'))
+);
+CREATE TABLE tool_state (
+    agent TEXT NOT NULL,
+    tool_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (agent, tool_id, key)
+);
+"#;
+
+/// Version 2: who claimed a ticket and when, to settle claims of hosts that died.
+const SCHEMA_V2: &str = r#"
+ALTER TABLE awaiting ADD COLUMN claimed_at INTEGER;
+ALTER TABLE awaiting ADD COLUMN claimed_by INTEGER;
+"#;
+
+/// Migrations in order: `user_version` N means the first N are applied.
+const MIGRATIONS: &[&str] = &[SCHEMA_V1, SCHEMA_V2];
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// The schema a journal's version has, as SQL: for tests that build a journal
+/// an older toolgate wrote.
+pub fn schema_at(version: i64) -> String {
+    MIGRATIONS.iter().take(version.max(0) as usize).copied().collect()
+}
+
+/// Bring `conn`'s journal to [`SCHEMA_VERSION`], in one transaction.
+fn migrate(conn: &mut Connection, path: &str) -> Result<(), CommitError> {
+    let err = |source| CommitError::Sqlite { path: path.to_owned(), source };
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(err)?;
+    let mut version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(err)?;
+    if version == 0 {
+        // Journals written before versioning: tell their schema by its tables.
+        let has =
+            |sql: &str| -> rusqlite::Result<bool> { tx.query_row(sql, [], |r| r.get::<_, i64>(0)).map(|n| n > 0) };
+        if has("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'steps'").map_err(err)? {
+            version =
+                if has("SELECT COUNT(*) FROM pragma_table_info('awaiting') WHERE name = 'claimed_by'").map_err(err)? {
+                    2
+                } else {
+                    1
+                };
+        }
+    }
+    if version > SCHEMA_VERSION {
+        return Err(CommitError::NewerSchema { path: path.to_owned(), found: version, known: SCHEMA_VERSION });
+    }
+    for sql in MIGRATIONS.iter().skip(version as usize) {
+        tx.execute_batch(sql).map_err(err)?;
+    }
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(err)?;
+    tx.commit().map_err(err)
+}
+
+impl SqliteJournal {
+    /// The journal a config's `store` names: [`IN_MEMORY`], or a file.
+    pub fn open_store(store: &Path) -> Result<Self, CommitError> {
+        if store.as_os_str() == IN_MEMORY { Self::in_memory() } else { Self::open(store) }
+    }
+
+    /// Open (creating if needed, migrating if older) the journal at `path`.
+    pub fn open(path: &Path) -> Result<Self, CommitError> {
+        let shown = path.display().to_string();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|source| CommitError::Directory { path: shown.clone(), source })?;
+        }
+        let open = || Connection::open(path).map_err(|source| CommitError::Sqlite { path: shown.clone(), source });
+        let mut journal = Self::init(open()?, shown.clone(), true)?;
+        // The committer writes on its own connection (WAL: readers are not blocked).
+        let writer = open()?;
+        let err = |source| CommitError::Sqlite { path: shown.clone(), source };
+        writer.pragma_update(None, "synchronous", "FULL").map_err(err)?;
+        writer.busy_timeout(std::time::Duration::from_secs(10)).map_err(err)?;
+        let group = GroupCommitter::start(writer, shown.clone()).map_err(|e| CommitError::Group {
+            path: shown.clone(),
+            message: format!("cannot start the committer: {e}"),
+        })?;
+        journal.group = Some(group);
+        Ok(journal)
+    }
+
+    /// A journal in memory: the same commit path without durability
+    /// (benchmarks, tests).
+    pub fn in_memory() -> Result<Self, CommitError> {
+        let conn =
+            Connection::open_in_memory().map_err(|source| CommitError::Sqlite { path: IN_MEMORY.into(), source })?;
+        Self::init(conn, IN_MEMORY.into(), false)
+    }
+
+    fn init(mut conn: Connection, path: String, durable: bool) -> Result<Self, CommitError> {
+        let err = |source| CommitError::Sqlite { path: path.clone(), source };
+        if durable {
+            // WAL + FULL: a committed step survives a crash of the host or the machine.
+            conn.pragma_update(None, "journal_mode", "WAL").map_err(err)?;
+            conn.pragma_update(None, "synchronous", "FULL").map_err(err)?;
+        }
+        conn.busy_timeout(std::time::Duration::from_secs(10)).map_err(err)?;
+        migrate(&mut conn, &path)?;
+        Ok(SqliteJournal { conn: Mutex::new(conn), path, group: None, pending_runs: Mutex::new(HashMap::new()) })
+    }
+
+    /// Group commits made and the writes they held (`(0, 0)` for an in-memory journal).
+    pub fn group_commits(&self) -> (u64, u64) {
+        self.group.as_ref().map_or((0, 0), |g| (g.counts.0.load(Ordering::Relaxed), g.counts.1.load(Ordering::Relaxed)))
+    }
+
+    /// Commit `write`: through the group committer (answered once durable),
+    /// or, in memory, in a transaction of its own.
+    async fn write(&self, write: Write) -> Result<Written, CommitError> {
+        let Some(group) = &self.group else {
+            return self.with(|c| {
+                let tx = c.transaction()?;
+                let written = write.apply(&tx)?;
+                tx.commit()?;
+                Ok(written)
+            });
+        };
+        let gone = || CommitError::Group { path: self.path.clone(), message: "the committer stopped".into() };
+        let jobs = group.jobs.as_ref().ok_or_else(gone)?;
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        jobs.send(Job { write, reply }).map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>) -> Result<T, CommitError> {
+        // A poisoned lock only means another thread panicked mid-call; SQLite
+        // rolled its transaction back, so the connection is still consistent.
+        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut conn).map_err(|source| CommitError::Sqlite { path: self.path.clone(), source })
+    }
+
+    /// Run `f` on the read connection (tests inspect the schema with it).
+    #[doc(hidden)]
+    pub fn read_raw<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, CommitError> {
+        self.with(|c| f(c))
+    }
+}
+
+impl SqliteJournal {
+    /// The writer answered a write with another kind of result: a bug, reported rather than unwrapped.
+    fn unexpected(&self, what: &str) -> CommitError {
+        CommitError::Group {
+            path: self.path.clone(),
+            message: format!("unexpected result from the writer for a {what}"),
+        }
+    }
+}
+
+// Statements run on every call are prepared once per connection
+// (`prepare_cached`): re-parsing the SQL was about a third of an in-memory
+// commit (BENCHMARKS.md).
+fn insert_run(c: &Connection, run_id: &str, agent: &str, narrowing: &str) -> rusqlite::Result<()> {
+    c.prepare_cached("INSERT OR IGNORE INTO runs (run_id, agent, narrowing, started_at) VALUES (?1, ?2, ?3, ?4)")?
+        .execute(params![run_id, agent, narrowing, now()])
+        .map(|_| ())
+}
+
+/// A step, its state changes and its Awaiting record, inside the caller's transaction.
+fn write_step(
+    tx: &Connection,
+    step: &NewStep<'_>,
+    changes: &[StateChange],
+    awaiting: Option<&AwaitingRecord>,
+) -> rusqlite::Result<i64> {
+    let seq = insert_step(tx, step, awaiting.map(|a| a.ticket_id.as_str()))?;
+    apply_changes(tx, step.agent, step.tool_id, changes)?;
+    if let Some(a) = awaiting {
+        tx.prepare_cached(&format!(
+            "INSERT INTO awaiting ({AWAITING_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'pending')"
+        ))?
+        .execute(params![
+            a.ticket_id,
+            a.run_id,
+            a.agent,
+            a.call_id,
+            a.tool_id,
+            a.arguments,
+            a.argument_digest,
+            a.component_digest.hex(),
+            a.expires_at
+        ])?;
+    }
+    Ok(seq)
+}
+
+fn insert_step(tx: &Connection, s: &NewStep<'_>, ticket: Option<&str>) -> rusqlite::Result<i64> {
+    tx.prepare_cached(
+        "INSERT INTO steps (run_id, call_id, tool_id, arguments, verdict, outcome, result, captured, ticket_id, committed_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+    )?
+    .execute(params![
+        s.run_id,
+        s.call_id,
+        s.tool_id,
+        s.arguments,
+        s.verdict.as_str(),
+        s.outcome.as_str(),
+        s.result,
+        s.captured,
+        ticket,
+        now()
+    ])?;
+    Ok(tx.last_insert_rowid())
+}
+
+fn apply_changes(tx: &Connection, agent: &str, tool: &str, changes: &[StateChange]) -> rusqlite::Result<()> {
+    for c in changes {
+        match &c.value {
+            Some(v) => tx
+                .prepare_cached(
+                    "INSERT INTO tool_state (agent, tool_id, key, value) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (agent, tool_id, key) DO UPDATE SET value = excluded.value",
+                )?
+                .execute(params![agent, tool, c.key, v])?,
+            None => tx
+                .prepare_cached("DELETE FROM tool_state WHERE agent = ?1 AND tool_id = ?2 AND key = ?3")?
+                .execute(params![agent, tool, c.key])?,
+        };
+    }
+    Ok(())
+}
+
+/// pending → claimed, if the ticket is pending and unexpired.
+fn claim(c: &Connection, ticket_id: &str, now: i64, pid: u32) -> rusqlite::Result<Result<AwaitingRecord, TicketError>> {
+    let record = c
+        .query_row(
+            &format!("SELECT {AWAITING_COLS} FROM awaiting WHERE ticket_id = ?1"),
+            params![ticket_id],
+            awaiting_from_row,
+        )
+        .optional()?;
+    Ok(match record {
+        None => Err(TicketError::Unknown(ticket_id.to_owned())),
+        Some(r) if r.state != "pending" => Err(TicketError::Used(ticket_id.to_owned())),
+        Some(r) if r.expires_at <= now => Err(TicketError::Expired(ticket_id.to_owned())),
+        Some(mut r) => {
+            c.execute(
+                "UPDATE awaiting SET state = 'claimed', claimed_at = ?2, claimed_by = ?3
+                 WHERE ticket_id = ?1 AND state = 'pending'",
+                params![ticket_id, now, pid],
+            )?;
+            r.state = "claimed".into();
+            Ok(r)
+        }
+    })
+}
+
+fn resolve(c: &Connection, ticket_id: &str, step: &NewStep<'_>, changes: &[StateChange]) -> rusqlite::Result<i64> {
+    let seq = insert_step(c, step, Some(ticket_id))?;
+    apply_changes(c, step.agent, step.tool_id, changes)?;
+    c.execute("UPDATE awaiting SET state = 'resolved' WHERE ticket_id = ?1 AND state = 'claimed'", params![ticket_id])?;
+    Ok(seq)
+}
+
+fn abandon(c: &Connection, ticket_id: &str) -> rusqlite::Result<()> {
+    c.execute("UPDATE awaiting SET state = 'resolved' WHERE ticket_id = ?1", params![ticket_id]).map(|_| ())
+}
+
+/// Give each claim in `stuck` that is still claimed an `executor_error` step
+/// and resolve it; returns the tickets settled.
+fn settle(c: &Connection, stuck: &[AwaitingRecord]) -> rusqlite::Result<Vec<String>> {
+    let mut settled = Vec::new();
+    for r in stuck {
+        let still: Option<String> = c
+            .query_row("SELECT state FROM awaiting WHERE ticket_id = ?1", params![r.ticket_id], |row| row.get(0))
+            .optional()?;
+        if still.as_deref() != Some("claimed") {
+            continue;
+        }
+        let result = format!(
+            "interrupted: the host that approved ticket `{}` stopped before committing the result; the call \
+             may have run and will not run again — check its effects, then make the call again if needed",
+            r.ticket_id
+        );
+        let step = NewStep {
+            run_id: &r.run_id,
+            agent: &r.agent,
+            call_id: &r.call_id,
+            tool_id: &r.tool_id,
+            arguments: &r.arguments,
+            verdict: Verdict::Allow,
+            outcome: OutcomeKind::ExecutorError,
+            result: &result,
+            captured: "{}",
+        };
+        resolve(c, &r.ticket_id, &step, &[])?;
+        settled.push(r.ticket_id.clone());
+    }
+    Ok(settled)
+}
+
+fn awaiting_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AwaitingRecord> {
+    let digest: String = r.get(7)?;
+    Ok(AwaitingRecord {
+        ticket_id: r.get(0)?,
+        run_id: r.get(1)?,
+        agent: r.get(2)?,
+        call_id: r.get(3)?,
+        tool_id: r.get(4)?,
+        arguments: r.get(5)?,
+        argument_digest: r.get(6)?,
+        // Written by us from a Digest; an unreadable one matches no component.
+        component_digest: Digest::from_hex(&digest).unwrap_or(Digest([0; 32])),
+        expires_at: r.get(8)?,
+        state: r.get(9)?,
+    })
+}
+
+const AWAITING_COLS: &str =
+    "ticket_id, run_id, agent, call_id, tool_id, arguments, argument_digest, component_digest, expires_at, state";
+
+#[async_trait::async_trait]
+impl StepStore for SqliteJournal {
+    async fn begin_run(&self, run: &RunRecord<'_>) -> Result<(), CommitError> {
+        if self.group.is_some() {
+            let mut pending = self.pending_runs.lock().unwrap_or_else(|p| p.into_inner());
+            if pending.len() < MAX_PENDING_RUNS {
+                pending.insert(run.run_id.to_owned(), (run.agent.to_owned(), run.narrowing.to_owned()));
+                return Ok(());
+            }
+        }
+        if self.group.is_none() {
+            return self.with(|c| insert_run(c, run.run_id, run.agent, run.narrowing));
+        }
+        let write = Write::Run {
+            run_id: run.run_id.to_owned(),
+            agent: run.agent.to_owned(),
+            narrowing: run.narrowing.to_owned(),
+        };
+        self.write(write).await.map(|_| ())
+    }
+
+    async fn commit_step(
+        &self,
+        step: &NewStep<'_>,
+        changes: &[StateChange],
+        awaiting: Option<&AwaitingRecord>,
+    ) -> Result<i64, CommitError> {
+        if self.group.is_none() {
+            return self.with(|c| {
+                let tx = c.transaction()?;
+                let seq = write_step(&tx, step, changes, awaiting)?;
+                tx.commit()?;
+                Ok(seq)
+            });
+        }
+        let run = self.pending_runs.lock().unwrap_or_else(|p| p.into_inner()).remove(step.run_id);
+        let write = Write::Step {
+            step: OwnedStep::of(step),
+            changes: changes.to_vec(),
+            awaiting: awaiting.cloned(),
+            run: run.clone(),
+        };
+        let result = match self.write(write).await {
+            Ok(Written::Seq(seq)) => Ok(seq),
+            Ok(_) => Err(self.unexpected("step")),
+            Err(e) => Err(e),
+        };
+        if let (Err(_), Some(run)) = (&result, run) {
+            // Not written with this step: the run's next step records it.
+            self.pending_runs.lock().unwrap_or_else(|p| p.into_inner()).insert(step.run_id.to_owned(), run);
+        }
+        result
+    }
+
+    async fn resolve_ticket(
+        &self,
+        ticket: ClaimedTicket,
+        step: &NewStep<'_>,
+        changes: &[StateChange],
+    ) -> Result<i64, CommitError> {
+        let write = Write::Resolve {
+            ticket_id: ticket.record().ticket_id.clone(),
+            step: OwnedStep::of(step),
+            changes: changes.to_vec(),
+        };
+        match self.write(write).await? {
+            Written::Seq(seq) => Ok(seq),
+            _ => Err(self.unexpected("resolve")),
+        }
+    }
+
+    async fn claim_ticket(&self, ticket_id: &str, now: i64) -> Result<Result<ClaimedTicket, TicketError>, CommitError> {
+        let write = Write::Claim { ticket_id: ticket_id.to_owned(), now, pid: std::process::id() };
+        match self.write(write).await? {
+            Written::Claim(r) => Ok(r.map(ClaimedTicket::new)),
+            _ => Err(self.unexpected("claim")),
+        }
+    }
+
+    async fn abandon_ticket(&self, ticket: ClaimedTicket, _reason: &str) -> Result<(), CommitError> {
+        self.write(Write::Abandon { ticket_id: ticket.record().ticket_id.clone() }).await.map(|_| ())
+    }
+
+    async fn settle_interrupted(
+        &self,
+        claimed_before: i64,
+        alive: &(dyn Fn(u32) -> bool + Sync),
+    ) -> Result<Vec<String>, CommitError> {
+        // Read which claims look stuck; the writer re-checks each is still claimed.
+        let stuck: Vec<AwaitingRecord> = self.with(|c| {
+            let mut stmt = c.prepare_cached(&format!(
+                "SELECT {AWAITING_COLS}, claimed_at, claimed_by FROM awaiting WHERE state = 'claimed' ORDER BY ticket_id"
+            ))?;
+            let rows = stmt.query_map([], |r| {
+                let at: Option<i64> = r.get(10)?;
+                let by: Option<u32> = r.get(11)?;
+                Ok((awaiting_from_row(r)?, at, by))
+            })?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (record, at, by) = row?;
+                let old = at.is_none_or(|at| at < claimed_before);
+                let gone = by.is_some_and(|pid| !alive(pid));
+                if old || gone {
+                    out.push(record);
+                }
+            }
+            Ok(out)
+        })?;
+        if stuck.is_empty() {
+            return Ok(Vec::new());
+        }
+        match self.write(Write::Settle { stuck }).await? {
+            Written::Settled(t) => Ok(t),
+            _ => Err(self.unexpected("settle")),
+        }
+    }
+
+    async fn output_tools(&self, run_id: &str) -> Result<Vec<String>, CommitError> {
+        self.with(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT DISTINCT tool_id FROM steps WHERE run_id = ?1 AND outcome = 'output' ORDER BY tool_id",
+            )?;
+            let rows = stmt.query_map(params![run_id], |r| r.get(0))?;
+            rows.collect()
+        })
+    }
+
+    async fn tool_state(&self, agent: &str, tool_id: &str) -> Result<BTreeMap<String, String>, CommitError> {
+        self.with(|c| {
+            let mut stmt = c.prepare_cached("SELECT key, value FROM tool_state WHERE agent = ?1 AND tool_id = ?2")?;
+            let rows = stmt.query_map(params![agent, tool_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            rows.collect()
+        })
+    }
+
+    async fn steps(&self, run_id: Option<&str>) -> Result<Vec<StepRecord>, CommitError> {
+        self.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT seq, run_id, call_id, tool_id, arguments, verdict, outcome, result, captured, ticket_id
+                 FROM steps WHERE ?1 IS NULL OR run_id = ?1 ORDER BY seq",
+            )?;
+            let rows = stmt.query_map(params![run_id], |r| {
+                let outcome: String = r.get(6)?;
+                Ok(StepRecord {
+                    seq: r.get(0)?,
+                    run_id: r.get(1)?,
+                    call_id: r.get(2)?,
+                    tool_id: r.get(3)?,
+                    arguments: r.get(4)?,
+                    verdict: r.get(5)?,
+                    outcome: OutcomeKind::parse(&outcome),
+                    result: r.get(7)?,
+                    captured: r.get(8)?,
+                    ticket_id: r.get(9)?,
+                })
+            })?;
+            rows.collect()
+        })
+    }
+
+    async fn awaiting(&self, ticket_id: &str) -> Result<Option<AwaitingRecord>, CommitError> {
+        self.with(|c| {
+            c.prepare_cached(&format!("SELECT {AWAITING_COLS} FROM awaiting WHERE ticket_id = ?1"))?
+                .query_row(params![ticket_id], awaiting_from_row)
+                .optional()
+        })
+    }
+
+    async fn pending(&self) -> Result<Vec<AwaitingRecord>, CommitError> {
+        self.with(|c| {
+            let mut stmt =
+                c.prepare(&format!("SELECT {AWAITING_COLS} FROM awaiting WHERE state = 'pending' ORDER BY rowid"))?;
+            let rows = stmt.query_map([], awaiting_from_row)?;
+            rows.collect()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! SQLite-specific behaviour; the semantics every store shares are in
+    //! the conformance suite (`toolgate_tests::conformance`).
+    use super::*;
+
+    fn step<'a>(call_id: &'a str, outcome: OutcomeKind) -> NewStep<'a> {
+        NewStep {
+            run_id: "run-1",
+            agent: "main",
+            call_id,
+            tool_id: "notes.add",
+            arguments: r#"{"text":"hi"}"#,
+            verdict: Verdict::Allow,
+            outcome,
+            result: "ok",
+            captured: "{}",
+        }
+    }
+
+    fn set(key: &str, value: &str) -> StateChange {
+        StateChange { key: key.into(), value: Some(value.into()) }
+    }
+
+    fn awaiting(ticket: &str, call_id: &str, expires_at: i64) -> AwaitingRecord {
+        AwaitingRecord {
+            ticket_id: ticket.into(),
+            run_id: "run-1".into(),
+            agent: "main".into(),
+            call_id: call_id.into(),
+            tool_id: "notes.add".into(),
+            arguments: r#"{"text":"hi"}"#.into(),
+            argument_digest: "d".repeat(64),
+            component_digest: Digest::of(b"component"),
+            expires_at,
+            state: "pending".into(),
+        }
+    }
+
+    fn run(run_id: &str, narrowing: &'static str) -> (String, &'static str) {
+        (run_id.to_owned(), narrowing)
+    }
+
+    async fn begin(j: &SqliteJournal, (run_id, narrowing): (String, &'static str)) {
+        j.begin_run(&RunRecord { run_id: &run_id, agent: "main", narrowing }).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_run_is_recorded_with_its_first_step() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nested/dir/journal.db");
+        let runs = |j: &SqliteJournal| -> Vec<(String, String)> {
+            j.read_raw(|c| {
+                let mut st = c.prepare("SELECT run_id, narrowing FROM runs ORDER BY run_id")?;
+                st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect()
+            })
+            .unwrap()
+        };
+        for (j, durable) in [(SqliteJournal::in_memory().unwrap(), false), (SqliteJournal::open(&path).unwrap(), true)]
+        {
+            begin(&j, run("run-1", "deny-all")).await;
+            begin(&j, run("run-empty", "configured")).await;
+            j.commit_step(&step("c1", OutcomeKind::Blocked), &[], None).await.unwrap();
+            j.commit_step(&step("c2", OutcomeKind::Blocked), &[], None).await.unwrap();
+            let got = runs(&j);
+            assert!(got.contains(&("run-1".into(), "deny-all".into())), "{got:?}");
+            if durable {
+                // Durable: a run is written with its first step; one that made no call leaves no record.
+                assert_eq!(got, [("run-1".to_owned(), "deny-all".to_owned())]);
+                drop(j);
+                let j = SqliteJournal::open(&path).unwrap();
+                assert_eq!(runs(&j), [("run-1".to_owned(), "deny-all".to_owned())]);
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_steps_share_durable_commits_and_fail_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Arc::new(SqliteJournal::open(&dir.path().join("j.db")).unwrap());
+        j.commit_step(&step("dup", OutcomeKind::Awaiting), &[], Some(&awaiting("taken", "dup", i64::MAX)))
+            .await
+            .unwrap();
+        let tasks: Vec<_> = (0..16)
+            .map(|t| {
+                let j = j.clone();
+                tokio::spawn(async move {
+                    let mut seqs = Vec::new();
+                    for i in 0..20 {
+                        let call = format!("c{t}-{i}");
+                        if t == 3 && i == 10 {
+                            // Same ticket id as an existing record: this step alone must fail.
+                            let r = j
+                                .commit_step(
+                                    &step(&call, OutcomeKind::Awaiting),
+                                    &[set("poison", "1")],
+                                    Some(&awaiting("taken", &call, i64::MAX)),
+                                )
+                                .await;
+                            assert!(matches!(r, Err(CommitError::Sqlite { .. })), "{r:?}");
+                            continue;
+                        }
+                        seqs.push(
+                            j.commit_step(&step(&call, OutcomeKind::Output), &[set(&call, "1")], None).await.unwrap(),
+                        );
+                    }
+                    seqs
+                })
+            })
+            .collect();
+        let mut seqs = Vec::new();
+        for t in tasks {
+            seqs.extend(t.await.unwrap());
+        }
+        seqs.sort();
+        seqs.dedup();
+        assert_eq!(seqs.len(), 16 * 20 - 1, "every other step committed, each with its own seq");
+        let state = j.tool_state("main", "notes.add").await.unwrap();
+        assert_eq!(state.len(), 16 * 20 - 1);
+        assert!(!state.contains_key("poison"), "the failed step's changes rolled back with it");
+        let (groups, writes) = j.group_commits();
+        assert_eq!(writes, 16 * 20 + 1);
+        assert!(groups <= writes, "{groups} groups for {writes} writes");
+    }
+
+    #[tokio::test]
+    async fn unreadable_journal_values_degrade_safely() {
+        let j = SqliteJournal::in_memory().unwrap();
+        j.commit_step(&step("c1", OutcomeKind::Awaiting), &[], Some(&awaiting("t", "c1", i64::MAX))).await.unwrap();
+        j.with(|c| {
+            c.execute("UPDATE awaiting SET component_digest = 'zz'", [])?;
+            c.execute("UPDATE steps SET outcome = 'mystery'", [])
+        })
+        .unwrap();
+        // An unreadable digest matches no real component; an unknown outcome
+        // reads as an executor error (someone must look), never as output.
+        assert_eq!(j.pending().await.unwrap()[0].component_digest, Digest([0; 32]));
+        assert_eq!(j.steps(None).await.unwrap()[0].outcome, OutcomeKind::ExecutorError);
+        for k in [
+            OutcomeKind::Output,
+            OutcomeKind::ToolError,
+            OutcomeKind::Blocked,
+            OutcomeKind::Awaiting,
+            OutcomeKind::ExecutorError,
+        ] {
+            assert_eq!(OutcomeKind::parse(k.as_str()), k);
+        }
+    }
+
+    #[tokio::test]
+    async fn unversioned_and_newer_journals_are_recognized() {
+        let dir = tempfile::tempdir().unwrap();
+        // A journal written before versioning, at schema 1 (no claim columns), user_version 0.
+        let old = dir.path().join("old.db");
+        Connection::open(&old).unwrap().execute_batch(&schema_at(1)).unwrap();
+        let j = SqliteJournal::open(&old).unwrap();
+        let v: i64 = j.read_raw(|c| c.query_row("PRAGMA user_version", [], |r| r.get(0))).unwrap();
+        assert_eq!(v, SCHEMA_VERSION);
+        j.commit_step(&step("c1", OutcomeKind::Awaiting), &[], Some(&awaiting("t", "c1", i64::MAX))).await.unwrap();
+        assert!(j.claim_ticket("t", now()).await.unwrap().is_ok(), "the migrated columns are written by a claim");
+        drop(j);
+        // One from the future is refused, naming the file and both versions.
+        let future = dir.path().join("future.db");
+        let c = Connection::open(&future).unwrap();
+        c.execute_batch(&schema_at(SCHEMA_VERSION)).unwrap();
+        c.pragma_update(None, "user_version", SCHEMA_VERSION + 1).unwrap();
+        drop(c);
+        match SqliteJournal::open(&future) {
+            Err(e @ CommitError::NewerSchema { .. }) => {
+                let s = e.to_string();
+                assert!(s.contains("future.db") && s.contains(&(SCHEMA_VERSION + 1).to_string()), "{s}");
+            }
+            Err(other) => panic!("expected NewerSchema, got {other}"),
+            Ok(_) => panic!("a newer journal must be refused"),
+        }
+    }
+}

@@ -1,0 +1,485 @@
+//! The store conformance suite: the semantics every [`StepStore`] backend
+//! must have, as one set of tests run against each implementation.
+//!
+//! A backend implements [`Backend`] (make an empty journal, open another
+//! handle onto one, make one at the previous schema version), and a test
+//! module runs the whole suite with [`conformance_suite!`](crate::conformance_suite).
+//! Properties: a step and its Commands commit atomically; a failing write
+//! changes nothing; a ticket is claimed exactly once by threads, by handles
+//! and by processes racing for it; expired, used and unknown tickets are
+//! refused without change; claims of a dead host are settled once and never
+//! re-run; concurrent writes are all durable once acknowledged (group
+//! commit); a journal written by the previous schema version opens with its
+//! data intact.
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use toolgate::Digest;
+use toolgate::store::{
+    AwaitingRecord, NewStep, OutcomeKind, RunRecord, StateChange, StepStore, TicketError, Verdict, now,
+};
+
+/// One journal under test, and what keeps it alive (a temporary directory, a database).
+pub struct Journal {
+    /// The store.
+    pub store: Arc<dyn StepStore>,
+    /// What opens it again from another handle or process (a config's
+    /// `store` value); `None` for a journal that lives in one handle only.
+    pub locator: Option<String>,
+    /// Dropped with the journal.
+    pub keep: Box<dyn Any + Send + Sync>,
+}
+
+/// A store implementation under test.
+#[async_trait::async_trait]
+pub trait Backend: Send + Sync {
+    /// A fresh, empty journal.
+    async fn create(&self) -> Journal;
+    /// Another handle on the journal at `locator`, as another host would open it.
+    async fn open(&self, locator: &str) -> Arc<dyn StepStore>;
+    /// A journal holding [`legacy_fixture`] as the previous schema version
+    /// wrote it, not yet opened by this version; `None` if there is none.
+    async fn previous_version(&self) -> Option<Legacy>;
+}
+
+/// A journal an older version wrote: where it is, and what keeps it alive.
+pub struct Legacy {
+    /// What opens it (a config's `store` value).
+    pub locator: String,
+    /// Dropped with the journal.
+    pub keep: Box<dyn Any + Send + Sync>,
+}
+
+/// What a previous-version journal holds: two steps of run `run-old` (the
+/// second an ask with the pending ticket `t-old`), and Tool state `k = "v"`
+/// of agent `main`, Tool `notes.add`.
+pub fn legacy_fixture() -> &'static str {
+    "run-old: c-old-1 output, c-old-2 awaiting t-old (pending, expires far ahead); state main/notes.add k=\"v\""
+}
+
+fn step<'a>(call_id: &'a str, outcome: OutcomeKind) -> NewStep<'a> {
+    NewStep {
+        run_id: "run-1",
+        agent: "main",
+        call_id,
+        tool_id: "notes.add",
+        arguments: r#"{"text":"hi"}"#,
+        verdict: Verdict::Allow,
+        outcome,
+        result: "ok",
+        captured: "{}",
+    }
+}
+
+fn set(key: &str, value: &str) -> StateChange {
+    StateChange { key: key.into(), value: Some(value.into()) }
+}
+
+fn awaiting(ticket: &str, call_id: &str, expires_at: i64) -> AwaitingRecord {
+    AwaitingRecord {
+        ticket_id: ticket.into(),
+        run_id: "run-1".into(),
+        agent: "main".into(),
+        call_id: call_id.into(),
+        tool_id: "notes.add".into(),
+        arguments: r#"{"text":"hi"}"#.into(),
+        argument_digest: "d".repeat(64),
+        component_digest: Digest::of(b"component"),
+        expires_at,
+        state: "pending".into(),
+    }
+}
+
+async fn state_of(s: &dyn StepStore, ticket: &str) -> Option<String> {
+    s.awaiting(ticket).await.unwrap().map(|a| a.state)
+}
+
+/// A step and its state changes commit together; state is scoped by agent and Tool.
+pub async fn a_step_and_its_changes_commit_together(b: &dyn Backend) {
+    let j = b.create().await;
+    let s = j.store.as_ref();
+    s.begin_run(&RunRecord { run_id: "run-1", agent: "main", narrowing: "configured" }).await.unwrap();
+    let seq = s.commit_step(&step("c1", OutcomeKind::Output), &[set("a", "1"), set("b", "2")], None).await.unwrap();
+    let removal = StateChange { key: "a".into(), value: None };
+    let seq2 = s.commit_step(&step("c2", OutcomeKind::Output), &[removal, set("b", "3")], None).await.unwrap();
+    assert!(seq2 > seq);
+    let state = s.tool_state("main", "notes.add").await.unwrap();
+    assert_eq!(state, BTreeMap::from([("b".to_owned(), "3".to_owned())]));
+    assert!(s.tool_state("other", "notes.add").await.unwrap().is_empty());
+    assert!(s.tool_state("main", "notes.list").await.unwrap().is_empty());
+    let steps = s.steps(Some("run-1")).await.unwrap();
+    assert_eq!(steps.iter().map(|s| s.call_id.as_str()).collect::<Vec<_>>(), ["c1", "c2"]);
+    assert_eq!(steps[0].seq, seq);
+    assert_eq!((steps[0].outcome, steps[0].verdict.as_str()), (OutcomeKind::Output, "allow"));
+    assert!(s.steps(Some("run-2")).await.unwrap().is_empty());
+    assert_eq!(s.steps(None).await.unwrap().len(), 2);
+    assert_eq!(s.output_tools("run-1").await.unwrap(), ["notes.add"]);
+}
+
+/// A write that fails (a duplicate ticket or call id) leaves no step, no
+/// change and no Awaiting record behind; the journal goes on working.
+pub async fn a_failed_write_rolls_back_step_and_changes(b: &dyn Backend) {
+    let j = b.create().await;
+    let s = j.store.as_ref();
+    let first = awaiting("t-1", "c1", i64::MAX);
+    s.commit_step(&step("c1", OutcomeKind::Awaiting), &[set("k", "before")], Some(&first)).await.unwrap();
+    let before_steps = s.steps(None).await.unwrap();
+    let before_state = s.tool_state("main", "notes.add").await.unwrap();
+    for dup in [awaiting("t-1", "c2", i64::MAX), awaiting("t-2", "c1", i64::MAX)] {
+        let r = s
+            .commit_step(
+                &step("c2", OutcomeKind::Awaiting),
+                &[set("k", "after"), set("new", "x"), StateChange { key: "k".into(), value: None }],
+                Some(&dup),
+            )
+            .await;
+        assert!(r.is_err(), "a duplicate ticket or call id must fail: {r:?}");
+        assert_eq!(s.steps(None).await.unwrap(), before_steps, "the step must not be visible");
+        assert_eq!(s.tool_state("main", "notes.add").await.unwrap(), before_state, "no change may be visible");
+    }
+    let pending = s.pending().await.unwrap();
+    assert_eq!(pending, [first]);
+    s.commit_step(&step("c3", OutcomeKind::Output), &[set("k", "later")], None).await.unwrap();
+    assert_eq!(s.tool_state("main", "notes.add").await.unwrap()["k"], "later");
+}
+
+/// A pending ticket is claimed once; expired ones (at and past expiry),
+/// used and unknown ones are refused and left as they were.
+pub async fn tickets_are_claimed_once(b: &dyn Backend) {
+    let j = b.create().await;
+    let s = j.store.as_ref();
+    let now = 1_000;
+    s.commit_step(&step("c1", OutcomeKind::Awaiting), &[], Some(&awaiting("live", "c1", now + 1))).await.unwrap();
+    s.commit_step(&step("c2", OutcomeKind::Awaiting), &[], Some(&awaiting("stale", "c2", now))).await.unwrap();
+    s.commit_step(&step("c3", OutcomeKind::Awaiting), &[], Some(&awaiting("old", "c3", now - 60))).await.unwrap();
+    assert_eq!(s.pending().await.unwrap().len(), 3);
+
+    let claimed = s.claim_ticket("live", now).await.unwrap().expect("a pending ticket is claimable");
+    assert_eq!((claimed.ticket_id(), claimed.call_id(), claimed.tool_id()), ("live", "c1", "notes.add"));
+    assert_eq!(claimed.argument_digest(), "d".repeat(64));
+    assert_eq!(claimed.component_digest(), &Digest::of(b"component"));
+    assert_eq!(claimed.record().state, "claimed");
+    assert_eq!(state_of(s, "live").await.as_deref(), Some("claimed"));
+    assert_eq!(s.claim_ticket("live", now).await.unwrap().unwrap_err(), TicketError::Used("live".into()));
+    for t in ["stale", "old"] {
+        assert_eq!(s.claim_ticket(t, now).await.unwrap().unwrap_err(), TicketError::Expired(t.into()));
+        assert_eq!(state_of(s, t).await.as_deref(), Some("pending"));
+    }
+    let pending: Vec<String> = s.pending().await.unwrap().into_iter().map(|a| a.ticket_id).collect();
+    assert_eq!(pending, ["stale", "old"]);
+    for t in ["nope", "", "live' OR '1'='1"] {
+        assert_eq!(s.claim_ticket(t, now).await.unwrap().unwrap_err(), TicketError::Unknown(t.into()));
+    }
+    assert_eq!(state_of(s, "live").await.as_deref(), Some("claimed"));
+}
+
+/// Resolving a claimed ticket commits its step and changes with it; an
+/// abandoned claim is resolved too; neither can be claimed again.
+pub async fn resolving_a_ticket_commits_its_step_and_changes(b: &dyn Backend) {
+    let j = b.create().await;
+    let s = j.store.as_ref();
+    s.commit_step(&step("c1", OutcomeKind::Awaiting), &[], Some(&awaiting("t", "c1", i64::MAX))).await.unwrap();
+    let claimed = s.claim_ticket("t", now()).await.unwrap().unwrap();
+    let seq = s.resolve_ticket(claimed, &step("c1", OutcomeKind::Output), &[set("n", "1")]).await.unwrap();
+    assert_eq!(state_of(s, "t").await.as_deref(), Some("resolved"));
+    assert_eq!(s.tool_state("main", "notes.add").await.unwrap()["n"], "1");
+    let steps = s.steps(None).await.unwrap();
+    let resolved = steps.iter().find(|s| s.seq == seq).unwrap();
+    assert_eq!((resolved.ticket_id.as_deref(), resolved.outcome), (Some("t"), OutcomeKind::Output));
+    assert_eq!((steps[0].ticket_id.as_deref(), steps[0].outcome), (Some("t"), OutcomeKind::Awaiting));
+    assert_eq!(s.claim_ticket("t", now()).await.unwrap().unwrap_err(), TicketError::Used("t".into()));
+    assert!(s.pending().await.unwrap().is_empty());
+
+    s.commit_step(&step("c2", OutcomeKind::Awaiting), &[], Some(&awaiting("u", "c2", i64::MAX))).await.unwrap();
+    let claimed = s.claim_ticket("u", now()).await.unwrap().unwrap();
+    s.abandon_ticket(claimed, "component changed").await.unwrap();
+    assert_eq!(state_of(s, "u").await.as_deref(), Some("resolved"));
+    assert_eq!(s.claim_ticket("u", now()).await.unwrap().unwrap_err(), TicketError::Used("u".into()));
+    assert_eq!(s.steps(None).await.unwrap().len(), 3);
+}
+
+/// A claim whose host is gone, or older than the lease, is settled once with
+/// an `executor_error` step and never handed out again; a live, fresh claim
+/// and a pending ticket are left alone.
+pub async fn claims_of_a_dead_host_are_settled_once_and_never_rerun(b: &dyn Backend) {
+    let j = b.create().await;
+    let s = j.store.as_ref();
+    let now = now();
+    s.commit_step(&step("c1", OutcomeKind::Awaiting), &[], Some(&awaiting("t1", "c1", now + 600))).await.unwrap();
+    s.commit_step(&step("c2", OutcomeKind::Awaiting), &[], Some(&awaiting("t2", "c2", now + 600))).await.unwrap();
+    let _claimed = s.claim_ticket("t1", now).await.unwrap().unwrap();
+    assert!(s.settle_interrupted(now - 3600, &|_| true).await.unwrap().is_empty());
+    assert_eq!(state_of(s, "t1").await.as_deref(), Some("claimed"));
+    assert_eq!(s.settle_interrupted(now - 3600, &|_| false).await.unwrap(), ["t1"]);
+    assert_eq!(state_of(s, "t1").await.as_deref(), Some("resolved"));
+    assert_eq!(state_of(s, "t2").await.as_deref(), Some("pending"));
+    let last = s.steps(None).await.unwrap().pop().unwrap();
+    assert_eq!((last.call_id.as_str(), last.outcome), ("c1", OutcomeKind::ExecutorError));
+    assert!(last.result.contains("interrupted") && last.result.contains("t1"), "{}", last.result);
+    assert_eq!(s.claim_ticket("t1", now).await.unwrap().unwrap_err(), TicketError::Used("t1".into()));
+    assert!(s.settle_interrupted(now + 1, &|_| false).await.unwrap().is_empty(), "settled once");
+    let _c2 = s.claim_ticket("t2", now).await.unwrap().unwrap();
+    assert_eq!(s.settle_interrupted(now + 1, &|_| true).await.unwrap(), ["t2"]);
+}
+
+/// Everything acknowledged is there when the journal is opened again.
+pub async fn a_journal_survives_reopening(b: &dyn Backend) {
+    let j = b.create().await;
+    let Some(locator) = j.locator.clone() else { return };
+    j.store
+        .commit_step(&step("c1", OutcomeKind::Awaiting), &[set("k", "v")], Some(&awaiting("t", "c1", i64::MAX)))
+        .await
+        .unwrap();
+    let Journal { store, keep, .. } = j;
+    drop(store);
+    let again = b.open(&locator).await;
+    assert_eq!(again.tool_state("main", "notes.add").await.unwrap()["k"], "v");
+    assert_eq!(again.pending().await.unwrap()[0].ticket_id, "t");
+    assert!(again.claim_ticket("t", now()).await.unwrap().is_ok());
+    drop(keep);
+}
+
+/// Two handles (as two hosts) racing for one ticket: exactly one wins, the
+/// other is told it was used. Twenty rounds.
+pub async fn handles_racing_for_one_ticket_yield_one_winner(b: &dyn Backend) {
+    for round in 0..20 {
+        let j = b.create().await;
+        let Some(locator) = j.locator.clone() else { return };
+        let ticket = format!("ticket-{round}");
+        j.store
+            .commit_step(&step("c1", OutcomeKind::Awaiting), &[], Some(&awaiting(&ticket, "c1", i64::MAX)))
+            .await
+            .unwrap();
+        let (a, c) = (b.open(&locator).await, b.open(&locator).await);
+        let barrier = Arc::new(tokio::sync::Barrier::new(2));
+        let race = |s: Arc<dyn StepStore>| {
+            let (ticket, barrier) = (ticket.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                s.claim_ticket(&ticket, now()).await.unwrap().map(|c| c.ticket_id().to_owned())
+            })
+        };
+        let (ra, rc) = (race(a), race(c));
+        let results = [ra.await.unwrap(), rc.await.unwrap()];
+        assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 1, "round {round}: {results:?}");
+        assert!(results.contains(&Err(TicketError::Used(ticket.clone()))), "round {round}: {results:?}");
+    }
+}
+
+/// The environment variable that makes a test binary a claiming child.
+const CHILD: &str = "TOOLGATE_CONFORMANCE_CHILD";
+
+/// Processes racing for one ticket: exactly one wins. `test_name` is this
+/// test's full name in its binary (the child re-runs it with `--exact`).
+/// In the child, claims once and prints the outcome.
+pub async fn processes_racing_for_one_ticket_yield_one_winner(b: &dyn Backend, test_name: &str) {
+    if let Ok(spec) = std::env::var(CHILD) {
+        let (locator, ticket) = spec.split_once('\t').expect("locator<TAB>ticket");
+        let s = b.open(locator).await;
+        let outcome = match s.claim_ticket(ticket, now()).await.unwrap() {
+            Ok(_) => "won".to_owned(),
+            Err(e) => format!("{e:?}"),
+        };
+        println!("conformance-claim: {outcome}");
+        return;
+    }
+    let j = b.create().await;
+    let Some(locator) = j.locator.clone() else { return };
+    let exe = std::env::current_exe().unwrap();
+    for round in 0..3 {
+        let ticket = format!("proc-{round}");
+        let call = format!("c{round}");
+        j.store
+            .commit_step(&step(&call, OutcomeKind::Awaiting), &[], Some(&awaiting(&ticket, &call, i64::MAX)))
+            .await
+            .unwrap();
+        let children: Vec<_> = (0..4)
+            .map(|_| {
+                std::process::Command::new(&exe)
+                    .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+                    .env(CHILD, format!("{locator}\t{ticket}"))
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let mut outcomes = Vec::new();
+        for c in children {
+            let out = c.wait_with_output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let line = text.lines().find_map(|l| l.split_once("conformance-claim: ")).map(|(_, o)| o.to_owned());
+            outcomes.push(line.unwrap_or_else(|| {
+                panic!("child printed no outcome:\n{text}\n{}", String::from_utf8_lossy(&out.stderr))
+            }));
+        }
+        assert_eq!(outcomes.iter().filter(|o| *o == "won").count(), 1, "round {round}: {outcomes:?}");
+        assert!(outcomes.iter().all(|o| o == "won" || o.starts_with("Used")), "round {round}: {outcomes:?}");
+        assert_eq!(state_of(j.store.as_ref(), &ticket).await.as_deref(), Some("claimed"));
+    }
+}
+
+/// Many tasks committing at once: each gets its own sequence number, a
+/// failing one rolls back alone, and everything acknowledged is durable.
+pub async fn concurrent_commits_are_all_durable_and_fail_alone(b: &dyn Backend) {
+    let j = b.create().await;
+    let s = j.store.clone();
+    s.commit_step(&step("dup", OutcomeKind::Awaiting), &[], Some(&awaiting("taken", "dup", i64::MAX))).await.unwrap();
+    let tasks: Vec<_> = (0..16)
+        .map(|t| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let mut seqs = Vec::new();
+                for i in 0..20 {
+                    let call = format!("c{t}-{i}");
+                    if t == 3 && i == 10 {
+                        let r = s
+                            .commit_step(
+                                &step(&call, OutcomeKind::Awaiting),
+                                &[set("poison", "1")],
+                                Some(&awaiting("taken", &call, i64::MAX)),
+                            )
+                            .await;
+                        assert!(r.is_err(), "{r:?}");
+                        continue;
+                    }
+                    seqs.push(
+                        s.commit_step(&step(&call, OutcomeKind::Output), &[set(&call, "1")], None).await.unwrap(),
+                    );
+                }
+                seqs
+            })
+        })
+        .collect();
+    let mut seqs = Vec::new();
+    for t in tasks {
+        seqs.extend(t.await.unwrap());
+    }
+    seqs.sort();
+    seqs.dedup();
+    assert_eq!(seqs.len(), 16 * 20 - 1, "every other step committed, each with its own seq");
+    let state = s.tool_state("main", "notes.add").await.unwrap();
+    assert_eq!(state.len(), 16 * 20 - 1);
+    assert!(!state.contains_key("poison"), "the failed step's changes rolled back with it");
+    let Some(locator) = j.locator.clone() else { return };
+    drop(s);
+    let Journal { store, keep, .. } = j;
+    drop(store);
+    let again = b.open(&locator).await;
+    assert_eq!(again.steps(None).await.unwrap().len(), 16 * 20);
+    drop(keep);
+}
+
+/// A journal the previous schema version wrote opens with its data intact:
+/// steps in order, the pending ticket claimable and resolvable, Tool state.
+pub async fn the_previous_schema_version_migrates(b: &dyn Backend) {
+    let Some(legacy) = b.previous_version().await else { return };
+    let s = b.open(&legacy.locator).await;
+    let steps = s.steps(Some("run-old")).await.unwrap();
+    assert_eq!(
+        steps.iter().map(|s| (s.call_id.as_str(), s.outcome)).collect::<Vec<_>>(),
+        [("c-old-1", OutcomeKind::Output), ("c-old-2", OutcomeKind::Awaiting)],
+        "{}",
+        legacy_fixture()
+    );
+    assert_eq!(s.tool_state("main", "notes.add").await.unwrap()["k"], "\"v\"");
+    assert_eq!(s.pending().await.unwrap().iter().map(|a| a.ticket_id.as_str()).collect::<Vec<_>>(), ["t-old"]);
+    let claimed = s.claim_ticket("t-old", now()).await.unwrap().expect("the old ticket is claimable");
+    let mut resolving = step("c-old-2", OutcomeKind::Output);
+    resolving.run_id = "run-old";
+    let seq = s.resolve_ticket(claimed, &resolving, &[]).await.unwrap();
+    assert!(seq > steps[1].seq, "new steps come after the old ones");
+    assert_eq!(s.claim_ticket("t-old", now()).await.unwrap().unwrap_err(), TicketError::Used("t-old".into()));
+    drop(s);
+    drop(legacy.keep);
+}
+
+/// Run every conformance test against a backend: `conformance_suite!(BACKEND_EXPR);`
+/// inside a test module makes one `#[tokio::test]` per property.
+#[macro_export]
+macro_rules! conformance_suite {
+    ($backend:expr) => {
+        $crate::conformance_suite!(@tests $backend;
+            a_step_and_its_changes_commit_together,
+            a_failed_write_rolls_back_step_and_changes,
+            tickets_are_claimed_once,
+            resolving_a_ticket_commits_its_step_and_changes,
+            claims_of_a_dead_host_are_settled_once_and_never_rerun,
+            a_journal_survives_reopening,
+            handles_racing_for_one_ticket_yield_one_winner,
+            concurrent_commits_are_all_durable_and_fail_alone,
+            the_previous_schema_version_migrates,
+        );
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn processes_racing_for_one_ticket_yield_one_winner() {
+            // The name `--exact` needs: the module path without the crate.
+            let path = module_path!().split_once("::").map_or("", |(_, rest)| rest);
+            let name = format!("{path}::processes_racing_for_one_ticket_yield_one_winner");
+            $crate::conformance::processes_racing_for_one_ticket_yield_one_winner(&$backend, &name).await
+        }
+    };
+    (@tests $backend:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                $crate::conformance::$name(&$backend).await
+            }
+        )*
+    };
+}
+
+/// The embedded SQLite journal in a file (durable, group-committed).
+pub struct SqliteFile;
+
+#[async_trait::async_trait]
+impl Backend for SqliteFile {
+    async fn create(&self) -> Journal {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nested/journal.db");
+        let store = Arc::new(toolgate::SqliteJournal::open(&path).unwrap());
+        Journal { store, locator: Some(path.display().to_string()), keep: Box::new(dir) }
+    }
+    async fn open(&self, locator: &str) -> Arc<dyn StepStore> {
+        Arc::new(toolgate::SqliteJournal::open(std::path::Path::new(locator)).unwrap())
+    }
+    async fn previous_version(&self) -> Option<Legacy> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        let version = toolgate::store::sqlite::SCHEMA_VERSION - 1;
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute_batch(&toolgate::store::sqlite::schema_at(version)).unwrap();
+        c.pragma_update(None, "user_version", version).unwrap();
+        c.execute_batch(&format!(
+            "INSERT INTO runs VALUES ('run-old', 'main', 'configured', 1);
+             INSERT INTO steps (run_id, call_id, tool_id, arguments, verdict, outcome, result, captured, ticket_id, committed_at)
+               VALUES ('run-old', 'c-old-1', 'notes.add', '{{}}', 'allow', 'output', 'ok', '{{}}', NULL, 1),
+                      ('run-old', 'c-old-2', 'notes.add', '{{}}', 'ask', 'awaiting', 'awaiting', '{{}}', 't-old', 2);
+             INSERT INTO awaiting VALUES ('t-old', 'run-old', 'main', 'c-old-2', 'notes.add', '{{}}', '{}', '{}', {}, 'pending');
+             INSERT INTO tool_state VALUES ('main', 'notes.add', 'k', '\"v\"');",
+            "d".repeat(64),
+            Digest::of(b"component").hex(),
+            i64::MAX
+        ))
+        .unwrap();
+        drop(c);
+        Some(Legacy { locator: path.display().to_string(), keep: Box::new(dir) })
+    }
+}
+
+/// The in-memory SQLite journal: one handle, no durability.
+pub struct SqliteMemory;
+
+#[async_trait::async_trait]
+impl Backend for SqliteMemory {
+    async fn create(&self) -> Journal {
+        Journal { store: Arc::new(toolgate::SqliteJournal::in_memory().unwrap()), locator: None, keep: Box::new(()) }
+    }
+    async fn open(&self, locator: &str) -> Arc<dyn StepStore> {
+        unreachable!("an in-memory journal has no locator ({locator})")
+    }
+    async fn previous_version(&self) -> Option<Legacy> {
+        None
+    }
+}
