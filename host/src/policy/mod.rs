@@ -47,10 +47,14 @@
 //!   lexically — the policy cannot know whether the Tool resolves them, so
 //!   `data/../secret` is neither allowed by `data/**` nor escapes a deny on
 //!   `secret/**`.
-//! - Any matching `deny` rule decides. Otherwise the most specific matching rule
-//!   decides: more argument constraints, then exact id over id glob, then more literal
-//!   characters in the id pattern; on a tie `ask` beats `allow`, then the earlier rule.
-//!   With no matching rule the default decides.
+//! - Precedence is a floor, not a contest (DESIGN.md invariant 12): any
+//!   matching `deny` rule decides; otherwise any matching `ask` rule decides;
+//!   only then a matching `allow` rule; with no matching rule the default
+//!   decides. A more specific allow never overrides an ask. Among the
+//!   matching rules of the deciding kind, the one named in the decision is
+//!   the most specific — more argument constraints, then exact id over id
+//!   glob, then more literal characters in the id pattern — then the earlier
+//!   rule (for deny rules, simply the earlier rule).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -185,9 +189,9 @@ pub enum PolicyError {
 /// Parsed, pre-compiled permission rules plus the default behavior.
 #[derive(Debug, Clone)]
 pub struct Policy {
-    /// Rules in decision order: deny rules first (config order), then by specificity,
-    /// `ask` before `allow` on a tie, then config order. The first rule in this order
-    /// that matches a call decides it.
+    /// Rules in decision order: deny rules (config order), then ask rules, then
+    /// allow rules, each of the last two by specificity, then config order. The
+    /// first rule in this order that matches a call decides it.
     rules: Vec<Rule>,
     /// Exact-id rules: tool id → indices into `rules`, ascending.
     exact: HashMap<Box<str>, Vec<usize>>,
@@ -775,39 +779,42 @@ mod tests {
 
     #[test]
     #[rustfmt::skip] // one case per line reads as a table
-    fn specificity_ordering() {
+    fn precedence_is_a_floor_and_specificity_names_the_rule() {
         const CONSTRAINTS: &[(&str, Behavior)] = &[
             ("fs.write", Ask),
             (r#"fs.write(path ~ "out/**")"#, Allow),
             (r#"fs.write(path ~ "out/**", mode = "append")"#, Ask),
         ];
         const GLOB_WITH_ARGS: &[(&str, Behavior)] = &[("fs.write", Allow), ("*(out/**)", Ask)];
-        const EXACT_OVER_GLOB: &[(&str, Behavior)] = &[("fs.*", Ask), ("fs.write", Allow)];
+        const EXACT_ALLOW_GLOB_ASK: &[(&str, Behavior)] = &[("fs.*", Ask), ("fs.write", Allow)];
         const LITERALS: &[(&str, Behavior)] =
             &[("*", Ask), ("f*", Allow), ("fs.w*", Ask), ("fs.wr*", Allow)];
-        const QMARK_LITERALS: &[(&str, Behavior)] = &[("fs.?????", Allow), ("fs.wr*", Ask)];
+        const ALLOW_LITERALS: &[(&str, Behavior)] = &[("f*", Allow), ("fs.wr*", Allow), ("fs.w*", Allow)];
+        const QMARK_LITERALS: &[(&str, Behavior)] = &[("fs.?????", Allow), ("fs.wr*", Allow)];
         let w = |path: &str, mode: &str| json!({"path": path, "mode": mode});
         run(&[
-            case("two conditions beat one", CONSTRAINTS, "fs.write", w("out/a", "append"), Ask, Some(CONSTRAINTS[2].0)),
-            case("one condition beats none", CONSTRAINTS, "fs.write", w("out/a", "truncate"), Allow, Some(CONSTRAINTS[1].0)),
+            case("the most specific matching ask is named", CONSTRAINTS, "fs.write", w("out/a", "append"), Ask, Some(CONSTRAINTS[2].0)),
+            case("a more specific allow never overrides an ask", CONSTRAINTS, "fs.write", w("out/a", "truncate"), Ask, Some("fs.write")),
             case("bare id when no condition holds", CONSTRAINTS, "fs.write", w("src/a", "append"), Ask, Some("fs.write")),
-            case("constraints beat exact id", GLOB_WITH_ARGS, "fs.write", w("out/a", ""), Ask, Some("*(out/**)")),
-            case("exact id beats glob", EXACT_OVER_GLOB, "fs.write", json!({}), Allow, Some("fs.write")),
-            case("more literal characters win", LITERALS, "fs.write", json!({}), Allow, Some("fs.wr*")),
-            case("fewer literals lose", LITERALS, "fs.wander", json!({}), Ask, Some("fs.w*")),
-            case("? does not count as literal", QMARK_LITERALS, "fs.write", json!({}), Ask, Some("fs.wr*")),
+            case("a glob ask with arguments beats an exact allow", GLOB_WITH_ARGS, "fs.write", w("out/a", ""), Ask, Some("*(out/**)")),
+            case("the allow decides where the ask does not match", GLOB_WITH_ARGS, "fs.write", w("src/a", ""), Allow, Some("fs.write")),
+            case("an exact allow does not beat a glob ask", EXACT_ALLOW_GLOB_ASK, "fs.write", json!({}), Ask, Some("fs.*")),
+            case("any ask beats every allow; the most literal ask is named", LITERALS, "fs.write", json!({}), Ask, Some("fs.w*")),
+            case("fewer literals still ask", LITERALS, "fs.wander", json!({}), Ask, Some("fs.w*")),
+            case("among allows, more literal characters are named", ALLOW_LITERALS, "fs.write", json!({}), Allow, Some("fs.wr*")),
+            case("? does not count as literal", QMARK_LITERALS, "fs.write", json!({}), Allow, Some("fs.wr*")),
         ]);
     }
 
     #[test]
-    fn ask_beats_allow_on_a_tie_then_config_order() {
+    fn ask_beats_allow_then_specificity_then_config_order() {
         let tie = policy(&[("fs.write", Allow), ("fs.write", Ask), ("fs.write", Allow)], Deny);
         assert_eq!(
             tie.evaluate("fs.write", None, &json!({})),
             Decision { behavior: Ask, rule: Some("fs.write".into()) }
         );
         let glob_tie = policy(&[("fs.*", Allow), ("fs.?", Ask), ("f?.*", Ask)], Deny);
-        // `fs.*` and `f?.*` tie (3 literals, glob, no constraints); `fs.?` too.
+        // `fs.?` has more literal characters than `f?.*`.
         assert_eq!(glob_tie.evaluate("fs.x", None, &json!({})).rule.as_deref(), Some("fs.?"));
         let cond_tie = policy(&[(r#"t(a = 1)"#, Allow), (r#"t(b = 1)"#, Ask)], Deny);
         assert_eq!(cond_tie.evaluate("t", None, &json!({"a": 1, "b": 1})).behavior, Ask);
@@ -1021,6 +1028,26 @@ mod tests {
         })
     }
 
+    fn behavior() -> impl Strategy<Value = Behavior> {
+        prop_oneof![Just(Allow), Just(Ask), Just(Deny)]
+    }
+
+    /// Patterns that parse, over the tools and fields the generated calls use.
+    fn rule_pattern() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("*".to_owned()),
+            Just("fs.*".to_owned()),
+            Just("fs.write".to_owned()),
+            Just("t".to_owned()),
+            Just("fs.read(data/**)".to_owned()),
+            Just("fs.write(out/**)".to_owned()),
+            Just(r#"fs.write(path ~ "out/**", mode = "append")"#.to_owned()),
+            Just(r#"*(path !~ "secret/**")"#.to_owned()),
+            Just(r#"t(a[*].b = 1)"#.to_owned()),
+            Just(r#"*(n = 1)"#.to_owned()),
+        ]
+    }
+
     fn fixed_policy(default: Behavior) -> Policy {
         policy(
             &[
@@ -1045,8 +1072,58 @@ mod tests {
         ) {
             let p = fixed_policy(Ask);
             let d = p.evaluate(&tool, primary.as_deref(), &args);
-            // `*` allows anything unless something more specific or a deny says otherwise.
+            // `*` allows anything no deny or ask rule catches, so some rule always decides.
             prop_assert!(d.rule.is_some());
+        }
+
+        /// Invariant 12: adding an ask or deny rule never turns an ask or deny
+        /// into allow; a matching deny rule keeps deciding whatever is added.
+        #[test]
+        fn adding_an_ask_or_deny_rule_never_allows_more(
+            base in prop::collection::vec((rule_pattern(), behavior()), 0..6),
+            added in (rule_pattern(), prop_oneof![Just(Ask), Just(Deny)]),
+            at in any::<prop::sample::Index>(),
+            default in behavior(),
+            tool in prop_oneof![Just("fs.read"), Just("fs.write"), Just("t")],
+            args in arb_json(),
+        ) {
+            let specs = |rules: &[(String, Behavior)]| -> Vec<RuleSpec> {
+                rules.iter().map(|(p, b)| RuleSpec { pattern: p.clone(), behavior: *b }).collect()
+            };
+            let before = Policy::new(&specs(&base), default).unwrap().evaluate(tool, Some("path"), &args);
+            let mut more = base.clone();
+            more.insert(at.index(base.len() + 1), added.clone());
+            let after = Policy::new(&specs(&more), default).unwrap().evaluate(tool, Some("path"), &args);
+            if before.behavior != Allow {
+                prop_assert_ne!(after.behavior, Allow, "{:?} + {:?}", base, added);
+            }
+            // A deny rule that matched still decides; a deny added on top of a deny keeps it.
+            if before.behavior == Deny && (before.rule.is_some() || added.1 == Deny) {
+                prop_assert_eq!(after.behavior, Deny, "{:?} + {:?}", base, added);
+            }
+        }
+
+        /// The floor itself: however specific, an added allow rule never turns
+        /// an ask or deny that a rule decided into allow.
+        #[test]
+        fn adding_an_allow_rule_never_overrides_a_rule_that_asks_or_denies(
+            base in prop::collection::vec((rule_pattern(), behavior()), 0..6),
+            added in rule_pattern(),
+            at in any::<prop::sample::Index>(),
+            default in behavior(),
+            tool in prop_oneof![Just("fs.read"), Just("fs.write"), Just("t")],
+            args in arb_json(),
+        ) {
+            let specs = |rules: &[(String, Behavior)]| -> Vec<RuleSpec> {
+                rules.iter().map(|(p, b)| RuleSpec { pattern: p.clone(), behavior: *b }).collect()
+            };
+            let before = Policy::new(&specs(&base), default).unwrap().evaluate(tool, Some("path"), &args);
+            let mut more = base.clone();
+            more.insert(at.index(base.len() + 1), (added.clone(), Allow));
+            let after = Policy::new(&specs(&more), default).unwrap().evaluate(tool, Some("path"), &args);
+            if before.rule.is_some() && before.behavior != Allow {
+                prop_assert_eq!(after.behavior, before.behavior, "{:?} + allow {}", base, added);
+            }
         }
 
         #[test]

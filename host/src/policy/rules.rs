@@ -15,15 +15,17 @@ pub(super) enum IdPattern {
     Glob { glob: Glob, literal_chars: usize },
 }
 
-/// Sort key putting rules in decision order (see `Policy::rules`).
-pub(super) fn decision_rank(
-    index: usize,
-    id: &IdPattern,
-    rule: &Rule,
-) -> (u8, Reverse<(usize, bool, usize)>, u8, usize) {
-    if rule.behavior == Behavior::Deny {
-        return (0, Reverse((0, false, 0)), 0, index);
-    }
+/// Sort key putting rules in decision order (see `Policy::rules`): every
+/// deny rule (configuration order), then every ask rule, then every allow
+/// rule — precedence is a floor, so specificity never lets an allow pass an
+/// ask. Within asks and within allows the most specific rule comes first
+/// (it is the one a decision names), then configuration order.
+pub(super) fn decision_rank(index: usize, id: &IdPattern, rule: &Rule) -> (u8, Reverse<(usize, bool, usize)>, usize) {
+    let class = match rule.behavior {
+        Behavior::Deny => return (0, Reverse((0, false, 0)), index),
+        Behavior::Ask => 1,
+        Behavior::Allow => 2,
+    };
     let constraints = match &rule.args {
         ArgMatch::Any => 0,
         ArgMatch::Primary(_) => 1,
@@ -33,8 +35,7 @@ pub(super) fn decision_rank(
         IdPattern::Exact(id) => (true, id.chars().count()),
         IdPattern::Glob { literal_chars, .. } => (false, *literal_chars),
     };
-    let ask_first = u8::from(rule.behavior != Behavior::Ask);
-    (1, Reverse((constraints, is_exact, literal_chars)), ask_first, index)
+    (class, Reverse((constraints, is_exact, literal_chars)), index)
 }
 
 /// A parse problem at a byte offset of the pattern, before the rule index is known.
