@@ -5,7 +5,7 @@
 //! (after `scripts/demo` has packed the example Tools into demo/plugins).
 
 use serde_json::json;
-use toolgate::{Config, StepResult, ToolCapabilityNarrowing};
+use toolgate::{Approval, Config, StepResult, ToolCapabilityNarrowing};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -25,15 +25,18 @@ async fn main() -> anyhow::Result<()> {
     for (tool, args) in calls {
         match run.call(tool, args).await? {
             StepResult::Output { content, .. } => println!("{tool} -> {content:?}"),
-            StepResult::Awaiting { ticket, .. } => {
-                // The ticket is the approver's: show the human the exact call in
-                // the runtime's own UI, never to the model. Here we approve.
-                println!("{tool} awaits approval");
-                let pending = runtime.store().awaiting(&ticket).await?;
-                if let Some(call) = pending {
-                    println!("  approving {} {} (component {})", call.tool_id, call.arguments, call.component_digest);
+            StepResult::Awaiting { ticket, correlation, .. } => {
+                // The model reads only the correlation id. The ticket is the
+                // approver's: the runtime shows the human the exact stored call
+                // in its own approval UI, and the human decides.
+                println!("{tool} awaits approval (request {correlation})");
+                if let Some(call) = runtime.store().awaiting(&ticket).await? {
+                    println!(
+                        "  a human approves {} {} (component {})",
+                        call.tool_id, call.arguments, call.component_digest
+                    );
                 }
-                let result = runtime.approve(&ticket).await?;
+                let result = runtime.approve(&ticket, &Approval::by_embedder("ui:demo-user")).await?;
                 println!("{tool} approved -> {}", result.model_text());
             }
             other => println!("{tool} -> {}", other.model_text()),
@@ -42,7 +45,9 @@ async fn main() -> anyhow::Result<()> {
 
     // The journal: every step, committed with its verdict and outcome.
     for step in runtime.store().steps(Some(run.id())).await? {
-        println!("#{} {} [{}] {} {}", step.seq, step.tool_id, step.verdict, step.outcome.as_str(), step.result);
+        let by =
+            step.approved_by.map(|a| format!(" (approved by {} via {})", a.principal, a.channel)).unwrap_or_default();
+        println!("#{} {} [{}] {} {}{by}", step.seq, step.tool_id, step.verdict, step.outcome.as_str(), step.result);
     }
     Ok(())
 }

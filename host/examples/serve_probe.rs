@@ -20,7 +20,12 @@ async fn main() -> anyhow::Result<()> {
     let catalog = Arc::new(toolgate::host::catalog(&config)?);
     let snapshot = ExecutableAgentSnapshot::build(&config, "default", catalog)?;
     let executor = Arc::new(Executor::new(ExecutorSettings::new(config.limits.clone(), Some(config.cache.clone())))?);
-    let rt = Arc::new(Runtime::new(snapshot, executor, Arc::new(SqliteJournal::in_memory()?), 100));
+    let rt = Arc::new(Runtime::new(
+        snapshot,
+        executor,
+        Arc::new(SqliteJournal::in_memory()?),
+        toolgate::RuntimeSettings::default(),
+    ));
     let call = |rt: Arc<Runtime>| async move {
         let run = rt.start_run(None, ToolCapabilityNarrowing::Configured).await?;
         run.call("text.upper", serde_json::json!({"text": "hello"})).await?;

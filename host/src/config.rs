@@ -77,6 +77,10 @@ pub struct Limits {
     pub max_instances: u64,
     /// Instances of one Tool alive at once; further calls of it wait.
     pub max_instances_per_tool: u64,
+    /// A host approving a ticket beats a heartbeat four times per lease; a
+    /// claim whose holder's heartbeat is older than this is taken over and
+    /// settled as interrupted by the next host to start, seconds.
+    pub claim_lease_secs: u64,
 }
 
 impl Default for Limits {
@@ -92,6 +96,7 @@ impl Default for Limits {
             http_timeout_ms: 30_000,
             max_instances: 64,
             max_instances_per_tool: 16,
+            claim_lease_secs: 60,
         }
     }
 }
@@ -152,7 +157,7 @@ pub struct AgentConfig {
 
 /// A narrowing of concrete authority: each present list is intersected with
 /// what the grants give; an absent list leaves that kind as granted.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct Restriction {
     /// Guest paths that may stay mounted.
@@ -161,6 +166,13 @@ pub struct Restriction {
     pub hosts: Option<Vec<String>>,
     /// Credentials that may stay usable.
     pub credentials: Option<Vec<String>>,
+}
+
+impl Restriction {
+    /// The restriction that removes every directory, host and credential.
+    pub fn nothing() -> Self {
+        Restriction { directories: Some(Vec::new()), hosts: Some(Vec::new()), credentials: Some(Vec::new()) }
+    }
 }
 
 fn deny() -> Behavior {
@@ -187,6 +199,15 @@ struct RawConfig {
     credentials: BTreeMap<String, CredentialConfig>,
     #[serde(default)]
     signing: Option<SigningConfig>,
+    #[serde(default)]
+    approval: Option<ApprovalConfig>,
+}
+
+/// `[approval]`: who may decide tickets.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApprovalConfig {
+    keys: Vec<String>,
 }
 
 /// `[signing]`: publishers whose components this host accepts.
@@ -218,7 +239,10 @@ pub struct Config {
     /// Credentials by name: where the secret comes from, never the secret.
     pub credentials: BTreeMap<String, Arc<CredentialSpec>>,
     /// With keys, only components signed by one of them load.
-    pub trusted_keys: crate::catalog::signing::TrustedKeys,
+    pub trusted_keys: crate::keys::TrustedKeys,
+    /// `[approval] keys`: with keys, a ticket is decided by a signature of
+    /// one of them (or in an MCP client's own UI), never on a bare terminal.
+    pub approvers: crate::keys::TrustedKeys,
 }
 
 impl Config {
@@ -251,17 +275,25 @@ impl Config {
             ("limits.http_timeout_ms", l.http_timeout_ms, 3_600_000),
             ("limits.max_instances", l.max_instances, 10_000),
             ("limits.max_instances_per_tool", l.max_instances_per_tool, 10_000),
+            ("limits.claim_lease_secs", l.claim_lease_secs, 86_400),
         ] {
             if value == 0 || value > max {
                 return Err(field(name, format!("{value} is out of range; use 1 to {max}")));
             }
         }
         let trusted_keys = match &raw.signing {
-            None => crate::catalog::signing::TrustedKeys::default(),
+            None => crate::keys::TrustedKeys::default(),
             Some(sc) if sc.keys.is_empty() => {
                 return Err(field("signing.keys", "is empty; list trusted keys or remove `[signing]`".into()));
             }
-            Some(sc) => crate::catalog::signing::TrustedKeys::parse(&sc.keys).map_err(|e| field("signing.keys", e))?,
+            Some(sc) => crate::keys::TrustedKeys::parse(&sc.keys).map_err(|e| field("signing.keys", e))?,
+        };
+        let approvers = match &raw.approval {
+            None => crate::keys::TrustedKeys::default(),
+            Some(a) if a.keys.is_empty() => {
+                return Err(field("approval.keys", "is empty; list approver keys or remove `[approval]`".into()));
+            }
+            Some(a) => crate::keys::TrustedKeys::parse(&a.keys).map_err(|e| field("approval.keys", e))?,
         };
         let mut credentials = BTreeMap::new();
         for (name, c) in &raw.credentials {
@@ -329,6 +361,7 @@ impl Config {
             agents: raw.agents,
             credentials,
             trusted_keys,
+            approvers,
         })
     }
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use crate::catalog::lockfile::Lockfile;
 use crate::catalog::{Catalog, CatalogError};
 use crate::config::{Config, ConfigError};
-use crate::runtime::Runtime;
+use crate::runtime::{CallError, Runtime, RuntimeSettings};
 use crate::sandbox::executor::{Executor, ExecutorError, ExecutorSettings};
 use crate::snapshot::ExecutableAgentSnapshot;
 use crate::store::sqlite::SqliteJournal;
@@ -36,6 +36,9 @@ pub enum HostError {
     /// The journal cannot be opened.
     #[error(transparent)]
     Store(#[from] CommitError),
+    /// Settling interrupted claims failed.
+    #[error(transparent)]
+    Settle(#[from] CallError),
 }
 
 /// The config's plugin directory, checked against its lockfile when one
@@ -58,7 +61,7 @@ pub async fn open(config: &Config, agent: &str) -> Result<Runtime, HostError> {
     let catalog = Arc::new(catalog(config)?);
     let snapshot = ExecutableAgentSnapshot::build(config, agent, catalog)?;
     let executor = Arc::new(Executor::new(ExecutorSettings::new(config.limits.clone(), Some(config.cache.clone())))?);
-    let runtime = Runtime::new(snapshot, executor, store(config)?, config.limits.ticket_ttl_secs);
+    let runtime = Runtime::new(snapshot, executor, store(config)?, RuntimeSettings::of(config));
     // A host that died mid-approval left its ticket claimed: record that, once.
     for ticket in runtime.settle_interrupted().await? {
         tracing::warn!(ticket, "a ticket was interrupted by a host that stopped mid-call; see `toolgate journal`");

@@ -39,35 +39,41 @@
 //! # Ok(()) }
 //! ```
 //!
-//! `host/examples/embed.rs` shows the whole loop, approval included.
+//! `host/examples/embed.rs` shows the whole loop, approval included: an
+//! Awaiting result carries a `correlation` id the model may read and a
+//! `ticket` for the runtime's own approval UI only, decided with an
+//! [`Approval`].
 //!
 //! # Layers
 //!
 //! Modules import only from layers below them (no cycles):
-//! [`digest`] → [`authority`], [`policy`] rules, [`catalog`], [`store`] →
-//! [`config`] → [`snapshot`] → [`policy::gate`] → [`sandbox`] → [`runtime`]
-//! → [`host`]. Front ends (the CLI, the MCP server, the author-side steps)
+//! [`digest`], [`keys`] → [`authority`], [`policy`] rules, [`catalog`],
+//! [`store`] → [`approval`], [`config`] → [`snapshot`] → [`policy::gate`] →
+//! [`sandbox`] → [`runtime`] → [`host`]. Front ends (the CLI, the MCP server, the author-side steps)
 //! live in the `toolgate-cli` crate and only call this API.
 
 #![deny(missing_docs)]
 
+pub mod approval;
 pub mod authority;
 pub mod catalog;
 pub mod config;
 pub mod digest;
 pub mod host;
+pub mod keys;
 pub mod policy;
 pub mod runtime;
 pub mod sandbox;
 pub mod snapshot;
 pub mod store;
 
+pub use approval::Approval;
 pub use authority::narrowing::ToolCapabilityNarrowing;
 pub use catalog::Catalog;
 pub use config::Config;
 pub use digest::Digest;
 pub use policy::gate::{AllowedCall, GateOutcome, ToolPermissionVerdict};
-pub use runtime::{CallError, Run, Runtime, StepResult};
+pub use runtime::{CallError, Run, Runtime, RuntimeSettings, StepResult};
 pub use sandbox::executor::{Executor, ExecutorSettings};
 pub use snapshot::ExecutableAgentSnapshot;
 pub use store::{StepStore, sqlite::SqliteJournal};

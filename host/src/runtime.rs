@@ -2,43 +2,42 @@
 //!
 //! ```text
 //! snapshot ─► descriptor ─► availability & capability filter ─► argument validation
+//!          ─► an earlier ask for this exact call in this run? (its decided result, once)
 //!          ─► gate ─┬─ Allow ─────────────► executor ─► Step commit
 //!                   ├─ Deny ──────────────► blocked result ─► Step commit
 //!                   └─ RequireConfirmation ► Awaiting + ResumeTicket ─► Step commit
+//! approver's decision (verified) ─► claim ─► gate again ─► executor ─► Step commit
 //! ```
 //!
 //! Owns the sequence and nothing else: each decision is made by its own module
-//! (snapshot, gate, executor, commit) and this module only calls them in
-//! order. Every call that reaches a Tool ends in exactly one Step commit.
+//! (snapshot, gate, approval, executor, store) and this module only calls them
+//! in order. Every call that reaches a Tool ends in exactly one Step commit,
+//! and every write to the journal — results, Awaiting records, resolutions,
+//! settlements of interrupted claims — is made by `Step` here.
 //!
 //! Architecture invariant: there is no path from a call to the executor that
 //! does not pass the gate; approval of a ticket goes through the gate again
 //! (`gate::decide_resumed`), so a Deny rule in force wins over an approval.
+//! A ticket reaches nothing the model reads: the model sees a correlation
+//! id, and only an [`Approval`] decides.
 
-use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::approval::{self, Approval, ApprovalError, Decision};
 use crate::authority::narrowing::ToolCapabilityNarrowing;
-use crate::config::Restriction;
+use crate::config::{Config, Restriction};
+use crate::keys::TrustedKeys;
 use crate::policy::gate::{self, GateOutcome, ToolCall, ToolPermissionVerdict};
 use crate::sandbox::executor::{Captured, Content, Execution, Executor, ExecutorError, GuestCommand, ToolFailure};
 use crate::snapshot::{Candidate, ExecutableAgentSnapshot};
 use crate::store::{
-    AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, RunRecord, StateChange, StepStore, TicketError,
-    Verdict,
+    ApprovedBy, AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, PriorAsk, RunRecord, StateChange,
+    StepRecord, StepStore, TicketError, Verdict, now,
 };
-
-/// A claim older than this is settled as interrupted even if its process
-/// cannot be checked (another machine, PID reuse): far beyond any deadline.
-pub const CLAIM_LEASE_SECS: i64 = 3600;
-
-/// Whether process `pid` exists on this machine. Where that cannot be told
-/// (not Linux), assume it does: only the lease then settles its claims.
-fn process_alive(pid: u32) -> bool {
-    if cfg!(target_os = "linux") { Path::new(&format!("/proc/{pid}")).exists() } else { true }
-}
 
 /// Largest state key a Command may write.
 pub const MAX_STATE_KEY: usize = 256;
@@ -67,11 +66,14 @@ pub enum StepResult {
         /// Why.
         reason: String,
     },
-    /// A human must approve; the ticket resumes it.
+    /// A human must decide. The model may see `correlation`, never `ticket`.
     Awaiting {
         /// Journal sequence.
         seq: i64,
-        /// The ticket id.
+        /// Names the request in model-visible text; approves nothing.
+        correlation: String,
+        /// The approver's handle on the request: for the approver's channel
+        /// only (an embedding runtime's approval UI), never for the model.
         ticket: String,
         /// Unix seconds.
         expires_at: i64,
@@ -79,18 +81,24 @@ pub enum StepResult {
 }
 
 impl StepResult {
-    /// The text the model reads.
+    /// The text the model reads. It never holds a ticket.
     pub fn model_text(&self) -> String {
         match self {
             StepResult::Output { content: Content::Json(v), .. } => v.to_string(),
             StepResult::Output { content: Content::Text(t), .. } => t.clone(),
             StepResult::ToolError { message, .. } => message.clone(),
             StepResult::Blocked { reason, .. } => format!("blocked: {reason}"),
-            StepResult::Awaiting { ticket, .. } => {
-                format!("awaiting human approval; approve with `toolgate approve {ticket}`")
-            }
+            StepResult::Awaiting { correlation, .. } => awaiting_text(correlation),
         }
     }
+}
+
+/// What the model reads about a pending approval.
+fn awaiting_text(correlation: &str) -> String {
+    format!(
+        "awaiting human approval (request {correlation}); an approver decides it outside this conversation — \
+         make the same call again later to get the result"
+    )
 }
 
 /// Errors for which someone outside the agent loop must act. Nothing about
@@ -106,6 +114,9 @@ pub enum CallError {
     /// A ticket cannot be used.
     #[error(transparent)]
     Ticket(#[from] TicketError),
+    /// The decision's proof was refused; the ticket is untouched.
+    #[error(transparent)]
+    Approval(#[from] ApprovalError),
     /// The journal failed.
     #[error(transparent)]
     Commit(#[from] CommitError),
@@ -117,12 +128,48 @@ pub enum CallError {
     },
 }
 
+/// How a runtime handles approvals.
+#[derive(Debug, Clone)]
+pub struct RuntimeSettings {
+    /// How long a ticket stays valid, seconds.
+    pub ticket_ttl_secs: u64,
+    /// A claim is taken over (and settled as interrupted) once its holder's
+    /// heartbeat is this old; a holder beats four times per lease.
+    pub claim_lease_secs: u64,
+    /// `[approval] keys`: whose signatures decide tickets.
+    pub approvers: TrustedKeys,
+}
+
+impl RuntimeSettings {
+    /// The settings a config gives.
+    pub fn of(config: &Config) -> Self {
+        RuntimeSettings {
+            ticket_ttl_secs: config.limits.ticket_ttl_secs,
+            claim_lease_secs: config.limits.claim_lease_secs,
+            approvers: config.approvers.clone(),
+        }
+    }
+}
+
+impl Default for RuntimeSettings {
+    fn default() -> Self {
+        let limits = crate::config::Limits::default();
+        RuntimeSettings {
+            ticket_ttl_secs: limits.ticket_ttl_secs,
+            claim_lease_secs: limits.claim_lease_secs,
+            approvers: TrustedKeys::default(),
+        }
+    }
+}
+
 /// One agent's runtime over an executor and a store.
 pub struct Runtime {
     snapshot: ExecutableAgentSnapshot,
     executor: Arc<Executor>,
     store: Arc<dyn StepStore>,
-    ticket_ttl_secs: i64,
+    settings: RuntimeSettings,
+    /// This host instance, as claims and heartbeats name it.
+    holder: String,
 }
 
 /// A run: a sequence of steps under one narrowing.
@@ -131,6 +178,9 @@ pub struct Run<'r> {
     id: String,
     /// Replaced (never mutated) when a Skill activates and narrows the run.
     snapshot: std::sync::Mutex<Arc<ExecutableAgentSnapshot>>,
+    /// Whether the run may hold an earlier ask (it was continued, or asked):
+    /// only then does a call look for one.
+    asked: AtomicBool,
 }
 
 /// A random id with `prefix` (128 bits: unguessable, so a ticket id is a capability).
@@ -144,13 +194,23 @@ pub fn new_id(prefix: &str) -> String {
     format!("{prefix}-{}", hex::encode(b))
 }
 
-/// A call id: unique, not secret (tickets carry the authority, not call ids),
-/// so a per-process random prefix and a counter do instead of an OS RNG call.
+/// A call id: unique, not secret (it is the correlation id the model may
+/// see), so a per-process random prefix and a counter do instead of an OS
+/// RNG call.
 fn call_id() -> String {
     static PREFIX: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let prefix = PREFIX.get_or_init(|| new_id("call"));
-    format!("{prefix}-{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Keeps a claim's holder alive in the journal while it runs the call.
+struct Heartbeat(tokio::task::JoinHandle<()>);
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl Runtime {
@@ -159,27 +219,52 @@ impl Runtime {
         snapshot: ExecutableAgentSnapshot,
         executor: Arc<Executor>,
         store: Arc<dyn StepStore>,
-        ticket_ttl_secs: u64,
+        settings: RuntimeSettings,
     ) -> Self {
-        Runtime { snapshot, executor, store, ticket_ttl_secs: ticket_ttl_secs as i64 }
+        Runtime { snapshot, executor, store, settings, holder: new_id("host") }
     }
 
-    /// Settle tickets whose approving host died before committing the result
-    /// (see [`StepStore::settle_interrupted`]): claimed by a process that is
-    /// gone, or more than [`CLAIM_LEASE_SECS`] ago. Hosts call this at start.
-    pub async fn settle_interrupted(&self) -> Result<Vec<String>, CommitError> {
-        let me = std::process::id();
-        let alive = move |pid: u32| pid == me || process_alive(pid);
-        self.store.settle_interrupted(crate::store::now() - CLAIM_LEASE_SECS, &alive).await
+    /// Settle claims whose holder stopped before committing the result (its
+    /// heartbeat older than the claim lease): each is taken over and
+    /// resolved through the Step commit with an `executor_error` step saying
+    /// the call was interrupted — it may have run, so it never runs again.
+    /// Hosts call this at start. Returns the tickets settled.
+    pub async fn settle_interrupted(&self) -> Result<Vec<String>, CallError> {
+        let lease = self.settings.claim_lease_secs as i64;
+        let taken = self.store.take_over_stale_claims(&self.holder, now(), lease).await?;
+        let mut settled = Vec::with_capacity(taken.len());
+        for ticket in taken {
+            let r = ticket.record().clone();
+            let call = stored_call(&r);
+            let step = Step { run_id: &r.run_id, agent: &r.agent, call: &call };
+            let text = format!(
+                "interrupted: the host that approved request {} stopped before committing the result; the call \
+                 may have run and will not run again — check its effects, then make the call again if needed",
+                r.call_id
+            );
+            let ending = Ending {
+                verdict: Verdict::Allow,
+                outcome: OutcomeKind::ExecutorError,
+                ..Ending::blocked(Verdict::Allow, &text)
+            };
+            match step.resolve(self, ticket, ending, None, false).await {
+                Ok(_) => settled.push(r.ticket_id),
+                // Another host settled it first.
+                Err(CallError::Ticket(TicketError::Settled(_))) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(settled)
     }
 
-    /// The same runtime over a new snapshot (a reload): same executor, same store.
+    /// The same runtime over a new snapshot (a reload): same executor, store and host instance.
     pub fn with_snapshot(&self, snapshot: ExecutableAgentSnapshot) -> Runtime {
         Runtime {
             snapshot,
             executor: self.executor.clone(),
             store: self.store.clone(),
-            ticket_ttl_secs: self.ticket_ttl_secs,
+            settings: self.settings.clone(),
+            holder: self.holder.clone(),
         }
     }
 
@@ -194,6 +279,14 @@ impl Runtime {
     /// The store.
     pub fn store(&self) -> &Arc<dyn StepStore> {
         &self.store
+    }
+    /// This host instance's id (claims and heartbeats carry it).
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+    /// The approval settings.
+    pub fn settings(&self) -> &RuntimeSettings {
+        &self.settings
     }
 
     /// Descriptors the model sees.
@@ -211,7 +304,10 @@ impl Runtime {
     }
 
     /// Start a run whose Tools get at most `restriction` of their granted
-    /// authority (intersected with the agent's): a run can only remove.
+    /// authority (intersected with the agent's): a run can only remove. The
+    /// restriction is recorded with the run, so an approval later in it — in
+    /// this process or another — is held to it; continuing a recorded run
+    /// keeps its narrowing and restriction.
     pub async fn start_restricted_run(
         &self,
         id: Option<String>,
@@ -222,53 +318,101 @@ impl Runtime {
             Some(id) => (id, true),
             None => (new_id("run"), false),
         };
-        let mut snapshot = self.snapshot.narrowed(narrowing).restricted(restriction);
+        let mut snapshot = self.snapshot.narrowed(narrowing).restricted(restriction.clone());
         if continued {
-            // Skills activated earlier in this run (maybe by another process) still narrow it.
-            snapshot = self.with_run_skills(snapshot, &id).await?;
+            snapshot = self.run_view(snapshot, &id).await?;
         }
-        let n = match snapshot.narrowing() {
-            ToolCapabilityNarrowing::Configured => "configured",
-            ToolCapabilityNarrowing::DenyAll => "deny-all",
-        };
-        self.store.begin_run(&RunRecord { run_id: &id, agent: self.snapshot.agent(), narrowing: n }).await?;
-        Ok(Run { runtime: self, id, snapshot: std::sync::Mutex::new(Arc::new(snapshot)) })
+        let n = narrowing_name(snapshot.narrowing());
+        let recorded =
+            (restriction != Restriction::default()).then(|| serde_json::to_string(&restriction).ok()).flatten();
+        let run =
+            RunRecord { run_id: &id, agent: self.snapshot.agent(), narrowing: n, restriction: recorded.as_deref() };
+        self.store.begin_run(&run).await?;
+        Ok(Run {
+            runtime: self,
+            id,
+            snapshot: std::sync::Mutex::new(Arc::new(snapshot)),
+            asked: AtomicBool::new(continued),
+        })
     }
 
-    /// `snapshot` narrowed by every Skill the journal shows activated in run
-    /// `run_id` (an output step of a Skill Tool with `allowed-tools`).
-    async fn with_run_skills(
+    /// `snapshot` held to everything the journal says run `run_id` is: its
+    /// recorded narrowing and restriction, and every Skill activated in it.
+    async fn run_view(
         &self,
         mut snapshot: ExecutableAgentSnapshot,
         run_id: &str,
     ) -> Result<ExecutableAgentSnapshot, CommitError> {
-        let catalog = snapshot.catalog().clone();
-        let skills = catalog.narrowing_skills();
-        // Most catalogs hold no narrowing Skill: then there is nothing to look up.
-        if skills.is_empty() {
-            return Ok(snapshot);
+        if let Some(run) = self.store.run(run_id).await? {
+            if run.narrowing == narrowing_name(ToolCapabilityNarrowing::DenyAll) {
+                snapshot = snapshot.narrowed(ToolCapabilityNarrowing::DenyAll);
+            }
+            if let Some(text) = &run.restriction {
+                // Written by us from a Restriction; one that cannot be read removes everything.
+                let r: Restriction = serde_json::from_str(text).unwrap_or_else(|_| Restriction::nothing());
+                snapshot = snapshot.restricted(r);
+            }
         }
-        for id in self.store.output_tools(run_id).await? {
-            if let Some(allowed) = skills.get(&id) {
-                snapshot = snapshot.with_skill(&id, allowed);
+        let skills = snapshot.catalog().narrowing_skills().clone();
+        // Most catalogs hold no narrowing Skill: then there is nothing to look up.
+        if !skills.is_empty() {
+            for id in self.store.output_tools(run_id).await? {
+                if let Some(allowed) = skills.get(&id) {
+                    snapshot = snapshot.with_skill(&id, allowed);
+                }
             }
         }
         Ok(snapshot)
     }
 
-    /// Approve a ticket: execute exactly the stored call, once.
-    pub async fn approve(&self, ticket_id: &str) -> Result<StepResult, CallError> {
-        let ticket = self.claim(ticket_id).await?;
+    /// Approve a ticket with `approval`: execute exactly the stored call,
+    /// once. Out-of-band decisions (a signature, a terminal) leave the result
+    /// for the agent's identical retry; in-conversation ones (MCP
+    /// elicitation, an embedder's dialog) return it to the caller only.
+    pub async fn approve(&self, ticket_id: &str, approval: &Approval) -> Result<StepResult, CallError> {
+        self.decide(ticket_id, Decision::Approve, approval).await
+    }
+
+    /// Deny a ticket with `approval`: commit a blocked result; nothing executes.
+    pub async fn deny(&self, ticket_id: &str, reason: &str, approval: &Approval) -> Result<StepResult, CallError> {
+        self.decide(ticket_id, Decision::Deny { reason: reason.to_owned() }, approval).await
+    }
+
+    async fn decide(&self, ticket_id: &str, decision: Decision, approval: &Approval) -> Result<StepResult, CallError> {
+        let now = now();
+        // Everything that can refuse is checked before the claim: a refusal changes nothing.
+        let record = self.store.awaiting(ticket_id).await?.ok_or_else(|| TicketError::Unknown(ticket_id.to_owned()))?;
+        if record.agent != self.snapshot.agent() {
+            return Err(CallError::WrongAgent { ticket_agent: record.agent });
+        }
+        if record.state != "pending" {
+            return Err(TicketError::Used(ticket_id.to_owned()).into());
+        }
+        if record.expires_at <= now {
+            return Err(TicketError::Expired(ticket_id.to_owned()).into());
+        }
+        let approved_by = approval::verify(approval, &record, &decision, &self.settings.approvers, now)?;
+        let in_conversation = approval.in_conversation();
+        let ticket = self.store.claim_ticket(ticket_id, now, &self.holder).await??;
+        let _alive = self.heartbeat_while_held();
         let r = ticket.record().clone();
-        // The gate decides again on the run's view now, Skills activated since included.
-        let snapshot = self.with_run_skills(self.snapshot.clone(), &r.run_id).await?;
         let call = stored_call(&r);
         let step = Step { run_id: &r.run_id, agent: &r.agent, call: &call };
+        let by = Some(&approved_by);
+        if let Decision::Deny { reason } = &decision {
+            let reason = format!("a human denied `{}`: {reason}", call.tool_id);
+            let seq = step.resolve(self, ticket, Ending::blocked(Verdict::Deny, &reason), by, in_conversation).await?;
+            return Ok(StepResult::Blocked { seq, reason });
+        }
+        // The gate decides again on the run's view now: its narrowing,
+        // restriction and the Skills activated since.
+        let snapshot = self.run_view(self.snapshot.clone(), &r.run_id).await?;
         let candidate = match snapshot.candidate(&call.tool_id, &|d| self.executor.unhealthy(d)) {
             Ok(c) => c,
             Err(removal) => {
                 let reason = format!("`{}` is no longer available: {removal}", call.tool_id);
-                let seq = step.resolve(self, ticket, Ending::blocked(Verdict::None, &reason)).await?;
+                let seq =
+                    step.resolve(self, ticket, Ending::blocked(Verdict::None, &reason), by, in_conversation).await?;
                 return Ok(StepResult::Blocked { seq, reason });
             }
         };
@@ -279,7 +423,7 @@ impl Runtime {
                 was: ticket.component_digest().to_string(),
                 now: candidate.installed.component.digest.to_string(),
             };
-            step.resolve(self, ticket, Ending::blocked(Verdict::None, &err.to_string())).await?;
+            step.resolve(self, ticket, Ending::blocked(Verdict::None, &err.to_string()), by, in_conversation).await?;
             return Err(err.into());
         }
         let verdict = gate::decide_resumed(&snapshot, &candidate, &call, &ticket);
@@ -287,41 +431,43 @@ impl Runtime {
             GateOutcome::Execute(allowed) => {
                 let state = self.store.tool_state(&r.agent, &call.tool_id).await?;
                 let exec = self.executor.execute(&allowed, state).await;
-                step.finish(self, Some(ticket), exec).await
+                step.finish(self, Some((ticket, approved_by, in_conversation)), exec).await
             }
             GateOutcome::Blocked { reason } => {
-                let seq = step.resolve(self, ticket, Ending::blocked(Verdict::Deny, &reason)).await?;
+                let seq =
+                    step.resolve(self, ticket, Ending::blocked(Verdict::Deny, &reason), by, in_conversation).await?;
                 Ok(StepResult::Blocked { seq, reason })
             }
             // decide_resumed never asks again; treat it as a block rather than loop.
             GateOutcome::AwaitConfirmation { .. } => {
                 let reason = "the approval could not be applied".to_owned();
-                let seq = step.resolve(self, ticket, Ending::blocked(Verdict::Ask, &reason)).await?;
+                let seq =
+                    step.resolve(self, ticket, Ending::blocked(Verdict::Ask, &reason), by, in_conversation).await?;
                 Ok(StepResult::Blocked { seq, reason })
             }
         }
     }
 
-    /// Deny a ticket: commit a blocked result; nothing executes.
-    pub async fn deny(&self, ticket_id: &str, reason: &str) -> Result<StepResult, CallError> {
-        let ticket = self.claim(ticket_id).await?;
-        let r = ticket.record().clone();
-        let call = stored_call(&r);
-        let step = Step { run_id: &r.run_id, agent: &r.agent, call: &call };
-        let reason = format!("a human denied `{}`: {reason}", call.tool_id);
-        let seq = step.resolve(self, ticket, Ending::blocked(Verdict::Deny, &reason)).await?;
-        Ok(StepResult::Blocked { seq, reason })
+    /// Beat this holder's heartbeat until dropped, so no other host takes
+    /// over a claim this one is still running.
+    fn heartbeat_while_held(&self) -> Heartbeat {
+        let (store, holder) = (self.store.clone(), self.holder.clone());
+        let every = Duration::from_millis((self.settings.claim_lease_secs * 1000 / 4).max(100));
+        Heartbeat(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if let Err(e) = store.heartbeat(&holder, now()).await {
+                    tracing::warn!("cannot record this host's heartbeat: {e}");
+                }
+            }
+        }))
     }
+}
 
-    async fn claim(&self, ticket_id: &str) -> Result<ClaimedTicket, CallError> {
-        let ticket = self.store.claim_ticket(ticket_id, crate::store::now()).await??;
-        if ticket.record().agent != self.snapshot.agent() {
-            let ticket_agent = ticket.record().agent.clone();
-            // Not ours to resolve: put nothing back into play, but say whose it is.
-            self.store.abandon_ticket(ticket, "claimed by the wrong agent").await?;
-            return Err(CallError::WrongAgent { ticket_agent });
-        }
-        Ok(ticket)
+fn narrowing_name(n: ToolCapabilityNarrowing) -> &'static str {
+    match n {
+        ToolCapabilityNarrowing::Configured => "configured",
+        ToolCapabilityNarrowing::DenyAll => "deny-all",
     }
 }
 
@@ -369,11 +515,21 @@ impl Run<'_> {
             return Ok(StepResult::ToolError { seq, message });
         }
 
-        // 3. The gate on the exact call.
+        // 3. This exact call asked before in this run: still pending, or its decided result once.
+        if self.asked.load(Ordering::Relaxed) {
+            let digest = gate::argument_digest(&call.arguments);
+            if let Some(prior) = rt.store.prior_ask(&self.id, tool_id, &digest).await?
+                && let Some(result) = step.resume(rt, prior).await?
+            {
+                return Ok(result);
+            }
+        }
+
+        // 4. The gate on the exact call.
         let verdict = gate::decide(snapshot, &candidate, &call);
         let verdict_kind = verdict_kind(&verdict);
         match GateOutcome::from_verdict(verdict, candidate.clone(), call.clone()) {
-            // 4. Effect and durable result.
+            // 5. Effect and durable result.
             GateOutcome::Execute(allowed) => {
                 let state = rt.store.tool_state(snapshot.agent(), tool_id).await?;
                 let exec = rt.executor.execute(&allowed, state).await;
@@ -388,11 +544,17 @@ impl Run<'_> {
                 Ok(StepResult::Blocked { seq, reason })
             }
             GateOutcome::AwaitConfirmation { correlation_id } => {
+                self.asked.store(true, Ordering::Relaxed);
                 let awaiting = awaiting_record(rt, &self.id, snapshot.agent(), &call, &candidate, &correlation_id);
-                let text = format!("awaiting approval: ticket {}", awaiting.ticket_id);
+                let text = awaiting_text(&correlation_id);
                 let ending = Ending { outcome: OutcomeKind::Awaiting, ..Ending::blocked(verdict_kind, &text) };
                 let seq = step.commit(rt, ending, Some(&awaiting)).await?;
-                Ok(StepResult::Awaiting { seq, ticket: awaiting.ticket_id, expires_at: awaiting.expires_at })
+                Ok(StepResult::Awaiting {
+                    seq,
+                    correlation: correlation_id,
+                    ticket: awaiting.ticket_id,
+                    expires_at: awaiting.expires_at,
+                })
             }
         }
     }
@@ -416,6 +578,7 @@ fn awaiting_record(
     candidate: &Candidate,
     correlation_id: &str,
 ) -> AwaitingRecord {
+    let now = now();
     AwaitingRecord {
         ticket_id: new_id("tkt"),
         run_id: run_id.to_owned(),
@@ -425,7 +588,8 @@ fn awaiting_record(
         arguments: call.arguments.to_string(),
         argument_digest: gate::argument_digest(&call.arguments),
         component_digest: candidate.installed.component.digest,
-        expires_at: crate::store::now() + rt.ticket_ttl_secs,
+        expires_at: now + rt.settings.ticket_ttl_secs as i64,
+        requested_at: now,
         state: "pending".into(),
     }
 }
@@ -473,6 +637,8 @@ struct Ending<'a> {
     captured: &'a Captured,
     /// The Tool's Commands, already checked to be in its scope.
     changes: &'a [StateChange],
+    /// Whether `text` is a JSON document.
+    structured: bool,
 }
 
 static NOTHING_CAPTURED: std::sync::LazyLock<Captured> = std::sync::LazyLock::new(Captured::default);
@@ -481,12 +647,31 @@ impl<'a> Ending<'a> {
     /// A result that ran nothing: blocked by `verdict` (or, with another
     /// `outcome`, an error found before the gate), nothing captured or changed.
     fn blocked(verdict: Verdict, text: &'a str) -> Self {
-        Ending { verdict, outcome: OutcomeKind::Blocked, text, captured: &NOTHING_CAPTURED, changes: &[] }
+        Ending {
+            verdict,
+            outcome: OutcomeKind::Blocked,
+            text,
+            captured: &NOTHING_CAPTURED,
+            changes: &[],
+            structured: false,
+        }
     }
 }
 
+/// How an execution's step relates to a ticket: none (a fresh call), or the
+/// claimed ticket with who approved it and whether the result goes back in
+/// the conversation.
+type Resolving = Option<(ClaimedTicket, ApprovedBy, bool)>;
+
 impl Step<'_> {
-    fn record<'s>(&'s self, ending: &Ending<'s>, args: &'s str, captured: &'s str) -> NewStep<'s> {
+    fn record<'s>(
+        &'s self,
+        ending: &Ending<'s>,
+        args: &'s str,
+        captured: &'s str,
+        ticket: Option<&'s str>,
+        approved_by: Option<&'s ApprovedBy>,
+    ) -> NewStep<'s> {
         NewStep {
             run_id: self.run_id,
             agent: self.agent,
@@ -497,6 +682,9 @@ impl Step<'_> {
             outcome: ending.outcome,
             result: ending.text,
             captured,
+            ticket,
+            structured: ending.structured,
+            approved_by,
         }
     }
 
@@ -509,43 +697,107 @@ impl Step<'_> {
     ) -> Result<i64, CommitError> {
         let args = self.call.arguments.to_string();
         let captured = serde_json::to_string(ending.captured).unwrap_or_default();
-        rt.store.commit_step(&self.record(&ending, &args, &captured), ending.changes, awaiting).await
+        let ticket = awaiting.map(|a| a.ticket_id.as_str());
+        rt.store.commit_step(&self.record(&ending, &args, &captured, ticket, None), ending.changes, awaiting).await
     }
 
-    /// Commit the step that resolves `ticket`.
-    async fn resolve(&self, rt: &Runtime, ticket: ClaimedTicket, ending: Ending<'_>) -> Result<i64, CommitError> {
+    /// Commit the step that resolves `ticket`; refused (and reported) if the
+    /// claim was settled by another host meanwhile.
+    async fn resolve(
+        &self,
+        rt: &Runtime,
+        ticket: ClaimedTicket,
+        ending: Ending<'_>,
+        approved_by: Option<&ApprovedBy>,
+        delivered: bool,
+    ) -> Result<i64, CallError> {
         let args = self.call.arguments.to_string();
         let captured = serde_json::to_string(ending.captured).unwrap_or_default();
-        rt.store.resolve_ticket(ticket, &self.record(&ending, &args, &captured), ending.changes).await
+        let id = ticket.ticket_id().to_owned();
+        let record = self.record(&ending, &args, &captured, Some(&id), approved_by);
+        match rt.store.resolve_ticket(ticket, &record, ending.changes, delivered).await? {
+            Ok(seq) => Ok(seq),
+            Err(e) => {
+                tracing::error!("{e}");
+                Err(e.into())
+            }
+        }
     }
 
     async fn commit_or_resolve(
         &self,
         rt: &Runtime,
-        ticket: Option<ClaimedTicket>,
+        resolving: Resolving,
         ending: Ending<'_>,
-    ) -> Result<i64, CommitError> {
-        match ticket {
-            Some(t) => self.resolve(rt, t, ending).await,
-            None => self.commit(rt, ending, None).await,
+    ) -> Result<i64, CallError> {
+        match resolving {
+            Some((t, by, delivered)) => self.resolve(rt, t, ending, Some(&by), delivered).await,
+            None => Ok(self.commit(rt, ending, None).await?),
         }
+    }
+
+    /// An earlier ask for this exact call in this run: still undecided, it
+    /// answers with the same request (no new ticket); decided and not yet
+    /// delivered, it hands over the decided result — once. Otherwise `None`:
+    /// the call goes to the gate as usual.
+    async fn resume(&self, rt: &Runtime, prior: PriorAsk) -> Result<Option<StepResult>, CallError> {
+        let r = &prior.record;
+        let undecided = (r.state == "pending" && r.expires_at > now()) || r.state == "claimed";
+        if undecided {
+            let text = awaiting_text(&r.call_id);
+            let ending = Ending { outcome: OutcomeKind::Awaiting, ..Ending::blocked(Verdict::Ask, &text) };
+            let args = self.call.arguments.to_string();
+            let captured = serde_json::to_string(ending.captured).unwrap_or_default();
+            let step = self.record(&ending, &args, &captured, Some(&r.ticket_id), None);
+            let seq = rt.store.commit_step(&step, &[], None).await?;
+            return Ok(Some(StepResult::Awaiting {
+                seq,
+                correlation: r.call_id.clone(),
+                ticket: r.ticket_id.clone(),
+                expires_at: r.expires_at,
+            }));
+        }
+        let (Some(decided), false) = (&prior.resolution, prior.delivered) else { return Ok(None) };
+        let args = self.call.arguments.to_string();
+        let step = NewStep {
+            run_id: self.run_id,
+            agent: self.agent,
+            call_id: &self.call.call_id,
+            tool_id: &self.call.tool_id,
+            arguments: &args,
+            verdict: Verdict::parse(&decided.verdict),
+            outcome: decided.outcome,
+            result: &decided.result,
+            captured: &decided.captured,
+            ticket: Some(&r.ticket_id),
+            structured: decided.structured,
+            approved_by: None,
+        };
+        let Some(seq) = rt.store.deliver(&r.ticket_id, &step).await? else { return Ok(None) };
+        Ok(Some(delivered_result(seq, decided)))
     }
 
     /// Commit an execution: output with its Commands, or the failure.
     async fn finish(
         &self,
         rt: &Runtime,
-        ticket: Option<ClaimedTicket>,
+        resolving: Resolving,
         exec: Result<Execution, ExecutorError>,
     ) -> Result<StepResult, CallError> {
-        let ran =
-            |outcome, text, captured, changes| Ending { verdict: Verdict::Allow, outcome, text, captured, changes };
+        let ran = |outcome, text, captured, changes| Ending {
+            verdict: Verdict::Allow,
+            outcome,
+            text,
+            captured,
+            changes,
+            structured: false,
+        };
         let exec = match exec {
             Ok(e) => e,
             Err(e) => {
                 // Someone must act (reload, rebuild); the journal still says what happened.
                 let text = e.to_string();
-                self.commit_or_resolve(rt, ticket, ran(OutcomeKind::ExecutorError, &text, &NOTHING_CAPTURED, &[]))
+                self.commit_or_resolve(rt, resolving, ran(OutcomeKind::ExecutorError, &text, &NOTHING_CAPTURED, &[]))
                     .await?;
                 return Err(e.into());
             }
@@ -553,17 +805,17 @@ impl Step<'_> {
         match exec.result {
             Ok(out) => match scope_commands(&self.call.tool_id, out.commands) {
                 Ok(changes) => {
-                    let text = match &out.content {
-                        Content::Json(v) => v.to_string(),
-                        Content::Text(t) => t.clone(),
+                    let (text, structured) = match &out.content {
+                        Content::Json(v) => (v.to_string(), true),
+                        Content::Text(t) => (t.clone(), false),
                     };
-                    let ending = ran(OutcomeKind::Output, &text, &exec.captured, &changes);
-                    let seq = self.commit_or_resolve(rt, ticket, ending).await?;
+                    let ending = Ending { structured, ..ran(OutcomeKind::Output, &text, &exec.captured, &changes) };
+                    let seq = self.commit_or_resolve(rt, resolving, ending).await?;
                     Ok(StepResult::Output { seq, content: out.content })
                 }
                 Err(message) => {
                     let ending = ran(OutcomeKind::ToolError, &message, &exec.captured, &[]);
-                    let seq = self.commit_or_resolve(rt, ticket, ending).await?;
+                    let seq = self.commit_or_resolve(rt, resolving, ending).await?;
                     Ok(StepResult::ToolError { seq, message })
                 }
             },
@@ -575,16 +827,37 @@ impl Step<'_> {
                     said,
                 };
                 let text = e.to_string();
-                self.commit_or_resolve(rt, ticket, ran(OutcomeKind::ExecutorError, &text, &exec.captured, &[])).await?;
+                self.commit_or_resolve(rt, resolving, ran(OutcomeKind::ExecutorError, &text, &exec.captured, &[]))
+                    .await?;
                 Err(e.into())
             }
             Err(failure) => {
                 let message = failure.to_string();
                 let ending = ran(OutcomeKind::ToolError, &message, &exec.captured, &[]);
-                let seq = self.commit_or_resolve(rt, ticket, ending).await?;
+                let seq = self.commit_or_resolve(rt, resolving, ending).await?;
                 Ok(StepResult::ToolError { seq, message })
             }
         }
+    }
+}
+
+/// The model's view of a decided ask's resolving step, handed to its retry.
+fn delivered_result(seq: i64, decided: &StepRecord) -> StepResult {
+    match decided.outcome {
+        OutcomeKind::Output => {
+            let content = if decided.structured {
+                // Written by us from a Value.
+                serde_json::from_str(&decided.result)
+                    .map(Content::Json)
+                    .unwrap_or(Content::Text(decided.result.clone()))
+            } else {
+                Content::Text(decided.result.clone())
+            };
+            StepResult::Output { seq, content }
+        }
+        OutcomeKind::Blocked => StepResult::Blocked { seq, reason: decided.result.clone() },
+        // A Tool error, or the approved call could not run: the model reads what happened.
+        _ => StepResult::ToolError { seq, message: decided.result.clone() },
     }
 }
 

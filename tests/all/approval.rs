@@ -8,6 +8,11 @@ use toolgate_tests::{guests, packed};
 
 use super::{call, steps, text_and_notes};
 
+/// The test harness decides as an embedding runtime's approval UI would.
+fn approver() -> toolgate::Approval {
+    toolgate::Approval::by_embedder("test-approver")
+}
+
 async fn ask(host: &toolgate_tests::TestHost, note: &str) -> String {
     match call(host, "notes", json!({"op": "add", "note": note})).await {
         StepResult::Awaiting { ticket, .. } => ticket,
@@ -22,14 +27,14 @@ async fn ask_awaits_then_approve_executes_the_exact_call_once() {
     assert_eq!(host.instantiations(), 0, "nothing runs before approval");
     assert_eq!(host.runtime.store().pending().await.unwrap().len(), 1);
 
-    let r = host.runtime.approve(&ticket).await.unwrap();
+    let r = host.runtime.approve(&ticket, &approver()).await.unwrap();
     assert!(
         matches!(&r, StepResult::Output { content: toolgate::sandbox::executor::Content::Json(v), .. } if v == &json!({"notes": ["buy milk"]})),
         "{r:?}"
     );
     assert_eq!(host.instantiations(), 1);
 
-    let again = host.runtime.approve(&ticket).await.unwrap_err();
+    let again = host.runtime.approve(&ticket, &approver()).await.unwrap_err();
     assert!(matches!(again, CallError::Ticket(TicketError::Used(_))), "{again}");
     assert_eq!(host.instantiations(), 1, "a reused ticket executes nothing");
 
@@ -44,10 +49,10 @@ async fn ask_awaits_then_approve_executes_the_exact_call_once() {
 async fn deny_commits_a_blocked_result_and_executes_nothing() {
     let host = text_and_notes("");
     let ticket = ask(&host, "x").await;
-    let r = host.runtime.deny(&ticket, "not today").await.unwrap();
+    let r = host.runtime.deny(&ticket, "not today", &approver()).await.unwrap();
     assert!(matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("not today")), "{r:?}");
     assert_eq!(host.instantiations(), 0);
-    let again = host.runtime.approve(&ticket).await.unwrap_err();
+    let again = host.runtime.approve(&ticket, &approver()).await.unwrap_err();
     assert!(matches!(again, CallError::Ticket(TicketError::Used(_))));
     assert_eq!(host.instantiations(), 0);
 }
@@ -55,13 +60,13 @@ async fn deny_commits_a_blocked_result_and_executes_nothing() {
 #[tokio::test]
 async fn unknown_and_expired_tickets_execute_nothing() {
     let host = text_and_notes("");
-    let e = host.runtime.approve("tkt-00000000000000000000000000000000").await.unwrap_err();
+    let e = host.runtime.approve("tkt-00000000000000000000000000000000", &approver()).await.unwrap_err();
     assert!(matches!(e, CallError::Ticket(TicketError::Unknown(_))), "{e}");
 
     let ticket = ask(&host, "x").await;
     let db = rusqlite::Connection::open(host.journal_path()).unwrap();
     db.execute("UPDATE awaiting SET expires_at = 0 WHERE ticket_id = ?1", [&ticket]).unwrap();
-    let e = host.runtime.approve(&ticket).await.unwrap_err();
+    let e = host.runtime.approve(&ticket, &approver()).await.unwrap_err();
     assert!(matches!(e, CallError::Ticket(TicketError::Expired(_))), "{e}");
     assert_eq!(host.instantiations(), 0);
 }
@@ -71,7 +76,7 @@ async fn tickets_survive_a_restart_of_the_host() {
     let host = text_and_notes("");
     let ticket = ask(&host, "persisted").await;
     let host = host.restart();
-    let r = host.runtime.approve(&ticket).await.unwrap();
+    let r = host.runtime.approve(&ticket, &approver()).await.unwrap();
     assert!(matches!(r, StepResult::Output { .. }), "{r:?}");
 }
 
@@ -84,11 +89,11 @@ async fn a_changed_component_voids_the_ticket() {
     wasm_encoder_custom(&mut changed, "rebuilt", b"1");
     toolgate_tests::put(&host.plugins(), "notes.wasm", &changed);
     let host = host.restart();
-    let e = host.runtime.approve(&ticket).await.unwrap_err();
+    let e = host.runtime.approve(&ticket, &approver()).await.unwrap_err();
     assert!(matches!(e, CallError::Ticket(TicketError::ComponentChanged { .. })), "{e}");
     assert!(e.to_string().contains("make the call again"), "{e}");
     assert_eq!(host.instantiations(), 0);
-    let again = host.runtime.approve(&ticket).await.unwrap_err();
+    let again = host.runtime.approve(&ticket, &approver()).await.unwrap_err();
     assert!(matches!(again, CallError::Ticket(TicketError::Used(_))), "{again}");
 }
 
@@ -103,7 +108,7 @@ async fn arguments_cannot_be_changed_on_resume() {
         [r#"{"op":"add","note":"tampered"}"#, ticket.as_str()],
     )
     .unwrap();
-    let r = host.runtime.approve(&ticket).await.unwrap();
+    let r = host.runtime.approve(&ticket, &approver()).await.unwrap();
     assert!(matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("does not match")), "{r:?}");
     assert_eq!(host.instantiations(), 0);
 }
@@ -120,7 +125,7 @@ async fn a_deny_rule_in_force_at_approval_wins() {
     );
     std::fs::write(&cfg, text).unwrap();
     let host = host.restart();
-    let r = host.runtime.approve(&ticket).await.unwrap();
+    let r = host.runtime.approve(&ticket, &approver()).await.unwrap();
     assert!(matches!(r, StepResult::Blocked { .. }), "{r:?}");
     assert_eq!(host.instantiations(), 0);
 }
@@ -140,7 +145,8 @@ async fn two_hosts_approving_one_ticket_at_once_execute_it_once() {
     let host = text_and_notes("");
     let ticket = ask(&host, "once").await;
     let other = toolgate_tests::runtime_for(&host.config, "default");
-    let (a, b) = tokio::join!(host.runtime.approve(&ticket), other.approve(&ticket));
+    let approval = approver();
+    let (a, b) = tokio::join!(host.runtime.approve(&ticket, &approval), other.approve(&ticket, &approval));
     let oks = [a.is_ok(), b.is_ok()].iter().filter(|x| **x).count();
     assert_eq!(oks, 1, "exactly one approval runs: {a:?} {b:?}");
     let loser = if a.is_ok() { b } else { a };
@@ -148,4 +154,149 @@ async fn two_hosts_approving_one_ticket_at_once_execute_it_once() {
     assert_eq!(host.instantiations() + other.executor().instantiations(), 1);
     let state = host.runtime.store().tool_state("default", "notes").await.unwrap();
     assert_eq!(state.get("notes").map(String::as_str), Some("[\"once\"]"));
+}
+
+/// The run of `host`'s agent, and the ticket of an ask made in it.
+async fn ask_in<'r>(run: &toolgate::Run<'r>, note: &str) -> (String, String) {
+    match run.call("notes", json!({"op": "add", "note": note})).await.unwrap() {
+        StepResult::Awaiting { ticket, correlation, .. } => (ticket, correlation),
+        other => panic!("expected awaiting, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn the_model_never_reads_a_ticket() {
+    let host = text_and_notes("");
+    let r = call(&host, "notes", json!({"op": "add", "note": "secretive"})).await;
+    let StepResult::Awaiting { ticket, correlation, .. } = &r else { panic!("{r:?}") };
+    let text = r.model_text();
+    assert!(text.contains(correlation.as_str()) && text.contains("awaiting human approval"), "{text}");
+    assert!(!text.contains(ticket.as_str()), "{text}");
+    for s in steps(&host).await {
+        assert!(!s.result.contains(ticket.as_str()), "the model-facing journal text holds the ticket: {}", s.result);
+    }
+}
+
+#[tokio::test]
+async fn an_identical_call_while_undecided_is_the_same_request() {
+    let host = text_and_notes("");
+    let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+    let (ticket, correlation) = ask_in(&run, "once").await;
+    let (again, again_corr) = ask_in(&run, "once").await;
+    assert_eq!((&again, &again_corr), (&ticket, &correlation), "no second ticket for the same call");
+    assert_eq!(host.runtime.store().pending().await.unwrap().len(), 1);
+    let (other, _) = ask_in(&run, "different").await;
+    assert_ne!(other, ticket, "a different call asks anew");
+}
+
+#[tokio::test]
+async fn an_out_of_band_decision_reaches_the_identical_retry_once() {
+    let host = text_and_notes("");
+    let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+    let (ticket, _) = ask_in(&run, "milk").await;
+    // Decided elsewhere (a terminal, no approver keys configured): the result waits for the agent.
+    host.runtime.approve(&ticket, &toolgate::Approval::on_terminal("alice")).await.unwrap();
+    assert_eq!(host.instantiations(), 1);
+    let retry = run.call("notes", json!({"op": "add", "note": "milk"})).await.unwrap();
+    assert!(
+        matches!(&retry, StepResult::Output { content: toolgate::sandbox::executor::Content::Json(v), .. } if v == &json!({"notes": ["milk"]})),
+        "{retry:?}"
+    );
+    assert_eq!(host.instantiations(), 1, "the retry receives the result; nothing runs again");
+    let second = run.call("notes", json!({"op": "add", "note": "milk"})).await.unwrap();
+    assert!(matches!(&second, StepResult::Awaiting { ticket: t, .. } if *t != ticket), "{second:?}");
+    // Another run does not receive it.
+    let other = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+    assert!(matches!(
+        other.call("notes", json!({"op": "add", "note": "milk"})).await.unwrap(),
+        StepResult::Awaiting { .. }
+    ));
+    let s = steps(&host).await;
+    let approved = s.iter().find(|s| s.approved_by.is_some()).unwrap();
+    let by = approved.approved_by.as_ref().unwrap();
+    assert_eq!((by.principal.as_str(), by.channel.as_str()), ("alice", "terminal"));
+}
+
+#[tokio::test]
+async fn an_in_conversation_decision_is_not_delivered_twice() {
+    let host = text_and_notes("");
+    let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+    let (ticket, _) = ask_in(&run, "x").await;
+    let r = host.runtime.approve(&ticket, &approver()).await.unwrap();
+    assert!(matches!(r, StepResult::Output { .. }), "{r:?}");
+    let retry = run.call("notes", json!({"op": "add", "note": "x"})).await.unwrap();
+    assert!(matches!(retry, StepResult::Awaiting { .. }), "the result already went back: {retry:?}");
+}
+
+#[tokio::test]
+async fn with_approver_keys_only_a_signature_decides() {
+    let (secret, public) = toolgate::keys::keygen().unwrap();
+    let host = text_and_notes(&format!("[approval]\nkeys = [\"{public}\"]\n"));
+    let (ticket, _) = {
+        let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+        ask_in(&run, "signed").await
+    };
+    let record = host.runtime.store().awaiting(&ticket).await.unwrap().unwrap();
+    let e = host.runtime.approve(&ticket, &toolgate::Approval::on_terminal("mallory")).await.unwrap_err();
+    assert!(matches!(e, CallError::Approval(toolgate::approval::ApprovalError::KeyRequired)), "{e}");
+    let (stranger, _) = toolgate::keys::keygen().unwrap();
+    let forged = toolgate::approval::sign(
+        &toolgate::keys::SecretKey::parse(&stranger).unwrap(),
+        &record,
+        &toolgate::approval::Decision::Approve,
+    );
+    let e = host.runtime.approve(&ticket, &toolgate::Approval::signed(forged)).await.unwrap_err();
+    assert!(matches!(e, CallError::Approval(toolgate::approval::ApprovalError::Untrusted)), "{e}");
+    // A denial's signature does not approve.
+    let key = toolgate::keys::SecretKey::parse(&secret).unwrap();
+    let deny = toolgate::approval::Decision::Deny { reason: "no".into() };
+    let e = host
+        .runtime
+        .approve(&ticket, &toolgate::Approval::signed(toolgate::approval::sign(&key, &record, &deny)))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, CallError::Approval(_)), "{e}");
+    assert_eq!(host.instantiations(), 0);
+    assert_eq!(host.runtime.store().pending().await.unwrap().len(), 1, "refused decisions leave the ticket pending");
+    let signed = toolgate::approval::sign(&key, &record, &toolgate::approval::Decision::Approve);
+    let r = host.runtime.approve(&ticket, &toolgate::Approval::signed(signed)).await.unwrap();
+    assert!(matches!(r, StepResult::Output { .. }), "{r:?}");
+    let last = steps(&host).await.pop().unwrap();
+    let by = last.approved_by.unwrap();
+    assert_eq!((by.principal, by.channel.as_str()), (public, "signature"));
+}
+
+#[tokio::test]
+async fn the_wrong_agent_leaves_the_ticket_pending() {
+    let host = text_and_notes("[agents.other]\nvisible = [\"notes\"]\ndefault = \"allow\"\n");
+    let ticket = ask(&host, "mine").await;
+    let other = toolgate_tests::runtime_for(&host.config, "other");
+    let e = other.approve(&ticket, &approver()).await.unwrap_err();
+    assert!(matches!(&e, CallError::WrongAgent { ticket_agent } if ticket_agent == "default"), "{e}");
+    let e = other.deny(&ticket, "not yours", &approver()).await.unwrap_err();
+    assert!(matches!(e, CallError::WrongAgent { .. }), "{e}");
+    assert_eq!(host.runtime.store().pending().await.unwrap().len(), 1, "still pending");
+    assert_eq!(steps(&host).await.len(), 1, "no step");
+    let r = host.runtime.approve(&ticket, &approver()).await.unwrap();
+    assert!(matches!(r, StepResult::Output { .. }), "the right agent still can: {r:?}");
+}
+
+#[tokio::test]
+async fn an_ask_beats_a_more_specific_allow() {
+    let host = toolgate_tests::TestHost::new(
+        r#"
+[agents.default]
+visible = ["notes"]
+default = "deny"
+rules = [
+  { pattern = "notes", behavior = "ask" },
+  { pattern = 'notes(op = "add", note ~ "ok-*")', behavior = "allow" },
+]
+"#,
+        &[("notes.wasm", packed(guests::NOTES))],
+    );
+    let r = call(&host, "notes", json!({"op": "add", "note": "ok-1"})).await;
+    assert!(matches!(r, StepResult::Awaiting { .. }), "{r:?}");
+    assert_eq!(host.instantiations(), 0);
+    assert_eq!(steps(&host).await[0].verdict, "ask");
 }

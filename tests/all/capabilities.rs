@@ -376,3 +376,35 @@ async fn a_server_that_never_answers_is_cut_off_at_the_http_timeout() {
     // The host still serves.
     assert!(thief(&w.host, "http", &w.other.url("/echo"), false).await.starts_with("ok: 200"));
 }
+
+#[tokio::test]
+async fn a_restricted_run_keeps_its_restriction_when_its_ask_is_approved() {
+    use toolgate::config::Restriction;
+    let w = world();
+    // A second agent on the same host asks before every call.
+    let cfg = w.host.dir.path().join("toolgate.toml");
+    let text = std::fs::read_to_string(&cfg).unwrap() + "\n[agents.asker]\nvisible = [\"*\"]\ndefault = \"ask\"\n";
+    std::fs::write(&cfg, text).unwrap();
+    let config = toolgate::Config::load(&cfg).unwrap();
+    let asker = toolgate_tests::runtime_for(&config, "asker");
+    let configured = toolgate::ToolCapabilityNarrowing::Configured;
+    let read = json!({"op": "read", "target": "/data/a.txt", "credential": false});
+    let approval = toolgate::Approval::by_embedder("test-approver");
+    let mut results = Vec::new();
+    for restriction in
+        [Restriction { directories: Some(vec!["/scratch".into()]), ..Default::default() }, Restriction::default()]
+    {
+        let run = asker.start_restricted_run(None, configured, restriction).await.unwrap();
+        let StepResult::Awaiting { ticket, .. } = run.call("hostile.thief", read.clone()).await.unwrap() else {
+            panic!("the asker's call awaits approval")
+        };
+        // Approved by another runtime (as another process would be): it knows the run only from the journal.
+        let approver = toolgate_tests::runtime_for(&config, "asker");
+        match approver.approve(&ticket, &approval).await.unwrap() {
+            StepResult::Output { content: Content::Json(serde_json::Value::String(s)), .. } => results.push(s),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(results[0].starts_with("err: "), "the restricted run's approval ran without /data: {}", results[0]);
+    assert!(results[1].contains("needle"), "without the restriction the same approval reads it: {}", results[1]);
+}

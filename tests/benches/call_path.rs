@@ -28,8 +28,8 @@ use toolgate::config::AgentConfig;
 use toolgate::policy::gate::{self, GateOutcome, ToolCall, ToolPermissionVerdict};
 use toolgate::policy::{Behavior, Policy, RuleSpec};
 use toolgate::store::{
-    AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, RunRecord, StateChange, StepRecord, StepStore,
-    TicketError, Verdict,
+    AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, PriorAsk, RunInfo, RunRecord, StateChange,
+    StepRecord, StepStore, TicketError, Verdict,
 };
 use toolgate::{Catalog, ExecutableAgentSnapshot, SqliteJournal, ToolCapabilityNarrowing};
 use toolgate_tests::{guests, packed};
@@ -57,17 +57,32 @@ impl StepStore for NullStore {
         std::hint::black_box(step);
         Ok(self.0.fetch_add(1, Ordering::Relaxed))
     }
-    async fn resolve_ticket(&self, _: ClaimedTicket, _: &NewStep<'_>, _: &[StateChange]) -> Result<i64, CommitError> {
-        unreachable!("no tickets in this benchmark")
+    async fn run(&self, _: &str) -> Result<Option<RunInfo>, CommitError> {
+        Ok(None)
     }
-    async fn claim_ticket(&self, id: &str, _: i64) -> Result<Result<ClaimedTicket, TicketError>, CommitError> {
+    async fn claim_ticket(&self, id: &str, _: i64, _: &str) -> Result<Result<ClaimedTicket, TicketError>, CommitError> {
         Ok(Err(TicketError::Unknown(id.to_owned())))
     }
-    async fn abandon_ticket(&self, _: ClaimedTicket, _: &str) -> Result<(), CommitError> {
+    async fn heartbeat(&self, _: &str, _: i64) -> Result<(), CommitError> {
         Ok(())
     }
-    async fn settle_interrupted(&self, _: i64, _: &(dyn Fn(u32) -> bool + Sync)) -> Result<Vec<String>, CommitError> {
+    async fn resolve_ticket(
+        &self,
+        _: ClaimedTicket,
+        _: &NewStep<'_>,
+        _: &[StateChange],
+        _: bool,
+    ) -> Result<Result<i64, TicketError>, CommitError> {
+        unreachable!("no tickets in this benchmark")
+    }
+    async fn take_over_stale_claims(&self, _: &str, _: i64, _: i64) -> Result<Vec<ClaimedTicket>, CommitError> {
         Ok(Vec::new())
+    }
+    async fn prior_ask(&self, _: &str, _: &str, _: &str) -> Result<Option<PriorAsk>, CommitError> {
+        Ok(None)
+    }
+    async fn deliver(&self, _: &str, _: &NewStep<'_>) -> Result<Option<i64>, CommitError> {
+        Ok(None)
     }
     async fn tool_state(&self, _: &str, _: &str) -> Result<BTreeMap<String, String>, CommitError> {
         Ok(BTreeMap::new())
@@ -277,8 +292,13 @@ fn steps(c: &mut Criterion, rt: &tokio::runtime::Runtime, host: &Host) {
     // The Step commit alone, as `Run::call` makes it for an Output.
     let durable = host.durable_journal("steps.db");
     for (name, store) in [("commit_step_in_memory", &memory), ("commit_step_durable", &durable)] {
-        rt.block_on(store.begin_run(&RunRecord { run_id: "run-bench", agent: "default", narrowing: "configured" }))
-            .unwrap();
+        rt.block_on(store.begin_run(&RunRecord {
+            run_id: "run-bench",
+            agent: "default",
+            narrowing: "configured",
+            restriction: None,
+        }))
+        .unwrap();
         g.bench_function(name, |b| {
             b.to_async(rt).iter(|| async {
                 let call_id = toolgate::runtime::new_id("call");
@@ -293,6 +313,9 @@ fn steps(c: &mut Criterion, rt: &tokio::runtime::Runtime, host: &Host) {
                     outcome: OutcomeKind::Output,
                     result: "\"HELLO\"",
                     captured: r#"{"stdout":"","stderr":"","log":"","dropped":0}"#,
+                    ticket: None,
+                    structured: true,
+                    approved_by: None,
                 };
                 store.commit_step(&step, &[], None).await.unwrap()
             })

@@ -127,7 +127,7 @@ fn runtime(config: &Config, store: Arc<dyn StepStore>, cache: &Path) -> Runtime 
     let snapshot = ExecutableAgentSnapshot::build(config, "default", catalog).unwrap();
     let executor =
         Arc::new(Executor::new(ExecutorSettings::new(config.limits.clone(), Some(cache.to_owned()))).unwrap());
-    Runtime::new(snapshot, executor, store, config.limits.ticket_ttl_secs)
+    Runtime::new(snapshot, executor, store, toolgate::RuntimeSettings::of(config))
 }
 
 struct FirstCalls {

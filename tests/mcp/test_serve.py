@@ -8,6 +8,8 @@ import asyncio
 import json
 import os
 import shutil
+import sqlite3
+import subprocess
 
 import jsonschema
 import pytest
@@ -18,6 +20,9 @@ from mcp.shared.exceptions import McpError
 BIN = os.environ["TOOLGATE_BIN"]
 CONFIG = os.environ["TOOLGATE_CONFIG"]
 EXTRA = os.environ["TOOLGATE_EXTRA"]
+# The approver's key (listed in the config's `[approval] keys`) and the journal.
+APPROVER_KEY = os.environ["TOOLGATE_APPROVER_KEY"]
+JOURNAL = os.path.join(os.path.dirname(CONFIG), "journal.db")
 PARAMS = StdioServerParameters(command=BIN, args=["--config", CONFIG, "serve"], env={"PATH": os.environ.get("PATH", "")})
 
 
@@ -107,6 +112,12 @@ def test_ask_approved_through_elicitation_executes_exactly_once():
         after = json.loads(text(await s.call_tool("notes", {"op": "list"})))["notes"]
         assert after == before + ["approved"], "executed once"
         assert len(asked) == 1 and "notes" in asked[0] and "approved" in asked[0]
+        # The journal records the client's UI as the approver.
+        with sqlite3.connect(JOURNAL) as db:
+            by, via = db.execute(
+                "SELECT approved_by, approved_via FROM steps WHERE approved_via IS NOT NULL ORDER BY seq DESC LIMIT 1"
+            ).fetchone()
+        assert via == "mcp-elicitation" and by, (by, via)
 
     run(session(elicit=elicit, body=body))
 
@@ -126,11 +137,32 @@ def test_ask_declined_or_cancelled_commits_a_blocked_result(action):
     run(session(elicit=elicit, body=body))
 
 
-def test_a_client_without_elicitation_gets_the_ticket_named():
+def test_a_client_without_elicitation_never_sees_the_ticket_and_its_retry_gets_the_result():
     async def body(s):
-        r = await s.call_tool("notes", {"op": "add", "note": "later"})
-        assert r.isError
-        assert "toolgate approve tkt-" in text(r)
+        args = {"op": "add", "note": "later"}
+        r = await s.call_tool("notes", args)
+        assert r.isError and "awaiting human approval" in text(r), text(r)
+        with sqlite3.connect(JOURNAL) as db:
+            ticket, request = db.execute(
+                "SELECT ticket_id, call_id FROM awaiting WHERE state = 'pending' ORDER BY rowid DESC LIMIT 1"
+            ).fetchone()
+            step_texts = [row[0] for row in db.execute("SELECT result FROM steps")]
+        assert request in text(r), "the model reads the correlation id"
+        assert ticket not in json.dumps(r.model_dump()), "no ticket in the MCP result"
+        assert not any(ticket in t for t in step_texts), "no ticket in the model-facing journal text"
+        # Asking again while undecided: the same request, no second ticket.
+        again = await s.call_tool("notes", args)
+        assert request in text(again) and ticket not in text(again)
+        # An approver decides out of band, with the approver key.
+        out = subprocess.run(
+            [BIN, "--config", CONFIG, "approve", ticket, "--key", APPROVER_KEY], capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        # The identical call now gets the approved call's result, once.
+        done = await s.call_tool("notes", args)
+        assert not done.isError and "later" in text(done), text(done)
+        asks_again = await s.call_tool("notes", args)
+        assert asks_again.isError and "awaiting human approval" in text(asks_again)
 
     run(session(body=body))
 

@@ -5,12 +5,15 @@
 //! handle onto one, make one at the previous schema version), and a test
 //! module runs the whole suite with [`conformance_suite!`](crate::conformance_suite).
 //! Properties: a step and its Commands commit atomically; a failing write
-//! changes nothing; a ticket is claimed exactly once by threads, by handles
-//! and by processes racing for it; expired, used and unknown tickets are
-//! refused without change; claims of a dead host are settled once and never
-//! re-run; concurrent writes are all durable once acknowledged (group
-//! commit); a journal written by the previous schema version opens with its
-//! data intact.
+//! changes nothing; a run keeps its restriction; a ticket is claimed exactly
+//! once by threads, by handles and by processes racing for it; expired, used
+//! and unknown tickets are refused without change; a resolution records who
+//! approved and changes exactly one claimed row; a claim is taken over only
+//! after its holder's heartbeat lapsed (never a live holder's), and the old
+//! holder's late result is refused; a decided result is delivered to a retry
+//! once; concurrent writes are all durable once acknowledged (group commit);
+//! a journal written by the previous schema version opens with its data
+//! intact.
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -18,8 +21,11 @@ use std::sync::Arc;
 
 use toolgate::Digest;
 use toolgate::store::{
-    AwaitingRecord, NewStep, OutcomeKind, RunRecord, StateChange, StepStore, TicketError, Verdict, now,
+    ApprovedBy, AwaitingRecord, NewStep, OutcomeKind, RunRecord, StateChange, StepStore, TicketError, Verdict, now,
 };
+
+/// The host instance the suite claims as.
+const ME: &str = "host-conformance";
 
 /// One journal under test, and what keeps it alive (a temporary directory, a database).
 pub struct Journal {
@@ -70,6 +76,9 @@ fn step<'a>(call_id: &'a str, outcome: OutcomeKind) -> NewStep<'a> {
         outcome,
         result: "ok",
         captured: "{}",
+        ticket: None,
+        structured: false,
+        approved_by: None,
     }
 }
 
@@ -88,6 +97,7 @@ fn awaiting(ticket: &str, call_id: &str, expires_at: i64) -> AwaitingRecord {
         argument_digest: "d".repeat(64),
         component_digest: Digest::of(b"component"),
         expires_at,
+        requested_at: 1,
         state: "pending".into(),
     }
 }
@@ -100,7 +110,12 @@ async fn state_of(s: &dyn StepStore, ticket: &str) -> Option<String> {
 pub async fn a_step_and_its_changes_commit_together(b: &dyn Backend) {
     let j = b.create().await;
     let s = j.store.as_ref();
-    s.begin_run(&RunRecord { run_id: "run-1", agent: "main", narrowing: "configured" }).await.unwrap();
+    s.begin_run(&RunRecord { run_id: "run-1", agent: "main", narrowing: "configured", restriction: None })
+        .await
+        .unwrap();
+    let restricted =
+        RunRecord { run_id: "run-r", agent: "main", narrowing: "deny-all", restriction: Some("{\"hosts\":[]}") };
+    s.begin_run(&restricted).await.unwrap();
     let seq = s.commit_step(&step("c1", OutcomeKind::Output), &[set("a", "1"), set("b", "2")], None).await.unwrap();
     let removal = StateChange { key: "a".into(), value: None };
     let seq2 = s.commit_step(&step("c2", OutcomeKind::Output), &[removal, set("b", "3")], None).await.unwrap();
@@ -116,6 +131,11 @@ pub async fn a_step_and_its_changes_commit_together(b: &dyn Backend) {
     assert!(s.steps(Some("run-2")).await.unwrap().is_empty());
     assert_eq!(s.steps(None).await.unwrap().len(), 2);
     assert_eq!(s.output_tools("run-1").await.unwrap(), ["notes.add"]);
+    let run = s.run("run-r").await.unwrap().expect("a begun run is recorded");
+    assert_eq!((run.agent.as_str(), run.narrowing.as_str()), ("main", "deny-all"));
+    assert_eq!(run.restriction.as_deref(), Some("{\"hosts\":[]}"), "the restriction is kept with the run");
+    assert_eq!(s.run("run-1").await.unwrap().unwrap().restriction, None);
+    assert_eq!(s.run("run-none").await.unwrap(), None);
 }
 
 /// A write that fails (a duplicate ticket or call id) leaves no step, no
@@ -156,72 +176,125 @@ pub async fn tickets_are_claimed_once(b: &dyn Backend) {
     s.commit_step(&step("c3", OutcomeKind::Awaiting), &[], Some(&awaiting("old", "c3", now - 60))).await.unwrap();
     assert_eq!(s.pending().await.unwrap().len(), 3);
 
-    let claimed = s.claim_ticket("live", now).await.unwrap().expect("a pending ticket is claimable");
+    let claimed = s.claim_ticket("live", now, ME).await.unwrap().expect("a pending ticket is claimable");
     assert_eq!((claimed.ticket_id(), claimed.call_id(), claimed.tool_id()), ("live", "c1", "notes.add"));
     assert_eq!(claimed.argument_digest(), "d".repeat(64));
     assert_eq!(claimed.component_digest(), &Digest::of(b"component"));
     assert_eq!(claimed.record().state, "claimed");
     assert_eq!(state_of(s, "live").await.as_deref(), Some("claimed"));
-    assert_eq!(s.claim_ticket("live", now).await.unwrap().unwrap_err(), TicketError::Used("live".into()));
+    assert_eq!(s.claim_ticket("live", now, ME).await.unwrap().unwrap_err(), TicketError::Used("live".into()));
     for t in ["stale", "old"] {
-        assert_eq!(s.claim_ticket(t, now).await.unwrap().unwrap_err(), TicketError::Expired(t.into()));
+        assert_eq!(s.claim_ticket(t, now, ME).await.unwrap().unwrap_err(), TicketError::Expired(t.into()));
         assert_eq!(state_of(s, t).await.as_deref(), Some("pending"));
     }
     let pending: Vec<String> = s.pending().await.unwrap().into_iter().map(|a| a.ticket_id).collect();
     assert_eq!(pending, ["stale", "old"]);
     for t in ["nope", "", "live' OR '1'='1"] {
-        assert_eq!(s.claim_ticket(t, now).await.unwrap().unwrap_err(), TicketError::Unknown(t.into()));
+        assert_eq!(s.claim_ticket(t, now, ME).await.unwrap().unwrap_err(), TicketError::Unknown(t.into()));
     }
     assert_eq!(state_of(s, "live").await.as_deref(), Some("claimed"));
 }
 
-/// Resolving a claimed ticket commits its step and changes with it; an
-/// abandoned claim is resolved too; neither can be claimed again.
+/// Resolving a claimed ticket commits its step and changes with it and
+/// records who approved; it cannot be claimed again.
 pub async fn resolving_a_ticket_commits_its_step_and_changes(b: &dyn Backend) {
     let j = b.create().await;
     let s = j.store.as_ref();
     s.commit_step(&step("c1", OutcomeKind::Awaiting), &[], Some(&awaiting("t", "c1", i64::MAX))).await.unwrap();
-    let claimed = s.claim_ticket("t", now()).await.unwrap().unwrap();
-    let seq = s.resolve_ticket(claimed, &step("c1", OutcomeKind::Output), &[set("n", "1")]).await.unwrap();
+    let claimed = s.claim_ticket("t", now(), ME).await.unwrap().unwrap();
+    assert_eq!(claimed.holder(), ME);
+    let by = ApprovedBy { principal: "ed25519:approver".into(), channel: "signature".into(), at: 42 };
+    let mut resolving = step("c1", OutcomeKind::Output);
+    resolving.approved_by = Some(&by);
+    resolving.structured = true;
+    resolving.result = "{\"n\":1}";
+    let seq = s.resolve_ticket(claimed, &resolving, &[set("n", "1")], false).await.unwrap().unwrap();
     assert_eq!(state_of(s, "t").await.as_deref(), Some("resolved"));
     assert_eq!(s.tool_state("main", "notes.add").await.unwrap()["n"], "1");
     let steps = s.steps(None).await.unwrap();
     let resolved = steps.iter().find(|s| s.seq == seq).unwrap();
     assert_eq!((resolved.ticket_id.as_deref(), resolved.outcome), (Some("t"), OutcomeKind::Output));
+    assert_eq!(resolved.approved_by.as_ref(), Some(&by), "the approver is recorded on the step");
+    assert!(resolved.structured);
     assert_eq!((steps[0].ticket_id.as_deref(), steps[0].outcome), (Some("t"), OutcomeKind::Awaiting));
-    assert_eq!(s.claim_ticket("t", now()).await.unwrap().unwrap_err(), TicketError::Used("t".into()));
+    assert_eq!(steps[0].approved_by, None);
+    assert_eq!(s.claim_ticket("t", now(), ME).await.unwrap().unwrap_err(), TicketError::Used("t".into()));
     assert!(s.pending().await.unwrap().is_empty());
-
-    s.commit_step(&step("c2", OutcomeKind::Awaiting), &[], Some(&awaiting("u", "c2", i64::MAX))).await.unwrap();
-    let claimed = s.claim_ticket("u", now()).await.unwrap().unwrap();
-    s.abandon_ticket(claimed, "component changed").await.unwrap();
-    assert_eq!(state_of(s, "u").await.as_deref(), Some("resolved"));
-    assert_eq!(s.claim_ticket("u", now()).await.unwrap().unwrap_err(), TicketError::Used("u".into()));
-    assert_eq!(s.steps(None).await.unwrap().len(), 3);
 }
 
-/// A claim whose host is gone, or older than the lease, is settled once with
-/// an `executor_error` step and never handed out again; a live, fresh claim
-/// and a pending ticket are left alone.
-pub async fn claims_of_a_dead_host_are_settled_once_and_never_rerun(b: &dyn Backend) {
+/// A claim is taken over only once its holder's heartbeat is older than the
+/// lease — never while the holder beats — and then the old holder's late
+/// result is refused: one resolution, never a second step.
+pub async fn claims_are_taken_over_only_from_a_holder_whose_heartbeat_lapsed(b: &dyn Backend) {
     let j = b.create().await;
     let s = j.store.as_ref();
-    let now = now();
-    s.commit_step(&step("c1", OutcomeKind::Awaiting), &[], Some(&awaiting("t1", "c1", now + 600))).await.unwrap();
-    s.commit_step(&step("c2", OutcomeKind::Awaiting), &[], Some(&awaiting("t2", "c2", now + 600))).await.unwrap();
-    let _claimed = s.claim_ticket("t1", now).await.unwrap().unwrap();
-    assert!(s.settle_interrupted(now - 3600, &|_| true).await.unwrap().is_empty());
+    let t0 = now();
+    let lease = 60;
+    s.commit_step(&step("c1", OutcomeKind::Awaiting), &[], Some(&awaiting("t1", "c1", t0 + 6000))).await.unwrap();
+    s.commit_step(&step("c2", OutcomeKind::Awaiting), &[], Some(&awaiting("t2", "c2", t0 + 6000))).await.unwrap();
+    let old = s.claim_ticket("t1", t0, "host-old").await.unwrap().unwrap();
+    // Within the lease: nothing to take.
+    assert!(s.take_over_stale_claims(ME, t0 + lease - 1, lease).await.unwrap().is_empty());
+    // The holder keeps beating: alive long after its claim.
+    s.heartbeat("host-old", t0 + 500).await.unwrap();
+    assert!(s.take_over_stale_claims(ME, t0 + 500 + lease - 1, lease).await.unwrap().is_empty());
     assert_eq!(state_of(s, "t1").await.as_deref(), Some("claimed"));
-    assert_eq!(s.settle_interrupted(now - 3600, &|_| false).await.unwrap(), ["t1"]);
-    assert_eq!(state_of(s, "t1").await.as_deref(), Some("resolved"));
-    assert_eq!(state_of(s, "t2").await.as_deref(), Some("pending"));
-    let last = s.steps(None).await.unwrap().pop().unwrap();
-    assert_eq!((last.call_id.as_str(), last.outcome), ("c1", OutcomeKind::ExecutorError));
-    assert!(last.result.contains("interrupted") && last.result.contains("t1"), "{}", last.result);
-    assert_eq!(s.claim_ticket("t1", now).await.unwrap().unwrap_err(), TicketError::Used("t1".into()));
-    assert!(s.settle_interrupted(now + 1, &|_| false).await.unwrap().is_empty(), "settled once");
-    let _c2 = s.claim_ticket("t2", now).await.unwrap().unwrap();
-    assert_eq!(s.settle_interrupted(now + 1, &|_| true).await.unwrap(), ["t2"]);
+    // A holder never takes over its own claims.
+    assert!(s.take_over_stale_claims("host-old", t0 + 10_000, lease).await.unwrap().is_empty());
+    // Silent past the lease: taken over once, by one host.
+    let taken = s.take_over_stale_claims(ME, t0 + 500 + lease + 1, lease).await.unwrap();
+    assert_eq!(taken.iter().map(|t| t.ticket_id()).collect::<Vec<_>>(), ["t1"]);
+    assert_eq!(taken[0].holder(), ME);
+    let again = s.take_over_stale_claims("host-third", t0 + 500 + lease + 2, lease).await.unwrap();
+    assert!(again.is_empty(), "the new holder's claim is fresh");
+    assert_eq!(state_of(s, "t2").await.as_deref(), Some("pending"), "pending tickets are not claims");
+    let mut interrupted = step("c1", OutcomeKind::ExecutorError);
+    interrupted.result = "interrupted";
+    let seq = s.resolve_ticket(taken.into_iter().next().unwrap(), &interrupted, &[], false).await.unwrap().unwrap();
+    // The old holder wakes up with a result: refused, nothing written.
+    let before = s.steps(None).await.unwrap();
+    let late = s.resolve_ticket(old, &step("c1", OutcomeKind::Output), &[set("late", "1")], false).await.unwrap();
+    assert_eq!(late, Err(TicketError::Settled("t1".into())));
+    assert_eq!(s.steps(None).await.unwrap(), before, "no second step");
+    assert!(s.tool_state("main", "notes.add").await.unwrap().is_empty(), "no late change");
+    assert_eq!(before.last().unwrap().seq, seq);
+    assert_eq!(s.claim_ticket("t1", t0, ME).await.unwrap().unwrap_err(), TicketError::Used("t1".into()));
+}
+
+/// The latest ask for an exact call is found by run, Tool and argument
+/// digest; once decided, its result is delivered to one retry only.
+pub async fn a_decided_result_is_delivered_once(b: &dyn Backend) {
+    let j = b.create().await;
+    let s = j.store.as_ref();
+    let digest = "d".repeat(64);
+    assert!(s.prior_ask("run-1", "notes.add", &digest).await.unwrap().is_none());
+    s.commit_step(&step("c1", OutcomeKind::Awaiting), &[], Some(&awaiting("t", "c1", i64::MAX))).await.unwrap();
+    let prior = s.prior_ask("run-1", "notes.add", &digest).await.unwrap().expect("the ask is found");
+    assert_eq!((prior.record.ticket_id.as_str(), prior.record.state.as_str()), ("t", "pending"));
+    assert!(!prior.delivered && prior.resolution.is_none());
+    assert!(s.prior_ask("run-2", "notes.add", &digest).await.unwrap().is_none(), "another run");
+    assert!(s.prior_ask("run-1", "notes.add", &"e".repeat(64)).await.unwrap().is_none(), "other arguments");
+    // Not decided yet: nothing to deliver.
+    assert_eq!(s.deliver("t", &step("retry-0", OutcomeKind::Output)).await.unwrap(), None);
+    let claimed = s.claim_ticket("t", now(), ME).await.unwrap().unwrap();
+    let mut out = step("c1", OutcomeKind::Output);
+    out.result = "done";
+    let resolved_seq = s.resolve_ticket(claimed, &out, &[], false).await.unwrap().unwrap();
+    let prior = s.prior_ask("run-1", "notes.add", &digest).await.unwrap().unwrap();
+    assert_eq!(prior.record.state, "resolved");
+    let resolution = prior.resolution.expect("the resolving step");
+    assert_eq!((resolution.seq, resolution.result.as_str()), (resolved_seq, "done"));
+    let seq = s.deliver("t", &step("retry-1", OutcomeKind::Output)).await.unwrap().expect("delivered to one retry");
+    assert!(seq > resolved_seq);
+    assert_eq!(s.deliver("t", &step("retry-2", OutcomeKind::Output)).await.unwrap(), None, "once");
+    assert!(s.prior_ask("run-1", "notes.add", &digest).await.unwrap().unwrap().delivered);
+    let steps = s.steps(None).await.unwrap();
+    assert_eq!(steps.iter().filter(|s| s.call_id.starts_with("retry")).count(), 1);
+    // A result that went back in the conversation is not delivered again.
+    s.commit_step(&step("c2", OutcomeKind::Awaiting), &[], Some(&awaiting("u", "c2", i64::MAX))).await.unwrap();
+    let claimed = s.claim_ticket("u", now(), ME).await.unwrap().unwrap();
+    s.resolve_ticket(claimed, &step("c2", OutcomeKind::Output), &[], true).await.unwrap().unwrap();
+    assert_eq!(s.deliver("u", &step("retry-3", OutcomeKind::Output)).await.unwrap(), None);
 }
 
 /// Everything acknowledged is there when the journal is opened again.
@@ -237,7 +310,7 @@ pub async fn a_journal_survives_reopening(b: &dyn Backend) {
     let again = b.open(&locator).await;
     assert_eq!(again.tool_state("main", "notes.add").await.unwrap()["k"], "v");
     assert_eq!(again.pending().await.unwrap()[0].ticket_id, "t");
-    assert!(again.claim_ticket("t", now()).await.unwrap().is_ok());
+    assert!(again.claim_ticket("t", now(), ME).await.unwrap().is_ok());
     drop(keep);
 }
 
@@ -258,7 +331,7 @@ pub async fn handles_racing_for_one_ticket_yield_one_winner(b: &dyn Backend) {
             let (ticket, barrier) = (ticket.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                s.claim_ticket(&ticket, now()).await.unwrap().map(|c| c.ticket_id().to_owned())
+                s.claim_ticket(&ticket, now(), ME).await.unwrap().map(|c| c.ticket_id().to_owned())
             })
         };
         let (ra, rc) = (race(a), race(c));
@@ -278,7 +351,7 @@ pub async fn processes_racing_for_one_ticket_yield_one_winner(b: &dyn Backend, t
     if let Ok(spec) = std::env::var(CHILD) {
         let (locator, ticket) = spec.split_once('\t').expect("locator<TAB>ticket");
         let s = b.open(locator).await;
-        let outcome = match s.claim_ticket(ticket, now()).await.unwrap() {
+        let outcome = match s.claim_ticket(ticket, now(), &format!("host-{}", std::process::id())).await.unwrap() {
             Ok(_) => "won".to_owned(),
             Err(e) => format!("{e:?}"),
         };
@@ -386,12 +459,13 @@ pub async fn the_previous_schema_version_migrates(b: &dyn Backend) {
     );
     assert_eq!(s.tool_state("main", "notes.add").await.unwrap()["k"], "\"v\"");
     assert_eq!(s.pending().await.unwrap().iter().map(|a| a.ticket_id.as_str()).collect::<Vec<_>>(), ["t-old"]);
-    let claimed = s.claim_ticket("t-old", now()).await.unwrap().expect("the old ticket is claimable");
+    let claimed = s.claim_ticket("t-old", now(), ME).await.unwrap().expect("the old ticket is claimable");
     let mut resolving = step("c-old-2", OutcomeKind::Output);
     resolving.run_id = "run-old";
-    let seq = s.resolve_ticket(claimed, &resolving, &[]).await.unwrap();
+    let seq = s.resolve_ticket(claimed, &resolving, &[], false).await.unwrap().unwrap();
     assert!(seq > steps[1].seq, "new steps come after the old ones");
-    assert_eq!(s.claim_ticket("t-old", now()).await.unwrap().unwrap_err(), TicketError::Used("t-old".into()));
+    assert_eq!(s.claim_ticket("t-old", now(), ME).await.unwrap().unwrap_err(), TicketError::Used("t-old".into()));
+    assert_eq!(s.run("run-old").await.unwrap().map(|r| r.agent), Some("main".to_owned()));
     drop(s);
     drop(legacy.keep);
 }
@@ -406,7 +480,8 @@ macro_rules! conformance_suite {
             a_failed_write_rolls_back_step_and_changes,
             tickets_are_claimed_once,
             resolving_a_ticket_commits_its_step_and_changes,
-            claims_of_a_dead_host_are_settled_once_and_never_rerun,
+            claims_are_taken_over_only_from_a_holder_whose_heartbeat_lapsed,
+            a_decided_result_is_delivered_once,
             a_journal_survives_reopening,
             handles_racing_for_one_ticket_yield_one_winner,
             concurrent_commits_are_all_durable_and_fail_alone,
@@ -452,12 +527,14 @@ impl Backend for SqliteFile {
         c.execute_batch(&toolgate::store::sqlite::schema_at(version)).unwrap();
         c.pragma_update(None, "user_version", version).unwrap();
         c.execute_batch(&format!(
-            "INSERT INTO runs VALUES ('run-old', 'main', 'configured', 1);
+            "INSERT INTO runs (run_id, agent, narrowing, started_at) VALUES ('run-old', 'main', 'configured', 1);
              INSERT INTO steps (run_id, call_id, tool_id, arguments, verdict, outcome, result, captured, ticket_id, committed_at)
                VALUES ('run-old', 'c-old-1', 'notes.add', '{{}}', 'allow', 'output', 'ok', '{{}}', NULL, 1),
                       ('run-old', 'c-old-2', 'notes.add', '{{}}', 'ask', 'awaiting', 'awaiting', '{{}}', 't-old', 2);
-             INSERT INTO awaiting VALUES ('t-old', 'run-old', 'main', 'c-old-2', 'notes.add', '{{}}', '{}', '{}', {}, 'pending');
-             INSERT INTO tool_state VALUES ('main', 'notes.add', 'k', '\"v\"');",
+             INSERT INTO awaiting (ticket_id, run_id, agent, call_id, tool_id, arguments, argument_digest,
+                                   component_digest, expires_at, state)
+               VALUES ('t-old', 'run-old', 'main', 'c-old-2', 'notes.add', '{{}}', '{}', '{}', {}, 'pending');
+             INSERT INTO tool_state (agent, tool_id, key, value) VALUES ('main', 'notes.add', 'k', '\"v\"');",
             "d".repeat(64),
             Digest::of(b"component").hex(),
             i64::MAX

@@ -103,7 +103,7 @@ pub fn runtime_for(config: &Config, agent: &str) -> Runtime {
     let executor =
         Arc::new(Executor::new(ExecutorSettings::new(config.limits.clone(), Some(config.cache.clone()))).unwrap());
     let store: Arc<dyn StepStore> = Arc::new(SqliteJournal::open_store(&config.store).unwrap());
-    Runtime::new(snapshot, executor, store, config.limits.ticket_ttl_secs)
+    Runtime::new(snapshot, executor, store, toolgate::RuntimeSettings::of(config))
 }
 
 /// Write `bytes` to `dir/name`.

@@ -13,6 +13,7 @@ use toolgate::runtime::StepResult;
 use toolgate::store::StepStore;
 use toolgate::{Catalog, Config, ExecutableAgentSnapshot, Runtime, ToolCapabilityNarrowing};
 
+mod approve;
 mod serve;
 
 /// Exit codes: callers (scripts, CI) tell outcomes apart without parsing text.
@@ -29,8 +30,8 @@ mod exit {
 #[derive(Parser)]
 #[command(name = "toolgate", version, about = "A WebAssembly plugin host for AI-agent Tools")]
 struct Cli {
-    /// Config file.
-    #[arg(long, short, global = true, default_value = "toolgate.toml")]
+    /// Config file (or `TOOLGATE_CONFIG`).
+    #[arg(long, short, global = true, env = "TOOLGATE_CONFIG", default_value = "toolgate.toml")]
     config: PathBuf,
     /// Agent whose view and policy apply.
     #[arg(long, global = true, default_value = "default")]
@@ -76,19 +77,30 @@ enum Command {
         /// Start the run with tools disabled (every call is blocked).
         #[arg(long)]
         no_tools: bool,
+        /// If the call awaits approval, wait until an approver decides (or the
+        /// request expires), then print the decided result.
+        #[arg(long)]
+        wait: bool,
     },
-    /// Approve a ticket: execute exactly the stored call, once.
+    /// Approve a ticket as an approver: execute exactly the stored call, once.
+    /// With `[approval] keys`, sign with `--key`; without, confirm on a terminal.
     Approve {
-        /// Ticket id.
+        /// Ticket id (from `toolgate journal --awaiting`, shown to approvers).
         ticket: String,
+        /// An approver's secret key (its public key listed in `[approval] keys`).
+        #[arg(long)]
+        key: Option<PathBuf>,
     },
-    /// Deny a ticket: commit a blocked result.
+    /// Deny a ticket as an approver: commit a blocked result the model reads.
     Deny {
         /// Ticket id.
         ticket: String,
         /// Why (the model reads it).
         #[arg(long, default_value = "denied by operator")]
         reason: String,
+        /// An approver's secret key (its public key listed in `[approval] keys`).
+        #[arg(long)]
+        key: Option<PathBuf>,
     },
     /// Agent Skills: pack a Skill folder into a Tool component.
     Skill {
@@ -100,11 +112,14 @@ enum Command {
         #[command(subcommand)]
         command: McpCommand,
     },
-    /// Make an ed25519 key pair for signing components: writes the secret key (mode 0600), prints the public key.
+    /// Make an ed25519 key pair: writes the secret key (mode 0600), prints the config entry that trusts it.
     Keygen {
         /// Where to write the secret key.
         #[arg(short, long)]
         output: PathBuf,
+        /// What the key is for: `signing` (a publisher's components) or `approval` (an approver's decisions).
+        #[arg(long = "for", default_value = "signing", value_parser = ["signing", "approval"])]
+        purpose: String,
     },
     /// Sign a component with a secret key from `toolgate keygen`: writes FILE.sig next to it.
     Sign {
@@ -123,9 +138,12 @@ enum Command {
         /// Only this run.
         #[arg(long)]
         run: Option<String>,
-        /// Show pending tickets instead of steps.
+        /// Show pending approval requests instead of steps (tickets only to an approver).
         #[arg(long)]
         awaiting: bool,
+        /// With `--awaiting`: an approver key (listed in `[approval] keys`), to see tickets.
+        #[arg(long)]
+        key: Option<PathBuf>,
     },
 }
 
@@ -244,24 +262,31 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             let snapshot = ExecutableAgentSnapshot::build(&config, &cli.agent, catalog)?;
             list(&config, &snapshot, *all, cli.json)
         }
-        Command::Call { tool, args, run, no_tools } => {
+        Command::Call { tool, args, run, no_tools, wait } => {
             let host = open_host(&cli).await?;
             let arguments: serde_json::Value =
                 serde_json::from_str(args).with_context(|| format!("--args is not JSON: {args}"))?;
             let narrowing =
                 if *no_tools { ToolCapabilityNarrowing::DenyAll } else { ToolCapabilityNarrowing::Configured };
             let run = host.runtime.start_run(run.clone(), narrowing).await?;
-            let result = run.call(tool, arguments).await?;
+            let mut result = run.call(tool, arguments.clone()).await?;
+            if let (true, StepResult::Awaiting { ticket, expires_at, correlation, .. }) = (*wait, &result) {
+                wait_for_decision(&host.runtime, ticket, *expires_at, correlation).await?;
+                // The identical call in the same run receives the decided result, once.
+                result = run.call(tool, arguments).await?;
+            }
             Ok(report(&result, Some(run.id()), cli.json))
         }
-        Command::Approve { ticket } => {
+        Command::Approve { ticket, key } => {
             let host = open_host(&cli).await?;
-            let result = host.runtime.approve(ticket).await?;
+            let decision = toolgate::approval::Decision::Approve;
+            let result = approve::decide(&host.config, &host.runtime, ticket, key.as_deref(), decision).await?;
             Ok(report(&result, None, cli.json))
         }
-        Command::Deny { ticket, reason } => {
+        Command::Deny { ticket, reason, key } => {
             let host = open_host(&cli).await?;
-            let result = host.runtime.deny(ticket, reason).await?;
+            let decision = toolgate::approval::Decision::Deny { reason: reason.clone() };
+            let result = approve::decide(&host.config, &host.runtime, ticket, key.as_deref(), decision).await?;
             Ok(report(&result, None, cli.json))
         }
         Command::Skill { command: SkillCommand::Pack { dir, output } } => {
@@ -280,11 +305,11 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             let source = emit_source.as_deref();
             mcp_import(&cli.config, url, credential.as_deref(), name.as_deref(), output, source).await
         }
-        Command::Keygen { output } => {
-            let (secret, public) = toolgate::catalog::signing::keygen().map_err(anyhow::Error::msg)?;
+        Command::Keygen { output, purpose } => {
+            let (secret, public) = toolgate::keys::keygen().map_err(anyhow::Error::msg)?;
             write_private(output, &secret)?;
             eprintln!("wrote the secret key to {}; trust it with:", output.display());
-            println!("[signing]\nkeys = [\"{public}\"]");
+            println!("[{purpose}]\nkeys = [\"{public}\"]");
             Ok(exit::OUTPUT)
         }
         Command::Sign { file, key } => {
@@ -321,15 +346,41 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             server.serve_stdio().await?;
             Ok(exit::OUTPUT)
         }
-        Command::Journal { run, awaiting } => {
+        Command::Journal { run, awaiting: true, key } => {
+            if run.is_some() {
+                anyhow::bail!(
+                    "`--run` and `--awaiting` do not go together; list pending requests with `--awaiting` alone"
+                );
+            }
+            let host = open_host(&cli).await?;
+            approve::list_pending(&host.config, &host.runtime, key.as_deref(), cli.json).await?;
+            Ok(exit::OUTPUT)
+        }
+        Command::Journal { run, awaiting: false, .. } => {
             let config = Config::load(&cli.config)?;
             let store = toolgate::host::store(&config)?;
-            journal(store.as_ref(), run.as_deref(), *awaiting, cli.json).await
+            journal(store.as_ref(), run.as_deref(), cli.json).await
         }
     }
 }
 
-/// Print a step result; the exit code says which kind it was.
+/// Poll until an approver decided `ticket` (or it expired).
+async fn wait_for_decision(runtime: &Runtime, ticket: &str, expires_at: i64, correlation: &str) -> Result<()> {
+    eprintln!("toolgate: waiting for an approver to decide request {}", safe(correlation));
+    loop {
+        let state = runtime.store().awaiting(ticket).await?.map(|r| r.state);
+        if state.as_deref() == Some("resolved") {
+            return Ok(());
+        }
+        if toolgate::store::now() >= expires_at {
+            anyhow::bail!("request {correlation} expired before an approver decided it; make the call again");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// Print a step result; the exit code says which kind it was. Nothing
+/// printed here (stdout or stderr) holds a ticket: the caller may be the model.
 fn report(result: &StepResult, run: Option<&str>, as_json: bool) -> u8 {
     let (kind, code) = match result {
         StepResult::Output { .. } => ("output", exit::OUTPUT),
@@ -342,8 +393,8 @@ fn report(result: &StepResult, run: Option<&str>, as_json: bool) -> u8 {
         if let StepResult::Output { content: toolgate::sandbox::executor::Content::Json(j), .. } = result {
             v["result"] = j.clone();
         }
-        if let StepResult::Awaiting { ticket, expires_at, .. } = result {
-            v["ticket"] = json!(ticket);
+        if let StepResult::Awaiting { correlation, expires_at, .. } = result {
+            v["request"] = json!(correlation);
             v["expires_at"] = json!(expires_at);
         }
         if let Some(r) = run {
@@ -352,18 +403,35 @@ fn report(result: &StepResult, run: Option<&str>, as_json: bool) -> u8 {
         println!("{v}");
     } else {
         match result {
-            StepResult::Output { .. } => println!("{}", result.model_text()),
-            StepResult::Awaiting { ticket, .. } => {
-                println!("awaiting approval: ticket {ticket}");
+            StepResult::Output { .. } => println!("{}", safe(&result.model_text())),
+            StepResult::Awaiting { correlation, .. } => {
+                println!("awaiting approval: request {}", safe(correlation));
                 eprintln!(
-                    "hint: approve with `toolgate approve {ticket}` or deny with `toolgate deny {ticket} --reason ...`"
+                    "hint: an approver lists it with `toolgate journal --awaiting` and decides with `toolgate approve` or \
+                     `toolgate deny`; then make the same call with `--run {}` (or pass `--wait`)",
+                    run.unwrap_or("RUN")
                 );
             }
-            StepResult::Blocked { reason, .. } => println!("blocked: {reason}"),
-            other => println!("{kind}: {}", other.model_text()),
+            StepResult::Blocked { reason, .. } => println!("blocked: {}", safe(reason)),
+            other => println!("{kind}: {}", safe(&other.model_text())),
         }
     }
     code
+}
+
+/// Text for a terminal: control characters (which could move the cursor,
+/// recolor, or fake a prompt) are shown escaped; `--json` output is exact JSON.
+pub(crate) fn safe(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    std::borrow::Cow::Owned(
+        s.chars()
+            .map(
+                |c| if c.is_control() && c != '\n' && c != '\t' { c.escape_default().collect() } else { c.to_string() },
+            )
+            .collect(),
+    )
 }
 
 /// Write a file readable by its owner only (secret keys).
@@ -520,22 +588,9 @@ fn list(config: &Config, snapshot: &ExecutableAgentSnapshot, all: bool, as_json:
     Ok(exit::OUTPUT)
 }
 
-async fn journal(store: &dyn StepStore, run: Option<&str>, awaiting: bool, as_json: bool) -> Result<u8> {
-    if awaiting {
-        let pending = store.pending().await?;
-        for a in pending {
-            if as_json {
-                println!(
-                    "{}",
-                    json!({ "ticket": a.ticket_id, "run": a.run_id, "agent": a.agent, "call": a.call_id, "tool": a.tool_id, "arguments": a.arguments, "component": a.component_digest.to_string(), "expires_at": a.expires_at })
-                );
-            } else {
-                println!("{}  {} {}  (agent {}, run {})", a.ticket_id, a.tool_id, a.arguments, a.agent, a.run_id);
-            }
-        }
-        return Ok(exit::OUTPUT);
-    }
+async fn journal(store: &dyn StepStore, run: Option<&str>, as_json: bool) -> Result<u8> {
     for s in store.steps(run).await? {
+        let approved = s.approved_by.as_ref();
         if as_json {
             println!(
                 "{}",
@@ -543,19 +598,22 @@ async fn journal(store: &dyn StepStore, run: Option<&str>, awaiting: bool, as_js
                     "seq": s.seq, "run": s.run_id, "call": s.call_id, "tool": s.tool_id,
                     "arguments": s.arguments, "verdict": s.verdict, "outcome": s.outcome.as_str(),
                     "result": s.result, "captured": serde_json::from_str::<serde_json::Value>(&s.captured).unwrap_or_default(),
-                    "ticket": s.ticket_id,
+                    "approved_by": approved.map(|a| json!({ "principal": a.principal, "channel": a.channel, "at": a.at })),
                 })
             );
         } else {
             println!(
-                "#{:<4} {} {} {} → {} [{}] {}",
+                "#{:<4} {} {} {} → {} [{}] {}{}",
                 s.seq,
-                s.run_id,
-                s.tool_id,
-                s.arguments,
+                safe(&s.run_id),
+                safe(&s.tool_id),
+                safe(&s.arguments),
                 s.outcome.as_str(),
                 s.verdict,
-                one_line(&s.result, 120)
+                safe(&one_line(&s.result, 120)),
+                approved
+                    .map(|a| format!("  (approved by {} via {})", safe(&a.principal), a.channel))
+                    .unwrap_or_default()
             );
         }
     }

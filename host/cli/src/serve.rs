@@ -7,7 +7,9 @@
 //! tool is a protocol error. RequireConfirmation asks the client through
 //! elicitation when it declared that capability (accept executes exactly the
 //! stored call through its ticket; decline or cancel commits a blocked
-//! result); otherwise the result names the ticket and `toolgate approve`.
+//! result; the journal records the client as the approver); otherwise the
+//! result names the pending request — never its ticket — and an approver
+//! decides it out of band; the identical call later gets the decided result.
 //! When the plugin directory changes, the catalog reloads and the client gets
 //! `notifications/tools/list_changed`.
 //!
@@ -135,30 +137,37 @@ impl McpServer {
             Err(e) => return Err(ErrorData::internal_error(e.to_string(), None)),
         };
         let result = match result {
-            StepResult::Awaiting { ticket, .. } => self.confirm(&runtime, name, &arguments, &ticket, context).await?,
+            StepResult::Awaiting { ticket, correlation, expires_at, seq } => {
+                let awaiting = StepResult::Awaiting { seq, correlation, ticket: ticket.clone(), expires_at };
+                self.confirm(&runtime, name, &arguments, &ticket, awaiting, context).await?
+            }
             other => other,
         };
         Ok(to_mcp_result(&result, descriptor.as_ref()))
     }
 
-    /// Ask the human through the client, or say how to approve.
+    /// Ask the human through the client's own UI; a client that cannot ask
+    /// gets the pending request (no ticket: the model may read the result)
+    /// and an approver decides it out of band.
     async fn confirm(
         &self,
         runtime: &Runtime,
         name: &str,
         arguments: &serde_json::Value,
         ticket: &str,
+        awaiting: StepResult,
         context: &RequestContext<RoleServer>,
     ) -> Result<StepResult, ErrorData> {
-        let can_elicit = context.peer.peer_info().is_some_and(|info| info.capabilities.elicitation.is_some());
+        let info = context.peer.peer_info();
+        let can_elicit = info.as_ref().is_some_and(|info| info.capabilities.elicitation.is_some());
         if !can_elicit {
             return Ok(StepResult::ToolError {
                 seq: 0,
-                message: format!(
-                    "`{name}` needs human approval and this client cannot ask; approve it with `toolgate approve {ticket}` (or deny with `toolgate deny {ticket}`), then ask again"
-                ),
+                message: format!("`{name}` needs human approval and this client cannot ask: {}", awaiting.model_text()),
             });
         }
+        let client = info.map(|i| i.client_info.name.clone()).unwrap_or_else(|| "an MCP client".into());
+        let approval = toolgate::Approval::by_mcp_client(client);
         let schema: ElicitationSchema = ElicitationSchema::builder()
             .required_bool_property("confirm", |b| b.title("Run this call?"))
             .build_unchecked();
@@ -179,14 +188,14 @@ impl McpServer {
             }
         };
         let step = if approved {
-            runtime.approve(ticket).await
+            runtime.approve(ticket, &approval).await
         } else {
             let why = match &answer {
                 Ok(r) if r.action == ElicitationAction::Cancel => "cancelled by the user",
                 Ok(_) => "declined by the user",
                 Err(_) => "the approval request failed",
             };
-            runtime.deny(ticket, why).await
+            runtime.deny(ticket, why, &approval).await
         };
         step.map_err(|e| ErrorData::internal_error(e.to_string(), None))
     }

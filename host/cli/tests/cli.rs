@@ -31,7 +31,26 @@ rules = [
 "#,
     )
     .unwrap();
+    let approval = approver_key(dir.path());
+    let mut config = std::fs::OpenOptions::new().append(true).open(dir.path().join("toolgate.toml")).unwrap();
+    std::io::Write::write_all(&mut config, approval.as_bytes()).unwrap();
     dir
+}
+
+/// Make `approver.key` in `dir` and return the `[approval]` section that trusts it.
+fn approver_key(dir: &Path) -> String {
+    let out = tg(dir, &["keygen", "--for", "approval", "-o", "approver.key"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// The one pending ticket, as an approver lists it.
+fn pending_ticket(dir: &Path) -> String {
+    let out = tg(dir, &["--json", "journal", "--awaiting", "--key", "approver.key"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let lines: Vec<serde_json::Value> = text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    lines[0]["ticket"].as_str().expect("an approver sees the ticket").to_owned()
 }
 
 fn tg(dir: &Path, args: &[&str]) -> Output {
@@ -54,11 +73,11 @@ fn exit_codes_tell_output_tool_error_blocked_awaiting_and_config_error_apart() {
     assert_eq!(out.status.code(), Some(12));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["outcome"], "awaiting");
-    let ticket = v["ticket"].as_str().unwrap().to_owned();
+    let ticket = pending_ticket(d);
 
-    let out = tg(d, &["approve", &ticket]);
+    let out = tg(d, &["approve", &ticket, "--key", "approver.key"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let out = tg(d, &["approve", &ticket]);
+    let out = tg(d, &["approve", &ticket, "--key", "approver.key"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("already used"), "{}", text(&out.stderr));
 
@@ -199,4 +218,146 @@ fn with_trusted_keys_only_components_signed_by_them_load() {
     let out = tg(d, &["list"]);
     assert_eq!(out.status.code(), Some(3));
     assert!(text(&out.stderr).contains("signing.keys"), "{}", text(&out.stderr));
+}
+
+/// Everything a model-facing caller of `call` can read, and everything in the
+/// journal's steps: none of it may hold `ticket`.
+fn assert_no_ticket(what: &str, bytes: &[u8], ticket: &str) {
+    assert!(!text(bytes).contains(ticket), "{what} holds the ticket: {}", text(bytes));
+}
+
+#[test]
+fn the_ticket_reaches_only_the_approver_and_the_retry_gets_the_result_once() {
+    let dir = setup();
+    let d = dir.path();
+    let args = r#"{"op":"add","note":"milk"}"#;
+    let asked = tg(d, &["--json", "call", "notes", "--args", args]);
+    assert_eq!(asked.status.code(), Some(12));
+    let v: serde_json::Value = serde_json::from_slice(&asked.stdout).unwrap();
+    let (run, request) = (v["run"].as_str().unwrap().to_owned(), v["request"].as_str().unwrap().to_owned());
+    assert!(v.get("ticket").is_none(), "{v}");
+    let text_mode = tg(d, &["call", "notes", "--args", r#"{"op":"add","note":"eggs"}"#]);
+    assert_eq!(text_mode.status.code(), Some(12));
+    let eggs_run = text(&text_mode.stderr).split("--run ").nth(1).unwrap().split('`').next().unwrap().to_owned();
+
+    // Not an approver: no key, no terminal. Tickets stay hidden.
+    let listed = tg(d, &["--json", "journal", "--awaiting"]);
+    assert_eq!(listed.status.code(), Some(0));
+    assert!(text(&listed.stderr).contains("approvers only"), "{}", text(&listed.stderr));
+    let requests: Vec<serde_json::Value> =
+        text(&listed.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(requests.len(), 2);
+    assert!(requests.iter().all(|r| r.get("ticket").is_none()), "{requests:?}");
+    let all = tg(d, &["--json", "journal", "--awaiting", "--key", "approver.key"]);
+    let tickets: Vec<(String, String)> = text(&all.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .map(|v| (v["request"].as_str().unwrap().to_owned(), v["ticket"].as_str().unwrap().to_owned()))
+        .collect();
+    let ticket = tickets.iter().find(|(r, _)| *r == request).map(|(_, t)| t.clone()).unwrap();
+    let eggs = tickets.iter().find(|(r, _)| *r != request).map(|(_, t)| t.clone()).unwrap();
+    for (what, out) in [("call --json", &asked), ("call", &text_mode), ("journal --awaiting", &listed)] {
+        assert_no_ticket(&format!("{what} stdout"), &out.stdout, &ticket);
+        assert_no_ticket(&format!("{what} stderr"), &out.stderr, &ticket);
+        assert_no_ticket(&format!("{what} stdout"), &out.stdout, &eggs);
+        assert_no_ticket(&format!("{what} stderr"), &out.stderr, &eggs);
+    }
+    for journal in [tg(d, &["journal"]), tg(d, &["--json", "journal"])] {
+        assert_no_ticket("journal", &journal.stdout, &ticket);
+    }
+
+    // Knowing the ticket is not enough: no key (and no terminal), or a key not trusted, decides nothing.
+    let bare = tg(d, &["approve", &ticket]);
+    assert_eq!(bare.status.code(), Some(1));
+    assert!(text(&bare.stderr).contains("--key"), "{}", text(&bare.stderr));
+    tg(d, &["keygen", "--for", "approval", "-o", "stranger.key"]);
+    let stranger = tg(d, &["approve", &ticket, "--key", "stranger.key"]);
+    assert_eq!(stranger.status.code(), Some(1));
+    assert!(text(&stranger.stderr).contains("does not verify"), "{}", text(&stranger.stderr));
+    let stranger_list = tg(d, &["journal", "--awaiting", "--key", "stranger.key"]);
+    assert_eq!(stranger_list.status.code(), Some(1), "a key not in [approval] keys lists no tickets");
+    let still = tg(d, &["--json", "journal", "--awaiting", "--key", "approver.key"]);
+    assert_eq!(text(&still.stdout).lines().count(), 2, "refused decisions leave both requests pending");
+    let steps = tg(d, &["--json", "journal"]);
+    assert_eq!(text(&steps.stdout).lines().count(), 2, "nothing ran: two awaiting steps only");
+
+    // The approver decides; the journal records who, how and when.
+    let approved = tg(d, &["--json", "approve", &ticket, "--key", "approver.key"]);
+    assert_eq!(approved.status.code(), Some(0), "{}", text(&approved.stderr));
+    assert!(text(&approved.stderr).contains("notes") && text(&approved.stderr).contains("milk"), "the call is shown");
+    let public = std::fs::read_to_string(d.join("toolgate.toml")).unwrap();
+    let public = public.split("keys = [\"").nth(1).unwrap().split('"').next().unwrap().to_owned();
+    let last: serde_json::Value =
+        serde_json::from_str(text(&tg(d, &["--json", "journal"]).stdout).lines().last().unwrap()).unwrap();
+    assert_eq!(last["approved_by"]["principal"], public.as_str());
+    assert_eq!(last["approved_by"]["channel"], "signature");
+    assert!(last["approved_by"]["at"].as_i64().unwrap() > 0);
+    let denied = tg(d, &["deny", &eggs, "--key", "approver.key", "--reason", "no eggs"]);
+    assert_eq!(denied.status.code(), Some(11), "{}", text(&denied.stderr));
+
+    // The agent's identical retry in the same run gets the decided result, once.
+    let retry = tg(d, &["--json", "call", "notes", "--args", args, "--run", &run]);
+    assert_eq!(retry.status.code(), Some(0), "{}", text(&retry.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&retry.stdout).unwrap();
+    assert_eq!(v["result"], serde_json::json!({"notes": ["milk"]}));
+    let again = tg(d, &["--json", "call", "notes", "--args", args, "--run", &run]);
+    assert_eq!(again.status.code(), Some(12), "a second retry asks again");
+    let denied_retry = tg(d, &["call", "notes", "--args", r#"{"op":"add","note":"eggs"}"#, "--run", &eggs_run]);
+    assert_eq!(denied_retry.status.code(), Some(11));
+    assert!(text(&denied_retry.stdout).contains("no eggs"), "{}", text(&denied_retry.stdout));
+    // A different call in the run is gated as usual.
+    let other = tg(d, &["call", "text.upper", "--args", r#"{"text":"x"}"#, "--run", &run]);
+    assert_eq!(other.status.code(), Some(0));
+}
+
+#[test]
+fn without_approver_keys_a_decision_needs_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir(d.join("plugins")).unwrap();
+    std::fs::write(d.join("plugins/notes.wasm"), packed(guests::NOTES)).unwrap();
+    std::fs::write(
+        d.join("toolgate.toml"),
+        "plugins = \"plugins\"\nstore = \"journal.db\"\ncache = \"cache\"\n[agents.default]\nvisible = [\"notes\"]\nrules = [{ pattern = \"notes\", behavior = \"ask\" }]\n",
+    )
+    .unwrap();
+    assert_eq!(tg(d, &["call", "notes", "--args", r#"{"op":"add","note":"a"}"#]).status.code(), Some(12));
+    let ticket = {
+        let store = toolgate::SqliteJournal::open(&d.join("journal.db")).unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(toolgate::store::StepStore::pending(&store)).unwrap()[0].ticket_id.clone()
+    };
+    // An agent's shell has no terminal: refused, with the fix named; still pending.
+    let out = tg(d, &["approve", &ticket]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("[approval] keys"), "{}", text(&out.stderr));
+    let listed = tg(d, &["--json", "journal", "--awaiting"]);
+    assert_eq!(text(&listed.stdout).lines().count(), 1);
+    assert!(!text(&listed.stdout).contains(&ticket), "no terminal, no ticket");
+    // On a terminal (a pseudo-terminal here), the exact call is shown and a typed word decides.
+    let run_on_tty = |input: &str| {
+        let mut child = Command::new("script")
+            .args(["-qec", &format!("{} approve {ticket}", env!("CARGO_BIN_EXE_toolgate")), "/dev/null"])
+            .current_dir(d)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(child.stdin.as_mut().unwrap(), input.as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let wrong = run_on_tty("yes\n");
+    assert_ne!(wrong.status.code(), Some(0), "{}", text(&wrong.stdout));
+    assert!(text(&wrong.stdout).contains("not confirmed"), "{}", text(&wrong.stdout));
+    let right = run_on_tty("approve\n");
+    assert_eq!(right.status.code(), Some(0), "{}", text(&right.stdout));
+    assert!(
+        text(&right.stdout).contains(r#""note":"a""#) && text(&right.stdout).contains("notes"),
+        "the exact call is shown"
+    );
+    let last: serde_json::Value =
+        serde_json::from_str(text(&tg(d, &["--json", "journal"]).stdout).lines().last().unwrap()).unwrap();
+    assert_eq!(last["approved_by"]["channel"], "terminal");
+    assert!(last["approved_by"]["principal"].as_str().unwrap().contains("uid"), "{last}");
 }

@@ -26,13 +26,17 @@ use toolgate_tests::{PREAMBLE, guests, packed};
 const CONFIG: &str = r#"
 [limits]
 timeout_ms = 2000
+# A killed approver's claim is settled by the next host to start once its
+# heartbeat is a second old.
+claim_lease_secs = 1
 [agents.default]
-visible = ["notes"]
+visible = ["notes", "hostile.loop"]
 default = "deny"
 rules = [
   { pattern = 'notes(op = "add")', behavior = "allow" },
   { pattern = 'notes(note ~ "ask-*")', behavior = "ask" },
   { pattern = 'notes(op = "list")', behavior = "allow" },
+  { pattern = 'hostile.loop', behavior = "ask" },
 ]
 "#;
 
@@ -74,6 +78,14 @@ fn run_or_kill(mut cmd: Command, kill_after: Duration) -> Option<Output> {
     }
 }
 
+/// The ticket of pending request `request`, as an approver reads it.
+async fn ticket_of(dir: &Path, request: &str) -> String {
+    let config = Config::load(&dir.join("toolgate.toml")).unwrap();
+    let journal = SqliteJournal::open(&config.store).unwrap();
+    let pending = journal.pending().await.unwrap();
+    pending.into_iter().find(|a| a.call_id == request).map(|a| a.ticket_id).expect("the request is pending")
+}
+
 fn json_out(o: &Output) -> Value {
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
         panic!("{e}: {}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
@@ -84,7 +96,16 @@ fn setup() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("plugins")).unwrap();
     std::fs::write(dir.path().join("plugins/notes.wasm"), packed(guests::NOTES)).unwrap();
-    std::fs::write(dir.path().join("toolgate.toml"), format!("{PREAMBLE}{CONFIG}")).unwrap();
+    std::fs::write(dir.path().join("plugins/hostile.wasm"), packed(guests::HOSTILE)).unwrap();
+    // The harness is the approver: its key is the one `[approval] keys` trusts.
+    let o = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .current_dir(dir.path())
+        .args(["keygen", "--for", "approval", "-o", "approver.key"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let approval = String::from_utf8(o.stdout).unwrap();
+    std::fs::write(dir.path().join("toolgate.toml"), format!("{PREAMBLE}{CONFIG}{approval}")).unwrap();
     // Compile once (the cache is shared by every process after), so kills land in calls, not compiles.
     let o = host(dir.path(), &["call", "notes", "--args", r#"{"op":"list"}"#]).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -116,7 +137,7 @@ async fn killing_the_host_at_random_points_loses_and_repeats_nothing() {
         let approve = !pending.is_empty() && rng.below(3) == 0;
         if approve {
             let ticket = pending[rng.below(pending.len() as u64) as usize].clone();
-            match run_or_kill(host(d, &["approve", &ticket]), kill_after) {
+            match run_or_kill(host(d, &["approve", &ticket, "--key", "approver.key"]), kill_after) {
                 None => killed += 1,
                 Some(o) => {
                     let code = o.status.code();
@@ -141,7 +162,8 @@ async fn killing_the_host_at_random_points_loses_and_repeats_nothing() {
                             acked_notes.insert(note);
                         }
                         Some("awaiting") => {
-                            acked_tickets.insert(v["ticket"].as_str().unwrap().to_owned());
+                            assert!(v.get("ticket").is_none(), "a ticket reached the caller: {v}");
+                            acked_tickets.insert(ticket_of(d, v["request"].as_str().unwrap()).await);
                         }
                         other => panic!("unexpected outcome {other:?}: {v}"),
                     }
@@ -150,7 +172,16 @@ async fn killing_the_host_at_random_points_loses_and_repeats_nothing() {
         }
     }
 
-    // Restart: a new process settles claims of the dead ones, then every ticket is accounted for.
+    // One approver is certainly killed mid-call: an approved `hostile.loop` spins
+    // until its deadline, and the process dies holding the claim.
+    let o = host(d, &["call", "hostile.loop"]).output().unwrap();
+    let looping = ticket_of(d, json_out(&o)["request"].as_str().unwrap()).await;
+    assert!(
+        run_or_kill(host(d, &["approve", &looping, "--key", "approver.key"]), Duration::from_millis(700)).is_none()
+    );
+    // Restart after the lease: a new process settles claims of the dead ones,
+    // then every ticket is accounted for.
+    std::thread::sleep(Duration::from_millis(2100));
     let o = host(d, &["call", "notes", "--args", r#"{"op":"list"}"#]).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let config = Config::load(&d.join("toolgate.toml")).unwrap();
@@ -158,7 +189,7 @@ async fn killing_the_host_at_random_points_loses_and_repeats_nothing() {
 
     // Awaiting tickets are still resumable: approve every one still pending.
     for a in journal.pending().await.unwrap() {
-        let o = host(d, &["approve", &a.ticket_id]).output().unwrap();
+        let o = host(d, &["approve", &a.ticket_id, "--key", "approver.key"]).output().unwrap();
         assert_eq!(
             o.status.code(),
             Some(0),
@@ -207,8 +238,13 @@ async fn killing_the_host_at_random_points_loses_and_repeats_nothing() {
     for t in &acked_tickets {
         assert_eq!(resolutions.get(t.as_str()), Some(&1), "acknowledged ticket {t} did not resolve exactly once");
     }
-    // Interrupted approvals are recorded, not silent.
+    // Interrupted approvals are recorded, not silent: the settle path ran.
     let interrupted = steps.iter().filter(|s| s.result.starts_with("interrupted:")).count();
+    assert!(interrupted > 0, "no interrupted approval was settled over {killed} kills");
+    assert!(
+        steps.iter().any(|s| s.ticket_id.as_deref() == Some(looping.as_str()) && s.result.starts_with("interrupted:")),
+        "the approver killed mid-call was settled"
+    );
     println!(
         "seed {seed:#x}: {killed} kills in {i} operations; {} steps, {} notes, {} tickets, {interrupted} interrupted approvals",
         steps.len(),
@@ -224,9 +260,9 @@ async fn two_processes_approving_one_ticket_execute_it_once() {
     for round in 0..5 {
         let args = json!({"op": "add", "note": format!("ask-race-{round}")}).to_string();
         let o = host(d, &["call", "notes", "--args", &args]).output().unwrap();
-        let ticket = json_out(&o)["ticket"].as_str().unwrap().to_owned();
-        let a = host(d, &["approve", &ticket]).spawn().unwrap();
-        let b = host(d, &["approve", &ticket]).spawn().unwrap();
+        let ticket = ticket_of(d, json_out(&o)["request"].as_str().unwrap()).await;
+        let a = host(d, &["approve", &ticket, "--key", "approver.key"]).spawn().unwrap();
+        let b = host(d, &["approve", &ticket, "--key", "approver.key"]).spawn().unwrap();
         let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
         let mut codes = [a.status.code(), b.status.code()];
         codes.sort();

@@ -49,12 +49,24 @@ rules = [
 "#,
     )
     .unwrap();
+    // The approver's key, trusted by `[approval] keys`.
+    let key = dir.path().join("approver.key");
+    let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["keygen", "--for", "approval", "-o"])
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(&String::from_utf8_lossy(&out.stdout));
+    std::fs::write(&config, text).unwrap();
     let out = Command::new(&python)
         .current_dir(&root)
         .args(["-m", "pytest", "-v", "-p", "no:cacheprovider", "tests/mcp/test_serve.py"])
         .env("TOOLGATE_BIN", env!("CARGO_BIN_EXE_toolgate"))
         .env("TOOLGATE_CONFIG", &config)
         .env("TOOLGATE_EXTRA", &extra)
+        .env("TOOLGATE_APPROVER_KEY", &key)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -120,7 +120,7 @@ impl Catalog {
                     l.check(&name, digest)?;
                 }
                 if !keys.is_empty() {
-                    keys.verify(&path, digest)?;
+                    signing::verify(keys, &path, digest)?;
                 }
                 Ok(())
             };

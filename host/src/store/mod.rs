@@ -74,6 +74,12 @@ pub enum TicketError {
     /// Past its expiry.
     #[error("ticket `{0}` expired; ask the agent to make the call again")]
     Expired(String),
+    /// The claim was settled by another host (this one looked dead) while
+    /// this one still ran the call: its late result is not recorded.
+    #[error(
+        "ticket `{0}` was settled as interrupted by another host while this one ran it (its heartbeat lapsed); this result was not recorded — check the call's effects"
+    )]
+    Settled(String),
     /// The component changed since the ticket was issued.
     #[error(
         "ticket `{ticket}`: the component of `{tool}` changed since the call was requested (was {was}, now {now}); the approval does not carry over, make the call again"
@@ -153,6 +159,16 @@ impl Verdict {
             Verdict::None => "none",
         }
     }
+
+    /// The verdict a stored name means (an unknown one reads as `none`).
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "allow" => Verdict::Allow,
+            "deny" => Verdict::Deny,
+            "ask" => Verdict::Ask,
+            _ => Verdict::None,
+        }
+    }
 }
 
 /// One committed step.
@@ -176,8 +192,23 @@ pub struct StepRecord {
     pub result: String,
     /// Captured guest stdout, stderr and log (JSON object).
     pub captured: String,
-    /// The ticket this step resolved or issued, if any.
+    /// The ticket this step resolved, issued or delivered, if any.
     pub ticket_id: Option<String>,
+    /// Whether `result` is a JSON document (the Tool returned structured content).
+    pub structured: bool,
+    /// Who decided the ticket this step resolves, if a human did.
+    pub approved_by: Option<ApprovedBy>,
+}
+
+/// Who decided a ticket, through which channel, and when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovedBy {
+    /// The approver: a public key, an OS user, an MCP client, an embedder's principal.
+    pub principal: String,
+    /// `signature`, `terminal`, `mcp-elicitation` or `embedder`.
+    pub channel: String,
+    /// Unix seconds.
+    pub at: i64,
 }
 
 /// A step to commit (sequence assigned by the store).
@@ -201,6 +232,12 @@ pub struct NewStep<'a> {
     pub result: &'a str,
     /// Captured output (JSON).
     pub captured: &'a str,
+    /// The ticket this step issues, resolves or delivers, if any.
+    pub ticket: Option<&'a str>,
+    /// Whether `result` is a JSON document.
+    pub structured: bool,
+    /// Who decided the ticket this step resolves.
+    pub approved_by: Option<&'a ApprovedBy>,
 }
 
 /// A run as the journal records it.
@@ -212,6 +249,32 @@ pub struct RunRecord<'a> {
     pub agent: &'a str,
     /// `configured` or `deny-all`.
     pub narrowing: &'a str,
+    /// The run's restriction of concrete authority (JSON), if it has one:
+    /// an approval later in the run is held to it.
+    pub restriction: Option<&'a str>,
+}
+
+/// A recorded run, as read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunInfo {
+    /// Its agent.
+    pub agent: String,
+    /// `configured` or `deny-all`.
+    pub narrowing: String,
+    /// Its restriction (JSON), if any.
+    pub restriction: Option<String>,
+}
+
+/// An earlier ask for the same call (run, Tool, argument digest), as the
+/// runtime finds it before asking again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PriorAsk {
+    /// Its Awaiting record (state included).
+    pub record: AwaitingRecord,
+    /// Whether its result was already handed to a retry.
+    pub delivered: bool,
+    /// The step that resolved it, once decided.
+    pub resolution: Option<StepRecord>,
 }
 
 /// A state change, already checked to be in the called Tool's scope.
@@ -244,6 +307,8 @@ pub struct AwaitingRecord {
     pub component_digest: Digest,
     /// Unix seconds.
     pub expires_at: i64,
+    /// Unix seconds, when the call asked.
+    pub requested_at: i64,
     /// `pending`, `claimed` or `resolved`.
     pub state: String,
 }
@@ -254,12 +319,17 @@ pub struct AwaitingRecord {
 #[derive(Debug)]
 pub struct ClaimedTicket {
     record: AwaitingRecord,
+    holder: String,
 }
 
 impl ClaimedTicket {
-    /// Only a store makes one, at the moment it wins the claim.
-    pub(crate) fn new(record: AwaitingRecord) -> Self {
-        ClaimedTicket { record }
+    /// Only a store makes one, at the moment `holder` wins the claim.
+    pub(crate) fn new(record: AwaitingRecord, holder: String) -> Self {
+        ClaimedTicket { record, holder }
+    }
+    /// The host instance holding the claim.
+    pub fn holder(&self) -> &str {
+        &self.holder
     }
     /// The stored call's record.
     pub fn record(&self) -> &AwaitingRecord {
@@ -288,10 +358,17 @@ impl ClaimedTicket {
 }
 
 /// The store behind the Step commit. Every method is one transaction.
+///
+/// Claims are held by a host instance (`holder`, unique per process) whose
+/// liveness is its heartbeat: a claim is taken over and settled only after
+/// its holder's heartbeat is older than the lease, so a live host — on this
+/// machine or another, in any PID namespace — is never settled.
 #[async_trait::async_trait]
 pub trait StepStore: Send + Sync {
     /// Record a new run (a durable store may write it with the run's first step).
     async fn begin_run(&self, run: &RunRecord<'_>) -> Result<(), CommitError>;
+    /// A recorded run.
+    async fn run(&self, run_id: &str) -> Result<Option<RunInfo>, CommitError>;
     /// Commit a step with its state changes and, for RequireConfirmation, its
     /// Awaiting record — one transaction. Returns the step's sequence number.
     async fn commit_step(
@@ -300,29 +377,50 @@ pub trait StepStore: Send + Sync {
         changes: &[StateChange],
         awaiting: Option<&AwaitingRecord>,
     ) -> Result<i64, CommitError>;
-    /// Claim a pending, unexpired ticket: pending → claimed, atomically.
-    async fn claim_ticket(&self, ticket_id: &str, now: i64) -> Result<Result<ClaimedTicket, TicketError>, CommitError>;
-    /// Commit the step that resolves a claimed ticket, with its state changes.
+    /// Claim a pending, unexpired ticket for `holder`: pending → claimed,
+    /// atomically; records `holder`'s heartbeat.
+    async fn claim_ticket(
+        &self,
+        ticket_id: &str,
+        now: i64,
+        holder: &str,
+    ) -> Result<Result<ClaimedTicket, TicketError>, CommitError>;
+    /// `holder` is alive at `now`: its claims are not taken over.
+    async fn heartbeat(&self, holder: &str, now: i64) -> Result<(), CommitError>;
+    /// Commit the step that resolves a claimed ticket, with its state
+    /// changes — only if the ticket is still claimed by the ticket's holder
+    /// (exactly one row changes); otherwise nothing is written and the
+    /// answer is [`TicketError::Settled`]. `delivered`: the result already
+    /// went back to the conversation, so no retry receives it again.
     async fn resolve_ticket(
         &self,
         ticket: ClaimedTicket,
         step: &NewStep<'_>,
         changes: &[StateChange],
-    ) -> Result<i64, CommitError>;
-    /// Release a claim that could not run for a reason outside the call
-    /// (e.g. the component changed): the ticket is marked resolved.
-    async fn abandon_ticket(&self, ticket: ClaimedTicket, reason: &str) -> Result<(), CommitError>;
-    /// Settle claimed tickets whose result was never committed because the
-    /// claiming host died mid-call: those claimed before `claimed_before`
-    /// (unix seconds), or by a process `alive` says is gone. Each gets an
-    /// `executor_error` step saying so and is resolved: the call may have
-    /// run, so it never runs again, and nothing is silently lost. Returns the
-    /// tickets settled.
-    async fn settle_interrupted(
+        delivered: bool,
+    ) -> Result<Result<i64, TicketError>, CommitError>;
+    /// Take over, for `holder`, every claim whose holder's heartbeat (or, if
+    /// it never beat, whose claim) is older than `now - lease_secs`. The
+    /// caller settles each through the Step commit; a late result of the old
+    /// holder is then refused.
+    async fn take_over_stale_claims(
         &self,
-        claimed_before: i64,
-        alive: &(dyn Fn(u32) -> bool + Sync),
-    ) -> Result<Vec<String>, CommitError>;
+        holder: &str,
+        now: i64,
+        lease_secs: i64,
+    ) -> Result<Vec<ClaimedTicket>, CommitError>;
+    /// The latest ask in run `run_id` for Tool `tool_id` with arguments of
+    /// `argument_digest`, with its resolution once decided.
+    async fn prior_ask(
+        &self,
+        run_id: &str,
+        tool_id: &str,
+        argument_digest: &str,
+    ) -> Result<Option<PriorAsk>, CommitError>;
+    /// Commit `step` (a retry receiving the decided result of `ticket_id`)
+    /// and mark the result delivered — once: `None` if it already was (or is
+    /// not resolved), and then nothing is written.
+    async fn deliver(&self, ticket_id: &str, step: &NewStep<'_>) -> Result<Option<i64>, CommitError>;
     /// A Tool's committed state for an agent.
     async fn tool_state(&self, agent: &str, tool_id: &str) -> Result<BTreeMap<String, String>, CommitError>;
     /// Steps in journal order, optionally of one run.

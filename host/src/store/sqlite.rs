@@ -23,8 +23,8 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{
-    AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, RunRecord, StateChange, StepRecord, StepStore,
-    TicketError, Verdict, now,
+    ApprovedBy, AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, PriorAsk, RunInfo, RunRecord,
+    StateChange, StepRecord, StepStore, TicketError, Verdict, now,
 };
 use crate::digest::Digest;
 
@@ -46,7 +46,15 @@ pub struct SqliteJournal {
     group: Option<GroupCommitter>,
     /// Runs begun but not yet written: a durable journal records a run in the
     /// transaction of its first step (one fsync instead of two for a one-call run).
-    pending_runs: Mutex<HashMap<String, (String, String)>>,
+    pending_runs: Mutex<HashMap<String, PendingRun>>,
+}
+
+/// A run's record before it is written.
+#[derive(Debug, Clone)]
+struct PendingRun {
+    agent: String,
+    narrowing: String,
+    restriction: Option<String>,
 }
 
 /// Group commit for a durable journal: writes that arrive while a commit is
@@ -68,19 +76,21 @@ struct Job {
 /// What a job writes.
 #[allow(clippy::large_enum_variant)] // moved once into the committer's channel; boxing buys nothing
 enum Write {
-    /// A step with its changes and Awaiting record, and the run's record when
-    /// this is its first step: `(agent, narrowing)`.
-    Step { step: OwnedStep, changes: Vec<StateChange>, awaiting: Option<AwaitingRecord>, run: Option<(String, String)> },
+    /// A step with its changes and Awaiting record, and the run's record
+    /// when this is its first step.
+    Step { step: OwnedStep, changes: Vec<StateChange>, awaiting: Option<AwaitingRecord>, run: Option<PendingRun> },
     /// A run record.
-    Run { run_id: String, agent: String, narrowing: String },
-    /// Claim a pending ticket.
-    Claim { ticket_id: String, now: i64, pid: u32 },
-    /// The step that resolves a claimed ticket.
-    Resolve { ticket_id: String, step: OwnedStep, changes: Vec<StateChange> },
-    /// Resolve a claimed ticket without a step.
-    Abandon { ticket_id: String },
-    /// Settle these interrupted claims.
-    Settle { stuck: Vec<AwaitingRecord> },
+    Run { run_id: String, run: PendingRun },
+    /// Claim a pending ticket for a host instance.
+    Claim { ticket_id: String, now: i64, holder: String },
+    /// A host instance is alive.
+    Heartbeat { holder: String, now: i64 },
+    /// The step that resolves a claimed ticket, if the claim is still the holder's.
+    Resolve { ticket_id: String, holder: String, step: OwnedStep, changes: Vec<StateChange>, delivered: bool },
+    /// Take over claims whose holder's heartbeat lapsed.
+    TakeOver { holder: String, now: i64, lease_secs: i64 },
+    /// A retry's step receiving a decided result, once.
+    Deliver { ticket_id: String, step: OwnedStep },
 }
 
 /// What a write produced.
@@ -88,7 +98,9 @@ enum Write {
 enum Written {
     Seq(i64),
     Claim(Result<AwaitingRecord, TicketError>),
-    Settled(Vec<String>),
+    Resolved(Result<i64, TicketError>),
+    TakenOver(Vec<AwaitingRecord>),
+    Delivered(Option<i64>),
     Done,
 }
 
@@ -103,6 +115,9 @@ struct OwnedStep {
     outcome: OutcomeKind,
     result: String,
     captured: String,
+    ticket: Option<String>,
+    structured: bool,
+    approved_by: Option<ApprovedBy>,
 }
 
 impl OwnedStep {
@@ -117,6 +132,9 @@ impl OwnedStep {
             outcome: s.outcome,
             result: s.result.to_owned(),
             captured: s.captured.to_owned(),
+            ticket: s.ticket.map(str::to_owned),
+            structured: s.structured,
+            approved_by: s.approved_by.cloned(),
         }
     }
     fn borrow(&self) -> NewStep<'_> {
@@ -130,6 +148,9 @@ impl OwnedStep {
             outcome: self.outcome,
             result: &self.result,
             captured: &self.captured,
+            ticket: self.ticket.as_deref(),
+            structured: self.structured,
+            approved_by: self.approved_by.as_ref(),
         }
     }
 }
@@ -139,18 +160,21 @@ impl Write {
     fn apply(&self, c: &Connection) -> rusqlite::Result<Written> {
         match self {
             Write::Step { step, changes, awaiting, run } => {
-                if let Some((agent, narrowing)) = run {
-                    insert_run(c, &step.run_id, agent, narrowing)?;
+                if let Some(run) = run {
+                    insert_run(c, &step.run_id, run)?;
                 }
                 write_step(c, &step.borrow(), changes, awaiting.as_ref()).map(Written::Seq)
             }
-            Write::Run { run_id, agent, narrowing } => insert_run(c, run_id, agent, narrowing).map(|_| Written::Done),
-            Write::Claim { ticket_id, now, pid } => claim(c, ticket_id, *now, *pid).map(Written::Claim),
-            Write::Resolve { ticket_id, step, changes } => {
-                resolve(c, ticket_id, &step.borrow(), changes).map(Written::Seq)
+            Write::Run { run_id, run } => insert_run(c, run_id, run).map(|_| Written::Done),
+            Write::Claim { ticket_id, now, holder } => claim(c, ticket_id, *now, holder).map(Written::Claim),
+            Write::Heartbeat { holder, now } => heartbeat(c, holder, *now).map(|_| Written::Done),
+            Write::Resolve { ticket_id, holder, step, changes, delivered } => {
+                resolve(c, ticket_id, holder, &step.borrow(), changes, *delivered).map(Written::Resolved)
             }
-            Write::Abandon { ticket_id } => abandon(c, ticket_id).map(|_| Written::Done),
-            Write::Settle { stuck } => settle(c, stuck).map(Written::Settled),
+            Write::TakeOver { holder, now, lease_secs } => {
+                take_over(c, holder, *now, *lease_secs).map(Written::TakenOver)
+            }
+            Write::Deliver { ticket_id, step } => deliver(c, ticket_id, &step.borrow()).map(Written::Delivered),
         }
     }
 }
@@ -207,6 +231,10 @@ fn commit_group(conn: &mut Connection, batch: &[Job], path: &str) -> Vec<Result<
         let r = (|| -> rusqlite::Result<Written> {
             let sp = tx.savepoint()?;
             let written = job.write.apply(&sp)?;
+            // A refused resolution or delivery wrote nothing; roll its savepoint back.
+            if matches!(written, Written::Resolved(Err(_)) | Written::Delivered(None)) {
+                return Ok(written);
+            }
             sp.commit()?;
             Ok(written)
         })();
@@ -268,8 +296,30 @@ ALTER TABLE awaiting ADD COLUMN claimed_at INTEGER;
 ALTER TABLE awaiting ADD COLUMN claimed_by INTEGER;
 "#;
 
+/// Version 3: approvals are a human act. Runs keep their restriction (an
+/// approval is held to it), steps record who approved and whether the result
+/// is JSON, claims are held by a host instance with a heartbeat lease (not a
+/// PID), and an ask remembers when it was made and whether its decided
+/// result was handed to the agent's retry.
+const SCHEMA_V3: &str = r#"
+ALTER TABLE runs ADD COLUMN restriction TEXT;
+ALTER TABLE steps ADD COLUMN structured INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE steps ADD COLUMN approved_by TEXT;
+ALTER TABLE steps ADD COLUMN approved_via TEXT;
+ALTER TABLE steps ADD COLUMN approved_at INTEGER;
+CREATE INDEX steps_ticket ON steps(ticket_id) WHERE ticket_id IS NOT NULL;
+ALTER TABLE awaiting ADD COLUMN requested_at INTEGER;
+ALTER TABLE awaiting ADD COLUMN holder TEXT;
+ALTER TABLE awaiting ADD COLUMN delivered INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX awaiting_call ON awaiting(run_id, tool_id, argument_digest);
+CREATE TABLE hosts (
+    instance_id TEXT PRIMARY KEY,
+    heartbeat_at INTEGER NOT NULL
+);
+"#;
+
 /// Migrations in order: `user_version` N means the first N are applied.
-const MIGRATIONS: &[&str] = &[SCHEMA_V1, SCHEMA_V2];
+const MIGRATIONS: &[&str] = &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -367,6 +417,9 @@ impl SqliteJournal {
             return self.with(|c| {
                 let tx = c.transaction()?;
                 let written = write.apply(&tx)?;
+                if matches!(written, Written::Resolved(Err(_)) | Written::Delivered(None)) {
+                    return Ok(written); // dropped: rolled back
+                }
                 tx.commit()?;
                 Ok(written)
             });
@@ -390,9 +443,7 @@ impl SqliteJournal {
     pub fn read_raw<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, CommitError> {
         self.with(|c| f(c))
     }
-}
 
-impl SqliteJournal {
     /// The writer answered a write with another kind of result: a bug, reported rather than unwrapped.
     fn unexpected(&self, what: &str) -> CommitError {
         CommitError::Group {
@@ -405,10 +456,12 @@ impl SqliteJournal {
 // Statements run on every call are prepared once per connection
 // (`prepare_cached`): re-parsing the SQL was about a third of an in-memory
 // commit (BENCHMARKS.md).
-fn insert_run(c: &Connection, run_id: &str, agent: &str, narrowing: &str) -> rusqlite::Result<()> {
-    c.prepare_cached("INSERT OR IGNORE INTO runs (run_id, agent, narrowing, started_at) VALUES (?1, ?2, ?3, ?4)")?
-        .execute(params![run_id, agent, narrowing, now()])
-        .map(|_| ())
+fn insert_run(c: &Connection, run_id: &str, run: &PendingRun) -> rusqlite::Result<()> {
+    c.prepare_cached(
+        "INSERT OR IGNORE INTO runs (run_id, agent, narrowing, started_at, restriction) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![run_id, run.agent, run.narrowing, now(), run.restriction])
+    .map(|_| ())
 }
 
 /// A step, its state changes and its Awaiting record, inside the caller's transaction.
@@ -418,11 +471,11 @@ fn write_step(
     changes: &[StateChange],
     awaiting: Option<&AwaitingRecord>,
 ) -> rusqlite::Result<i64> {
-    let seq = insert_step(tx, step, awaiting.map(|a| a.ticket_id.as_str()))?;
+    let seq = insert_step(tx, step, step.ticket.or(awaiting.map(|a| a.ticket_id.as_str())))?;
     apply_changes(tx, step.agent, step.tool_id, changes)?;
     if let Some(a) = awaiting {
         tx.prepare_cached(&format!(
-            "INSERT INTO awaiting ({AWAITING_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'pending')"
+            "INSERT INTO awaiting ({AWAITING_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'pending')"
         ))?
         .execute(params![
             a.ticket_id,
@@ -433,16 +486,19 @@ fn write_step(
             a.arguments,
             a.argument_digest,
             a.component_digest.hex(),
-            a.expires_at
+            a.expires_at,
+            a.requested_at
         ])?;
     }
     Ok(seq)
 }
 
 fn insert_step(tx: &Connection, s: &NewStep<'_>, ticket: Option<&str>) -> rusqlite::Result<i64> {
+    let approved = s.approved_by;
     tx.prepare_cached(
-        "INSERT INTO steps (run_id, call_id, tool_id, arguments, verdict, outcome, result, captured, ticket_id, committed_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+        "INSERT INTO steps (run_id, call_id, tool_id, arguments, verdict, outcome, result, captured, ticket_id,
+                            committed_at, structured, approved_by, approved_via, approved_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
     )?
     .execute(params![
         s.run_id,
@@ -454,7 +510,11 @@ fn insert_step(tx: &Connection, s: &NewStep<'_>, ticket: Option<&str>) -> rusqli
         s.result,
         s.captured,
         ticket,
-        now()
+        now(),
+        s.structured,
+        approved.map(|a| &a.principal),
+        approved.map(|a| &a.channel),
+        approved.map(|a| a.at),
     ])?;
     Ok(tx.last_insert_rowid())
 }
@@ -476,14 +536,25 @@ fn apply_changes(tx: &Connection, agent: &str, tool: &str, changes: &[StateChang
     Ok(())
 }
 
-/// pending → claimed, if the ticket is pending and unexpired.
-fn claim(c: &Connection, ticket_id: &str, now: i64, pid: u32) -> rusqlite::Result<Result<AwaitingRecord, TicketError>> {
+fn heartbeat(c: &Connection, holder: &str, now: i64) -> rusqlite::Result<()> {
+    c.prepare_cached(
+        "INSERT INTO hosts (instance_id, heartbeat_at) VALUES (?1, ?2)
+         ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = max(heartbeat_at, excluded.heartbeat_at)",
+    )?
+    .execute(params![holder, now])
+    .map(|_| ())
+}
+
+/// pending → claimed by `holder`, if the ticket is pending and unexpired.
+fn claim(
+    c: &Connection,
+    ticket_id: &str,
+    now: i64,
+    holder: &str,
+) -> rusqlite::Result<Result<AwaitingRecord, TicketError>> {
     let record = c
-        .query_row(
-            &format!("SELECT {AWAITING_COLS} FROM awaiting WHERE ticket_id = ?1"),
-            params![ticket_id],
-            awaiting_from_row,
-        )
+        .prepare_cached(&format!("SELECT {AWAITING_COLS} FROM awaiting WHERE ticket_id = ?1"))?
+        .query_row(params![ticket_id], awaiting_from_row)
         .optional()?;
     Ok(match record {
         None => Err(TicketError::Unknown(ticket_id.to_owned())),
@@ -491,58 +562,81 @@ fn claim(c: &Connection, ticket_id: &str, now: i64, pid: u32) -> rusqlite::Resul
         Some(r) if r.expires_at <= now => Err(TicketError::Expired(ticket_id.to_owned())),
         Some(mut r) => {
             c.execute(
-                "UPDATE awaiting SET state = 'claimed', claimed_at = ?2, claimed_by = ?3
+                "UPDATE awaiting SET state = 'claimed', claimed_at = ?2, holder = ?3
                  WHERE ticket_id = ?1 AND state = 'pending'",
-                params![ticket_id, now, pid],
+                params![ticket_id, now, holder],
             )?;
+            heartbeat(c, holder, now)?;
             r.state = "claimed".into();
             Ok(r)
         }
     })
 }
 
-fn resolve(c: &Connection, ticket_id: &str, step: &NewStep<'_>, changes: &[StateChange]) -> rusqlite::Result<i64> {
+/// The step resolving `ticket_id`, if `holder` still holds its claim
+/// (exactly one row changes); otherwise nothing is written.
+fn resolve(
+    c: &Connection,
+    ticket_id: &str,
+    holder: &str,
+    step: &NewStep<'_>,
+    changes: &[StateChange],
+    delivered: bool,
+) -> rusqlite::Result<Result<i64, TicketError>> {
+    let changed = c.execute(
+        "UPDATE awaiting SET state = 'resolved', delivered = ?3
+         WHERE ticket_id = ?1 AND state = 'claimed' AND holder = ?2",
+        params![ticket_id, holder, delivered],
+    )?;
+    if changed != 1 {
+        return Ok(Err(TicketError::Settled(ticket_id.to_owned())));
+    }
     let seq = insert_step(c, step, Some(ticket_id))?;
     apply_changes(c, step.agent, step.tool_id, changes)?;
-    c.execute("UPDATE awaiting SET state = 'resolved' WHERE ticket_id = ?1 AND state = 'claimed'", params![ticket_id])?;
-    Ok(seq)
+    Ok(Ok(seq))
 }
 
-fn abandon(c: &Connection, ticket_id: &str) -> rusqlite::Result<()> {
-    c.execute("UPDATE awaiting SET state = 'resolved' WHERE ticket_id = ?1", params![ticket_id]).map(|_| ())
-}
-
-/// Give each claim in `stuck` that is still claimed an `executor_error` step
-/// and resolve it; returns the tickets settled.
-fn settle(c: &Connection, stuck: &[AwaitingRecord]) -> rusqlite::Result<Vec<String>> {
-    let mut settled = Vec::new();
-    for r in stuck {
-        let still: Option<String> = c
-            .query_row("SELECT state FROM awaiting WHERE ticket_id = ?1", params![r.ticket_id], |row| row.get(0))
-            .optional()?;
-        if still.as_deref() != Some("claimed") {
-            continue;
-        }
-        let result = format!(
-            "interrupted: the host that approved ticket `{}` stopped before committing the result; the call \
-             may have run and will not run again — check its effects, then make the call again if needed",
-            r.ticket_id
-        );
-        let step = NewStep {
-            run_id: &r.run_id,
-            agent: &r.agent,
-            call_id: &r.call_id,
-            tool_id: &r.tool_id,
-            arguments: &r.arguments,
-            verdict: Verdict::Allow,
-            outcome: OutcomeKind::ExecutorError,
-            result: &result,
-            captured: "{}",
-        };
-        resolve(c, &r.ticket_id, &step, &[])?;
-        settled.push(r.ticket_id.clone());
+/// Move to `holder` every claim whose holder's heartbeat (or the claim
+/// itself, for a holder that never beat) is older than the lease.
+fn take_over(c: &Connection, holder: &str, now: i64, lease_secs: i64) -> rusqlite::Result<Vec<AwaitingRecord>> {
+    let cutoff = now.saturating_sub(lease_secs);
+    let stale: Vec<AwaitingRecord> = c
+        .prepare_cached(&format!(
+            "SELECT {AWAITING_COLS} FROM awaiting a
+             WHERE a.state = 'claimed' AND (a.holder IS NULL OR a.holder != ?1)
+               AND COALESCE((SELECT h.heartbeat_at FROM hosts h WHERE h.instance_id = a.holder), a.claimed_at, 0) < ?2
+             ORDER BY a.ticket_id"
+        ))?
+        .query_map(params![holder, cutoff], awaiting_from_row)?
+        .collect::<rusqlite::Result<_>>()?;
+    for r in &stale {
+        c.execute(
+            "UPDATE awaiting SET holder = ?2, claimed_at = ?3 WHERE ticket_id = ?1 AND state = 'claimed'",
+            params![r.ticket_id, holder, now],
+        )?;
     }
-    Ok(settled)
+    if !stale.is_empty() {
+        heartbeat(c, holder, now)?;
+    }
+    // Hosts long gone and holding nothing need no row.
+    c.execute(
+        "DELETE FROM hosts WHERE heartbeat_at < ?1
+         AND instance_id NOT IN (SELECT holder FROM awaiting WHERE state = 'claimed' AND holder IS NOT NULL)",
+        params![cutoff],
+    )?;
+    Ok(stale)
+}
+
+/// A retry's step for a decided ticket, once.
+fn deliver(c: &Connection, ticket_id: &str, step: &NewStep<'_>) -> rusqlite::Result<Option<i64>> {
+    let changed = c.execute(
+        "UPDATE awaiting SET delivered = 1 WHERE ticket_id = ?1 AND state = 'resolved' AND delivered = 0",
+        params![ticket_id],
+    )?;
+    if changed != 1 {
+        return Ok(None);
+    }
+    insert_step(c, step, Some(ticket_id)).map(Some)
 }
 
 fn awaiting_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AwaitingRecord> {
@@ -558,32 +652,75 @@ fn awaiting_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AwaitingRecord> 
         // Written by us from a Digest; an unreadable one matches no component.
         component_digest: Digest::from_hex(&digest).unwrap_or(Digest([0; 32])),
         expires_at: r.get(8)?,
-        state: r.get(9)?,
+        // Journals before version 3 did not record it.
+        requested_at: r.get::<_, Option<i64>>(9)?.unwrap_or(0),
+        state: r.get(10)?,
     })
 }
 
-const AWAITING_COLS: &str =
-    "ticket_id, run_id, agent, call_id, tool_id, arguments, argument_digest, component_digest, expires_at, state";
+const AWAITING_COLS: &str = "ticket_id, run_id, agent, call_id, tool_id, arguments, argument_digest, component_digest, \
+                             expires_at, requested_at, state";
+
+const STEP_COLS: &str = "seq, run_id, call_id, tool_id, arguments, verdict, outcome, result, captured, ticket_id, \
+                         structured, approved_by, approved_via, approved_at";
+
+fn step_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StepRecord> {
+    let outcome: String = r.get(6)?;
+    let approved_by = match (r.get::<_, Option<String>>(11)?, r.get::<_, Option<String>>(12)?) {
+        (Some(principal), Some(channel)) => {
+            Some(ApprovedBy { principal, channel, at: r.get::<_, Option<i64>>(13)?.unwrap_or(0) })
+        }
+        _ => None,
+    };
+    Ok(StepRecord {
+        seq: r.get(0)?,
+        run_id: r.get(1)?,
+        call_id: r.get(2)?,
+        tool_id: r.get(3)?,
+        arguments: r.get(4)?,
+        verdict: r.get(5)?,
+        outcome: OutcomeKind::parse(&outcome),
+        result: r.get(7)?,
+        captured: r.get(8)?,
+        ticket_id: r.get(9)?,
+        structured: r.get(10)?,
+        approved_by,
+    })
+}
 
 #[async_trait::async_trait]
 impl StepStore for SqliteJournal {
     async fn begin_run(&self, run: &RunRecord<'_>) -> Result<(), CommitError> {
-        if self.group.is_some() {
-            let mut pending = self.pending_runs.lock().unwrap_or_else(|p| p.into_inner());
-            if pending.len() < MAX_PENDING_RUNS {
-                pending.insert(run.run_id.to_owned(), (run.agent.to_owned(), run.narrowing.to_owned()));
+        let pending = PendingRun {
+            agent: run.agent.to_owned(),
+            narrowing: run.narrowing.to_owned(),
+            restriction: run.restriction.map(str::to_owned),
+        };
+        if self.group.is_none() {
+            return self.with(|c| insert_run(c, run.run_id, &pending));
+        }
+        {
+            let mut runs = self.pending_runs.lock().unwrap_or_else(|p| p.into_inner());
+            if runs.len() < MAX_PENDING_RUNS {
+                runs.insert(run.run_id.to_owned(), pending);
                 return Ok(());
             }
         }
-        if self.group.is_none() {
-            return self.with(|c| insert_run(c, run.run_id, run.agent, run.narrowing));
+        self.write(Write::Run { run_id: run.run_id.to_owned(), run: pending }).await.map(|_| ())
+    }
+
+    async fn run(&self, run_id: &str) -> Result<Option<RunInfo>, CommitError> {
+        let pending = self.pending_runs.lock().unwrap_or_else(|p| p.into_inner()).get(run_id).cloned();
+        if let Some(p) = pending {
+            return Ok(Some(RunInfo { agent: p.agent, narrowing: p.narrowing, restriction: p.restriction }));
         }
-        let write = Write::Run {
-            run_id: run.run_id.to_owned(),
-            agent: run.agent.to_owned(),
-            narrowing: run.narrowing.to_owned(),
-        };
-        self.write(write).await.map(|_| ())
+        self.with(|c| {
+            c.prepare_cached("SELECT agent, narrowing, restriction FROM runs WHERE run_id = ?1")?
+                .query_row(params![run_id], |r| {
+                    Ok(RunInfo { agent: r.get(0)?, narrowing: r.get(1)?, restriction: r.get(2)? })
+                })
+                .optional()
+        })
     }
 
     async fn commit_step(
@@ -619,67 +756,96 @@ impl StepStore for SqliteJournal {
         result
     }
 
+    async fn claim_ticket(
+        &self,
+        ticket_id: &str,
+        now: i64,
+        holder: &str,
+    ) -> Result<Result<ClaimedTicket, TicketError>, CommitError> {
+        let write = Write::Claim { ticket_id: ticket_id.to_owned(), now, holder: holder.to_owned() };
+        match self.write(write).await? {
+            Written::Claim(r) => Ok(r.map(|record| ClaimedTicket::new(record, holder.to_owned()))),
+            _ => Err(self.unexpected("claim")),
+        }
+    }
+
+    async fn heartbeat(&self, holder: &str, now: i64) -> Result<(), CommitError> {
+        self.write(Write::Heartbeat { holder: holder.to_owned(), now }).await.map(|_| ())
+    }
+
     async fn resolve_ticket(
         &self,
         ticket: ClaimedTicket,
         step: &NewStep<'_>,
         changes: &[StateChange],
-    ) -> Result<i64, CommitError> {
+        delivered: bool,
+    ) -> Result<Result<i64, TicketError>, CommitError> {
         let write = Write::Resolve {
             ticket_id: ticket.record().ticket_id.clone(),
+            holder: ticket.holder().to_owned(),
             step: OwnedStep::of(step),
             changes: changes.to_vec(),
+            delivered,
         };
         match self.write(write).await? {
-            Written::Seq(seq) => Ok(seq),
-            _ => Err(self.unexpected("resolve")),
+            Written::Resolved(r) => Ok(r),
+            _ => Err(self.unexpected("resolution")),
         }
     }
 
-    async fn claim_ticket(&self, ticket_id: &str, now: i64) -> Result<Result<ClaimedTicket, TicketError>, CommitError> {
-        let write = Write::Claim { ticket_id: ticket_id.to_owned(), now, pid: std::process::id() };
-        match self.write(write).await? {
-            Written::Claim(r) => Ok(r.map(ClaimedTicket::new)),
-            _ => Err(self.unexpected("claim")),
-        }
-    }
-
-    async fn abandon_ticket(&self, ticket: ClaimedTicket, _reason: &str) -> Result<(), CommitError> {
-        self.write(Write::Abandon { ticket_id: ticket.record().ticket_id.clone() }).await.map(|_| ())
-    }
-
-    async fn settle_interrupted(
+    async fn take_over_stale_claims(
         &self,
-        claimed_before: i64,
-        alive: &(dyn Fn(u32) -> bool + Sync),
-    ) -> Result<Vec<String>, CommitError> {
-        // Read which claims look stuck; the writer re-checks each is still claimed.
-        let stuck: Vec<AwaitingRecord> = self.with(|c| {
-            let mut stmt = c.prepare_cached(&format!(
-                "SELECT {AWAITING_COLS}, claimed_at, claimed_by FROM awaiting WHERE state = 'claimed' ORDER BY ticket_id"
-            ))?;
-            let rows = stmt.query_map([], |r| {
-                let at: Option<i64> = r.get(10)?;
-                let by: Option<u32> = r.get(11)?;
-                Ok((awaiting_from_row(r)?, at, by))
-            })?;
-            let mut out = Vec::new();
-            for row in rows {
-                let (record, at, by) = row?;
-                let old = at.is_none_or(|at| at < claimed_before);
-                let gone = by.is_some_and(|pid| !alive(pid));
-                if old || gone {
-                    out.push(record);
-                }
-            }
-            Ok(out)
+        holder: &str,
+        now: i64,
+        lease_secs: i64,
+    ) -> Result<Vec<ClaimedTicket>, CommitError> {
+        // A cheap read first: almost always nothing is claimed.
+        let any: i64 = self.with(|c| {
+            c.prepare_cached("SELECT COUNT(*) FROM awaiting WHERE state = 'claimed'")?.query_row([], |r| r.get(0))
         })?;
-        if stuck.is_empty() {
+        if any == 0 {
             return Ok(Vec::new());
         }
-        match self.write(Write::Settle { stuck }).await? {
-            Written::Settled(t) => Ok(t),
-            _ => Err(self.unexpected("settle")),
+        match self.write(Write::TakeOver { holder: holder.to_owned(), now, lease_secs }).await? {
+            Written::TakenOver(records) => {
+                Ok(records.into_iter().map(|r| ClaimedTicket::new(r, holder.to_owned())).collect())
+            }
+            _ => Err(self.unexpected("take-over")),
+        }
+    }
+
+    async fn prior_ask(
+        &self,
+        run_id: &str,
+        tool_id: &str,
+        argument_digest: &str,
+    ) -> Result<Option<PriorAsk>, CommitError> {
+        self.with(|c| {
+            let found = c
+                .prepare_cached(&format!(
+                    "SELECT {AWAITING_COLS}, delivered FROM awaiting
+                     WHERE run_id = ?1 AND tool_id = ?2 AND argument_digest = ?3 ORDER BY rowid DESC LIMIT 1"
+                ))?
+                .query_row(params![run_id, tool_id, argument_digest], |r| Ok((awaiting_from_row(r)?, r.get(11)?)))
+                .optional()?;
+            let Some((record, delivered)) = found else { return Ok(None) };
+            let resolution = if record.state == "resolved" {
+                c.prepare_cached(&format!(
+                    "SELECT {STEP_COLS} FROM steps WHERE ticket_id = ?1 AND outcome != 'awaiting' ORDER BY seq LIMIT 1"
+                ))?
+                .query_row(params![record.ticket_id], step_from_row)
+                .optional()?
+            } else {
+                None
+            };
+            Ok(Some(PriorAsk { record, delivered, resolution }))
+        })
+    }
+
+    async fn deliver(&self, ticket_id: &str, step: &NewStep<'_>) -> Result<Option<i64>, CommitError> {
+        match self.write(Write::Deliver { ticket_id: ticket_id.to_owned(), step: OwnedStep::of(step) }).await? {
+            Written::Delivered(r) => Ok(r),
+            _ => Err(self.unexpected("delivery")),
         }
     }
 
@@ -703,25 +869,9 @@ impl StepStore for SqliteJournal {
 
     async fn steps(&self, run_id: Option<&str>) -> Result<Vec<StepRecord>, CommitError> {
         self.with(|c| {
-            let mut stmt = c.prepare(
-                "SELECT seq, run_id, call_id, tool_id, arguments, verdict, outcome, result, captured, ticket_id
-                 FROM steps WHERE ?1 IS NULL OR run_id = ?1 ORDER BY seq",
-            )?;
-            let rows = stmt.query_map(params![run_id], |r| {
-                let outcome: String = r.get(6)?;
-                Ok(StepRecord {
-                    seq: r.get(0)?,
-                    run_id: r.get(1)?,
-                    call_id: r.get(2)?,
-                    tool_id: r.get(3)?,
-                    arguments: r.get(4)?,
-                    verdict: r.get(5)?,
-                    outcome: OutcomeKind::parse(&outcome),
-                    result: r.get(7)?,
-                    captured: r.get(8)?,
-                    ticket_id: r.get(9)?,
-                })
-            })?;
+            let mut stmt =
+                c.prepare(&format!("SELECT {STEP_COLS} FROM steps WHERE ?1 IS NULL OR run_id = ?1 ORDER BY seq"))?;
+            let rows = stmt.query_map(params![run_id], step_from_row)?;
             rows.collect()
         })
     }
@@ -761,6 +911,9 @@ mod tests {
             outcome,
             result: "ok",
             captured: "{}",
+            ticket: None,
+            structured: false,
+            approved_by: None,
         }
     }
 
@@ -779,6 +932,7 @@ mod tests {
             argument_digest: "d".repeat(64),
             component_digest: Digest::of(b"component"),
             expires_at,
+            requested_at: 1,
             state: "pending".into(),
         }
     }
@@ -788,7 +942,7 @@ mod tests {
     }
 
     async fn begin(j: &SqliteJournal, (run_id, narrowing): (String, &'static str)) {
-        j.begin_run(&RunRecord { run_id: &run_id, agent: "main", narrowing }).await.unwrap();
+        j.begin_run(&RunRecord { run_id: &run_id, agent: "main", narrowing, restriction: None }).await.unwrap();
     }
 
     #[tokio::test]
@@ -903,7 +1057,10 @@ mod tests {
         let v: i64 = j.read_raw(|c| c.query_row("PRAGMA user_version", [], |r| r.get(0))).unwrap();
         assert_eq!(v, SCHEMA_VERSION);
         j.commit_step(&step("c1", OutcomeKind::Awaiting), &[], Some(&awaiting("t", "c1", i64::MAX))).await.unwrap();
-        assert!(j.claim_ticket("t", now()).await.unwrap().is_ok(), "the migrated columns are written by a claim");
+        assert!(
+            j.claim_ticket("t", now(), "host-a").await.unwrap().is_ok(),
+            "the migrated columns are written by a claim"
+        );
         drop(j);
         // One from the future is refused, naming the file and both versions.
         let future = dir.path().join("future.db");

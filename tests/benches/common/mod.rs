@@ -180,7 +180,7 @@ impl Host {
         let snapshot = ExecutableAgentSnapshot::build(&self.config, agent, catalog).unwrap();
         let settings = ExecutorSettings::new(self.config.limits.clone(), Some(self.config.cache.clone()));
         let executor = Arc::new(Executor::new(settings).unwrap());
-        Runtime::new(snapshot, executor, store, self.config.limits.ticket_ttl_secs)
+        Runtime::new(snapshot, executor, store, toolgate::RuntimeSettings::of(&self.config))
     }
 
     pub fn durable_journal(&self, name: &str) -> Arc<dyn StepStore> {

@@ -1,0 +1,267 @@
+//! Approval: who may decide an Awaiting call, and what proves they did.
+//!
+//! Owns the approver side of RequireConfirmation (DESIGN.md invariant 11).
+//! A ticket is the approver's, never the model's: deciding it takes an
+//! [`Approval`] — a decision signed with a key listed in `[approval] keys`,
+//! or one made in an approver channel the host vouches for (an interactive
+//! terminal when no keys are configured, the MCP client's own elicitation
+//! UI, an embedding runtime's dialog). A signature covers the ticket, the
+//! digest of the exact stored call and the decision, so it approves that
+//! call and nothing else. The journal records who decided, through which
+//! channel, and when.
+//!
+//! Architecture invariant: nothing here reads a model's or a Tool's output;
+//! a decision is verified against the stored Awaiting record before the
+//! ticket is claimed, so a refused approval changes nothing.
+
+use crate::digest::Digest;
+use crate::keys::{SecretKey, TrustedKeys, VerifyError};
+use crate::store::{ApprovedBy, AwaitingRecord};
+
+/// What an approval signature signs, before the message.
+const DOMAIN: &[u8] = b"toolgate-approval-v1\n";
+
+/// What a human decided about an Awaiting call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Run exactly the stored call, once.
+    Approve,
+    /// Do not run it; the reason is what the model reads.
+    Deny {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Decision {
+    fn signed_line(&self) -> String {
+        match self {
+            Decision::Approve => "approve".to_owned(),
+            Decision::Deny { reason } => format!("deny {reason}"),
+        }
+    }
+}
+
+/// The channel a decision came through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Channel {
+    /// Signed with an approver key listed in `[approval] keys`.
+    Signature,
+    /// Confirmed on an interactive terminal — accepted only when no approver
+    /// keys are configured.
+    Terminal,
+    /// Answered in an MCP client's own UI (elicitation), which the model cannot answer.
+    McpElicitation,
+    /// An embedding agent runtime's own approval UI.
+    Embedder,
+}
+
+impl Channel {
+    /// The name the journal records.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Channel::Signature => "signature",
+            Channel::Terminal => "terminal",
+            Channel::McpElicitation => "mcp-elicitation",
+            Channel::Embedder => "embedder",
+        }
+    }
+}
+
+/// What proves a decision is an approver's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Approval(Proof);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Proof {
+    Signed { signature: String },
+    Attested { principal: String, channel: Channel },
+}
+
+impl Approval {
+    /// A decision signed with an approver key ([`sign`]); verified against
+    /// `[approval] keys` and the stored call.
+    pub fn signed(signature: impl Into<String>) -> Self {
+        Approval(Proof::Signed { signature: signature.into() })
+    }
+    /// A decision typed by `os_user` on an interactive terminal. Refused
+    /// when `[approval] keys` are configured: then only a signature counts.
+    pub fn on_terminal(os_user: impl Into<String>) -> Self {
+        Approval(Proof::Attested { principal: os_user.into(), channel: Channel::Terminal })
+    }
+    /// A decision the human made in MCP client `client`'s own UI.
+    pub fn by_mcp_client(client: impl Into<String>) -> Self {
+        Approval(Proof::Attested { principal: client.into(), channel: Channel::McpElicitation })
+    }
+    /// A decision made in an embedding runtime's approval UI by `principal`.
+    pub fn by_embedder(principal: impl Into<String>) -> Self {
+        Approval(Proof::Attested { principal: principal.into(), channel: Channel::Embedder })
+    }
+
+    /// Whether the decision is made inside the agent's conversation (MCP
+    /// elicitation, an embedder's dialog), so its result goes straight back
+    /// there; out-of-band decisions (a signature, a terminal) leave the result
+    /// for the agent's identical retry.
+    pub fn in_conversation(&self) -> bool {
+        matches!(&self.0, Proof::Attested { channel: Channel::McpElicitation | Channel::Embedder, .. })
+    }
+}
+
+/// Why an approval was refused. Nothing was claimed or run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApprovalError {
+    /// A signature was given but the host trusts no approver key.
+    #[error(
+        "no approver keys are configured; add `[approval] keys = [\"ed25519:…\"]` (from `toolgate keygen`) to the config"
+    )]
+    NoApproverKeys,
+    /// The signature is not one.
+    #[error("the approval signature is malformed; sign again with `toolgate approve TICKET --key FILE`")]
+    Malformed,
+    /// No trusted approver key signed this decision on this exact call.
+    #[error(
+        "the approval signature does not verify against any key in `[approval] keys` for this ticket, call and decision"
+    )]
+    Untrusted,
+    /// Approver keys are configured, so a terminal confirmation does not count.
+    #[error("`[approval] keys` are configured: decide with an approver key (`--key FILE`)")]
+    KeyRequired,
+}
+
+/// The digest of the exact call a ticket stands for: what an approver signs.
+pub fn call_digest(r: &AwaitingRecord) -> Digest {
+    let fields = [
+        r.ticket_id.as_str(),
+        r.run_id.as_str(),
+        r.agent.as_str(),
+        r.call_id.as_str(),
+        r.tool_id.as_str(),
+        r.argument_digest.as_str(),
+        &r.component_digest.hex(),
+        &r.expires_at.to_string(),
+    ];
+    // Length-prefixed, so no two different calls share a digest by moving a separator.
+    let mut buf = Vec::new();
+    for f in fields {
+        buf.extend_from_slice(&(f.len() as u64).to_le_bytes());
+        buf.extend_from_slice(f.as_bytes());
+    }
+    Digest::of(&buf)
+}
+
+fn message(r: &AwaitingRecord, decision: &Decision) -> Vec<u8> {
+    format!("{}\n{}\n{}", r.ticket_id, call_digest(r).hex(), decision.signed_line()).into_bytes()
+}
+
+/// Sign `decision` on the call `record` stands for with an approver key.
+pub fn sign(key: &SecretKey, record: &AwaitingRecord, decision: &Decision) -> String {
+    key.sign(DOMAIN, &message(record, decision))
+}
+
+/// Check `approval` for `decision` on `record`, with `keys` the host's
+/// `[approval] keys`; returns who decided, as the journal records it.
+pub fn verify(
+    approval: &Approval,
+    record: &AwaitingRecord,
+    decision: &Decision,
+    keys: &TrustedKeys,
+    now: i64,
+) -> Result<ApprovedBy, ApprovalError> {
+    let (principal, channel) = match &approval.0 {
+        Proof::Signed { signature } => {
+            if keys.is_empty() {
+                return Err(ApprovalError::NoApproverKeys);
+            }
+            let key = keys.verify(DOMAIN, &message(record, decision), signature).map_err(|e| match e {
+                VerifyError::Malformed => ApprovalError::Malformed,
+                VerifyError::Untrusted => ApprovalError::Untrusted,
+            })?;
+            (key, Channel::Signature)
+        }
+        Proof::Attested { channel: Channel::Terminal, .. } if !keys.is_empty() => {
+            return Err(ApprovalError::KeyRequired);
+        }
+        Proof::Attested { principal, channel } => (principal.clone(), channel.clone()),
+    };
+    Ok(ApprovedBy { principal, channel: channel.as_str().to_owned(), at: now })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> AwaitingRecord {
+        AwaitingRecord {
+            ticket_id: "tkt-1".into(),
+            run_id: "run-1".into(),
+            agent: "default".into(),
+            call_id: "call-1".into(),
+            tool_id: "notes".into(),
+            arguments: r#"{"op":"add"}"#.into(),
+            argument_digest: "a".repeat(64),
+            component_digest: Digest::of(b"c"),
+            expires_at: 100,
+            requested_at: 1,
+            state: "pending".into(),
+        }
+    }
+
+    #[test]
+    fn a_signature_approves_exactly_its_call_and_decision() {
+        let (secret, public) = crate::keys::keygen().unwrap();
+        let key = SecretKey::parse(&secret).unwrap();
+        let keys = TrustedKeys::parse(std::slice::from_ref(&public)).unwrap();
+        let r = record();
+        let sig = sign(&key, &r, &Decision::Approve);
+        let by = verify(&Approval::signed(&sig), &r, &Decision::Approve, &keys, 7).unwrap();
+        assert_eq!(by, ApprovedBy { principal: public, channel: "signature".into(), at: 7 });
+        // The same signature does not deny, nor approve another call, ticket or component.
+        let deny = Decision::Deny { reason: "no".into() };
+        assert_eq!(verify(&Approval::signed(&sig), &r, &deny, &keys, 7), Err(ApprovalError::Untrusted));
+        let mut others = Vec::new();
+        for change in 0..5 {
+            let mut o = record();
+            match change {
+                0 => o.ticket_id = "tkt-2".into(),
+                1 => o.argument_digest = "b".repeat(64),
+                2 => o.component_digest = Digest::of(b"d"),
+                3 => o.tool_id = "notes2".into(),
+                _ => o.run_id = "run-2".into(),
+            }
+            others.push(o);
+        }
+        for o in others {
+            assert_eq!(
+                verify(&Approval::signed(&sig), &o, &Decision::Approve, &keys, 7),
+                Err(ApprovalError::Untrusted)
+            );
+        }
+        // A key the host does not list.
+        let (other, _) = crate::keys::keygen().unwrap();
+        let foreign = sign(&SecretKey::parse(&other).unwrap(), &r, &Decision::Approve);
+        assert_eq!(verify(&Approval::signed(foreign), &r, &Decision::Approve, &keys, 7), Err(ApprovalError::Untrusted));
+        assert_eq!(verify(&Approval::signed("x"), &r, &Decision::Approve, &keys, 7), Err(ApprovalError::Malformed));
+        // No keys configured: a signature cannot be checked, so it is refused.
+        let none = TrustedKeys::default();
+        assert_eq!(
+            verify(&Approval::signed(&sig), &r, &Decision::Approve, &none, 7),
+            Err(ApprovalError::NoApproverKeys)
+        );
+    }
+
+    #[test]
+    fn a_terminal_counts_only_without_keys_and_channels_are_recorded() {
+        let r = record();
+        let (_, public) = crate::keys::keygen().unwrap();
+        let keys = TrustedKeys::parse(&[public]).unwrap();
+        let none = TrustedKeys::default();
+        let tty = Approval::on_terminal("alice");
+        assert_eq!(verify(&tty, &r, &Decision::Approve, &keys, 1), Err(ApprovalError::KeyRequired));
+        let by = verify(&tty, &r, &Decision::Approve, &none, 1).unwrap();
+        assert_eq!((by.principal.as_str(), by.channel.as_str()), ("alice", "terminal"));
+        let by = verify(&Approval::by_mcp_client("Claude Desktop"), &r, &Decision::Approve, &keys, 1).unwrap();
+        assert_eq!((by.principal.as_str(), by.channel.as_str()), ("Claude Desktop", "mcp-elicitation"));
+        let by = verify(&Approval::by_embedder("ui:bob"), &r, &Decision::Approve, &keys, 1).unwrap();
+        assert_eq!(by.channel, "embedder");
+    }
+}
