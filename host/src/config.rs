@@ -21,6 +21,9 @@ use crate::authority::destination::Destination;
 use crate::authority::narrowing::ToolCapabilityNarrowing;
 use crate::policy::{Behavior, RuleSpec};
 
+/// Largest config file read.
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 /// Config errors. Each says which file and field, and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -68,8 +71,22 @@ pub struct Limits {
     pub ticket_ttl_secs: u64,
     /// Largest outbound HTTP request body, KiB.
     pub http_request_kib: u64,
-    /// Largest outbound HTTP response body, KiB (buffered for redaction).
+    /// Largest outbound HTTP response body, KiB (buffered, so it can be
+    /// checked for secrets before the guest reads it).
     pub http_response_kib: u64,
+    /// Response bytes one call may buffer over all its requests, KiB.
+    pub http_response_total_kib: u64,
+    /// Outbound requests of one call in flight at once; more wait.
+    pub http_requests_in_flight: u64,
+    /// Outbound requests in flight in the whole host; more wait.
+    pub http_requests_in_flight_host: u64,
+    /// Largest set of HTTP header fields a guest may build, KiB.
+    pub http_field_kib: u64,
+    /// Handles (streams, fields, requests, …) one call may hold at once.
+    pub resource_table_entries: u64,
+    /// Longest a component may take to compile, milliseconds; past it the
+    /// call fails and the component is marked unhealthy.
+    pub compile_timeout_ms: u64,
     /// Outbound HTTP connect / first-byte / between-bytes timeout, milliseconds.
     pub http_timeout_ms: u64,
     /// Component instances alive at once, all Tools together; further calls
@@ -93,6 +110,12 @@ impl Default for Limits {
             ticket_ttl_secs: 86_400,
             http_request_kib: 1024,
             http_response_kib: 4096,
+            http_response_total_kib: 16384,
+            http_requests_in_flight: 8,
+            http_requests_in_flight_host: 64,
+            http_field_kib: 64,
+            resource_table_entries: 4096,
+            compile_timeout_ms: 60_000,
             http_timeout_ms: 30_000,
             max_instances: 64,
             max_instances_per_tool: 16,
@@ -248,8 +271,8 @@ pub struct Config {
 impl Config {
     /// Read and check `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let text = crate::files::read_text(path, MAX_CONFIG_BYTES)
+            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Self::parse(&text, path, &base)
     }
@@ -272,6 +295,12 @@ impl Config {
             ("limits.ticket_ttl_secs", l.ticket_ttl_secs, 365 * 86_400),
             ("limits.http_request_kib", l.http_request_kib, 1024 * 1024),
             ("limits.http_response_kib", l.http_response_kib, 1024 * 1024),
+            ("limits.http_response_total_kib", l.http_response_total_kib, 4 * 1024 * 1024),
+            ("limits.http_requests_in_flight", l.http_requests_in_flight, 1024),
+            ("limits.http_requests_in_flight_host", l.http_requests_in_flight_host, 65_536),
+            ("limits.http_field_kib", l.http_field_kib, 16 * 1024),
+            ("limits.resource_table_entries", l.resource_table_entries, 1_000_000),
+            ("limits.compile_timeout_ms", l.compile_timeout_ms, 3_600_000),
             ("limits.http_timeout_ms", l.http_timeout_ms, 3_600_000),
             ("limits.max_instances", l.max_instances, 10_000),
             ("limits.max_instances_per_tool", l.max_instances_per_tool, 10_000),
@@ -346,16 +375,53 @@ impl Config {
                 d.host = abs(std::mem::take(&mut d.host));
             }
         }
+        let store = match raw.store {
+            // An ephemeral journal (CI, benchmarks): nothing survives the process.
+            Some(s) if s.as_os_str() == crate::store::sqlite::IN_MEMORY => s,
+            s => abs(s.unwrap_or_else(|| ".toolgate/journal.db".into())),
+        };
+        let plugins = abs(raw.plugins.unwrap_or_else(|| "plugins".into()));
+        let cache = abs(raw.cache.unwrap_or_else(|| ".toolgate/cache".into()));
+        let lock = abs(raw.lock.unwrap_or_else(|| "toolgate.lock".into()));
+        // The host's own state is out of reach (invariant 14): no directory
+        // grant may contain it, nor sit inside the directories it owns.
+        let mut protected: Vec<(String, PathBuf, bool)> = vec![
+            ("the config file".into(), abs(path.to_owned()), false),
+            ("the plugin directory".into(), plugins.clone(), true),
+            ("the compiled-code cache".into(), cache.clone(), true),
+            ("the lock file".into(), lock.clone(), false),
+        ];
+        if store.as_os_str() != crate::store::sqlite::IN_MEMORY {
+            protected.push(("the journal".into(), store.clone(), false));
+        }
+        for (name, c) in &credentials {
+            if let Some(file) = c.source_file() {
+                protected.push((format!("the secret file of credential `{name}`"), file.to_owned(), false));
+            }
+        }
+        for (i, g) in grants.iter().enumerate() {
+            for (j, d) in g.directories.iter().enumerate() {
+                for (what, p, owned_dir) in &protected {
+                    if let Some(relation) = overlap(&d.host, p, *owned_dir) {
+                        return Err(field(
+                            &format!("grants[{i}].directories[{j}].host"),
+                            format!(
+                                "{} {relation} {what} ({}); a Tool must never reach the host's own state — grant a \
+                                 directory that holds only the Tool's data",
+                                d.host.display(),
+                                p.display()
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
         Ok(Config {
             source: Some(path.to_owned()),
-            plugins: abs(raw.plugins.unwrap_or_else(|| "plugins".into())),
-            store: match raw.store {
-                // An ephemeral journal (CI, benchmarks): nothing survives the process.
-                Some(s) if s.as_os_str() == crate::store::sqlite::IN_MEMORY => s,
-                s => abs(s.unwrap_or_else(|| ".toolgate/journal.db".into())),
-            },
-            cache: abs(raw.cache.unwrap_or_else(|| ".toolgate/cache".into())),
-            lock: abs(raw.lock.unwrap_or_else(|| "toolgate.lock".into())),
+            plugins,
+            store,
+            cache,
+            lock,
             limits: raw.limits,
             grants,
             agents: raw.agents,
@@ -380,6 +446,45 @@ impl Config {
             ),
         })
     }
+}
+
+/// `path` with `.` and `..` removed lexically (it is absolute already).
+fn lexical(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// How directory grant `grant` overlaps protected `path`: it contains it,
+/// or (`owned_dir`: a directory the host owns) lies inside it. Compared
+/// as written and, where they exist, with symlinks resolved.
+fn overlap(grant: &Path, path: &Path, owned_dir: bool) -> Option<&'static str> {
+    let forms = |p: &Path| {
+        let mut v = vec![lexical(p)];
+        if let Ok(real) = std::fs::canonicalize(p) {
+            v.push(real);
+        }
+        v
+    };
+    for g in forms(grant) {
+        for p in forms(path) {
+            if p.starts_with(&g) {
+                return Some(if p == g { "is" } else { "contains" });
+            }
+            if owned_dir && g.starts_with(&p) {
+                return Some("is inside");
+            }
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -589,6 +694,77 @@ mod tests {
         assert!(
             g.grants[0].directories.is_empty() && g.grants[0].hosts.is_empty() && g.grants[0].credentials.is_empty()
         );
+    }
+
+    #[test]
+    fn a_grant_never_reaches_the_hosts_own_state() {
+        let grant = |host: &str, access: &str| {
+            format!(
+                "[[grants]]\ntools = \"*\"\ndirectories = [{{ path = \"/d\", host = \"{host}\", access = \"{access}\" }}]\n"
+            )
+        };
+        let cases = [
+            (".", "the config file"),
+            ("/etc", "the config file"),
+            ("/", "the config file"),
+            (".toolgate", "the compiled-code cache"),
+            (".toolgate/cache/sub", "the compiled-code cache"),
+            ("plugins", "the plugin directory"),
+            ("plugins/inner", "the plugin directory"),
+            ("data/../.toolgate", "the compiled-code cache"),
+        ];
+        for (host, what) in cases {
+            for access in ["read", "read-write"] {
+                match parse(&grant(host, access)) {
+                    Err(e @ ConfigError::Field { .. }) => {
+                        let text = e.to_string();
+                        assert!(
+                            text.contains("grants[0].directories[0].host") && text.contains(what),
+                            "{host}: {text}"
+                        );
+                        assert!(text.contains("host's own state"), "{text}");
+                    }
+                    other => panic!("a grant of {host} must be refused, got {other:?}"),
+                }
+            }
+        }
+        // A credential's secret file, the lock file, a journal moved elsewhere: each protected where it is.
+        let with_secret = format!(
+            "store = \"/var/tg/j.db\"\n[credentials.api]\nsource = {{ file = \"/srv/secrets/api\" }}\ndestinations = [\"https://a.example:443\"]\napply = {{ header = {{ name = \"Authorization\" }} }}\n{}",
+            grant("/srv/secrets", "read")
+        );
+        assert!(parse(&with_secret).unwrap_err().to_string().contains("secret file of credential `api`"));
+        assert!(
+            parse(&format!("store = \"/var/tg/j.db\"\n{}", grant("/var/tg", "read")))
+                .unwrap_err()
+                .to_string()
+                .contains("the journal")
+        );
+        assert!(
+            parse(&format!("lock = \"/srv/l/toolgate.lock\"\n{}", grant("/srv/l", "read")))
+                .unwrap_err()
+                .to_string()
+                .contains("the lock file")
+        );
+        // Data beside them is fine; an in-memory journal protects no path.
+        parse(&grant("data", "read-write")).unwrap();
+        parse(&format!("store = \":memory:\"\ncache = \"/var/cache/tg\"\n{}", grant("/srv/data", "read"))).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_grant_through_a_symlink_is_compared_where_it_leads() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join(".toolgate/cache")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join(".toolgate"), dir.path().join("innocent")).unwrap();
+        let file = dir.path().join("toolgate.toml");
+        std::fs::write(
+            &file,
+            "[[grants]]\ntools = \"*\"\ndirectories = [{ path = \"/d\", host = \"innocent\", access = \"read\" }]\n",
+        )
+        .unwrap();
+        let e = Config::load(&file).unwrap_err().to_string();
+        assert!(e.contains("the journal") || e.contains("the compiled-code cache"), "{e}");
     }
 
     #[test]

@@ -59,6 +59,7 @@ pub mod authority;
 pub mod catalog;
 pub mod config;
 pub mod digest;
+pub mod files;
 pub mod host;
 pub mod keys;
 pub mod policy;

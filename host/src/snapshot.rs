@@ -76,6 +76,9 @@ pub struct EffectiveGrant {
     pub credentials: Vec<Arc<CredentialSpec>>,
     /// Environment variables (literal, non-secret values).
     pub env: Vec<(String, String)>,
+    /// Every configured credential — not authority: what comes back to the
+    /// guest is checked for all of their secrets, granted or not.
+    pub watched: Arc<[Arc<CredentialSpec>]>,
 }
 
 /// A host directory visible to the guest.
@@ -121,6 +124,8 @@ pub struct ExecutableAgentSnapshot {
     skills: Vec<(String, GlobSet)>,
     grants: Arc<Vec<(globset::GlobMatcher, Grant)>>,
     credentials: Arc<BTreeMap<String, Arc<CredentialSpec>>>,
+    /// Every configured credential, for checking responses (built once).
+    watched: Arc<[Arc<CredentialSpec>]>,
     catalog: Arc<Catalog>,
 }
 
@@ -158,6 +163,7 @@ impl ExecutableAgentSnapshot {
             skills: Vec::new(),
             grants: Arc::new(grants),
             credentials: Arc::new(config.credentials.clone()),
+            watched: config.credentials.values().cloned().collect(),
             catalog,
         })
     }
@@ -299,7 +305,7 @@ impl ExecutableAgentSnapshot {
         }
         let authority = wanted.intersect(&granted);
 
-        let mut grant = EffectiveGrant { hosts, ..Default::default() };
+        let mut grant = EffectiveGrant { hosts, watched: self.watched.clone(), ..Default::default() };
         for g in &matching {
             for d in &g.directories {
                 if let Some(a) = authority.directories.get(&d.path)

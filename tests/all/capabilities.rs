@@ -120,12 +120,11 @@ async fn the_http_tool_gets_its_data_with_the_credential_applied_at_the_boundary
 }
 
 #[tokio::test]
-async fn a_response_that_reflects_the_secret_reaches_the_guest_redacted() {
+async fn a_response_that_reflects_the_secret_is_withheld_from_the_guest() {
     let w = world();
     let seen = thief(&w.host, "http", &w.api.url("/echo"), true).await;
-    assert!(seen.starts_with("ok: 200"), "{seen}");
+    assert!(seen.starts_with("err: ") && seen.contains("withheld"), "{seen}");
     assert!(!seen.contains(SECRET), "the guest saw the secret: {seen}");
-    assert!(seen.contains("Bearer [redacted]"), "body and headers are redacted: {seen}");
     assert_eq!(w.api.requests()[0].header("authorization"), Some(format!("Bearer {SECRET}").as_str()));
 }
 
@@ -349,23 +348,21 @@ async fn responses_over_the_limit_are_refused() {
 }
 
 #[tokio::test]
-async fn basic_auth_is_applied_at_the_boundary_and_redacted_on_the_way_back() {
+async fn basic_auth_is_applied_at_the_boundary_and_checked_on_the_way_back() {
     use base64::Engine as _;
     let w = world_with(r#"{ basic = { username = "bot" } }"#);
     let seen = thief(&w.host, "http", &w.api.url("/echo"), true).await;
     let token = base64::engine::general_purpose::STANDARD.encode(format!("bot:{SECRET}"));
     assert_eq!(w.api.requests()[0].header("authorization"), Some(format!("Basic {token}").as_str()));
-    assert!(seen.starts_with("ok: 200") && !seen.contains(&token) && !seen.contains(SECRET), "{seen}");
-    assert!(seen.contains("Basic [redacted]"), "{seen}");
+    assert!(seen.contains("withheld") && !seen.contains(&token) && !seen.contains(SECRET), "{seen}");
 }
 
 #[tokio::test]
-async fn a_query_parameter_credential_is_applied_and_redacted() {
+async fn a_query_parameter_credential_is_applied_and_checked_on_the_way_back() {
     let w = world_with(r#"{ query = { param = "api_key" } }"#);
     let seen = thief(&w.host, "http", &w.api.url("/echo?x=1"), true).await;
     assert_eq!(w.api.requests()[0].line, format!("GET /echo?x=1&api_key={SECRET} HTTP/1.1"));
-    assert!(seen.starts_with("ok: 200") && !seen.contains(SECRET), "{seen}");
-    assert!(seen.contains("api_key=[redacted]"), "{seen}");
+    assert!(seen.contains("withheld") && !seen.contains(SECRET), "{seen}");
 }
 
 #[tokio::test]

@@ -2,6 +2,7 @@
 //! Each module pins the invariants of DESIGN.md it is named after.
 
 mod approval;
+mod boundary;
 mod capabilities;
 mod loading;
 mod path;

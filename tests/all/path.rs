@@ -80,9 +80,10 @@ async fn a_tool_declaring_ungranted_authority_is_removed_with_the_fix_named() {
     assert_eq!(host.instantiations(), 0);
 
     let granted = format!(
-        "[[grants]]\ntools = \"hostile.needs_dir\"\ndirectories = [{{ path = \"/data\", host = \".\", access = \"read\" }}]\n{visible}"
+        "[[grants]]\ntools = \"hostile.needs_dir\"\ndirectories = [{{ path = \"/data\", host = \"data\", access = \"read\" }}]\n{visible}"
     );
     let host = TestHost::new(&granted, &[("hostile.wasm", packed(guests::HOSTILE))]);
+    std::fs::create_dir(host.dir.path().join("data")).unwrap();
     assert_eq!(host.runtime.list().len(), 1);
     assert!(matches!(call(&host, "hostile.needs_dir", json!({})).await, StepResult::Output { .. }));
 }

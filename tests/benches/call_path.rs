@@ -328,5 +328,25 @@ fn config() -> Criterion {
     Criterion::default().sample_size(50).warm_up_time(Duration::from_secs(2)).measurement_time(Duration::from_secs(5))
 }
 
-criterion_group! { name = call_path; config = config(); targets = benches }
+/// The response check (invariant 13): a 4 MiB response searched for 10
+/// configured secrets in every encoding, as JSON with no escapes (one view)
+/// and as JSON full of `\u`, `&`, `%` and `+` (all five views).
+fn response_check(c: &mut Criterion) {
+    use toolgate::sandbox::scan::SecretScanner;
+    let secrets: Vec<(String, Vec<u8>)> =
+        (0..10).map(|i| (format!("cred{i}"), format!("s3cr3t-{i}/+=-{i:08}-token").into_bytes())).collect();
+    let scanner = SecretScanner::new(&secrets);
+    let plain: Vec<u8> =
+        "{\"id\":12345,\"title\":\"an ordinary issue title\",\"state\":\"open\"},".repeat(4 << 20 >> 6).into_bytes();
+    let escaped: Vec<u8> = "{\"t\":\"caf\\u00e9 \\/ a&amp;b 50%25 a+b\"},".repeat(4 << 20 >> 5).into_bytes();
+    assert!(scanner.find(&plain).is_none() && scanner.find(&escaped).is_none());
+    let mut g = c.benchmark_group("boundary");
+    g.throughput(criterion::Throughput::Bytes(plain.len() as u64));
+    g.bench_function("scan_4mib_10_secrets_plain", |b| b.iter(|| scanner.find(std::hint::black_box(&plain))));
+    g.throughput(criterion::Throughput::Bytes(escaped.len() as u64));
+    g.bench_function("scan_4mib_10_secrets_escaped", |b| b.iter(|| scanner.find(std::hint::black_box(&escaped))));
+    g.finish();
+}
+
+criterion_group! { name = call_path; config = config(); targets = benches, response_check }
 criterion_main!(call_path);

@@ -127,17 +127,164 @@ impl Recorded {
     }
 }
 
-/// A small HTTP/1.1 server on 127.0.0.1 for outbound tests; stops on drop.
+/// A small HTTP/1.1 server on 127.0.0.1 for outbound tests (a thread per
+/// connection); stops on drop.
 ///
 /// Routes: `/issues?state=S` (needs `Authorization: Bearer <token>`, answers
 /// JSON issues), `/echo` (reflects the request line and headers in body and
-/// headers), `/redirect` (302 to the configured location), else 404.
+/// headers), `/redirect` (302 to the configured location), `/slow` (never
+/// answers), `/big` (64 KiB), `/bytes?kib=N` (N KiB), `/reflect?form=F&in=body|header&coding=C`
+/// (reflects the token it received in encoding `F` — see [`encode`] — and
+/// stores it), `/recall?form=F&in=…&coding=…` (the stored token, asked for
+/// without any credential), else 404.
 pub struct TestServer {
     /// The port it listens on.
     pub port: u16,
     requests: Arc<Mutex<Vec<Recorded>>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The token a request carried: a bearer token, a basic-auth password, or an `api_key` query parameter.
+fn received_token(rec: &Recorded, target: &str) -> Option<String> {
+    use base64::Engine as _;
+    if let Some(auth) = rec.header("authorization") {
+        if let Some(t) = auth.strip_prefix("Bearer ") {
+            return Some(t.to_owned());
+        }
+        if let Some(b) = auth.strip_prefix("Basic ") {
+            let decoded = base64::engine::general_purpose::STANDARD.decode(b).ok()?;
+            let text = String::from_utf8(decoded).ok()?;
+            return text.split_once(':').map(|(_, p)| p.to_owned());
+        }
+    }
+    let query = target.split_once('?')?.1;
+    query.split('&').find_map(|kv| kv.strip_prefix("api_key=")).map(|v| percent_decode(v))
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(if b[i] == b'+' { b' ' } else { b[i] });
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Every encoding the reflecting routes produce, by name.
+pub const FORMS: &[&str] = &[
+    "raw",
+    "json-slash",
+    "json-u",
+    "json-u-upper",
+    "html-dec",
+    "html-hex",
+    "html-named",
+    "pct-upper",
+    "pct-lower",
+    "form",
+    "b64",
+    "b64-nopad",
+    "b64url",
+    "b64-basic",
+    "b64-bearer",
+    "b64-offset1",
+    "b64-offset2",
+    "b64-json",
+    "b64-pct",
+    "hex",
+    "hex-upper",
+];
+
+/// `secret` in encoding `form` (one of [`FORMS`]), as servers and HTTP
+/// libraries produce them.
+pub fn encode(form: &str, secret: &str) -> String {
+    use base64::Engine as _;
+    let std = base64::engine::general_purpose::STANDARD;
+    let nopad = base64::engine::general_purpose::STANDARD_NO_PAD;
+    let url = base64::engine::general_purpose::URL_SAFE;
+    let json_u: String = secret.encode_utf16().map(|u| format!("\\u{u:04x}")).collect();
+    match form {
+        "raw" => secret.to_owned(),
+        "json-slash" => serde_json::to_string(secret).unwrap().trim_matches('"').replace('/', "\\/"),
+        "json-u" => json_u,
+        "json-u-upper" => json_u.to_uppercase().replace("\\U", "\\u"),
+        "html-dec" => secret.chars().map(|c| format!("&#{};", c as u32)).collect(),
+        "html-hex" => secret.chars().map(|c| format!("&#x{:x};", c as u32)).collect(),
+        "html-named" => {
+            secret.replace('&', "&amp;").replace('/', "&sol;").replace('+', "&plus;").replace('=', "&equals;")
+        }
+        "pct-upper" => secret.bytes().map(|b| format!("%{b:02X}")).collect(),
+        "pct-lower" => secret.bytes().map(|b| format!("%{b:02x}")).collect(),
+        "form" => secret
+            .bytes()
+            .map(|b| match b {
+                b' ' => "+".to_owned(),
+                b if b.is_ascii_alphanumeric() => (b as char).to_string(),
+                b => format!("%{b:02X}"),
+            })
+            .collect(),
+        "b64" => std.encode(secret),
+        "b64-nopad" => nopad.encode(secret),
+        "b64url" => url.encode(secret),
+        "b64-basic" => std.encode(format!("bot:{secret}")),
+        "b64-bearer" => std.encode(format!("Bearer {secret}")),
+        "b64-offset1" => std.encode(format!("x{secret}y")),
+        "b64-offset2" => std.encode(format!("xy{secret}z")),
+        "b64-json" => std.encode(format!("u:{secret}")).replace('/', "\\/"),
+        "b64-pct" => std.encode(format!("u:{secret}")).replace('+', "%2B").replace('/', "%2f").replace('=', "%3D"),
+        "hex" => hex_encode(secret, false),
+        "hex-upper" => hex_encode(secret, true),
+        other => panic!("unknown form {other}"),
+    }
+}
+
+fn hex_encode(s: &str, upper: bool) -> String {
+    s.bytes().map(|b| if upper { format!("{b:02X}") } else { format!("{b:02x}") }).collect()
+}
+
+fn query_param<'a>(target: &'a str, name: &str) -> Option<&'a str> {
+    target.split_once('?')?.1.split('&').find_map(|kv| kv.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
+}
+
+/// A reflected value as a response: in the body or a header, with content coding `coding`.
+fn reflect(value: &str, target: &str) -> (String, String, Vec<u8>) {
+    use std::io::Write as _;
+    let place = query_param(target, "in").unwrap_or("body");
+    let coding = query_param(target, "coding").unwrap_or("identity");
+    let (mut extra, body) = if place == "header" {
+        (format!("x-reflect: {value}\r\n"), b"{\"ok\":true}".to_vec())
+    } else {
+        (String::new(), format!("{{\"echo\":\"{value}\"}}").into_bytes())
+    };
+    let body = match coding {
+        "gzip" => {
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            e.write_all(&body).unwrap();
+            e.finish().unwrap()
+        }
+        "deflate" => {
+            let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+            e.write_all(&body).unwrap();
+            e.finish().unwrap()
+        }
+        "identity" => body,
+        // A coding the host cannot decode: the bytes are just the body.
+        _ => body,
+    };
+    if coding != "identity" {
+        extra.push_str(&format!("content-encoding: {coding}\r\n"));
+    }
+    ("200 OK".into(), extra, body)
 }
 
 impl TestServer {
@@ -147,6 +294,7 @@ impl TestServer {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let requests: Arc<Mutex<Vec<Recorded>>> = Arc::default();
+        let stored: Arc<Mutex<Option<String>>> = Arc::default();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (token, location) = (token.to_owned(), location.to_owned());
         let (reqs, stopping) = (requests.clone(), stop.clone());
@@ -156,63 +304,84 @@ impl TestServer {
                     break;
                 }
                 let Ok(mut stream) = stream else { continue };
-                stream.set_read_timeout(Some(std::time::Duration::from_secs(5))).ok();
-                let mut reader = BufReader::new(stream.try_clone().unwrap());
-                let mut line = String::new();
-                if reader.read_line(&mut line).is_err() {
-                    continue;
-                }
-                let line = line.trim_end().to_owned();
-                let mut headers = Vec::new();
-                loop {
-                    let mut h = String::new();
-                    if reader.read_line(&mut h).is_err() || h.trim_end().is_empty() {
-                        break;
+                let (token, location, reqs, stored) = (token.clone(), location.clone(), reqs.clone(), stored.clone());
+                std::thread::spawn(move || {
+                    stream.set_read_timeout(Some(std::time::Duration::from_secs(5))).ok();
+                    let mut reader = BufReader::new(stream.try_clone().unwrap());
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).is_err() {
+                        return;
                     }
-                    if let Some((k, v)) = h.trim_end().split_once(':') {
-                        headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+                    let line = line.trim_end().to_owned();
+                    let mut headers = Vec::new();
+                    loop {
+                        let mut h = String::new();
+                        if reader.read_line(&mut h).is_err() || h.trim_end().is_empty() {
+                            break;
+                        }
+                        if let Some((k, v)) = h.trim_end().split_once(':') {
+                            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+                        }
                     }
-                }
-                let rec = Recorded { line: line.clone(), headers };
-                reqs.lock().unwrap().push(rec.clone());
-                let target = line.split_whitespace().nth(1).unwrap_or("/").to_owned();
-                let (status, extra, body) = if target.starts_with("/issues") {
-                    if rec.header("authorization") == Some(&format!("Bearer {token}")) {
-                        let state = if target.contains("state=closed") { "closed" } else { "open" };
-                        let all = serde_json::json!([
-                            {"id": 1, "title": "Crash on start", "state": "open"},
-                            {"id": 2, "title": "Typo in docs", "state": "closed"},
-                            {"id": 3, "title": "Slow search", "state": "open"},
-                        ]);
-                        let list: Vec<_> =
-                            all.as_array().unwrap().iter().filter(|i| i["state"] == state).cloned().collect();
-                        ("200 OK", String::new(), serde_json::to_string(&list).unwrap())
+                    let rec = Recorded { line: line.clone(), headers };
+                    reqs.lock().unwrap().push(rec.clone());
+                    let target = line.split_whitespace().nth(1).unwrap_or("/").to_owned();
+                    let (status, extra, body): (String, String, Vec<u8>) = if target.starts_with("/issues") {
+                        if rec.header("authorization") == Some(&format!("Bearer {token}")) {
+                            let state = if target.contains("state=closed") { "closed" } else { "open" };
+                            let all = serde_json::json!([
+                                {"id": 1, "title": "Crash on start", "state": "open"},
+                                {"id": 2, "title": "Typo in docs", "state": "closed"},
+                                {"id": 3, "title": "Slow search", "state": "open"},
+                            ]);
+                            let list: Vec<_> =
+                                all.as_array().unwrap().iter().filter(|i| i["state"] == state).cloned().collect();
+                            ("200 OK".into(), String::new(), serde_json::to_vec(&list).unwrap())
+                        } else {
+                            ("401 Unauthorized".into(), String::new(), b"{\"error\":\"unauthorized\"}".to_vec())
+                        }
+                    } else if target.starts_with("/echo") {
+                        let mut body = format!("{line}\n");
+                        for (k, v) in &rec.headers {
+                            body.push_str(&format!("{k}: {v}\n"));
+                        }
+                        let auth = rec.header("authorization").unwrap_or("none").to_owned();
+                        (
+                            "200 OK".into(),
+                            format!("x-echo-authorization: {auth}\r\nx-echo-line: {line}\r\n"),
+                            body.into_bytes(),
+                        )
+                    } else if target.starts_with("/reflect") {
+                        match received_token(&rec, &target) {
+                            Some(t) => {
+                                *stored.lock().unwrap() = Some(t.clone());
+                                reflect(&encode(query_param(&target, "form").unwrap_or("raw"), &t), &target)
+                            }
+                            None => ("401 Unauthorized".into(), String::new(), b"no token".to_vec()),
+                        }
+                    } else if target.starts_with("/recall") {
+                        let t = stored.lock().unwrap().clone().unwrap_or_default();
+                        reflect(&encode(query_param(&target, "form").unwrap_or("raw"), &t), &target)
+                    } else if target.starts_with("/slow") {
+                        // Never answers in time: hold the connection, then give up.
+                        std::thread::sleep(std::time::Duration::from_secs(3));
+                        return;
+                    } else if target.starts_with("/bytes") {
+                        let kib: usize = query_param(&target, "kib").and_then(|k| k.parse().ok()).unwrap_or(1);
+                        ("200 OK".into(), String::new(), vec![b'x'; kib << 10])
+                    } else if target.starts_with("/big") {
+                        ("200 OK".into(), String::new(), vec![b'x'; 64 * 1024])
+                    } else if target.starts_with("/redirect") {
+                        ("302 Found".into(), format!("location: {location}\r\n"), Vec::new())
                     } else {
-                        ("401 Unauthorized", String::new(), "{\"error\":\"unauthorized\"}".to_owned())
-                    }
-                } else if target.starts_with("/echo") {
-                    let mut body = format!("{line}\n");
-                    for (k, v) in &rec.headers {
-                        body.push_str(&format!("{k}: {v}\n"));
-                    }
-                    let auth = rec.header("authorization").unwrap_or("none").to_owned();
-                    ("200 OK", format!("x-echo-authorization: {auth}\r\nx-echo-line: {line}\r\n"), body)
-                } else if target.starts_with("/slow") {
-                    // Never answers in time: hold the connection, then give up.
-                    std::thread::sleep(std::time::Duration::from_secs(3));
-                    continue;
-                } else if target.starts_with("/big") {
-                    ("200 OK", String::new(), "x".repeat(64 * 1024))
-                } else if target.starts_with("/redirect") {
-                    ("302 Found", format!("location: {location}\r\n"), String::new())
-                } else {
-                    ("404 Not Found", String::new(), "not found".to_owned())
-                };
-                let _ = write!(
-                    stream,
-                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n{extra}\r\n{body}",
-                    body.len()
-                );
+                        ("404 Not Found".into(), String::new(), b"not found".to_vec())
+                    };
+                    let head = format!(
+                        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n{extra}\r\n",
+                        body.len()
+                    );
+                    let _ = stream.write_all(head.as_bytes()).and_then(|_| stream.write_all(&body));
+                });
             }
         });
         TestServer { port, requests, stop, thread: Some(thread) }

@@ -93,12 +93,13 @@ pub async fn discover(url: &str, credential: Option<&CredentialSpec>) -> Result<
     let remote = |reason: String| ImportError::Remote { url: url.to_owned(), reason };
     let mut target = url.to_owned();
     let mut headers = HashMap::new();
-    let mut forms = Vec::new();
+    let mut watch = Vec::new();
     if let Some(spec) = credential {
         let secret = spec.materialize(&scheme, &host, port).map_err(|e| ImportError::Credential(e.to_string()))?;
         let mut request = http::Request::builder().uri(url).body(()).map_err(|_| ImportError::Url(url.to_owned()))?;
-        forms = toolgate::sandbox::outbound::apply(&mut request, spec, &secret)
+        toolgate::sandbox::outbound::apply(&mut request, spec, &secret)
             .map_err(|_| ImportError::Credential(format!("credential `{}` cannot be applied to {url}", spec.name)))?;
+        watch.push((spec.name.clone(), secret.expose().as_bytes().to_vec()));
         target = request.uri().to_string();
         headers = request.headers().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     }
@@ -129,9 +130,10 @@ pub async fn discover(url: &str, credential: Option<&CredentialSpec>) -> Result<
         })
         .collect::<Vec<_>>();
     let discovered = Discovered { server_name, tools };
-    // A remote that echoes the secret into its tool definitions would ship it in the component.
+    // A remote that echoes the secret into its tool definitions (in any
+    // encoding the host's response check knows) would ship it in the component.
     let text = format!("{discovered:?}");
-    if forms.iter().any(|f| !f.is_empty() && text.as_bytes().windows(f.len()).any(|w| w == f.as_slice())) {
+    if toolgate::sandbox::scan::SecretScanner::new(&watch).find(text.as_bytes()).is_some() {
         return Err(ImportError::Tools {
             url: url.to_owned(),
             reason: "its tool definitions contain the credential's secret; refusing to write them into a component"

@@ -41,7 +41,8 @@ fn os_user() -> String {
 }
 
 fn read_key(path: &Path) -> Result<SecretKey> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read approver key {}", path.display()))?;
+    let text = toolgate::files::read_text(path, 4096)
+        .with_context(|| format!("cannot read approver key {}", path.display()))?;
     SecretKey::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 

@@ -200,7 +200,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("toolgate: {e:#}");
+            eprintln!("toolgate: {}", safe(&format!("{e:#}")));
             let code = if let Some(c) = e.downcast_ref::<toolgate::config::ConfigError>() {
                 eprintln!("hint: {}", config_hint(c));
                 exit::CONFIG
@@ -230,7 +230,10 @@ fn config_hint(e: &toolgate::config::ConfigError) -> &'static str {
 fn run(cli: Cli) -> Result<u8> {
     let rt =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")?;
-    rt.block_on(dispatch(cli))
+    let result = rt.block_on(dispatch(cli));
+    // Exit now: never wait for a blocking thread a guest's call left behind.
+    rt.shutdown_background();
+    result
 }
 
 struct Host {
@@ -247,7 +250,7 @@ async fn open_host(cli: &Cli) -> Result<Host> {
 
 fn report_refused(catalog: &Catalog) {
     for r in catalog.refused() {
-        tracing::warn!("refused plugin {}: {}", r.path.display(), r.reason);
+        tracing::warn!("refused plugin {}: {}", safe(&r.path.display().to_string()), safe(&r.reason));
     }
 }
 
@@ -314,7 +317,8 @@ async fn dispatch(cli: Cli) -> Result<u8> {
         }
         Command::Sign { file, key } => {
             let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
-            let secret = std::fs::read_to_string(key).with_context(|| format!("cannot read {}", key.display()))?;
+            let secret =
+                toolgate::files::read_text(key, 4096).with_context(|| format!("cannot read {}", key.display()))?;
             let (sig, public) = toolgate::catalog::signing::sign(&bytes, &secret)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", key.display()))?;
             let out = toolgate::catalog::signing::sig_path(file);
@@ -330,11 +334,11 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             let mut pinned = std::collections::BTreeMap::new();
             for c in catalog.components() {
                 let name = c.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                println!("{name}  {}", c.digest);
+                println!("{}  {}", safe(&name), c.digest);
                 pinned.insert(name, c.digest);
             }
             for r in catalog.refused() {
-                eprintln!("toolgate: not pinned: {}: {}", r.path.display(), r.reason);
+                eprintln!("toolgate: not pinned: {}: {}", safe(&r.path.display().to_string()), safe(&r.reason));
             }
             toolgate::catalog::lockfile::Lockfile::write(&config.lock, &pinned)?;
             eprintln!("pinned {} plugin(s) in {}", pinned.len(), config.lock.display());
@@ -527,16 +531,16 @@ fn inspect(file: &Path, as_json: bool) -> Result<u8> {
             .collect();
         println!("{}", json!({ "file": file, "digest": component.digest.to_string(), "tools": tools }));
     } else {
-        println!("{}  {}", file.display(), component.digest);
+        println!("{}  {}", safe(&file.display().to_string()), component.digest);
         for t in &component.tools {
             let d = &t.metadata.descriptor;
-            println!("  {}  {}", d.id, d.description);
-            println!("    input schema: {}", d.input_schema);
+            println!("  {}  {}", safe(&d.id), safe(&d.description));
+            println!("    input schema: {}", safe(&d.input_schema.to_string()));
             let c = &t.metadata.capabilities;
             if c.directories.is_empty() && c.hosts.is_empty() && c.credentials.is_empty() {
                 println!("    capabilities: none");
             } else {
-                println!("    capabilities: {}", serde_json::to_string(c).unwrap_or_default());
+                println!("    capabilities: {}", safe(&serde_json::to_string(c).unwrap_or_default()));
             }
         }
     }
@@ -552,7 +556,7 @@ fn list(config: &Config, snapshot: &ExecutableAgentSnapshot, all: bool, as_json:
             println!("{}", serde_json::to_string(&tools)?);
         } else {
             for d in tools {
-                println!("{}  {}", d.id, d.description);
+                println!("{}  {}", safe(&d.id), safe(&d.description));
             }
         }
         return Ok(exit::OUTPUT);
@@ -577,12 +581,12 @@ fn list(config: &Config, snapshot: &ExecutableAgentSnapshot, all: bool, as_json:
     } else {
         for l in &listings {
             match &l.removed {
-                None => println!("shown    {}", l.id),
-                Some(r) => println!("hidden   {}  ({r})", l.id),
+                None => println!("shown    {}", safe(&l.id)),
+                Some(r) => println!("hidden   {}  ({})", safe(&l.id), safe(&r.to_string())),
             }
         }
         for r in refused {
-            println!("refused  {}  ({})", r.path.display(), r.reason);
+            println!("refused  {}  ({})", safe(&r.path.display().to_string()), safe(&r.reason));
         }
     }
     Ok(exit::OUTPUT)

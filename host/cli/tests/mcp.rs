@@ -18,6 +18,7 @@ fn the_official_python_mcp_client_drives_toolgate_serve() {
     let dir = tempfile::tempdir().unwrap();
     let plugins = dir.path().join("plugins");
     std::fs::create_dir(&plugins).unwrap();
+    std::fs::create_dir(dir.path().join("data")).unwrap();
     for (name, path) in [("text", guests::TEXT), ("notes", guests::NOTES), ("hostile", guests::HOSTILE)] {
         std::fs::write(plugins.join(format!("{name}.wasm")), packed(path)).unwrap();
     }
@@ -34,7 +35,7 @@ cache = "cache"
 timeout_ms = 3000
 [[grants]]
 tools = "files.*"
-directories = [{ path = "/data", host = "plugins", access = "read" }]
+directories = [{ path = "/data", host = "data", access = "read" }]
 [agents.default]
 visible = ["text.*", "notes", "hostile.chatter", "hostile.loop", "files.*"]
 default = "deny"

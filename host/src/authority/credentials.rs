@@ -9,7 +9,8 @@
 //! and everything a guest or the model sees hold a credential's *name*. The
 //! plaintext exists only inside [`Secret`], created by
 //! [`CredentialSpec::materialize`] for one outbound request to a destination
-//! bound to it, and is used to write that request and to redact responses.
+//! bound to it, and is used to write that request — or, through
+//! [`CredentialSpec::read_to_check`], to check what comes back to a guest.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -143,37 +144,74 @@ impl CredentialSpec {
         &self.apply
     }
 
+    /// The file the secret is read from, if it comes from one (the host
+    /// refuses directory grants that would expose it).
+    pub fn source_file(&self) -> Option<&Path> {
+        match &self.source {
+            Source::File(p) => Some(p),
+            Source::Env(_) => None,
+        }
+    }
+
     /// Read the secret for one request to `scheme://host:port`. Refuses an
     /// unbound destination before reading anything.
     pub fn materialize(&self, scheme: &str, host: &str, port: u16) -> Result<Secret, CredentialError> {
-        let unavailable = |problem: String| CredentialError::Unavailable { name: self.name.clone(), problem };
         if !self.bound_to(scheme, host, port) {
-            return Err(unavailable(format!("not bound to {scheme}://{host}:{port}")));
+            return Err(CredentialError::Unavailable {
+                name: self.name.clone(),
+                problem: format!("not bound to {scheme}://{host}:{port}"),
+            });
         }
+        self.read()
+    }
+
+    /// Read the secret to check what comes back to a guest against it (the
+    /// response check looks for every configured secret, bound or not). It
+    /// never leaves the host this way.
+    pub fn read_to_check(&self) -> Result<Secret, CredentialError> {
+        self.read()
+    }
+
+    fn read(&self) -> Result<Secret, CredentialError> {
+        let unavailable = |problem: String| CredentialError::Unavailable { name: self.name.clone(), problem };
         let value = match &self.source {
             Source::Env(var) => std::env::var(var)
                 .map_err(|_| unavailable(format!("environment variable `{var}` is not set in the host process")))?,
             Source::File(path) => read_owner_only(path).map_err(unavailable)?,
         };
         let value = value.trim_end_matches(['\n', '\r']).to_owned();
-        if value.is_empty() {
-            return Err(unavailable("the secret is empty".into()));
+        if value.len() < MIN_SECRET {
+            // Too short to tell apart from ordinary response text: it could not be checked.
+            return Err(unavailable(format!(
+                "the secret is {} bytes; at least {} are needed so responses can be checked for it",
+                value.len(),
+                MIN_SECRET
+            )));
         }
         Ok(Secret(value))
     }
 }
+
+/// The shortest secret toolgate applies: shorter ones cannot be told apart
+/// from ordinary response text, so responses could not be checked for them.
+pub const MIN_SECRET: usize = 8;
+
+/// Largest secret file read.
+const MAX_SECRET_FILE: u64 = 64 << 10;
 
 fn read_owner_only(path: &Path) -> Result<String, String> {
     let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        if meta.permissions().mode() & 0o077 != 0 {
+        if meta.is_file() && meta.permissions().mode() & 0o077 != 0 {
             return Err(format!("{} is readable by others; run `chmod 600 {}`", path.display(), path.display()));
         }
     }
     let _ = meta;
-    std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+    crate::files::read_text(path, MAX_SECRET_FILE).map_err(|e| {
+        format!("cannot read {}: {e}; point `source.file` at the secret's own regular file", path.display())
+    })
 }
 
 /// A secret's plaintext. Never printed; compared and written only by the
@@ -182,7 +220,7 @@ fn read_owner_only(path: &Path) -> Result<String, String> {
 pub struct Secret(String);
 
 impl Secret {
-    /// The plaintext, for writing the outbound request and redacting responses.
+    /// The plaintext, for writing the outbound request and checking responses.
     pub fn expose(&self) -> &str {
         &self.0
     }
@@ -238,13 +276,21 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("s");
-        std::fs::write(&f, "v\n").unwrap();
+        std::fs::write(&f, "v3ry-s3cret\n").unwrap();
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
         let c = spec(Apply::Query { param: "k".into() }, Source::File(f.clone()));
         let e = c.materialize("http", "127.0.0.1", 8080).unwrap_err().to_string();
-        assert!(e.contains("chmod 600") && !e.contains("v\n"), "{e}");
+        assert!(e.contains("chmod 600") && !e.contains("v3ry"), "{e}");
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert_eq!(c.materialize("http", "127.0.0.1", 8080).unwrap().expose(), "v");
+        assert_eq!(c.materialize("http", "127.0.0.1", 8080).unwrap().expose(), "v3ry-s3cret");
+        // Too short to be checked for in responses: refused, length named, value not.
+        std::fs::write(&f, "short\n").unwrap();
+        let e = c.materialize("http", "127.0.0.1", 8080).unwrap_err().to_string();
+        assert!(e.contains("5 bytes") && e.contains("at least 8") && !e.contains("short\n"), "{e}");
+        // Not a regular file (a directory, a FIFO): refused before reading.
+        let c = spec(Apply::Query { param: "k".into() }, Source::File(dir.path().to_owned()));
+        let e = c.materialize("http", "127.0.0.1", 8080).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
     }
 
     #[test]

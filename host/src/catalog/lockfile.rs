@@ -53,7 +53,7 @@ pub struct Lockfile {
 impl Lockfile {
     /// Read `path`; `Ok(None)` when there is no lock.
     pub fn read(path: &Path) -> Result<Option<Lockfile>, LockError> {
-        let text = match std::fs::read_to_string(path) {
+        let text = match crate::files::read_text(path, 4 << 20) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(source) => return Err(LockError::Io { path: path.to_owned(), source }),

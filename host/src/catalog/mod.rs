@@ -217,12 +217,5 @@ fn load_file_checked(path: &Path, check: impl Fn(&Digest) -> Result<(), String>)
 
 /// Read a component file, refusing anything over [`MAX_COMPONENT_BYTES`].
 pub fn read_bounded(path: &Path) -> Result<Vec<u8>, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read: {e}"))?;
-    if !meta.is_file() {
-        return Err("not a regular file".into());
-    }
-    if meta.len() > MAX_COMPONENT_BYTES {
-        return Err(format!("{} bytes, more than the {MAX_COMPONENT_BYTES} allowed", meta.len()));
-    }
-    std::fs::read(path).map_err(|e| format!("cannot read: {e}"))
+    crate::files::read_bounded(path, MAX_COMPONENT_BYTES).map_err(|e| format!("cannot read: {e}"))
 }

@@ -26,8 +26,11 @@ const DOMAIN: &[u8] = b"toolgate-component-v1\n";
 pub fn verify(keys: &TrustedKeys, path: &Path, digest: &Digest) -> Result<(), String> {
     let sig_path = sig_path(path);
     let shown = sig_path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let text = std::fs::read_to_string(&sig_path).map_err(|_| {
-        format!("not signed: `{shown}` is missing; the host accepts only signed components (`toolgate sign`)")
+    let text = crate::files::read_text(&sig_path, 4096).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => {
+            format!("not signed: `{shown}` is missing; the host accepts only signed components (`toolgate sign`)")
+        }
+        _ => format!("`{shown}` cannot be read as a signature ({e}); sign the file again"),
     })?;
     match keys.verify(DOMAIN, &digest.0, &text) {
         Ok(_) => Ok(()),

@@ -442,24 +442,26 @@ fn select(value: &Value, path: &[Step], q: Quantifier, pred: &dyn Fn(&Value) -> 
     }
 }
 
-/// Apply `test` to `s` as written and, if it has `.` or `..` segments, to its lexically
-/// resolved form; combine by `q`.
-fn path_readings(s: &str, q: Quantifier, test: impl Fn(&str) -> bool) -> bool {
-    let raw = test(s);
-    let resolved = || resolve_dot_segments(s).map(|r| test(&r));
-    match q {
-        Quantifier::Any => raw || resolved().unwrap_or(false),
-        Quantifier::All => raw && resolved().unwrap_or(true),
-    }
+/// Apply `test` to the one normalized spelling of path `s` (see [`normalize_path`]),
+/// the same normalization rule globs get, so every spelling of a path gets one verdict.
+fn path_readings(s: &str, _q: Quantifier, test: impl Fn(&str) -> bool) -> bool {
+    test(&normalize_path(s))
 }
 
-/// Lexically resolve `.` and `..` segments (and drop empty ones); `None` when `s` has
-/// no dot segment, which keeps the common case allocation-free.
-fn resolve_dot_segments(s: &str) -> Option<String> {
-    if !s.split('/').any(|seg| seg == "." || seg == "..") {
-        return None;
+/// The one spelling of a path that rules and arguments are compared in: a
+/// leading `/` or `./` dropped (Tools read paths relative to their grants),
+/// empty and `.` segments dropped (so `a//b` and `a/b/` are `a/b`), `..`
+/// resolved lexically (a leading `..` kept; at the root it stays at the
+/// root). The empty path is `.`. Borrowed when `s` is already normal.
+pub fn normalize_path(s: &str) -> std::borrow::Cow<'_, str> {
+    let normal = !s.starts_with('/')
+        && !s.ends_with('/')
+        && !s.is_empty()
+        && s.split('/').all(|seg| !seg.is_empty() && seg != "." && seg != "..");
+    if normal {
+        return std::borrow::Cow::Borrowed(s);
     }
-    let absolute = s.starts_with('/');
+    let rooted = s.starts_with('/');
     let mut out: Vec<&str> = Vec::new();
     for seg in s.split('/') {
         match seg {
@@ -469,18 +471,13 @@ fn resolve_dot_segments(s: &str) -> Option<String> {
                     out.pop();
                 }
                 // `/..` is `/`; a relative path keeps its leading `..`.
-                _ if absolute => {}
+                _ if rooted => {}
                 _ => out.push(".."),
             },
             _ => out.push(seg),
         }
     }
-    let joined = out.join("/");
-    Some(match (absolute, joined.is_empty()) {
-        (true, _) => format!("/{joined}"),
-        (false, true) => ".".to_owned(),
-        (false, false) => joined,
-    })
+    std::borrow::Cow::Owned(if out.is_empty() { ".".to_owned() } else { out.join("/") })
 }
 
 #[cfg(test)]
@@ -741,21 +738,33 @@ mod tests {
         run(&[
             case("allow: escape via ..", ALLOW, "fs.read", json!({"path": "data/../secret/k"}), Deny, None),
             case("allow: .. staying inside", ALLOW, "fs.read", json!({"path": "data/a/../b"}), Allow, Some(ALLOW[0].0)),
-            case("allow: leading ./ is not both readings", ALLOW, "fs.read", json!({"path": "./data/a"}), Deny, None),
+            case("allow: leading ./ is the same path", ALLOW, "fs.read", json!({"path": "./data/a"}), Allow, Some(ALLOW[0].0)),
+            case("allow: leading / is the same path", ALLOW, "fs.read", json!({"path": "/data/a"}), Allow, Some(ALLOW[0].0)),
             case("deny: reached via ..", DENY, "fs.read", json!({"path": "data/../secret/k"}), Deny, Some(DENY[0].0)),
             case("deny: reached via ./", DENY, "fs.write", json!({"path": "./secret/k"}), Deny, Some(DENY[1].0)),
             case("deny: plain other", DENY, "fs.read", json!({"path": "data/k"}), Allow, Some("*")),
             case("allow !~: .. into secret", NOT, "fs.read", json!({"path": "data/../secret/k"}), Deny, None),
             case("allow !~: plain", NOT, "fs.read", json!({"path": "data/k"}), Allow, Some(NOT[0].0)),
         ]);
-        let resolved = |s| resolve_dot_segments(s);
-        assert_eq!(resolved("a/b"), None);
-        assert_eq!(resolved("a/./b").as_deref(), Some("a/b"));
-        assert_eq!(resolved("a/../../b").as_deref(), Some("../b"));
-        assert_eq!(resolved("/../etc").as_deref(), Some("/etc"));
-        assert_eq!(resolved("a/..").as_deref(), Some("."));
-        assert_eq!(resolved("a//b/../c").as_deref(), Some("a/c"));
-        assert_eq!(resolved("..").as_deref(), Some(".."));
+        let n = |s| normalize_path(s).into_owned();
+        for (spelling, normal) in [
+            ("a/b", "a/b"),
+            ("a/./b", "a/b"),
+            ("a/../../b", "../b"),
+            ("/../etc", "etc"),
+            ("a/..", "."),
+            ("a//b/../c", "a/c"),
+            ("..", ".."),
+            ("/secret/key", "secret/key"),
+            ("./secret/key", "secret/key"),
+            ("secret//key", "secret/key"),
+            ("secret/key/", "secret/key"),
+            ("", "."),
+            ("/", "."),
+        ] {
+            assert_eq!(n(spelling), normal, "{spelling}");
+        }
+        assert!(matches!(normalize_path("data/x.csv"), std::borrow::Cow::Borrowed(_)), "the common case allocates nothing");
     }
 
     #[test]
@@ -1165,12 +1174,47 @@ mod tests {
             prop_assert_eq!(deny.evaluate("t", None, &args).rule.is_some(), any);
         }
 
+        /// Invariant of the one normalization: every spelling of a path — a
+        /// leading `/` or `./`, doubled slashes, a trailing slash, `x/..`
+        /// detours, `.` segments — gets the verdict of its normal form, for
+        /// primary-argument globs and `~` conditions, in rules written any of
+        /// those ways too.
+        #[test]
+        fn every_spelling_of_a_path_gets_one_verdict(
+            segments in prop::collection::vec("(secret|data|tmp|a|b)", 1..5),
+            spellings in prop::collection::vec((any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), 0usize..5), 1..6),
+        ) {
+            let p = policy(
+                &[
+                    ("fs.read(/secret/**)", Deny),
+                    (r#"fs.read(path ~ "./tmp//*/")"#, Ask),
+                    ("fs.read(data/**)", Allow),
+                ],
+                Deny,
+            );
+            let canonical = segments.join("/");
+            let verdict = |path: &str| p.evaluate("fs.read", Some("path"), &json!({"path": path}));
+            let want = verdict(&canonical);
+            for (lead_slash, lead_dot, double, trailing, detour_at) in spellings {
+                let mut parts: Vec<String> = segments.clone();
+                if detour_at < parts.len() {
+                    parts.insert(detour_at, "x/..".into());
+                    parts.insert(0, ".".into());
+                }
+                let mut s = parts.join(if double { "//" } else { "/" });
+                if lead_dot { s = format!("./{s}"); }
+                if lead_slash { s = format!("/{s}"); }
+                if trailing { s.push('/'); }
+                prop_assert_eq!(verdict(&s), want.clone(), "{} vs {}", s, canonical);
+            }
+        }
+
         /// An allow rule never matches a path whose resolved form it would not match.
         #[test]
         fn allow_never_matches_escaping_paths(path in "(data|\\.\\.|\\.|secret|a)(/(data|\\.\\.|\\.|secret|a))*") {
             let allow = policy(&[("fs.read(data/**)", Allow)], Deny);
             let allowed = allow.evaluate("fs.read", Some("path"), &json!({"path": path})).behavior == Allow;
-            let resolved = resolve_dot_segments(&path).unwrap_or_else(|| path.clone());
+            let resolved = normalize_path(&path);
             if allowed {
                 prop_assert!(resolved.starts_with("data/"), "{} -> {}", path, resolved);
             }

@@ -169,8 +169,10 @@ fn parse_tool_id(pattern: &str, start: usize, end: usize) -> Result<IdPattern, F
     Ok(IdPattern::Glob { glob, literal_chars })
 }
 
+/// A path glob, normalized as arguments are (`super::normalize_path`), so
+/// `/secret/**`, `./secret/**` and `secret//**` mean `secret/**`.
 fn compile_path_glob(glob: &str, at: usize) -> Result<GlobMatcher, Fault> {
-    GlobBuilder::new(glob)
+    GlobBuilder::new(&super::normalize_path(glob))
         .literal_separator(true)
         .backslash_escape(true)
         .build()

@@ -29,7 +29,7 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::authority::narrowing::Access;
-use crate::sandbox::outbound::{HttpLimits, OutboundPolicy};
+use crate::sandbox::outbound::{HostRecords, HttpLimits, OutboundPolicy, SecretWatch, Traffic};
 use crate::snapshot::EffectiveGrant;
 
 use crate::catalog::descriptor::CheckedTool;
@@ -51,6 +51,35 @@ use bindings::toolgate::plugin::{log as wit_log, state as wit_state, types as wi
 
 /// How often the epoch advances; deadlines are whole ticks.
 const EPOCH_TICK: Duration = Duration::from_millis(5);
+
+/// Core instances, memories and tables one component instance may use:
+/// its share of the pooling allocator (ample for Rust and Python guests).
+const CORE_INSTANCES_PER_COMPONENT: u32 = 16;
+const MEMORIES_PER_COMPONENT: u32 = 4;
+const TABLES_PER_COMPONENT: u32 = 16;
+
+/// Components compiled at once (Cranelift uses every core for one).
+const COMPILES_AT_ONCE: usize = 2;
+
+/// Feeds [`Hash`] input into SHA-256, for stable cache keys (unlike
+/// `DefaultHasher`, whose output may change between Rust releases).
+#[derive(Default)]
+struct Sha256Hasher(sha2::Sha256);
+
+impl Hasher for Sha256Hasher {
+    fn write(&mut self, bytes: &[u8]) {
+        sha2::Digest::update(&mut self.0, bytes);
+    }
+    fn finish(&self) -> u64 {
+        0 // unused: the key is the whole digest
+    }
+}
+
+impl Sha256Hasher {
+    fn hex(self) -> String {
+        hex::encode(sha2::Digest::finalize(self.0))
+    }
+}
 
 /// Engine-wide settings. Changing any of them changes the compiled-code cache key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -195,7 +224,9 @@ pub struct Execution {
     pub transport_failure: Option<String>,
 }
 
-/// Bounded guest output of one call.
+/// Bounded output of one call: the guest's streams, and apart from them
+/// the host's own records of the call (denied requests, withheld
+/// responses, limits hit), which the guest can neither flood away nor imitate.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Captured {
     /// stdout (lossy UTF-8), truncated to the capture limit.
@@ -204,8 +235,12 @@ pub struct Captured {
     pub stderr: String,
     /// `log` import messages.
     pub log: String,
-    /// Bytes dropped over the limit, all streams.
+    /// Bytes the guest wrote over the limit, all streams.
     pub dropped: u64,
+    /// What the host recorded about the call.
+    pub host: Vec<String>,
+    /// Host records beyond the kept ones.
+    pub host_dropped: u64,
 }
 
 /// Per-call store state: the whole authority of one call.
@@ -262,6 +297,12 @@ pub struct Executor {
     compilations: AtomicU64,
     stop_ticker: Arc<AtomicBool>,
     admission: Admission,
+    /// Compilations running at once; a compile waits for one, under its own time limit.
+    compiles: Arc<tokio::sync::Semaphore>,
+    /// Outbound requests in flight in the whole host.
+    http_slots: Arc<tokio::sync::Semaphore>,
+    /// Why the cache directory is not used, if it is not trusted (said once).
+    cache_distrust: std::sync::OnceLock<Option<String>>,
 }
 
 /// Back-pressure: a call waits for a slot of its Tool and a slot of the
@@ -348,12 +389,17 @@ impl Executor {
         let mut pool = PoolingAllocationConfig::new();
         // One pooling slot per admitted instance: the admission semaphore below
         // guarantees the pool is never exhausted, so saturation waits, never fails.
+        // Per-component caps equal each slot's share of the totals, so one
+        // component cannot drain what other calls' instances then fail on.
         let n = u32::try_from(settings.limits.max_instances).unwrap_or(u32::MAX).max(1);
         pool.total_component_instances(n)
-            .total_core_instances(n * 8)
-            .total_memories(n * 4)
-            .total_tables(n * 8)
+            .total_core_instances(n.saturating_mul(CORE_INSTANCES_PER_COMPONENT))
+            .total_memories(n.saturating_mul(MEMORIES_PER_COMPONENT))
+            .total_tables(n.saturating_mul(TABLES_PER_COMPONENT))
             .total_stacks(n)
+            .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
+            .max_memories_per_component(MEMORIES_PER_COMPONENT)
+            .max_tables_per_component(TABLES_PER_COMPONENT)
             .max_memory_size((settings.limits.memory_mib as usize) << 20);
         let mut config = Config::new();
         config
@@ -363,16 +409,20 @@ impl Executor {
         let engine = Engine::new(&config).map_err(ExecutorError::Engine)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(ExecutorError::Engine)?;
+        refuse_special_files(&mut linker).map_err(ExecutorError::Engine)?;
         // The only network a guest gets: HTTP through the outbound policy.
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(ExecutorError::Engine)?;
         bindings::Plugin::add_to_linker::<CallState, wasmtime::component::HasSelf<CallState>>(&mut linker, |s| s)
             .map_err(ExecutorError::Engine)?;
 
-        let mut h = std::collections::hash_map::DefaultHasher::new();
+        // The compiled-code cache is keyed by everything a compiled artifact
+        // depends on: the engine's own compatibility hash (wasmtime version,
+        // target, settings) and ours, as SHA-256.
+        let mut h = Sha256Hasher::default();
         engine.precompile_compatibility_hash().hash(&mut h);
-        settings.limits.memory_mib.hash(&mut h);
-        n.hash(&mut h);
-        let cache_key = format!("{:016x}", h.finish());
+        (env!("CARGO_PKG_VERSION"), settings.limits.memory_mib, n).hash(&mut h);
+        (CORE_INSTANCES_PER_COMPONENT, MEMORIES_PER_COMPONENT, TABLES_PER_COMPONENT).hash(&mut h);
+        let cache_key = h.hex()[..32].to_owned();
 
         let stop_ticker = Arc::new(AtomicBool::new(false));
         let (weak, stop) = (engine.weak(), stop_ticker.clone());
@@ -390,6 +440,7 @@ impl Executor {
             .map_err(|e| ExecutorError::Engine(wasmtime::Error::msg(format!("cannot start epoch thread: {e}"))))?;
 
         let per_tool = usize::try_from(settings.limits.max_instances_per_tool).unwrap_or(usize::MAX).max(1);
+        let http_in_flight = usize::try_from(settings.limits.http_requests_in_flight_host).unwrap_or(usize::MAX).max(1);
         let admission = Admission::new(n as usize, per_tool);
         Ok(Executor {
             engine,
@@ -402,6 +453,9 @@ impl Executor {
             compilations: AtomicU64::new(0),
             stop_ticker,
             admission,
+            compiles: Arc::new(tokio::sync::Semaphore::new(COMPILES_AT_ONCE)),
+            http_slots: Arc::new(tokio::sync::Semaphore::new(http_in_flight)),
+            cache_distrust: std::sync::OnceLock::new(),
         })
     }
 
@@ -443,22 +497,22 @@ impl Executor {
         let grant = &call.candidate().grant;
         let wasi = sandbox(grant, &stdout, &stderr)
             .map_err(|reason| ExecutorError::Instantiate { path: component.path.clone(), reason })?;
+        let http_limits = self.http_limits();
+        let records = HostRecords::default();
         let outbound = OutboundPolicy::new(
             Arc::new(grant.hosts.clone()),
             Arc::new(grant.credentials.clone()),
-            HttpLimits {
-                request_bytes: (limits.http_request_kib as usize) << 10,
-                response_bytes: (limits.http_response_kib as usize) << 10,
-                timeout: Duration::from_millis(limits.http_timeout_ms),
-            },
-            log.clone(),
+            http_limits,
+            records.clone(),
+            Arc::new(SecretWatch::new(grant.watched.to_vec())),
+            Traffic::new(&http_limits, self.http_slots.clone()),
         );
         let transport = outbound.transport_failure();
         let state = CallState {
             wasi,
-            http: WasiHttpCtx::new(),
+            http: self.http_ctx(),
             outbound,
-            table: ResourceTable::new(),
+            table: self.resource_table(),
             limits: StoreLimitsBuilder::new()
                 .memory_size((limits.memory_mib as usize) << 20)
                 .trap_on_grow_failure(true)
@@ -499,12 +553,46 @@ impl Executor {
         };
         drop(store);
         let dropped = stdout.dropped() + stderr.dropped() + log.dropped();
+        let (host, host_dropped) = records.take();
         Ok(Execution {
             result,
-            captured: Captured { stdout: stdout.text(), stderr: stderr.text(), log: log.text(), dropped },
+            captured: Captured {
+                stdout: stdout.text(),
+                stderr: stderr.text(),
+                log: log.text(),
+                dropped,
+                host,
+                host_dropped,
+            },
             elapsed,
             transport_failure: transport.get(),
         })
+    }
+
+    fn http_limits(&self) -> HttpLimits {
+        let l = &self.settings.limits;
+        HttpLimits {
+            request_bytes: (l.http_request_kib as usize) << 10,
+            response_bytes: (l.http_response_kib as usize) << 10,
+            timeout: Duration::from_millis(l.http_timeout_ms),
+            in_flight_per_call: l.http_requests_in_flight as usize,
+            response_bytes_per_call: (l.http_response_total_kib as usize) << 10,
+        }
+    }
+
+    /// The `wasi:http` context of a call: bounded header fields.
+    fn http_ctx(&self) -> WasiHttpCtx {
+        let mut http = WasiHttpCtx::new();
+        http.set_field_size_limit((self.settings.limits.http_field_kib as usize) << 10);
+        http
+    }
+
+    /// A call's resource table: bounded, so a guest cannot make the host
+    /// allocate handles (streams, fields, requests) without end.
+    fn resource_table(&self) -> ResourceTable {
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(self.settings.limits.resource_table_entries as usize);
+        table
     }
 
     fn convert(&self, out: wit_types::ToolOutput, tool: &CheckedTool) -> Result<ToolOutput, ToolFailure> {
@@ -571,17 +659,24 @@ impl Executor {
     }
 
     async fn load(&self, path: &Path, digest: Digest) -> Result<Pre, ExecutorError> {
-        let cached =
-            self.settings.cache_dir.as_ref().map(|d| d.join(format!("{}-{}.cwasm", digest.hex(), self.cache_key)));
+        let cached = self.trusted_cache_dir().map(|d| d.join(format!("{}-{}.cwasm", digest.hex(), self.cache_key)));
         let engine = self.engine.clone();
         let path_owned = path.to_owned();
         let cached_path = cached.clone();
-        let (component, compiled) = tokio::task::spawn_blocking(move || -> Result<(Component, bool), ExecutorError> {
-            if let Some(c) = cached_path.as_ref().filter(|c| c.is_file()) {
-                // SAFETY: the cache directory is written only by this host
-                // (0700, atomic renames) and is keyed by engine settings; it
-                // is as trusted as the host binary. A failed load falls back
-                // to compiling from the verified source.
+        // Compiling is CPU the host shares: a few at a time, under a time limit.
+        let _slot = self
+            .compiles
+            .acquire()
+            .await
+            .map_err(|_| ExecutorError::Load { path: path.to_owned(), reason: "the host is shutting down".into() })?;
+        let compile = tokio::task::spawn_blocking(move || -> Result<(Component, bool), ExecutorError> {
+            if let Some(c) = cached_path.as_ref().filter(|c| trusted_cache_file(c)) {
+                // SAFETY: the file is a regular file owned by this user with
+                // no group or other access, in a directory with the same
+                // checks, written only by this host (atomic renames) and keyed
+                // by a SHA-256 of the engine settings: as trusted as the host
+                // binary. A failed load falls back to compiling from the
+                // verified source.
                 if let Ok(comp) = unsafe { Component::deserialize_file(&engine, c) } {
                     return Ok((comp, false));
                 }
@@ -597,9 +692,25 @@ impl Executor {
                 write_cache(c, &comp);
             }
             Ok((comp, true))
-        })
-        .await
-        .map_err(|e| ExecutorError::Load { path: path.to_owned(), reason: format!("compile task failed: {e}") })??;
+        });
+        let limit = Duration::from_millis(self.settings.limits.compile_timeout_ms);
+        let (component, compiled) = match tokio::time::timeout(limit, compile).await {
+            Ok(joined) => joined.map_err(|e| ExecutorError::Load {
+                path: path.to_owned(),
+                reason: format!("compile task failed: {e}"),
+            })??,
+            // Cranelift cannot be interrupted: the compile finishes in the
+            // background and is dropped; the component is marked unhealthy.
+            Err(_) => {
+                return Err(ExecutorError::Load {
+                    path: path.to_owned(),
+                    reason: format!(
+                        "compiling it took longer than `limits.compile_timeout_ms` ({} ms); raise the limit if the component is trusted",
+                        limit.as_millis()
+                    ),
+                });
+            }
+        };
         if compiled {
             self.compilations.fetch_add(1, Ordering::SeqCst);
         }
@@ -611,6 +722,22 @@ impl Executor {
             path: path.to_owned(),
             reason: format!("{e:#}; build it with toolgate-sdk's `export_tools!`"),
         })
+    }
+
+    /// The cache directory, if it may be trusted: created owner-only, and
+    /// checked (not just set) to be a directory owned by this user with no
+    /// group or other access. A directory that fails the check is neither
+    /// read nor written; the host says so once and compiles from source.
+    fn trusted_cache_dir(&self) -> Option<&Path> {
+        let dir = self.settings.cache_dir.as_deref()?;
+        let distrust = self.cache_distrust.get_or_init(|| {
+            let why = prepare_cache_dir(dir).err();
+            if let Some(why) = &why {
+                tracing::warn!("not using the compiled-code cache {}: {why}", dir.display());
+            }
+            why
+        });
+        distrust.is_none().then_some(dir)
     }
 
     /// Call a component's `describe` export in a sandbox with no authority.
@@ -626,17 +753,26 @@ impl Executor {
         let pre = bindings::PluginPre::new(pre)
             .map_err(|e| ExecutorError::Load { path: path.clone(), reason: format!("{e:#}") })?;
         let limits = &self.settings.limits;
+        let no_http = HttpLimits {
+            request_bytes: 0,
+            response_bytes: 0,
+            timeout: Duration::from_millis(1),
+            in_flight_per_call: 1,
+            response_bytes_per_call: 0,
+        };
         let state = CallState {
             wasi: WasiCtx::builder().build(),
-            http: WasiHttpCtx::new(),
+            http: self.http_ctx(),
             // No destinations: `describe` gets no network.
             outbound: OutboundPolicy::new(
                 Arc::default(),
                 Arc::default(),
-                HttpLimits { request_bytes: 0, response_bytes: 0, timeout: Duration::from_millis(1) },
-                Capture::new(0),
+                no_http,
+                HostRecords::default(),
+                Arc::new(SecretWatch::new(Vec::new())),
+                Traffic::new(&no_http, self.http_slots.clone()),
             ),
-            table: ResourceTable::new(),
+            table: self.resource_table(),
             limits: StoreLimitsBuilder::new()
                 .memory_size((limits.memory_mib as usize) << 20)
                 .trap_on_grow_failure(true)
@@ -662,10 +798,13 @@ impl Executor {
 
 /// The WASI context of one call: exactly the granted mounts and environment,
 /// stdout/stderr into bounded captures, and nothing else — no inherited stdio,
-/// no arguments, no sockets, no name lookup (all off by default in wasmtime-wasi).
+/// no arguments, no sockets, no name lookup. (wasmtime-wasi 48 defaults to
+/// that; it is said here so a changed default cannot widen it.)
 fn sandbox(grant: &EffectiveGrant, stdout: &Capture, stderr: &Capture) -> Result<WasiCtx, String> {
     let mut b = WasiCtx::builder();
     b.stdout(stdout.clone()).stderr(stderr.clone());
+    b.allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false);
+    b.socket_addr_check(|_, _| Box::pin(async { false }));
     for (k, v) in &grant.env {
         b.env(k, v);
     }
@@ -686,22 +825,128 @@ fn sandbox(grant: &EffectiveGrant, stdout: &Capture, stderr: &Capture) -> Result
     Ok(b.build())
 }
 
-fn write_cache(path: &Path, component: &Component) {
-    // Best effort: a cache that cannot be written only costs a recompile.
-    let Ok(bytes) = component.serialize() else { return };
-    let Some(dir) = path.parent() else { return };
-    if std::fs::create_dir_all(dir).is_err() {
-        return;
+/// `wasi:filesystem` `open-at`, with one check in front: a FIFO, socket or
+/// device inside a grant is refused before it is opened, since opening one
+/// can block a host thread beyond any deadline (a FIFO without a writer).
+/// The check stats the path through the same sandboxed directory handle
+/// (cap-std: no escape), without opening it; everything else is
+/// wasmtime-wasi's own `open-at`. (A file swapped for a FIFO between the
+/// check and the open is outside this; SECURITY.md lists it.)
+fn refuse_special_files(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
+    use wasmtime::component::Resource;
+    use wasmtime_wasi::filesystem::{Descriptor, WasiFilesystemView};
+    use wasmtime_wasi::p2::bindings::filesystem::types::{
+        self as fs, DescriptorFlags, ErrorCode, HostDescriptor, OpenFlags, PathFlags,
+    };
+    type Args = (Resource<fs::Descriptor>, PathFlags, String, OpenFlags, DescriptorFlags);
+    linker.allow_shadowing(true);
+    let mut types = linker.instance("wasi:filesystem/types@0.2.12")?;
+    types.func_wrap_async("[method]descriptor.open-at", |mut store, (fd, path_flags, path, oflags, flags): Args| {
+        Box::new(async move {
+            let state: &mut CallState = store.data_mut();
+            let mut view = state.filesystem();
+            let special = match view.table.get(&fd) {
+                Ok(Descriptor::Dir(dir)) => {
+                    special_file(&dir.dir, &path, path_flags.contains(PathFlags::SYMLINK_FOLLOW))
+                }
+                _ => None,
+            };
+            if let Some(kind) = special {
+                tracing::debug!("refused to open {kind} `{path}` inside a grant");
+                return Ok((Err(ErrorCode::Access),));
+            }
+            match HostDescriptor::open_at(&mut view, fd, path_flags, path, oflags, flags).await {
+                Ok(opened) => Ok((Ok(opened),)),
+                Err(e) => Ok((Err(e.downcast()?),)),
+            }
+        })
+    })?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
+
+/// What kind of special file `path` under `dir` is, if it is one.
+fn special_file(dir: &std::fs::File, path: &str, follow: bool) -> Option<&'static str> {
+    let dir = cap_std::fs::Dir::from_std_file(dir.try_clone().ok()?);
+    let meta = if follow { dir.metadata(path) } else { dir.symlink_metadata(path) }.ok()?;
+    #[cfg(unix)]
+    {
+        use cap_std::fs::FileTypeExt;
+        let t = meta.file_type();
+        if t.is_fifo() {
+            return Some("a FIFO");
+        }
+        if t.is_socket() {
+            return Some("a socket");
+        }
+        if t.is_char_device() || t.is_block_device() {
+            return Some("a device");
+        }
+    }
+    let _ = meta;
+    None
+}
+
+/// The effective user id, owner of everything this host writes.
+#[cfg(unix)]
+fn me() -> u32 {
+    rustix::process::geteuid().as_raw()
+}
+
+/// Make `dir` (0700) if needed, then check it may be trusted.
+fn prepare_cache_dir(dir: &Path) -> Result<(), String> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir).map_err(|e| format!("cannot create it: {e}"))?;
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("cannot read it: {e}"))?;
+    if !meta.is_dir() {
+        return Err("it is not a directory".into());
     }
     #[cfg(unix)]
     {
-        use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+        use std::os::unix::fs::MetadataExt;
+        if meta.uid() != me() {
+            return Err(format!("it is owned by uid {}, not this user (uid {})", meta.uid(), me()));
+        }
+        if meta.mode() & 0o077 != 0 {
+            return Err(format!("its mode is {:o}; run `chmod 700` on it", meta.mode() & 0o777));
+        }
     }
+    Ok(())
+}
+
+/// Whether a cached artifact may be loaded: a regular file (not a link),
+/// owned by this user, with no group or other access.
+fn trusted_cache_file(path: &Path) -> bool {
+    let Ok(meta) = std::fs::symlink_metadata(path) else { return false };
+    if !meta.is_file() {
+        return false;
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        if meta.uid() != me() || meta.mode() & 0o077 != 0 {
+            tracing::warn!("ignoring cached artifact {}: wrong owner or mode; recompiling", path.display());
+            return false;
+        }
+    }
+    true
+}
+
+fn write_cache(path: &Path, component: &Component) {
+    // Best effort: a cache that cannot be written only costs a recompile.
+    let Ok(bytes) = component.serialize() else { return };
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(format!(".tmp{}", std::process::id()));
     let tmp = PathBuf::from(tmp);
-    if std::fs::write(&tmp, bytes).is_ok() && std::fs::rename(&tmp, path).is_err() {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let written = options.open(&tmp).and_then(|mut f| std::io::Write::write_all(&mut f, &bytes));
+    if written.is_err() || std::fs::rename(&tmp, path).is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
 }

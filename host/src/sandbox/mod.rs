@@ -13,3 +13,4 @@
 pub mod capture;
 pub mod executor;
 pub mod outbound;
+pub mod scan;

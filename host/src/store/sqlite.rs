@@ -368,8 +368,13 @@ impl SqliteJournal {
     pub fn open(path: &Path) -> Result<Self, CommitError> {
         let shown = path.display().to_string();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|source| CommitError::Directory { path: shown.clone(), source })?;
+            let mut builder = std::fs::DirBuilder::new();
+            builder.recursive(true);
+            #[cfg(unix)]
+            std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+            builder.create(dir).map_err(|source| CommitError::Directory { path: shown.clone(), source })?;
         }
+        owner_only(path).map_err(|source| CommitError::Directory { path: shown.clone(), source })?;
         let open = || Connection::open(path).map_err(|source| CommitError::Sqlite { path: shown.clone(), source });
         let mut journal = Self::init(open()?, shown.clone(), true)?;
         // The committer writes on its own connection (WAL: readers are not blocked).
@@ -451,6 +456,24 @@ impl SqliteJournal {
             message: format!("unexpected result from the writer for a {what}"),
         }
     }
+}
+
+/// Create the journal file readable by its owner only (SQLite gives its WAL
+/// and shared-memory files the same mode), or tighten an existing one: it
+/// holds every call's arguments and results.
+fn owner_only(path: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).mode(0o600).open(path)?;
+        let mode = file.metadata()?.permissions().mode();
+        if mode & 0o077 != 0 {
+            file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
 }
 
 // Statements run on every call are prepared once per connection
@@ -1021,6 +1044,25 @@ mod tests {
         let (groups, writes) = j.group_commits();
         assert_eq!(writes, 16 * 20 + 1);
         assert!(groups <= writes, "{groups} groups for {writes} writes");
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn the_journal_and_its_wal_are_readable_by_their_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state/journal.db");
+        let j = SqliteJournal::open(&path).unwrap();
+        j.commit_step(&step("c1", OutcomeKind::Output), &[set("k", "v")], None).await.unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(&dir.path().join("state/journal.db-wal")), 0o600, "the WAL follows the journal");
+        assert_eq!(mode(&dir.path().join("state")), 0o700);
+        drop(j);
+        // An existing journal open to others is tightened.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        drop(SqliteJournal::open(&path).unwrap());
+        assert_eq!(mode(&path), 0o600);
     }
 
     #[tokio::test]
