@@ -361,3 +361,36 @@ fn without_approver_keys_a_decision_needs_a_terminal() {
     assert_eq!(last["approved_by"]["channel"], "terminal");
     assert!(last["approved_by"]["principal"].as_str().unwrap().contains("uid"), "{last}");
 }
+
+#[test]
+fn call_wait_blocks_until_the_approver_decides_then_prints_the_result() {
+    let dir = setup();
+    let d = dir.path();
+    let waiting = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .current_dir(d)
+        .args(["--json", "call", "notes", "--args", r#"{"op":"add","note":"later"}"#, "--wait"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The approver sees the request appear, and decides it.
+    let ticket = (0..200)
+        .find_map(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            let out = tg(d, &["--json", "journal", "--awaiting", "--key", "approver.key"]);
+            text(&out.stdout).lines().next().map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["ticket"].as_str().unwrap().to_owned()
+            })
+        })
+        .expect("the request became pending");
+    let approved = tg(d, &["approve", &ticket, "--key", "approver.key"]);
+    assert_eq!(approved.status.code(), Some(0), "{}", text(&approved.stderr));
+    let out = waiting.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["outcome"], "output");
+    assert_eq!(v["result"], serde_json::json!({"notes": ["later"]}));
+    assert!(text(&out.stderr).contains("waiting for an approver"), "{}", text(&out.stderr));
+    assert_no_ticket("call --wait", &out.stdout, &ticket);
+    assert_no_ticket("call --wait", &out.stderr, &ticket);
+}
