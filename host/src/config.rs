@@ -224,6 +224,52 @@ struct RawConfig {
     signing: Option<SigningConfig>,
     #[serde(default)]
     approval: Option<ApprovalConfig>,
+    #[serde(default)]
+    serve: ServeConfig,
+}
+
+/// `[serve]`: how `toolgate serve` runs (read by that front end).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServeConfig {
+    /// How long calls in flight may finish at shutdown before they are cancelled, milliseconds.
+    pub grace_ms: u64,
+    /// `Host` headers accepted over HTTP (DNS-rebinding protection); a name without a port matches any port.
+    pub allowed_hosts: Vec<String>,
+    /// Browser `Origin`s accepted over HTTP; empty: a request carrying any `Origin` is refused.
+    pub allowed_origins: Vec<String>,
+    /// Largest HTTP request body, KiB.
+    pub max_body_kib: u64,
+    /// The endpoint's public URL (for the OAuth protected-resource metadata), if not `http://ADDR/mcp`.
+    pub public_url: Option<String>,
+    /// Authorization servers named in the protected-resource metadata.
+    pub authorization_servers: Vec<String>,
+    /// Bearer tokens accepted over HTTP, each bound to one agent.
+    pub auth: Vec<ServeAuth>,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            grace_ms: 1000,
+            allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
+            allowed_origins: Vec::new(),
+            max_body_kib: 4096,
+            public_url: None,
+            authorization_servers: Vec::new(),
+            auth: Vec::new(),
+        }
+    }
+}
+
+/// One accepted bearer token (by reference) and the agent it acts for.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ServeAuth {
+    /// The agent requests with this token act for; never chosen by the client.
+    pub agent: String,
+    /// Where the token comes from: `{ env = "VAR" }` or `{ file = "path" }` (0600).
+    pub token: crate::authority::credentials::Source,
 }
 
 /// `[approval]`: who may decide tickets.
@@ -266,6 +312,8 @@ pub struct Config {
     /// `[approval] keys`: with keys, a ticket is decided by a signature of
     /// one of them (or in an MCP client's own UI), never on a bare terminal.
     pub approvers: crate::keys::TrustedKeys,
+    /// `[serve]`: how `toolgate serve` runs.
+    pub serve: ServeConfig,
 }
 
 impl Config {
@@ -324,6 +372,17 @@ impl Config {
             }
             Some(a) => crate::keys::TrustedKeys::parse(&a.keys).map_err(|e| field("approval.keys", e))?,
         };
+        for (i, a) in raw.serve.auth.iter().enumerate() {
+            if !raw.agents.contains_key(&a.agent) {
+                return Err(field(&format!("serve.auth[{i}].agent"), format!("no agent `{}`; define `[agents.{}]`", a.agent, a.agent)));
+            }
+        }
+        if !(1..=1_048_576).contains(&raw.serve.max_body_kib) {
+            return Err(field("serve.max_body_kib", format!("{} is out of range; use 1 to 1048576", raw.serve.max_body_kib)));
+        }
+        if raw.serve.grace_ms > 600_000 {
+            return Err(field("serve.grace_ms", format!("{} is out of range; use 0 to 600000", raw.serve.grace_ms)));
+        }
         let mut credentials = BTreeMap::new();
         for (name, c) in &raw.credentials {
             let spec =
@@ -369,6 +428,14 @@ impl Config {
                 .map_err(|e| field(&format!("agents.{name}.rules"), e.to_string()))?;
         }
         let abs = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
+        let mut serve = raw.serve;
+        for a in &mut serve.auth {
+            if let crate::authority::credentials::Source::File(p) = &mut a.token
+                && p.is_relative()
+            {
+                *p = base.join(&*p);
+            }
+        }
         let mut grants = raw.grants;
         for g in &mut grants {
             for d in &mut g.directories {
@@ -397,6 +464,11 @@ impl Config {
         for (name, c) in &credentials {
             if let Some(file) = c.source_file() {
                 protected.push((format!("the secret file of credential `{name}`"), file.to_owned(), false));
+            }
+        }
+        for (i, a) in serve.auth.iter().enumerate() {
+            if let crate::authority::credentials::Source::File(p) = &a.token {
+                protected.push((format!("the token file of serve.auth[{i}]"), p.clone(), false));
             }
         }
         for (i, g) in grants.iter().enumerate() {
@@ -428,6 +500,7 @@ impl Config {
             credentials,
             trusted_keys,
             approvers,
+            serve,
         })
     }
 

@@ -35,7 +35,8 @@ use crate::policy::gate::{self, GateOutcome, ToolCall, ToolPermissionVerdict};
 use crate::sandbox::executor::{Captured, Content, Execution, Executor, ExecutorError, GuestCommand, ToolFailure};
 use crate::snapshot::{Candidate, ExecutableAgentSnapshot};
 use crate::store::{
-    ApprovedBy, AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, PriorAsk, RunRecord, StateChange,
+    ApprovedBy, AskScope, AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, PriorAsk, RunRecord,
+    StateChange,
     StepRecord, StepStore, TicketError, Verdict, now,
 };
 
@@ -66,6 +67,11 @@ pub enum StepResult {
         /// Why.
         reason: String,
     },
+    /// The caller withdrew the call; the guest was stopped or never started.
+    Cancelled {
+        /// Journal sequence.
+        seq: i64,
+    },
     /// A human must decide. The model may see `correlation`, never `ticket`.
     Awaiting {
         /// Journal sequence.
@@ -88,6 +94,7 @@ impl StepResult {
             StepResult::Output { content: Content::Text(t), .. } => t.clone(),
             StepResult::ToolError { message, .. } => message.clone(),
             StepResult::Blocked { reason, .. } => format!("blocked: {reason}"),
+            StepResult::Cancelled { .. } => ToolFailure::Cancelled.to_string(),
             StepResult::Awaiting { correlation, .. } => awaiting_text(correlation),
         }
     }
@@ -181,6 +188,9 @@ pub struct Run<'r> {
     /// Whether the run may hold an earlier ask (it was continued, or asked):
     /// only then does a call look for one.
     asked: AtomicBool,
+    /// One stateless request ([`Run::stateless`]): an ask resumes the
+    /// agent's identical ask, whichever request made it.
+    stateless: bool,
 }
 
 /// A random id with `prefix` (128 bits: unguessable, so a ticket id is a capability).
@@ -294,6 +304,21 @@ impl Runtime {
         self.snapshot.list(&|d| self.executor.unhealthy(d))
     }
 
+    /// Continue run `id` with `view`, the run's current view as an earlier
+    /// [`Run::snapshot`] of this runtime returned it: nothing is looked up
+    /// in the journal, so a long-lived front end (a server session) pays
+    /// nothing per call for the run's length. A view from another runtime
+    /// (before a reload) must be rebuilt with [`Runtime::start_run`].
+    pub fn continue_run(&self, id: &str, view: Arc<ExecutableAgentSnapshot>) -> Run<'_> {
+        Run {
+            runtime: self,
+            id: id.to_owned(),
+            snapshot: std::sync::Mutex::new(view),
+            asked: AtomicBool::new(true),
+            stateless: false,
+        }
+    }
+
     /// Start a run, optionally narrowed (e.g. `DenyAll`: tools disabled).
     pub async fn start_run(
         &self,
@@ -333,6 +358,7 @@ impl Runtime {
             id,
             snapshot: std::sync::Mutex::new(Arc::new(snapshot)),
             asked: AtomicBool::new(continued),
+            stateless: false,
         })
     }
 
@@ -482,9 +508,32 @@ impl Run<'_> {
         self.snapshot.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// This run serves one stateless request (MCP 2026-07-28 over HTTP): no
+    /// conversation spans requests there, so a call the gate would ask
+    /// about first looks for the agent's identical ask from any earlier
+    /// request — still pending (the same request is named, no second
+    /// ticket) or decided (its result, once). Within a run, asks are always
+    /// found; this widens only the ask, to the principal that made it.
+    pub fn stateless(mut self) -> Self {
+        self.stateless = true;
+        self
+    }
+
     /// Make one call: the whole path of DESIGN.md, ending in one Step commit.
     pub async fn call(&self, tool_id: &str, arguments: Value) -> Result<StepResult, CallError> {
-        self.call_in(&self.snapshot(), tool_id, arguments).await
+        self.call_in(&self.snapshot(), tool_id, arguments, std::future::pending()).await
+    }
+
+    /// [`Run::call`], withdrawn when `cancel` completes: the guest is stopped
+    /// (or never started), its slot freed at once, and the step committed as
+    /// [`StepResult::Cancelled`] — a withdrawn call is still journaled.
+    pub async fn call_until(
+        &self,
+        tool_id: &str,
+        arguments: Value,
+        cancel: impl Future<Output = ()> + Send,
+    ) -> Result<StepResult, CallError> {
+        self.call_in(&self.snapshot(), tool_id, arguments, cancel).await
     }
 
     async fn call_in(
@@ -492,6 +541,7 @@ impl Run<'_> {
         snapshot: &ExecutableAgentSnapshot,
         tool_id: &str,
         arguments: Value,
+        cancel: impl Future<Output = ()> + Send,
     ) -> Result<StepResult, CallError> {
         let rt = self.runtime;
         let call = ToolCall { call_id: call_id(), tool_id: tool_id.to_owned(), arguments: normalize(arguments) };
@@ -518,7 +568,7 @@ impl Run<'_> {
         // 3. This exact call asked before in this run: still pending, or its decided result once.
         if self.asked.load(Ordering::Relaxed) {
             let digest = gate::argument_digest(&call.arguments);
-            if let Some(prior) = rt.store.prior_ask(&self.id, tool_id, &digest).await?
+            if let Some(prior) = rt.store.prior_ask(AskScope::Run(&self.id), tool_id, &digest).await?
                 && let Some(result) = step.resume(rt, prior).await?
             {
                 return Ok(result);
@@ -532,7 +582,7 @@ impl Run<'_> {
             // 5. Effect and durable result.
             GateOutcome::Execute(allowed) => {
                 let state = rt.store.tool_state(snapshot.agent(), tool_id).await?;
-                let exec = rt.executor.execute(&allowed, state).await;
+                let exec = rt.executor.execute_until(&allowed, state, cancel).await;
                 let result = step.finish(rt, None, exec).await?;
                 if let (StepResult::Output { .. }, Some(skill)) = (&result, &candidate.installed.tool.metadata.skill) {
                     self.activate(tool_id, skill);
@@ -544,6 +594,15 @@ impl Run<'_> {
                 Ok(StepResult::Blocked { seq, reason })
             }
             GateOutcome::AwaitConfirmation { correlation_id } => {
+                if self.stateless {
+                    let digest = gate::argument_digest(&call.arguments);
+                    let scope = AskScope::Agent(snapshot.agent());
+                    if let Some(prior) = rt.store.prior_ask(scope, tool_id, &digest).await?
+                        && let Some(result) = step.resume(rt, prior).await?
+                    {
+                        return Ok(result);
+                    }
+                }
                 self.asked.store(true, Ordering::Relaxed);
                 let awaiting = awaiting_record(rt, &self.id, snapshot.agent(), &call, &candidate, &correlation_id);
                 let text = awaiting_text(&correlation_id);
@@ -830,6 +889,12 @@ impl Step<'_> {
                 self.commit_or_resolve(rt, resolving, ran(OutcomeKind::ExecutorError, &text, &exec.captured, &[]))
                     .await?;
                 Err(e.into())
+            }
+            Err(ToolFailure::Cancelled) => {
+                let message = ToolFailure::Cancelled.to_string();
+                let ending = ran(OutcomeKind::Cancelled, &message, &exec.captured, &[]);
+                let seq = self.commit_or_resolve(rt, resolving, ending).await?;
+                Ok(StepResult::Cancelled { seq })
             }
             Err(failure) => {
                 let message = failure.to_string();

@@ -28,7 +28,7 @@ use toolgate::config::AgentConfig;
 use toolgate::policy::gate::{self, GateOutcome, ToolCall, ToolPermissionVerdict};
 use toolgate::policy::{Behavior, Policy, RuleSpec};
 use toolgate::store::{
-    AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, PriorAsk, RunInfo, RunRecord, StateChange,
+    AskScope, AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, PriorAsk, RunInfo, RunRecord, StateChange,
     StepRecord, StepStore, TicketError, Verdict,
 };
 use toolgate::{Catalog, ExecutableAgentSnapshot, SqliteJournal, ToolCapabilityNarrowing};
@@ -78,7 +78,7 @@ impl StepStore for NullStore {
     async fn take_over_stale_claims(&self, _: &str, _: i64, _: i64) -> Result<Vec<ClaimedTicket>, CommitError> {
         Ok(Vec::new())
     }
-    async fn prior_ask(&self, _: &str, _: &str, _: &str) -> Result<Option<PriorAsk>, CommitError> {
+    async fn prior_ask(&self, _: AskScope<'_>, _: &str, _: &str) -> Result<Option<PriorAsk>, CommitError> {
         Ok(None)
     }
     async fn deliver(&self, _: &str, _: &NewStep<'_>) -> Result<Option<i64>, CommitError> {
@@ -131,7 +131,10 @@ fn hundred_rules() -> Vec<RuleSpec> {
         add(&format!("http.fetch(url ~ \"https://{host}/**\", method = \"GET\")"), Allow);
         add(&format!("http.fetch(url ~ \"https://{host}/**\", method = \"POST\")"), Ask);
     }
-    add("http.fetch", Ask);
+    // An ask is a floor (invariant 12): a bare `http.fetch` ask would cover the
+    // allows above, so the catch-all asks only for the methods that change state.
+    add("http.fetch(method = \"PUT\")", Ask);
+    add("http.fetch(method = \"DELETE\")", Ask);
     // git and shell.
     for op in ["status", "diff", "log", "show", "blame", "branch"] {
         add(&format!("git.{op}"), Allow);

@@ -15,15 +15,16 @@ import socket
 import sys
 
 import uvicorn
-from mcp.server.fastmcp import FastMCP
-from mcp.server.fastmcp.exceptions import ToolError
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 TOKEN = os.environ["REMOTE_TOKEN"]
 stats = {"authorized": 0, "unauthorized": 0, "tool_calls": [], "credential_reference_seen": False}
 
-mcp = FastMCP("calc", json_response="--json" in sys.argv)
+mcp = MCPServer("calc")
+JSON = "--json" in sys.argv
 
 
 @mcp.tool(description="Add two integers.")
@@ -84,7 +85,7 @@ def main() -> None:
     # Listening before the port is announced: early connections queue instead of being refused.
     sock.listen(128)
     print(f"PORT {sock.getsockname()[1]}", flush=True)
-    config = uvicorn.Config(RequireToken(mcp.streamable_http_app()), log_level="warning", lifespan="on")
+    config = uvicorn.Config(RequireToken(mcp.streamable_http_app(json_response=JSON)), log_level="warning", lifespan="on")
     uvicorn.Server(config).run(sockets=[sock])
 
 

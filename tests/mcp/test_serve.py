@@ -1,232 +1,638 @@
-"""`toolgate serve` driven by the official MCP Python SDK over stdio.
+"""`toolgate serve` driven by the official MCP Python SDK (pinned in
+requirements.txt), over stdio and Streamable HTTP, in the SDK's default mode
+(`auto`: `server/discover`, then revision 2026-07-28) and in `legacy` mode
+(the `initialize` handshake, revision 2025-11-25).
 
-Run by host/tests/mcp.rs, which builds the plugin directory and the config and
-passes them in TOOLGATE_BIN, TOOLGATE_CONFIG and TOOLGATE_EXTRA.
+Run by host/cli/tests/mcp.rs, which builds the plugin directory and the
+config and passes them in TOOLGATE_BIN, TOOLGATE_CONFIG, TOOLGATE_EXTRA,
+TOOLGATE_APPROVER_KEY and the two HTTP bearer tokens (TOOLGATE_TEST_TOKEN
+for the agent `default`, TOOLGATE_READER_TOKEN for the agent `reader`).
 """
 
 import asyncio
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
 
+import httpx2
 import jsonschema
 import pytest
-from mcp import ClientSession, StdioServerParameters, types
-from mcp.client.stdio import stdio_client
-from mcp.shared.exceptions import McpError
+from mcp import Client, StdioServerParameters, types
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 BIN = os.environ["TOOLGATE_BIN"]
 CONFIG = os.environ["TOOLGATE_CONFIG"]
 EXTRA = os.environ["TOOLGATE_EXTRA"]
 # The approver's key (listed in the config's `[approval] keys`) and the journal.
 APPROVER_KEY = os.environ["TOOLGATE_APPROVER_KEY"]
+TOKEN = os.environ["TOOLGATE_TEST_TOKEN"]
+READER_TOKEN = os.environ["TOOLGATE_READER_TOKEN"]
 JOURNAL = os.path.join(os.path.dirname(CONFIG), "journal.db")
-PARAMS = StdioServerParameters(command=BIN, args=["--config", CONFIG, "serve"], env={"PATH": os.environ.get("PATH", "")})
+PLUGINS = os.path.join(os.path.dirname(CONFIG), "plugins")
+ENV = {"PATH": os.environ.get("PATH", ""), "TOOLGATE_TEST_TOKEN": TOKEN, "TOOLGATE_READER_TOKEN": READER_TOKEN}
+STDIO = StdioServerParameters(command=BIN, args=["--config", CONFIG, "serve"], env=ENV)
+# The revision each client mode negotiates with toolgate.
+REVISION = {"auto": "2026-07-28", "legacy": "2025-11-25"}
+CONNECTIONS = [("stdio", "auto"), ("stdio", "legacy"), ("http", "auto"), ("http", "legacy")]
 
 
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 120))
 
 
-async def session(elicit=None, on_message=None, body=None):
-    async with stdio_client(PARAMS) as (read, write):
-        kwargs = {}
-        if elicit is not None:
-            kwargs["elicitation_callback"] = elicit
-        if on_message is not None:
-            kwargs["message_handler"] = on_message
-        async with ClientSession(read, write, **kwargs) as s:
-            init = await s.initialize()
-            assert init.protocolVersion in ("2025-06-18", "2025-11-25"), init.protocolVersion
-            return await body(s)
+class HttpServer:
+    """`toolgate serve --http 127.0.0.1:0`, its address read from stderr."""
+
+    def __init__(self, config=CONFIG):
+        self.proc = subprocess.Popen(
+            [BIN, "--config", config, "serve", "--http", "127.0.0.1:0"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV, text=True,
+        )
+        self.stderr = []
+        announced = threading.Event()
+
+        def drain():
+            for line in self.proc.stderr:
+                self.stderr.append(line)
+                if "serving MCP on " in line:
+                    self.url = line.split("serving MCP on ", 1)[1].strip()
+                    announced.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        if not announced.wait(60):
+            self.proc.kill()
+            raise AssertionError("toolgate serve --http did not start:\n" + "".join(self.stderr))
+        self.base = self.url.rsplit("/mcp", 1)[0]
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def http_server():
+    server = HttpServer()
+    yield server
+    assert server.stop() == 0, "".join(server.stderr)
+
+
+def connect(transport, mode, http_server=None, token=TOKEN, **kwargs):
+    """A client of the SDK's own kind: `Client`, as a host application uses it."""
+    if transport == "stdio":
+        return Client(STDIO, mode=mode, **kwargs)
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    return Client(streamable_http_client(http_server.url, http_client=http), mode=mode, **kwargs)
+
+
+@pytest.fixture(params=CONNECTIONS, ids=[f"{t}-{m}" for t, m in CONNECTIONS])
+def conn(request):
+    transport, mode = request.param
+    server = request.getfixturevalue("http_server") if transport == "http" else None
+
+    def make(**kwargs):
+        return connect(transport, mode, server, **kwargs)
+
+    make.mode = mode
+    make.transport = transport
+    return make
 
 
 def text(result):
     return "".join(c.text for c in result.content if isinstance(c, types.TextContent))
 
 
-def test_list_shows_the_snapshot_with_valid_schemas():
-    async def body(s):
-        tools = (await s.list_tools()).tools
-        names = sorted(t.name for t in tools)
-        assert "text.upper" in names and "notes" in names
-        assert "hostile.membomb" not in names, "invisible tools are not listed"
-        for t in tools:
-            assert t.inputSchema["type"] == "object"
-            jsonschema.validators.validator_for(t.inputSchema).check_schema(t.inputSchema)
-            if t.outputSchema is not None:
-                assert t.outputSchema["type"] == "object"
-                jsonschema.validators.validator_for(t.outputSchema).check_schema(t.outputSchema)
-        count = next(t for t in tools if t.name == "text.count")
-        assert count.outputSchema is not None
-        assert count.annotations.readOnlyHint is True
-
-    run(session(body=body))
+def journal(sql, *args):
+    with sqlite3.connect(JOURNAL) as db:
+        return db.execute(sql, args).fetchall()
 
 
-def test_call_returns_content_and_structured_content():
-    async def body(s):
-        r = await s.call_tool("text.count", {"text": "a b\nc"})
-        assert not r.isError
-        assert r.structuredContent == {"chars": 5, "words": 3, "lines": 2}
-        assert json.loads(text(r)) == r.structuredContent
-        r = await s.call_tool("text.upper", {"text": "hi"})
-        assert not r.isError and text(r) == '"HI"'
+def notes(client):
+    async def read():
+        return json.loads(text(await client.call_tool("notes", {"op": "list"})))["notes"]
 
-    run(session(body=body))
+    return read()
 
 
-def test_denied_tool_and_invalid_arguments_are_is_error_results():
-    async def body(s):
-        r = await s.call_tool("text.repeat", {"text": "a", "times": 2})
-        assert r.isError and "denied" in text(r)
-        r = await s.call_tool("text.upper", {"wrong": 1})
-        assert r.isError and "invalid arguments" in text(r)
+def test_list_shows_the_snapshot_in_a_stable_order_with_valid_schemas(conn):
+    async def body():
+        async with conn() as c:
+            assert c.protocol_version == REVISION[conn.mode]
+            tools = (await c.list_tools()).tools
+            names = [t.name for t in tools]
+            assert names == sorted(names), "sorted by id: the same order every time"
+            assert names == [t.name for t in (await c.list_tools()).tools]
+            assert "text.upper" in names and "notes" in names
+            assert "hostile.membomb" not in names, "invisible tools are not listed"
+            for t in tools:
+                assert t.input_schema["type"] == "object"
+                jsonschema.validators.validator_for(t.input_schema).check_schema(t.input_schema)
+                if t.output_schema is not None:
+                    assert t.output_schema["type"] == "object"
+                    jsonschema.validators.validator_for(t.output_schema).check_schema(t.output_schema)
+            count = next(t for t in tools if t.name == "text.count")
+            assert count.output_schema is not None
+            assert count.annotations.read_only_hint is True
 
-    run(session(body=body))
+    run(body())
 
 
-def test_unknown_and_invisible_tools_are_protocol_errors():
-    async def body(s):
-        for name in ["no.such.tool", "hostile.membomb"]:
-            with pytest.raises(McpError) as e:
-                await s.call_tool(name, {})
-            assert "unknown tool" in str(e.value)
+def test_call_returns_content_and_structured_content(conn):
+    async def body():
+        async with conn() as c:
+            r = await c.call_tool("text.count", {"text": "a b\nc"})
+            assert not r.is_error
+            assert r.structured_content == {"chars": 5, "words": 3, "lines": 2}
+            assert json.loads(text(r)) == r.structured_content
+            r = await c.call_tool("text.upper", {"text": "hi"})
+            assert not r.is_error and text(r) == '"HI"'
 
-    run(session(body=body))
+    run(body())
 
 
-def test_ask_approved_through_elicitation_executes_exactly_once():
+def test_denied_tool_and_invalid_arguments_are_is_error_results(conn):
+    async def body():
+        async with conn() as c:
+            r = await c.call_tool("text.repeat", {"text": "a", "times": 2})
+            assert r.is_error and "denied" in text(r)
+            r = await c.call_tool("text.upper", {"wrong": 1})
+            assert r.is_error and "invalid arguments" in text(r)
+
+    run(body())
+
+
+def test_unknown_and_invisible_tools_are_protocol_errors(conn):
+    async def body():
+        async with conn() as c:
+            for name in ["no.such.tool", "hostile.membomb"]:
+                with pytest.raises(MCPError) as e:
+                    await c.call_tool(name, {})
+                assert "unknown tool" in str(e.value)
+
+    run(body())
+
+
+def test_ask_approved_in_the_clients_ui_executes_exactly_once(conn):
     asked = []
 
     async def elicit(context, params):
         asked.append(params.message)
         return types.ElicitResult(action="accept", content={"confirm": True})
 
-    async def body(s):
-        before = json.loads(text(await s.call_tool("notes", {"op": "list"})))["notes"]
-        r = await s.call_tool("notes", {"op": "add", "note": "approved"})
-        assert not r.isError, text(r)
-        after = json.loads(text(await s.call_tool("notes", {"op": "list"})))["notes"]
-        assert after == before + ["approved"], "executed once"
-        assert len(asked) == 1 and "notes" in asked[0] and "approved" in asked[0]
+    note = f"approved-{conn.transport}-{conn.mode}"
+
+    async def body():
+        async with conn(elicitation_callback=elicit) as c:
+            before = await notes(c)
+            r = await c.call_tool("notes", {"op": "add", "note": note})
+            assert not r.is_error, text(r)
+            after = await notes(c)
+            assert after == before + [note], "executed once"
+            assert len(asked) == 1 and "notes" in asked[0] and note in asked[0]
         # The journal records the client's UI as the approver.
-        with sqlite3.connect(JOURNAL) as db:
-            by, via = db.execute(
-                "SELECT approved_by, approved_via FROM steps WHERE approved_via IS NOT NULL ORDER BY seq DESC LIMIT 1"
-            ).fetchone()
+        (by, via), = journal(
+            "SELECT approved_by, approved_via FROM steps WHERE approved_via IS NOT NULL ORDER BY seq DESC LIMIT 1"
+        )
         assert via == "mcp-elicitation" and by, (by, via)
+        # No ticket ever went to the client: the model-facing results name none.
+        tickets = [t for (t,) in journal("SELECT ticket_id FROM awaiting")]
+        assert tickets and not any(t in text(r) for t in tickets)
 
-    run(session(elicit=elicit, body=body))
+    run(body())
 
 
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
 @pytest.mark.parametrize("action", ["decline", "cancel"])
-def test_ask_declined_or_cancelled_commits_a_blocked_result(action):
+def test_ask_declined_or_cancelled_commits_a_blocked_result(mode, action):
     async def elicit(context, params):
         return types.ElicitResult(action=action)
 
-    async def body(s):
-        before = json.loads(text(await s.call_tool("notes", {"op": "list"})))["notes"]
-        r = await s.call_tool("notes", {"op": "add", "note": "never"})
-        assert r.isError and "blocked" in text(r)
-        after = json.loads(text(await s.call_tool("notes", {"op": "list"})))["notes"]
-        assert after == before
+    async def body():
+        async with Client(STDIO, mode=mode, elicitation_callback=elicit) as c:
+            before = await notes(c)
+            r = await c.call_tool("notes", {"op": "add", "note": "never"})
+            assert r.is_error and "blocked" in text(r), text(r)
+            assert await notes(c) == before
 
-    run(session(elicit=elicit, body=body))
-
-
-def test_a_client_without_elicitation_never_sees_the_ticket_and_its_retry_gets_the_result():
-    async def body(s):
-        args = {"op": "add", "note": "later"}
-        r = await s.call_tool("notes", args)
-        assert r.isError and "awaiting human approval" in text(r), text(r)
-        with sqlite3.connect(JOURNAL) as db:
-            ticket, request = db.execute(
-                "SELECT ticket_id, call_id FROM awaiting WHERE state = 'pending' ORDER BY rowid DESC LIMIT 1"
-            ).fetchone()
-            step_texts = [row[0] for row in db.execute("SELECT result FROM steps")]
-        assert request in text(r), "the model reads the correlation id"
-        assert ticket not in json.dumps(r.model_dump()), "no ticket in the MCP result"
-        assert not any(ticket in t for t in step_texts), "no ticket in the model-facing journal text"
-        # Asking again while undecided: the same request, no second ticket.
-        again = await s.call_tool("notes", args)
-        assert request in text(again) and ticket not in text(again)
-        # An approver decides out of band, with the approver key.
-        out = subprocess.run(
-            [BIN, "--config", CONFIG, "approve", ticket, "--key", APPROVER_KEY], capture_output=True, text=True
-        )
-        assert out.returncode == 0, out.stderr
-        # The identical call now gets the approved call's result, once.
-        done = await s.call_tool("notes", args)
-        assert not done.isError and "later" in text(done), text(done)
-        asks_again = await s.call_tool("notes", args)
-        assert asks_again.isError and "awaiting human approval" in text(asks_again)
-
-    run(session(body=body))
+    run(body())
 
 
-def test_guest_output_never_enters_the_protocol_stream():
-    async def body(s):
-        r = await s.call_tool("hostile.chatter", {})
-        assert not r.isError and text(r) == '"chatted"'
-        assert len((await s.list_tools()).tools) > 0
-
-    run(session(body=body))
+def approve_out_of_band(ticket):
+    out = subprocess.run([BIN, "--config", CONFIG, "approve", ticket, "--key", APPROVER_KEY], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
 
 
-def test_stuck_calls_do_not_block_other_requests():
-    async def body(s):
-        loops = [asyncio.create_task(s.call_tool("hostile.loop", {})) for _ in range(2)]
-        await asyncio.sleep(0.3)
-        tools = await s.list_tools()
-        r = await s.call_tool("text.upper", {"text": "alive"})
-        assert tools.tools and not r.isError
-        assert not any(t.done() for t in loops), "answered while both loops were still running"
-        for t in loops:
-            res = await t
-            assert res.isError and "deadline" in text(res)
-
-    run(session(body=body))
+def pending_ask():
+    (ticket, request), = journal(
+        "SELECT ticket_id, call_id FROM awaiting WHERE state = 'pending' ORDER BY rowid DESC LIMIT 1"
+    )
+    return ticket, request
 
 
-def test_plugin_directory_changes_notify_the_client():
+def test_a_client_without_elicitation_never_sees_the_ticket_and_its_retry_gets_the_result(conn):
+    """On 2026-07-28 over HTTP every request stands alone: the retry is another
+    request, and finds the agent's pending ask by the exact call."""
+    args = {"op": "add", "note": f"later-{conn.transport}-{conn.mode}"}
+
+    async def body():
+        async with conn() as c:
+            r = await c.call_tool("notes", args)
+            assert r.is_error and "awaiting human approval" in text(r), text(r)
+            ticket, request = pending_ask()
+            step_texts = [row[0] for row in journal("SELECT result FROM steps")]
+            assert request in text(r), "the model reads the correlation id"
+            assert ticket not in json.dumps(r.model_dump()), "no ticket in the MCP result"
+            assert not any(ticket in t for t in step_texts), "no ticket in the model-facing journal text"
+            # Asking again while undecided: the same request, no second ticket.
+            again = await c.call_tool("notes", args)
+            assert request in text(again) and ticket not in text(again)
+            # An approver decides out of band, with the approver key.
+            approve_out_of_band(ticket)
+            # The identical call now gets the approved call's result, once.
+            done = await c.call_tool("notes", args)
+            assert not done.is_error and args["note"] in text(done), text(done)
+            asks_again = await c.call_tool("notes", args)
+            assert asks_again.is_error and "awaiting human approval" in text(asks_again)
+
+    run(body())
+
+
+SESSIONS = [("stdio", "auto"), ("stdio", "legacy"), ("http", "legacy")]
+
+
+@pytest.mark.parametrize("transport,mode", SESSIONS, ids=[f"{t}-{m}" for t, m in SESSIONS])
+def test_a_decided_ask_reaches_only_the_conversation_that_made_it(transport, mode, request):
+    """Each session is its own run: the identical call in another session of the
+    same agent is asked anew, and gets nothing of the first session's approval."""
+    server = request.getfixturevalue("http_server") if transport == "http" else None
+    args = {"op": "add", "note": f"mine-{transport}-{mode}"}
+
+    async def body():
+        async with connect(transport, mode, server) as first, connect(transport, mode, server) as second:
+            r = await first.call_tool("notes", args)
+            assert "awaiting human approval" in text(r), text(r)
+            ticket, request_id = pending_ask()
+            approve_out_of_band(ticket)
+            other = await second.call_tool("notes", args)
+            assert other.is_error and "awaiting human approval" in text(other), text(other)
+            assert request_id not in text(other), "another conversation: its own request"
+            done = await first.call_tool("notes", args)
+            assert not done.is_error and args["note"] in text(done), text(done)
+        runs = {r for (r,) in journal("SELECT run_id FROM awaiting WHERE arguments LIKE ?", f'%{args["note"]}%')}
+        assert len(runs) == 2, runs
+
+    run(body())
+
+
+def test_a_forged_or_transplanted_request_state_is_refused():
+    """2026-07-28: the `requestState` of an ask is sealed and bound to its call.
+    A client that makes one up, or replays it for other arguments, gets an
+    error — never an approval."""
+
+    async def never(context, params):
+        raise AssertionError("driven by hand: the SDK must not answer")
+
+    async def body():
+        async with Client(STDIO, mode="auto", elicitation_callback=never) as c:
+            s = c.session
+            first = await s.call_tool("notes", {"op": "add", "note": "x"}, allow_input_required=True)
+            assert isinstance(first, types.InputRequiredResult), first
+            state = first.request_state
+            assert state and "tkt" not in state
+            confirm = {"confirm": types.ElicitResult(action="accept", content={"confirm": True})}
+            for forged_args, forged_state in [
+                ({"op": "add", "note": "x"}, state[:-4] + ("AAAA" if not state.endswith("AAAA") else "BBBB")),
+                ({"op": "add", "note": "x"}, "eyJydW4iOiJydW4tMSJ9"),
+                ({"op": "add", "note": "other"}, state),
+            ]:
+                with pytest.raises(MCPError) as e:
+                    await s.call_tool("notes", forged_args, input_responses=confirm, request_state=forged_state,
+                                      allow_input_required=True)
+                assert "request state was refused" in str(e.value)
+            assert not journal("SELECT 1 FROM steps WHERE approved_via IS NOT NULL AND arguments LIKE '%other%'")
+
+    run(body())
+
+
+def test_guest_output_never_enters_the_protocol_stream(conn):
+    async def body():
+        async with conn() as c:
+            r = await c.call_tool("hostile.chatter", {})
+            assert not r.is_error and text(r) == '"chatted"'
+            assert len((await c.list_tools()).tools) > 0
+
+    run(body())
+
+
+def test_stuck_calls_do_not_block_other_requests(conn):
+    async def body():
+        async with conn() as c:
+            loops = [asyncio.create_task(c.call_tool("hostile.loop", {})) for _ in range(2)]
+            await asyncio.sleep(0.3)
+            tools = await c.list_tools()
+            r = await c.call_tool("text.upper", {"text": "alive"})
+            assert tools.tools and not r.is_error
+            assert not any(t.done() for t in loops), "answered while both loops were still running"
+            for t in loops:
+                res = await t
+                assert res.is_error and "deadline" in text(res)
+
+    run(body())
+
+
+def test_a_withdrawn_call_stops_its_guest_and_is_journaled_cancelled(conn):
+    """The client gives up on a call (its timeout): the SDK withdraws the request,
+    the guest is stopped well before its deadline, and the step says so."""
+
+    async def body():
+        async with conn() as c:
+            before = journal("SELECT COALESCE(MAX(seq), 0) FROM steps")[0][0]
+            started = time.monotonic()
+            with pytest.raises(MCPError):
+                await c.call_tool("hostile.loop", {}, read_timeout_seconds=0.5)
+            outcome = None
+            while time.monotonic() - started < 10 and outcome is None:
+                rows = journal("SELECT outcome FROM steps WHERE seq > ? AND tool_id = 'hostile.loop'", before)
+                outcome = rows[0][0] if rows else None
+                await asyncio.sleep(0.05)
+            stopped = time.monotonic() - started
+            assert outcome == "cancelled", outcome
+            assert stopped < 2.5, f"stopped after {stopped:.2f} s; the deadline is 3 s"
+            # The session goes on.
+            assert not (await c.call_tool("text.upper", {"text": "next"})).is_error
+
+    run(body())
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_plugin_directory_changes_reach_a_listening_client(transport, request):
+    """2026-07-28: `subscriptions/listen` carries the change."""
+    server = request.getfixturevalue("http_server") if transport == "http" else None
+
+    async def body():
+        async with connect(transport, "auto", server) as c:
+            names = {t.name for t in (await c.list_tools()).tools}
+            assert "files.read" not in names
+            async with c.listen(tools_list_changed=True) as sub:
+                shutil.copy(EXTRA, os.path.join(PLUGINS, "files.wasm"))
+                try:
+                    event = await asyncio.wait_for(sub.__anext__(), 20)
+                    assert event is not None
+                    names = {t.name for t in (await c.list_tools()).tools}
+                    assert "files.read" in names
+                finally:
+                    os.remove(os.path.join(PLUGINS, "files.wasm"))
+            # Give the server's watcher time to see the removal before the next test.
+            await asyncio.sleep(1.2)
+
+    run(body())
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_plugin_directory_changes_notify_an_initialized_session(transport, request):
+    """2025-11-25: `notifications/tools/list_changed` to the session."""
+    server = request.getfixturevalue("http_server") if transport == "http" else None
     changed = asyncio.Event()
 
     async def on_message(message):
-        if isinstance(message, types.ServerNotification) and isinstance(message.root, types.ToolListChangedNotification):
+        if isinstance(message, types.ToolListChangedNotification):
             changed.set()
 
-    async def body(s):
-        names = {t.name for t in (await s.list_tools()).tools}
-        assert "files.read" not in names
-        plugins = os.path.join(os.path.dirname(CONFIG), "plugins")
-        shutil.copy(EXTRA, os.path.join(plugins, "files.wasm"))
-        try:
-            await asyncio.wait_for(changed.wait(), 20)
-            names = {t.name for t in (await s.list_tools()).tools}
-            assert "files.read" in names
-        finally:
-            os.remove(os.path.join(plugins, "files.wasm"))
-
-    run(session(on_message=on_message, body=body))
-
-
-def test_the_server_exits_cleanly_when_stdin_closes():
     async def body():
-        proc = await asyncio.create_subprocess_exec(
-            BIN, "--config", CONFIG, "serve",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )
-        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
-        proc.stdin.write((json.dumps(init) + "\n").encode())
-        await proc.stdin.drain()
-        line = await asyncio.wait_for(proc.stdout.readline(), 30)
-        assert json.loads(line)["result"]["protocolVersion"] == "2025-06-18"
-        proc.stdin.close()
-        code = await asyncio.wait_for(proc.wait(), 30)
-        assert code == 0
+        async with connect(transport, "legacy", server, message_handler=on_message) as c:
+            names = {t.name for t in (await c.list_tools()).tools}
+            assert "files.read" not in names
+            shutil.copy(EXTRA, os.path.join(PLUGINS, "files.wasm"))
+            try:
+                await asyncio.wait_for(changed.wait(), 20)
+                names = {t.name for t in (await c.list_tools()).tools}
+                assert "files.read" in names
+            finally:
+                os.remove(os.path.join(PLUGINS, "files.wasm"))
+            await asyncio.sleep(1.2)
 
     run(body())
+
+
+# ---- The wire, without an SDK: what an untested or broken client may send.
+
+
+class Raw:
+    """`toolgate serve` over stdio, spoken to line by line."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen(
+            [BIN, "--config", CONFIG, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, env=ENV,
+        )
+
+    def send(self, message):
+        line = message if isinstance(message, bytes) else json.dumps(message).encode()
+        self.proc.stdin.write(line + b"\n")
+        self.proc.stdin.flush()
+
+    def receive(self):
+        line = self.proc.stdout.readline()
+        assert line, "the server closed stdout: " + self.proc.stderr.read().decode(errors="replace")
+        return json.loads(line)
+
+    def until(self, id):
+        while True:
+            m = self.receive()
+            if m.get("id") == id:
+                return m
+
+    def initialize(self, version="2025-06-18"):
+        self.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})
+        init = self.until(1)
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        return init
+
+
+def test_revision_2025_06_18_is_served_and_the_server_exits_cleanly_when_stdin_closes():
+    raw = Raw()
+    assert raw.initialize("2025-06-18")["result"]["protocolVersion"] == "2025-06-18"
+    raw.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+    assert any(t["name"] == "text.upper" for t in raw.until(2)["result"]["tools"])
+    raw.proc.stdin.close()
+    assert raw.proc.wait(30) == 0
+
+
+def test_malformed_input_is_answered_or_ignored_and_never_ends_the_session():
+    raw = Raw()
+    # A notification before anything else, garbage, a batch (not in these revisions),
+    # a request with a wrong shape: none of them ends the session.
+    raw.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    raw.send(b"this is not json")
+    raw.send(b'{"jsonrpc": "2.0", "id": 7, "method": ')
+    assert raw.initialize()["result"]["protocolVersion"] == "2025-06-18"
+    raw.send([{"jsonrpc": "2.0", "id": 8, "method": "tools/list"}])
+    raw.send({"jsonrpc": "2.0", "id": 9, "method": 42})
+    raw.send({"jsonrpc": "2.0", "id": 10, "method": "tools/call", "params": {"name": 5}})
+    raw.send({"jsonrpc": "2.0", "id": 11, "method": "no/such/method"})
+    raw.send({"jsonrpc": "2.0", "id": 12, "method": "tools/list"})
+    seen = {}
+    # Requests are handled concurrently: answers come in any order.
+    while not {10, 11, 12} <= seen.keys():
+        m = raw.receive()
+        seen[m.get("id")] = m
+        if "error" in m:
+            assert isinstance(m["error"]["code"], int) and m["error"]["message"], m
+    assert seen[11]["error"]["code"] == -32601, seen
+    assert "error" in seen[10], seen[10]
+    assert any(t["name"] == "text.upper" for t in seen[12]["result"]["tools"])
+    raw.proc.stdin.close()
+    assert raw.proc.wait(30) == 0
+
+
+def test_sigterm_with_a_call_in_flight_commits_its_step_and_exits_zero():
+    raw = Raw()
+    raw.initialize()
+    before = journal("SELECT COALESCE(MAX(seq), 0) FROM steps")[0][0]
+    raw.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "hostile.loop", "arguments": {}}})
+    time.sleep(0.5)
+    raw.proc.send_signal(signal.SIGTERM)
+    # The grace period (1 s) ends before the call's deadline (3 s): cancelled, committed.
+    assert raw.proc.wait(30) == 0, raw.proc.stderr.read().decode(errors="replace")
+    rows = journal("SELECT outcome FROM steps WHERE seq > ? AND tool_id = 'hostile.loop'", before)
+    assert rows == [("cancelled",)], rows
+
+
+# ---- HTTP: what an endpoint on a network adds.
+
+
+def http(method, url, body=None, headers=None):
+    data = json.dumps(body).encode() if body is not None else None
+    h = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    h.update(headers or {})
+    req = urllib.request.Request(url, data=data, method=method, headers=h)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, dict(r.headers), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read().decode()
+
+
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}
+
+
+def test_http_without_a_valid_token_is_401_with_a_challenge_naming_the_metadata(http_server):
+    for headers, invalid in [({}, False), ({"Authorization": "Bearer not-the-token-0123456789"}, True),
+                             ({"Authorization": f"Basic {TOKEN}"}, False)]:
+        status, h, body = http("POST", http_server.url, INIT, headers)
+        assert status == 401, (status, body)
+        challenge = h.get("WWW-Authenticate") or h.get("www-authenticate")
+        assert challenge.startswith("Bearer resource_metadata=\""), challenge
+        assert ("invalid_token" in challenge) == invalid, challenge
+        assert TOKEN not in body
+    metadata_url = challenge.split('resource_metadata="', 1)[1].split('"', 1)[0]
+    status, _, body = http("GET", metadata_url)
+    assert status == 200
+    metadata = json.loads(body)
+    assert metadata["resource"] == http_server.url and metadata["bearer_methods_supported"] == ["header"]
+
+
+def test_http_refuses_foreign_origins_and_hosts_and_oversized_bodies(http_server):
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    status, _, _ = http("POST", http_server.url, INIT, {**auth, "Origin": "https://evil.example"})
+    assert status == 403
+    status, _, _ = http("POST", http_server.url, INIT, {**auth, "Host": "evil.example"})
+    assert status == 403
+    big = {**INIT, "params": {**INIT["params"], "padding": "x" * (5 << 20)}}
+    status, _, _ = http("POST", http_server.url, big, auth)
+    assert status == 413
+    status, _, body = http("POST", http_server.url, INIT, auth)
+    assert status == 200, body
+
+
+def test_http_health_and_readiness(http_server):
+    assert http("GET", http_server.base + "/healthz")[0] == 200
+    assert http("GET", http_server.base + "/readyz")[0] == 200
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+def test_the_token_decides_the_agent(http_server, mode):
+    """`reader` sees text.* only; no header or parameter lets it act as `default`."""
+
+    async def body():
+        async with connect("http", mode, http_server, token=READER_TOKEN) as c:
+            names = [t.name for t in (await c.list_tools()).tools]
+            assert names and all(n.startswith("text.") for n in names), names
+            with pytest.raises(MCPError) as e:
+                await c.call_tool("notes", {"op": "list"})
+            assert "unknown tool" in str(e.value)
+            assert not (await c.call_tool("text.upper", {"text": "r"})).is_error
+        (agent,), = journal(
+            "SELECT r.agent FROM steps s JOIN runs r ON r.run_id = s.run_id ORDER BY s.seq DESC LIMIT 1"
+        )
+        assert agent == "reader"
+
+    run(body())
+
+
+def test_http_sigterm_drains_a_call_in_flight_and_exits_zero():
+    server = HttpServer()
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    status, h, body = http("POST", server.url, INIT, auth)
+    assert status == 200, body
+    session = {**auth, "Mcp-Session-Id": h.get("Mcp-Session-Id") or h.get("mcp-session-id")}
+    http("POST", server.url, {"jsonrpc": "2.0", "method": "notifications/initialized"}, session)
+    before = journal("SELECT COALESCE(MAX(seq), 0) FROM steps")[0][0]
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "hostile.loop", "arguments": {}}}
+    threading.Thread(target=lambda: http("POST", server.url, call, session), daemon=True).start()
+    time.sleep(0.7)
+    # The grace period (1 s) ends before the call's deadline (3 s): cancelled, committed.
+    assert server.stop() == 0, "".join(server.stderr)
+    rows = journal("SELECT outcome FROM steps WHERE seq > ? AND tool_id = 'hostile.loop'", before)
+    assert rows == [("cancelled",)], rows
+
+
+# ---- The MCP Inspector CLI (pinned in tests/mcp/inspector), another SDK's client.
+
+INSPECTOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inspector", "node_modules", ".bin")
+ERAS = [("stdio", "legacy"), ("stdio", "modern"), ("http", "legacy"), ("http", "modern")]
+
+
+def inspector(transport, era, server, *args):
+    assert os.path.exists(os.path.join(INSPECTOR, "mcp-inspector")), "run scripts/test: it installs the Inspector"
+    if transport == "stdio":
+        target = [BIN, "--config", CONFIG, "serve", "--"]
+    else:
+        target = [server.url, "--header", f"Authorization: Bearer {TOKEN}"]
+    env = {**ENV, "PATH": INSPECTOR + os.pathsep + ENV["PATH"], "HOME": os.environ.get("HOME", "/tmp"), "CI": "true"}
+    # The target comes before every flag (the CLI's own rule).
+    out = subprocess.run(
+        [os.path.join(INSPECTOR, "mcp-inspector"), "--cli", *target, "--protocol-era", era, "--format", "json", *args],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    return out.returncode, out.stdout, out.stderr
+
+
+@pytest.mark.parametrize("transport,era", ERAS, ids=[f"{t}-{e}" for t, e in ERAS])
+def test_the_inspector_cli_lists_and_calls(transport, era, request):
+    server = request.getfixturevalue("http_server") if transport == "http" else None
+    code, out, err = inspector(transport, era, server, "--method", "initialize")
+    assert code == 0, err
+    assert json.loads(out)["result"]["protocolVersion"] == ("2026-07-28" if era == "modern" else "2025-11-25")
+    code, out, err = inspector(transport, era, server, "--method", "tools/list")
+    assert code == 0, err
+    names = [t["name"] for t in json.loads(out)["result"]["tools"]]
+    assert "text.upper" in names and "hostile.membomb" not in names
+    code, out, err = inspector(transport, era, server, "--method", "tools/call", "--tool-name", "text.count",
+                               "--tool-args-json", '{"text": "a b"}')
+    assert code == 0, err
+    assert json.loads(out)["result"]["structuredContent"] == {"chars": 3, "words": 2, "lines": 1}
+    # A denied call is an isError result: the CLI's exit code 5.
+    code, out, err = inspector(transport, era, server, "--method", "tools/call", "--tool-name", "text.repeat",
+                               "--tool-args-json", '{"text": "a", "times": 2}')
+    assert code == 5, (code, out, err)
+    assert "denied" in out + err

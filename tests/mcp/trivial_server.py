@@ -1,9 +1,9 @@
 """The baseline for `bench_serve.py`: a trivial stdio MCP server (official
 Python SDK) with one tool that upper-cases a text, doing nothing else."""
 
-from mcp.server.fastmcp import FastMCP
+from mcp.server.mcpserver import MCPServer
 
-mcp = FastMCP("trivial")
+mcp = MCPServer("trivial")
 
 
 @mcp.tool(description="Upper-case a text.")

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use toolgate::Digest;
 use toolgate::store::{
-    ApprovedBy, AwaitingRecord, NewStep, OutcomeKind, RunRecord, StateChange, StepStore, TicketError, Verdict, now,
+    ApprovedBy, AskScope, AwaitingRecord, NewStep, OutcomeKind, RunRecord, StateChange, StepStore, TicketError, Verdict, now,
 };
 
 /// The host instance the suite claims as.
@@ -261,33 +261,37 @@ pub async fn claims_are_taken_over_only_from_a_holder_whose_heartbeat_lapsed(b: 
     assert_eq!(s.claim_ticket("t1", t0, ME).await.unwrap().unwrap_err(), TicketError::Used("t1".into()));
 }
 
-/// The latest ask for an exact call is found by run, Tool and argument
-/// digest; once decided, its result is delivered to one retry only.
+/// The latest ask for an exact call is found by run (or agent), Tool and
+/// argument digest; once decided, its result is delivered to one retry only.
 pub async fn a_decided_result_is_delivered_once(b: &dyn Backend) {
     let j = b.create().await;
     let s = j.store.as_ref();
     let digest = "d".repeat(64);
-    assert!(s.prior_ask("run-1", "notes.add", &digest).await.unwrap().is_none());
+    assert!(s.prior_ask(AskScope::Run("run-1"), "notes.add", &digest).await.unwrap().is_none());
     s.commit_step(&step("c1", OutcomeKind::Awaiting), &[], Some(&awaiting("t", "c1", i64::MAX))).await.unwrap();
-    let prior = s.prior_ask("run-1", "notes.add", &digest).await.unwrap().expect("the ask is found");
+    let prior = s.prior_ask(AskScope::Run("run-1"), "notes.add", &digest).await.unwrap().expect("the ask is found");
     assert_eq!((prior.record.ticket_id.as_str(), prior.record.state.as_str()), ("t", "pending"));
     assert!(!prior.delivered && prior.resolution.is_none());
-    assert!(s.prior_ask("run-2", "notes.add", &digest).await.unwrap().is_none(), "another run");
-    assert!(s.prior_ask("run-1", "notes.add", &"e".repeat(64)).await.unwrap().is_none(), "other arguments");
+    assert!(s.prior_ask(AskScope::Run("run-2"), "notes.add", &digest).await.unwrap().is_none(), "another run");
+    // By agent (stateless requests): every run of that agent, no other agent's.
+    let by_agent = s.prior_ask(AskScope::Agent("main"), "notes.add", &digest).await.unwrap().expect("by agent");
+    assert_eq!(by_agent.record.ticket_id, "t");
+    assert!(s.prior_ask(AskScope::Agent("other"), "notes.add", &digest).await.unwrap().is_none(), "another agent");
+    assert!(s.prior_ask(AskScope::Run("run-1"), "notes.add", &"e".repeat(64)).await.unwrap().is_none(), "other arguments");
     // Not decided yet: nothing to deliver.
     assert_eq!(s.deliver("t", &step("retry-0", OutcomeKind::Output)).await.unwrap(), None);
     let claimed = s.claim_ticket("t", now(), ME).await.unwrap().unwrap();
     let mut out = step("c1", OutcomeKind::Output);
     out.result = "done";
     let resolved_seq = s.resolve_ticket(claimed, &out, &[], false).await.unwrap().unwrap();
-    let prior = s.prior_ask("run-1", "notes.add", &digest).await.unwrap().unwrap();
+    let prior = s.prior_ask(AskScope::Run("run-1"), "notes.add", &digest).await.unwrap().unwrap();
     assert_eq!(prior.record.state, "resolved");
     let resolution = prior.resolution.expect("the resolving step");
     assert_eq!((resolution.seq, resolution.result.as_str()), (resolved_seq, "done"));
     let seq = s.deliver("t", &step("retry-1", OutcomeKind::Output)).await.unwrap().expect("delivered to one retry");
     assert!(seq > resolved_seq);
     assert_eq!(s.deliver("t", &step("retry-2", OutcomeKind::Output)).await.unwrap(), None, "once");
-    assert!(s.prior_ask("run-1", "notes.add", &digest).await.unwrap().unwrap().delivered);
+    assert!(s.prior_ask(AskScope::Run("run-1"), "notes.add", &digest).await.unwrap().unwrap().delivered);
     let steps = s.steps(None).await.unwrap();
     assert_eq!(steps.iter().filter(|s| s.call_id.starts_with("retry")).count(), 1);
     // A result that went back in the conversation is not delivered again.

@@ -25,6 +25,7 @@ mod exit {
     pub const TOOL_ERROR: u8 = 10;
     pub const BLOCKED: u8 = 11;
     pub const AWAITING: u8 = 12;
+    pub const CANCELLED: u8 = 13;
 }
 
 #[derive(Parser)]
@@ -131,8 +132,13 @@ enum Command {
     },
     /// Pin the digest of every loadable plugin in toolgate.lock; with a lock, nothing else loads.
     Lock,
-    /// Serve the agent's tools to an MCP client over stdio (the same gate, sandbox and journal).
-    Serve,
+    /// Serve the agent's tools to MCP clients (the same gate, sandbox and journal): over stdio, or with
+    /// `--http ADDR` over Streamable HTTP, where each bearer token of `[[serve.auth]]` is bound to its agent.
+    Serve {
+        /// Listen on this address (e.g. `127.0.0.1:8080`) for Streamable HTTP instead of stdio.
+        #[arg(long)]
+        http: Option<std::net::SocketAddr>,
+    },
     /// Show the journal.
     Journal {
         /// Only this run.
@@ -272,7 +278,11 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             let narrowing =
                 if *no_tools { ToolCapabilityNarrowing::DenyAll } else { ToolCapabilityNarrowing::Configured };
             let run = host.runtime.start_run(run.clone(), narrowing).await?;
-            let mut result = run.call(tool, arguments.clone()).await?;
+            // Ctrl-C withdraws the call: the guest stops and the step is journaled as cancelled.
+            let interrupted = async {
+                let _ = tokio::signal::ctrl_c().await;
+            };
+            let mut result = run.call_until(tool, arguments.clone(), interrupted).await?;
             if let (true, StepResult::Awaiting { ticket, expires_at, correlation, .. }) = (*wait, &result) {
                 wait_for_decision(&host.runtime, ticket, *expires_at, correlation).await?;
                 // The identical call in the same run receives the decided result, once.
@@ -344,10 +354,28 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             eprintln!("pinned {} plugin(s) in {}", pinned.len(), config.lock.display());
             Ok(exit::OUTPUT)
         }
-        Command::Serve => {
-            let host = open_host(&cli).await?;
-            let server = serve::McpServer::new(host.config, &cli.agent, host.runtime);
-            server.serve_stdio().await?;
+        Command::Serve { http } => {
+            let config = Config::load(&cli.config)?;
+            let settings = serve::ServeSettings { grace: std::time::Duration::from_millis(config.serve.grace_ms) };
+            match http {
+                None => {
+                    let host = open_host(&cli).await?;
+                    let server = serve::McpServer::new(host.config, Some(&cli.agent), host.runtime, settings);
+                    server.serve_stdio().await?;
+                }
+                Some(addr) => {
+                    // Agents come from the tokens; the first bound one opens the host.
+                    let first = config.serve.auth.first().map(|a| a.agent.clone()).ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "serving over HTTP needs authentication: add a `[[serve.auth]]` entry binding a token (by reference) to an agent"
+                        )
+                    })?;
+                    let runtime = toolgate::host::open(&config, &first).await?;
+                    report_refused(runtime.snapshot().catalog());
+                    let server = serve::McpServer::new(config, None, runtime, settings);
+                    serve::http::serve(server, *addr).await?;
+                }
+            }
             Ok(exit::OUTPUT)
         }
         Command::Journal { run, awaiting: true, key } => {
@@ -391,6 +419,7 @@ fn report(result: &StepResult, run: Option<&str>, as_json: bool) -> u8 {
         StepResult::ToolError { .. } => ("tool_error", exit::TOOL_ERROR),
         StepResult::Blocked { .. } => ("blocked", exit::BLOCKED),
         StepResult::Awaiting { .. } => ("awaiting", exit::AWAITING),
+        StepResult::Cancelled { .. } => ("cancelled", exit::CANCELLED),
     };
     if as_json {
         let mut v = json!({ "outcome": kind, "result": result.model_text() });

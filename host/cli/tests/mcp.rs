@@ -1,5 +1,6 @@
 //! `toolgate serve` against the official MCP Python SDK (tests/mcp/test_serve.py),
-//! in the venv that `scripts/test` creates with the pinned SDK.
+//! in the venv that `scripts/test` creates with the pinned SDK: stdio and
+//! Streamable HTTP, the SDK's default mode (2026-07-28) and its legacy mode.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -36,6 +37,15 @@ timeout_ms = 3000
 [[grants]]
 tools = "files.*"
 directories = [{ path = "/data", host = "data", access = "read" }]
+[serve]
+auth = [
+  { agent = "default", token = { env = "TOOLGATE_TEST_TOKEN" } },
+  { agent = "reader", token = { env = "TOOLGATE_READER_TOKEN" } },
+]
+[agents.reader]
+visible = ["text.*"]
+default = "deny"
+rules = [{ pattern = "text.*", behavior = "allow" }]
 [agents.default]
 visible = ["text.*", "notes", "hostile.chatter", "hostile.loop", "files.*"]
 default = "deny"
@@ -61,6 +71,10 @@ rules = [
     let mut text = std::fs::read_to_string(&config).unwrap();
     text.push_str(&String::from_utf8_lossy(&out.stdout));
     std::fs::write(&config, text).unwrap();
+    // Fresh bearer tokens for this run; the server reads them by reference (env).
+    let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let token = format!("tg-default-{nonce:x}-{}", std::process::id());
+    let reader = format!("tg-reader-{nonce:x}-{}", std::process::id());
     let out = Command::new(&python)
         .current_dir(&root)
         .args(["-m", "pytest", "-v", "-p", "no:cacheprovider", "tests/mcp/test_serve.py"])
@@ -68,6 +82,8 @@ rules = [
         .env("TOOLGATE_CONFIG", &config)
         .env("TOOLGATE_EXTRA", &extra)
         .env("TOOLGATE_APPROVER_KEY", &key)
+        .env("TOOLGATE_TEST_TOKEN", &token)
+        .env("TOOLGATE_READER_TOKEN", &reader)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

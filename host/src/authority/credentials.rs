@@ -192,6 +192,19 @@ impl CredentialSpec {
     }
 }
 
+/// Read a secret from `source` at this moment (an HTTP serving token, say):
+/// an environment variable, or an owner-only file. Errors name the source,
+/// never the value.
+pub fn read_source(source: &Source) -> Result<String, String> {
+    let value = match source {
+        Source::Env(var) => {
+            std::env::var(var).map_err(|_| format!("environment variable `{var}` is not set in the host process"))?
+        }
+        Source::File(path) => read_owner_only(path)?,
+    };
+    Ok(value.trim_end_matches(['\n', '\r']).to_owned())
+}
+
 /// The shortest secret toolgate applies: shorter ones cannot be told apart
 /// from ordinary response text, so responses could not be checked for them.
 pub const MIN_SECRET: usize = 8;

@@ -180,6 +180,9 @@ pub enum ToolFailure {
     /// Output that is not what the WIT contract promises (e.g. invalid JSON).
     #[error("the Tool returned malformed output: {0}")]
     Malformed(String),
+    /// The caller withdrew the call; the guest was stopped (or never started).
+    #[error("the call was cancelled by its caller and stopped")]
+    Cancelled,
 }
 
 /// Content the model reads.
@@ -222,6 +225,18 @@ pub struct Execution {
     pub elapsed: Duration,
     /// A granted outbound request that failed in transport (`scheme://host:port: reason`).
     pub transport_failure: Option<String>,
+}
+
+impl Execution {
+    /// A call withdrawn before or while it ran.
+    fn cancelled() -> Self {
+        Execution {
+            result: Err(ToolFailure::Cancelled),
+            captured: Captured::default(),
+            elapsed: Duration::ZERO,
+            transport_failure: None,
+        }
+    }
 }
 
 /// Bounded output of one call: the guest's streams, and apart from them
@@ -488,6 +503,20 @@ impl Executor {
         call: &AllowedCall,
         state: BTreeMap<String, String>,
     ) -> Result<Execution, ExecutorError> {
+        self.execute_until(call, state, std::future::pending()).await
+    }
+
+    /// [`Executor::execute`], stopped when `cancel` completes (the caller
+    /// withdrew the call): a guest not yet admitted never starts, a running
+    /// one is dropped at once (its slot freed), and the result is
+    /// [`ToolFailure::Cancelled`].
+    pub async fn execute_until(
+        &self,
+        call: &AllowedCall,
+        state: BTreeMap<String, String>,
+        cancel: impl Future<Output = ()> + Send,
+    ) -> Result<Execution, ExecutorError> {
+        tokio::pin!(cancel);
         let component = &call.candidate().installed.component;
         let pre = self.prepare(&component.path, component.digest).await?;
         let limits = &self.settings.limits;
@@ -530,7 +559,11 @@ impl Executor {
         store.epoch_deadline_async_yield_and_update(1);
 
         // Wait for a slot (not part of the call's deadline: queueing is the host's doing).
-        let _admitted = self.admission.admit(&call.call().tool_id).await;
+        let _admitted = tokio::select! {
+            biased;
+            () = &mut cancel => return Ok(Execution::cancelled()),
+            admitted = self.admission.admit(&call.call().tool_id) => admitted,
+        };
         let started = Instant::now();
         let c = call.call();
         let arguments = c.arguments.to_string();
@@ -540,9 +573,19 @@ impl Executor {
             let plugin = pre.instantiate_async(&mut store).await?;
             plugin.toolgate_plugin_tool().call_call(&mut store, &c.tool_id, &arguments).await
         };
-        let raw = match tokio::time::timeout(deadline, run).await {
-            Ok(r) => r,
-            Err(_) => Err(wasmtime::Error::new(Trap::Interrupt)),
+        let raw = tokio::select! {
+            biased;
+            () = &mut cancel => None,
+            r = tokio::time::timeout(deadline, run) => Some(match r {
+                Ok(r) => r,
+                Err(_) => Err(wasmtime::Error::new(Trap::Interrupt)),
+            }),
+        };
+        let Some(raw) = raw else {
+            drop(store);
+            let mut cancelled = Execution::cancelled();
+            cancelled.elapsed = started.elapsed();
+            return Ok(cancelled);
         };
         let elapsed = started.elapsed();
         let result = match raw {

@@ -109,6 +109,9 @@ pub enum OutcomeKind {
     Awaiting,
     /// The host could not run it (compile, instantiate); someone must act.
     ExecutorError,
+    /// The caller withdrew the call (e.g. MCP `notifications/cancelled`, a
+    /// closed HTTP request, shutdown); the guest was stopped or never started.
+    Cancelled,
 }
 
 impl OutcomeKind {
@@ -120,6 +123,7 @@ impl OutcomeKind {
             OutcomeKind::Blocked => "blocked",
             OutcomeKind::Awaiting => "awaiting",
             OutcomeKind::ExecutorError => "executor_error",
+            OutcomeKind::Cancelled => "cancelled",
         }
     }
 
@@ -131,6 +135,7 @@ impl OutcomeKind {
             "tool_error" => OutcomeKind::ToolError,
             "blocked" => OutcomeKind::Blocked,
             "awaiting" => OutcomeKind::Awaiting,
+            "cancelled" => OutcomeKind::Cancelled,
             _ => OutcomeKind::ExecutorError,
         }
     }
@@ -277,6 +282,17 @@ pub struct PriorAsk {
     pub resolution: Option<StepRecord>,
 }
 
+/// Where an earlier ask of the same call is looked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AskScope<'a> {
+    /// The run (a conversation): asks never cross conversations.
+    Run(&'a str),
+    /// Every run of the agent: for stateless requests, where no conversation
+    /// spans requests (MCP 2026-07-28 over HTTP) and the principal is all
+    /// that identifies who asked.
+    Agent(&'a str),
+}
+
 /// A state change, already checked to be in the called Tool's scope.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateChange {
@@ -409,11 +425,11 @@ pub trait StepStore: Send + Sync {
         now: i64,
         lease_secs: i64,
     ) -> Result<Vec<ClaimedTicket>, CommitError>;
-    /// The latest ask in run `run_id` for Tool `tool_id` with arguments of
+    /// The latest ask in `scope` for Tool `tool_id` with arguments of
     /// `argument_digest`, with its resolution once decided.
     async fn prior_ask(
         &self,
-        run_id: &str,
+        scope: AskScope<'_>,
         tool_id: &str,
         argument_digest: &str,
     ) -> Result<Option<PriorAsk>, CommitError>;

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{
-    ApprovedBy, AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, PriorAsk, RunInfo, RunRecord,
+    ApprovedBy, AskScope, AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, PriorAsk, RunInfo, RunRecord,
     StateChange, StepRecord, StepStore, TicketError, Verdict, now,
 };
 use crate::digest::Digest;
@@ -318,8 +318,13 @@ CREATE TABLE hosts (
 );
 "#;
 
+/// Version 4: an ask is found by agent too (stateless requests have no run to share).
+const SCHEMA_V4: &str = r#"
+CREATE INDEX awaiting_agent_call ON awaiting(agent, tool_id, argument_digest);
+"#;
+
 /// Migrations in order: `user_version` N means the first N are applied.
-const MIGRATIONS: &[&str] = &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3];
+const MIGRATIONS: &[&str] = &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -839,17 +844,21 @@ impl StepStore for SqliteJournal {
 
     async fn prior_ask(
         &self,
-        run_id: &str,
+        scope: AskScope<'_>,
         tool_id: &str,
         argument_digest: &str,
     ) -> Result<Option<PriorAsk>, CommitError> {
+        let (column, key) = match scope {
+            AskScope::Run(run) => ("run_id", run),
+            AskScope::Agent(agent) => ("agent", agent),
+        };
         self.with(|c| {
             let found = c
                 .prepare_cached(&format!(
                     "SELECT {AWAITING_COLS}, delivered FROM awaiting
-                     WHERE run_id = ?1 AND tool_id = ?2 AND argument_digest = ?3 ORDER BY rowid DESC LIMIT 1"
+                     WHERE {column} = ?1 AND tool_id = ?2 AND argument_digest = ?3 ORDER BY rowid DESC LIMIT 1"
                 ))?
-                .query_row(params![run_id, tool_id, argument_digest], |r| Ok((awaiting_from_row(r)?, r.get(11)?)))
+                .query_row(params![key, tool_id, argument_digest], |r| Ok((awaiting_from_row(r)?, r.get(11)?)))
                 .optional()?;
             let Some((record, delivered)) = found else { return Ok(None) };
             let resolution = if record.state == "resolved" {
@@ -1084,6 +1093,7 @@ mod tests {
             OutcomeKind::Blocked,
             OutcomeKind::Awaiting,
             OutcomeKind::ExecutorError,
+            OutcomeKind::Cancelled,
         ] {
             assert_eq!(OutcomeKind::parse(k.as_str()), k);
         }

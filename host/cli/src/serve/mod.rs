@@ -1,0 +1,768 @@
+//! Serve: `toolgate serve`, the MCP front end — over stdio, or Streamable
+//! HTTP with authentication ([`http`]).
+//!
+//! Owns translating between MCP (rmcp) and the runtime: `tools/list` is the
+//! agent snapshot's list (sorted by id: deterministic), `tools/call` is
+//! `Run::call` — the same descriptor, gate, executor and Step commit as every
+//! other front end. A blocked call or a Tool error is an `isError` result the
+//! model reads; an unknown or invisible tool is a protocol error.
+//!
+//! Revisions offered: 2025-06-18 and 2025-11-25 (an `initialize` session) and
+//! 2026-07-28 (stateless: `server/discover`, per-request `_meta`). An ask
+//! reaches the human in the client's own UI: on 2026-07-28 as an
+//! `InputRequiredResult` with a form elicitation and a sealed `requestState`
+//! naming the pending request in the durable journal (the client's retry
+//! carries the answer; the ticket never leaves the host); before, as a
+//! server-initiated `elicitation/create`. A client that cannot ask gets the
+//! pending request named (never its ticket); an approver decides it out of
+//! band and the identical call later returns the result. List changes go
+//! out through `subscriptions/listen` (2026-07-28) or as
+//! `notifications/tools/list_changed` to initialized sessions. A withdrawn
+//! request (`notifications/cancelled`, a closed HTTP request) stops its
+//! guest and is journaled as `cancelled`. Each session — a stdio
+//! connection, an HTTP session, or on stateless 2026-07-28 HTTP each request
+//! (and the retries it asks for) — is its own run.
+//!
+//! Architecture invariant: this is the only module that knows MCP server
+//! types, and it makes no decision of its own — no side channel for
+//! authorization. Guest output never reaches stdout: the executor captures it.
+
+pub mod http;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime};
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ElicitRequest, ElicitRequestParams,
+    ElicitationSchema, Implementation, InitializeResult, InputRequest, InputRequests,
+    InputRequiredResult, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities,
+    SubscriptionFilter, Tool, ToolAnnotations,
+};
+use rmcp::service::{NotificationContext, Peer, RequestContext, RoleServer, SubscriptionContext};
+use rmcp::model::{RequestStateCodec, SealOptions};
+use rmcp::{ErrorData, ServerHandler, ServiceExt};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use toolgate::config::Config;
+use toolgate::runtime::{CallError, Runtime, RuntimeSettings, StepResult, new_id};
+use toolgate::sandbox::executor::Content;
+use toolgate::{Approval, ExecutableAgentSnapshot, ToolCapabilityNarrowing};
+use toolgate_sdk::ToolDescriptor;
+
+/// How often the plugin directory is checked for changes.
+const RELOAD_POLL: Duration = Duration::from_millis(500);
+
+/// The revisions offered, each driven by a client in the test suite.
+const VERSIONS: &[ProtocolVersion] =
+    &[ProtocolVersion::V_2025_06_18, ProtocolVersion::V_2025_11_25, ProtocolVersion::V_2026_07_28];
+
+/// The key of the one input request an ask makes.
+const CONFIRM: &str = "confirm";
+
+/// How a server runs: the grace period for calls in flight at shutdown.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeSettings {
+    /// How long calls in flight may finish after the server stops accepting;
+    /// those still running then are cancelled (and journaled as such).
+    pub grace: Duration,
+}
+
+/// The MCP server: shared state, and the session this handle serves.
+#[derive(Clone)]
+pub struct McpServer {
+    shared: Arc<Shared>,
+    session: Arc<Session>,
+}
+
+struct Shared {
+    config: Config,
+    /// The agent of a stdio server; HTTP requests carry theirs (bound to the token).
+    stdio_agent: Option<String>,
+    /// One runtime per agent, over the current catalog; replaced on reload.
+    runtimes: RwLock<Runtimes>,
+    /// Bumped on every reload: listen streams notify, sessions rebuild their view.
+    generation: tokio::sync::watch::Sender<u64>,
+    /// Initialized (pre-2026) sessions, told about list changes directly.
+    legacy_peers: Mutex<Vec<(u64, Peer<RoleServer>)>>,
+    next_peer: std::sync::atomic::AtomicU64,
+    /// Seals the `requestState` of an ask (HMAC, TTL, bound to tool and agent).
+    codec: RequestStateCodec,
+    /// Calls in flight, waited for at shutdown.
+    inflight: TaskTracker,
+    /// Fired when the grace period is over: calls still running are cancelled.
+    stopping: CancellationToken,
+    settings: ServeSettings,
+}
+
+struct Runtimes {
+    generation: u64,
+    by_agent: HashMap<String, Arc<Runtime>>,
+    /// The executor and store every agent's runtime shares.
+    base: Arc<Runtime>,
+}
+
+/// One conversation: its run, and the run's view kept across calls.
+struct Session {
+    run_id: String,
+    view: Mutex<Option<(u64, Arc<ExecutableAgentSnapshot>)>>,
+}
+
+impl Session {
+    fn new() -> Arc<Self> {
+        Arc::new(Session { run_id: new_id("run"), view: Mutex::new(None) })
+    }
+}
+
+/// What the sealed `requestState` of an ask names: the pending request in the
+/// journal, never its ticket.
+#[derive(Debug, Serialize, Deserialize)]
+struct AskState {
+    run: String,
+    request: String,
+    tool: String,
+    digest: String,
+}
+
+/// An HTTP request's agent, as the authentication layer bound it to the token.
+#[derive(Debug, Clone)]
+pub struct BoundAgent(pub String);
+
+impl McpServer {
+    /// A server over `runtime` (its agent serves stdio); `config` rebuilds
+    /// runtimes for other agents and on reload.
+    pub fn new(config: Config, stdio_agent: Option<&str>, runtime: Runtime, settings: ServeSettings) -> Self {
+        let agent = runtime.snapshot().agent().to_owned();
+        let runtime = Arc::new(runtime);
+        let mut key = [0u8; 32];
+        // A per-process key: states sealed by another process (or before a
+        // restart) fail to open, and the retry asks again.
+        if getrandom::fill(&mut key).is_err() {
+            tracing::warn!("no OS randomness for the request-state key; asks over 2026-07-28 will not resume");
+        }
+        McpServer {
+            shared: Arc::new(Shared {
+                config,
+                stdio_agent: stdio_agent.map(str::to_owned),
+                runtimes: RwLock::new(Runtimes {
+                    generation: 0,
+                    by_agent: HashMap::from([(agent, runtime.clone())]),
+                    base: runtime,
+                }),
+                generation: tokio::sync::watch::Sender::new(0),
+                legacy_peers: Mutex::new(Vec::new()),
+                next_peer: std::sync::atomic::AtomicU64::new(0),
+                codec: RequestStateCodec::try_new(key.to_vec()).unwrap_or_else(|_| unreachable!("32 bytes is long enough")),
+                inflight: TaskTracker::new(),
+                stopping: CancellationToken::new(),
+                settings,
+            }),
+            session: Session::new(),
+        }
+    }
+
+    /// The same server for a new session (an HTTP session or stateless request).
+    fn for_new_session(&self) -> Self {
+        McpServer { shared: self.shared.clone(), session: Session::new() }
+    }
+
+    /// The runtime of `agent` over the current catalog.
+    fn runtime(&self, agent: &str) -> Result<(u64, Arc<Runtime>), ErrorData> {
+        {
+            let r = self.shared.runtimes.read().unwrap_or_else(|p| p.into_inner());
+            if let Some(rt) = r.by_agent.get(agent) {
+                return Ok((r.generation, rt.clone()));
+            }
+        }
+        let mut r = self.shared.runtimes.write().unwrap_or_else(|p| p.into_inner());
+        let catalog = r.base.snapshot().catalog().clone();
+        let snapshot = ExecutableAgentSnapshot::build(&self.shared.config, agent, catalog)
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        let rt = Arc::new(Runtime::new(
+            snapshot,
+            r.base.executor().clone(),
+            r.base.store().clone(),
+            RuntimeSettings::of(&self.shared.config),
+        ));
+        r.by_agent.insert(agent.to_owned(), rt.clone());
+        Ok((r.generation, rt))
+    }
+
+    /// The agent a request acts for: bound to the HTTP token, or the stdio agent.
+    fn agent(&self, extensions: &rmcp::model::Extensions) -> Result<String, ErrorData> {
+        if let Some(parts) = extensions.get::<::http::request::Parts>()
+            && let Some(BoundAgent(agent)) = parts.extensions.get::<BoundAgent>()
+        {
+            return Ok(agent.clone());
+        }
+        self.shared
+            .stdio_agent
+            .clone()
+            .ok_or_else(|| ErrorData::internal_error("the request carries no authenticated agent", None))
+    }
+
+    /// Serve MCP over stdin/stdout until stdin closes (or SIGTERM), then
+    /// drain calls in flight.
+    pub async fn serve_stdio(self) -> anyhow::Result<()> {
+        let watcher = tokio::spawn(self.clone().watch());
+        let ct = CancellationToken::new();
+        let stdio = rmcp::transport::stdio();
+        let transport = RequestsFirst::new(rmcp::transport::async_rw::AsyncRwTransport::new_server(stdio.0, stdio.1));
+        let service = self.clone().serve_with_ct(transport, ct.clone()).await?;
+        tokio::select! {
+            r = service.waiting() => { r?; }
+            () = terminated() => ct.cancel(),
+        }
+        watcher.abort();
+        self.drain().await;
+        Ok(())
+    }
+
+    /// Stop accepting (done by the caller), let calls in flight finish within
+    /// the grace period, then cancel the rest; every step is committed.
+    async fn drain(&self) {
+        let s = &self.shared;
+        s.inflight.close();
+        if tokio::time::timeout(s.settings.grace, s.inflight.wait()).await.is_err() {
+            tracing::warn!("cancelling calls still running after the {:?} grace period", s.settings.grace);
+            s.stopping.cancel();
+            s.inflight.wait().await;
+        }
+    }
+
+    /// Reload the catalog when the plugin directory changes.
+    async fn watch(self) {
+        let dir = self.shared.config.plugins.clone();
+        let mut last = fingerprint(&dir);
+        loop {
+            tokio::time::sleep(RELOAD_POLL).await;
+            let now = fingerprint(&dir);
+            if now == last {
+                continue;
+            }
+            last = now;
+            match self.reload() {
+                Ok(()) => self.announce_list_changed().await,
+                Err(e) => tracing::warn!("plugin directory changed but cannot be reloaded: {e:#}"),
+            }
+        }
+    }
+
+    fn reload(&self) -> anyhow::Result<()> {
+        let catalog = Arc::new(toolgate::host::catalog(&self.shared.config)?);
+        for r in catalog.refused() {
+            tracing::warn!("refused plugin {}: {}", r.path.display(), r.reason);
+        }
+        let mut runtimes = self.shared.runtimes.write().unwrap_or_else(|p| p.into_inner());
+        let mut next = HashMap::new();
+        for (agent, rt) in &runtimes.by_agent {
+            let snapshot = ExecutableAgentSnapshot::build(&self.shared.config, agent, catalog.clone())?;
+            next.insert(agent.clone(), Arc::new(rt.with_snapshot(snapshot)));
+        }
+        let base_agent = runtimes.base.snapshot().agent().to_owned();
+        if let Some(base) = next.get(&base_agent) {
+            runtimes.base = base.clone();
+        }
+        runtimes.by_agent = next;
+        runtimes.generation += 1;
+        let generation = runtimes.generation;
+        drop(runtimes);
+        self.shared.generation.send_replace(generation);
+        Ok(())
+    }
+
+    /// Tell every initialized (pre-2026) session; listen streams see the generation change.
+    async fn announce_list_changed(&self) {
+        let peers = self.shared.legacy_peers.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut gone = Vec::new();
+        for (id, peer) in &peers {
+            if peer.notify_tool_list_changed().await.is_err() {
+                gone.push(*id);
+            }
+        }
+        if !gone.is_empty() {
+            self.shared.legacy_peers.lock().unwrap_or_else(|p| p.into_inner()).retain(|(id, _)| !gone.contains(id));
+        }
+    }
+
+    /// This session's run over `runtime`: its view is kept across calls (no
+    /// journal lookup per call), rebuilt once after a reload.
+    async fn session_run<'r>(&self, generation: u64, runtime: &'r Runtime) -> Result<toolgate::Run<'r>, ErrorData> {
+        let cached = self.session.view.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        match cached {
+            Some((g, view)) if g == generation => Ok(runtime.continue_run(&self.session.run_id, view)),
+            _ => runtime
+                .start_run(Some(self.session.run_id.clone()), ToolCapabilityNarrowing::Configured)
+                .await
+                .map_err(|e| ErrorData::internal_error(e.to_string(), None)),
+        }
+    }
+
+    fn remember(&self, generation: u64, run: &toolgate::Run<'_>) {
+        *self.session.view.lock().unwrap_or_else(|p| p.into_inner()) = Some((generation, run.snapshot()));
+    }
+
+    async fn call(
+        &self,
+        request: CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let agent = self.agent(&context.extensions)?;
+        let (generation, runtime) = self.runtime(&agent)?;
+        let name = request.name.to_string();
+        let arguments = request.arguments.clone().map(serde_json::Value::Object).unwrap_or(serde_json::Value::Null);
+        // The client's answer to an ask this server made (2026-07-28).
+        if let Some(state) = &request.request_state {
+            return self.answered(&runtime, &agent, &name, &arguments, state, &request, context).await;
+        }
+        let descriptor = described(&runtime, &name);
+        let mut run = self.session_run(generation, &runtime).await?;
+        if stateless(context) {
+            run = run.stateless();
+        }
+        let cancel = withdrawn(context.ct.clone(), self.shared.stopping.clone());
+        let result = run.call_until(&name, arguments.clone(), cancel).await;
+        self.remember(generation, &run);
+        let result = match result {
+            Ok(r) => r,
+            Err(CallError::UnknownTool(id)) => {
+                return Err(ErrorData::invalid_params(format!("unknown tool `{id}`"), None));
+            }
+            Err(e) => return Err(ErrorData::internal_error(e.to_string(), None)),
+        };
+        match result {
+            StepResult::Awaiting { ref ticket, ref correlation, .. } => {
+                let (ticket, correlation) = (ticket.clone(), correlation.clone());
+                self.ask(&runtime, &name, &arguments, &ticket, &correlation, result, context).await
+            }
+            other => Ok(to_mcp_result(&other, descriptor.as_ref()).into()),
+        }
+    }
+
+    /// Ask the human through the client's own UI, the way its revision allows;
+    /// a client that cannot ask gets the pending request named (never its ticket).
+    #[allow(clippy::too_many_arguments)]
+    async fn ask(
+        &self,
+        runtime: &Runtime,
+        name: &str,
+        arguments: &serde_json::Value,
+        ticket: &str,
+        correlation: &str,
+        awaiting: StepResult,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let can_elicit = context.client_capabilities().is_some_and(|c| c.elicitation.is_some());
+        if !can_elicit {
+            let message = format!("`{name}` needs human approval and this client cannot ask: {}", awaiting.model_text());
+            return Ok(CallToolResult::error(vec![ContentBlock::text(message)]).into());
+        }
+        let question = elicitation(name, arguments);
+        let modern = context.protocol_version().is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
+        if modern {
+            // Stateless: the client retries with the answer and this sealed state.
+            let state = AskState {
+                run: self.session.run_id.clone(),
+                request: correlation.to_owned(),
+                tool: name.to_owned(),
+                digest: toolgate::policy::gate::argument_digest(&normalize(arguments)),
+            };
+            let ttl = Duration::from_secs(self.shared.config.limits.ticket_ttl_secs);
+            let bound = seal_binding(name, &self.agent(&context.extensions)?);
+            let sealed = self
+                .shared
+                .codec
+                .seal_json_with(&state, &SealOptions::new().associated_data(&bound).ttl(ttl))
+                .map_err(|e| ErrorData::internal_error(format!("cannot seal the request state: {e}"), None))?;
+            let mut requests = InputRequests::new();
+            requests.insert(CONFIRM.into(), InputRequest::Elicitation(ElicitRequest::new(question)));
+            return Ok(InputRequiredResult::new(Some(requests), Some(sealed)).into());
+        }
+        let answer = context.peer.create_elicitation(question).await;
+        let decision = match &answer {
+            Ok(r) => decision_of(&serde_json::to_value(r).unwrap_or_default()),
+            Err(e) => {
+                tracing::warn!("elicitation failed: {e}");
+                Err("the approval request failed".to_owned())
+            }
+        };
+        let approval = Approval::by_mcp_client(client_name(context));
+        let step = match decision {
+            Ok(()) => runtime.approve(ticket, &approval).await,
+            Err(why) => runtime.deny(ticket, &why, &approval).await,
+        };
+        let step = step.map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        Ok(to_mcp_result(&step, described(runtime, name).as_ref()).into())
+    }
+
+    /// The retry of a 2026-07-28 call that was asked: verify the sealed state
+    /// names this exact call, then apply the human's answer to the pending
+    /// request it names. Anything else (a decided or expired request) goes the
+    /// ordinary way: the identical call gets the decided result once, or asks again.
+    #[allow(clippy::too_many_arguments)]
+    async fn answered(
+        &self,
+        runtime: &Runtime,
+        agent: &str,
+        name: &str,
+        arguments: &serde_json::Value,
+        sealed: &str,
+        request: &CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let refused = |why: &str| ErrorData::invalid_params(format!("the request state was refused: {why}"), None);
+        let bound = seal_binding(name, agent);
+        let state: AskState = self
+            .shared
+            .codec
+            .open_json_with(sealed, &bound)
+            .map_err(|e| refused(&e.to_string()))?;
+        let digest = toolgate::policy::gate::argument_digest(&normalize(arguments));
+        if state.tool != name || state.digest != digest {
+            return Err(refused("it belongs to another call"));
+        }
+        let store = runtime.store();
+        let prior = store
+            .prior_ask(toolgate::store::AskScope::Run(&state.run), &state.tool, &state.digest)
+            .await
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        let pending = prior.filter(|p| p.record.call_id == state.request && p.record.state == "pending");
+        // The session of this retry is the run that asked.
+        let session = McpServer {
+            shared: self.shared.clone(),
+            session: Arc::new(Session { run_id: state.run.clone(), view: Mutex::new(None) }),
+        };
+        let Some(prior) = pending else {
+            let mut plain = request.clone();
+            plain.request_state = None;
+            plain.input_responses = None;
+            return Box::pin(session.call(plain, context)).await;
+        };
+        let answer = request.input_responses.as_ref().and_then(|r| r.get(CONFIRM));
+        let Some(answer) = answer else {
+            // Asked but not answered: ask again (SHOULD per the revision).
+            let question = elicitation(name, arguments);
+            let mut requests = InputRequests::new();
+            requests.insert(CONFIRM.into(), InputRequest::Elicitation(ElicitRequest::new(question)));
+            return Ok(InputRequiredResult::new(Some(requests), Some(sealed.to_owned())).into());
+        };
+        let approval = Approval::by_mcp_client(client_name(context));
+        let ticket = prior.record.ticket_id.clone();
+        let step = match decision_of(answer) {
+            Ok(()) => runtime.approve(&ticket, &approval).await,
+            Err(why) => runtime.deny(&ticket, &why, &approval).await,
+        };
+        let step = step.map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        Ok(to_mcp_result(&step, described(runtime, name).as_ref()).into())
+    }
+}
+
+/// The descriptor `name` has in `runtime`'s snapshot: a result carries
+/// structured content only when the listed tool declared an output schema.
+fn described(runtime: &Runtime, name: &str) -> Option<ToolDescriptor> {
+    runtime.snapshot().candidate(name, &|d| runtime.executor().unhealthy(d)).ok().map(|c| c.descriptor().clone())
+}
+
+/// `version-traceid-parentid-flags`, lowercase hex (W3C Trace Context):
+/// anything else is not logged (it is client input).
+fn is_traceparent(t: &str) -> bool {
+    let parts: Vec<&str> = t.split('-').collect();
+    parts.len() == 4
+        && [2, 32, 16, 2].iter().zip(&parts).all(|(n, p)| p.len() == *n)
+        && t.bytes().all(|b| b == b'-' || b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// A 2026-07-28 request over HTTP: no session, no conversation beyond it.
+fn stateless(context: &RequestContext<RoleServer>) -> bool {
+    context.extensions.get::<::http::request::Parts>().is_some()
+        && context.protocol_version().is_some_and(|v| v >= ProtocolVersion::V_2026_07_28)
+}
+
+/// What the seal binds a request state to: the tool and the agent.
+fn seal_binding(tool: &str, agent: &str) -> Vec<u8> {
+    format!("toolgate-ask\n{agent}\n{tool}").into_bytes()
+}
+
+fn normalize(arguments: &serde_json::Value) -> serde_json::Value {
+    match arguments {
+        serde_json::Value::Null => serde_json::Value::Object(Default::default()),
+        v => v.clone(),
+    }
+}
+
+/// The yes/no form an ask shows in the client's UI.
+fn elicitation(name: &str, arguments: &serde_json::Value) -> ElicitRequestParams {
+    let schema: ElicitationSchema = ElicitationSchema::builder()
+        .required_bool_property("confirm", |b| b.title("Run this call?"))
+        .build_unchecked();
+    ElicitRequestParams::FormElicitationParams {
+        meta: None,
+        message: format!("Allow the tool `{name}` to run with these arguments?\n{arguments}"),
+        requested_schema: schema,
+    }
+}
+
+/// An elicitation result (as JSON): approve only on accept with `confirm: true`.
+fn decision_of(answer: &serde_json::Value) -> Result<(), String> {
+    let action = answer.get("action").and_then(|a| a.as_str()).unwrap_or("");
+    let confirmed = answer.get("content").and_then(|c| c.get("confirm")).and_then(|v| v.as_bool()) == Some(true);
+    match action {
+        "accept" if confirmed => Ok(()),
+        "cancel" => Err("cancelled by the user".into()),
+        _ => Err("declined by the user".into()),
+    }
+}
+
+fn client_name(context: &RequestContext<RoleServer>) -> String {
+    context.client_info().map(|i| i.name).unwrap_or_else(|| "an MCP client".into())
+}
+
+/// Completes when the request is withdrawn (its token) or the grace period
+/// at shutdown is over.
+async fn withdrawn(request: CancellationToken, stopping: CancellationToken) {
+    tokio::select! {
+        () = request.cancelled() => {}
+        () = stopping.cancelled() => {}
+    }
+}
+
+/// SIGTERM or SIGINT.
+async fn terminated() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// What identifies the directory's content cheaply: names, sizes, mtimes.
+fn fingerprint(dir: &std::path::Path) -> Vec<(String, u64, Option<SystemTime>)> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let m = e.metadata().ok()?;
+            Some((e.file_name().to_string_lossy().into_owned(), m.len(), m.modified().ok()))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// A descriptor as an MCP tool: name, description, input schema, output
+/// schema (object-rooted only, as MCP requires), annotations.
+pub fn to_mcp_tool(d: &ToolDescriptor) -> Tool {
+    let input = d.input_schema.as_object().cloned().unwrap_or_default();
+    let mut tool = Tool::new(d.id.clone(), d.description.clone(), Arc::new(input));
+    if let Some(out) = object_schema(d) {
+        tool = tool.with_raw_output_schema(Arc::new(out));
+    }
+    let a = &d.annotations;
+    if a.read_only.is_some() || a.destructive.is_some() || a.idempotent.is_some() || a.open_world.is_some() {
+        tool = tool.with_annotations(ToolAnnotations::from_raw(
+            None,
+            a.read_only,
+            a.destructive,
+            a.idempotent,
+            a.open_world,
+        ));
+    }
+    tool
+}
+
+fn object_schema(d: &ToolDescriptor) -> Option<serde_json::Map<String, serde_json::Value>> {
+    let out = d.output_schema.as_ref()?;
+    (out.get("type").and_then(|t| t.as_str()) == Some("object")).then(|| out.as_object().cloned()).flatten()
+}
+
+fn to_mcp_result(result: &StepResult, descriptor: Option<&ToolDescriptor>) -> CallToolResult {
+    match result {
+        StepResult::Output { content, .. } => {
+            let text = result.model_text();
+            let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
+            if let (Content::Json(v), Some(d)) = (content, descriptor)
+                && object_schema(d).is_some()
+            {
+                r.structured_content = Some(v.clone());
+            }
+            r
+        }
+        other => CallToolResult::error(vec![ContentBlock::text(other.model_text())]),
+    }
+}
+
+impl ServerHandler for McpServer {
+    fn get_info(&self) -> InitializeResult {
+        let capabilities = ServerCapabilities::builder().enable_tools().enable_tool_list_changed().build();
+        let mut info = InitializeResult::new(capabilities);
+        info.server_info = Implementation::new("toolgate", env!("CARGO_PKG_VERSION"));
+        info.instructions =
+            Some("Tools run sandboxed after a permission check; some calls need human approval.".into());
+        info
+    }
+
+    fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [ProtocolVersion]> {
+        std::borrow::Cow::Borrowed(VERSIONS)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let agent = self.agent(&context.extensions)?;
+        let (_, runtime) = self.runtime(&agent)?;
+        // Sorted by id: the same order for the same set (clients cache it).
+        let tools = runtime.list().iter().map(to_mcp_tool).collect();
+        Ok(ListToolsResult::with_all_items(tools))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        // Tracked, so shutdown waits for the step to be committed.
+        let Some(_inflight) = self.shared.track() else {
+            return Err(ErrorData::internal_error("the server is shutting down", None));
+        };
+        // The client's W3C trace context (`_meta.traceparent`), when well-formed,
+        // names the span the call's logs belong to.
+        let trace = context.meta.get_traceparent().filter(|t| is_traceparent(t)).unwrap_or("");
+        let span = tracing::info_span!("tools/call", tool = %request.name, traceparent = trace);
+        tracing::Instrument::instrument(self.call(request, &context), span).await
+    }
+
+    fn accepted_subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
+        Some(requested.supported_by(&self.get_info().capabilities))
+    }
+
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
+        let mut changes = self.shared.generation.subscribe();
+        loop {
+            tokio::select! {
+                () = context.cancelled() => return Ok(()),
+                () = self.shared.stopping.cancelled() => return Ok(()),
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        return Ok(());
+                    }
+                    if context.accepted().tools_list_changed == Some(true)
+                        && context.sink().notify_tool_list_changed().await.is_err()
+                    {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        let id = self.shared.next_peer.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.shared.legacy_peers.lock().unwrap_or_else(|p| p.into_inner()).push((id, context.peer.clone()));
+    }
+}
+
+impl Shared {
+    /// A token counting one call in flight; `None` once shutdown began.
+    fn track(&self) -> Option<tokio_util::task::task_tracker::TaskTrackerToken> {
+        (!self.inflight.is_closed()).then(|| self.inflight.token())
+    }
+}
+
+/// A transport that holds back notifications arriving before the first
+/// request (a client that sends `notifications/initialized` too early, or
+/// any stray notification): rmcp would end the session on them; the
+/// protocol says to ignore what cannot be handled.
+struct RequestsFirst<T> {
+    inner: T,
+    started: bool,
+}
+
+impl<T> RequestsFirst<T> {
+    fn new(inner: T) -> Self {
+        RequestsFirst { inner, started: false }
+    }
+}
+
+impl<T> rmcp::transport::Transport<RoleServer> for RequestsFirst<T>
+where
+    T: rmcp::transport::Transport<RoleServer>,
+{
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        item: rmcp::service::TxJsonRpcMessage<RoleServer>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.inner.send(item)
+    }
+
+    async fn receive(&mut self) -> Option<rmcp::service::RxJsonRpcMessage<RoleServer>> {
+        loop {
+            let message = self.inner.receive().await?;
+            if !self.started {
+                if matches!(message, rmcp::model::JsonRpcMessage::Notification(_)) {
+                    tracing::debug!("ignoring a notification that arrived before the first request");
+                    continue;
+                }
+                self.started = true;
+            }
+            return Some(message);
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        self.inner.close().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn only_an_explicit_confirmation_approves() {
+        assert_eq!(decision_of(&json!({"action": "accept", "content": {"confirm": true}})), Ok(()));
+        for refused in [
+            json!({"action": "accept", "content": {"confirm": false}}),
+            json!({"action": "accept", "content": {"confirm": "true"}}),
+            json!({"action": "accept", "content": {}}),
+            json!({"action": "accept"}),
+            json!({"action": "decline", "content": {"confirm": true}}),
+            json!({"action": "cancel", "content": {"confirm": true}}),
+            json!({"action": "ACCEPT", "content": {"confirm": true}}),
+            json!({"content": {"confirm": true}}),
+            json!(null),
+        ] {
+            assert!(decision_of(&refused).is_err(), "{refused}");
+        }
+    }
+
+    #[test]
+    fn only_a_well_formed_traceparent_is_logged() {
+        assert!(is_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\ninjected",
+            "00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01",
+        ] {
+            assert!(!is_traceparent(bad), "{bad:?}");
+        }
+    }
+}
