@@ -360,7 +360,7 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             match http {
                 None => {
                     let host = open_host(&cli).await?;
-                    let server = serve::McpServer::new(host.config, Some(&cli.agent), host.runtime, settings);
+                    let server = serve::McpServer::new(host.config, Some(&cli.agent), host.runtime, settings)?;
                     server.serve_stdio().await?;
                 }
                 Some(addr) => {
@@ -372,7 +372,7 @@ async fn dispatch(cli: Cli) -> Result<u8> {
                     })?;
                     let runtime = toolgate::host::open(&config, &first).await?;
                     report_refused(runtime.snapshot().catalog());
-                    let server = serve::McpServer::new(config, None, runtime, settings);
+                    let server = serve::McpServer::new(config, None, runtime, settings)?;
                     serve::http::serve(server, *addr).await?;
                 }
             }

@@ -132,16 +132,18 @@ pub struct BoundAgent(pub String);
 impl McpServer {
     /// A server over `runtime` (its agent serves stdio); `config` rebuilds
     /// runtimes for other agents and on reload.
-    pub fn new(config: Config, stdio_agent: Option<&str>, runtime: Runtime, settings: ServeSettings) -> Self {
+    pub fn new(config: Config, stdio_agent: Option<&str>, runtime: Runtime, settings: ServeSettings) -> anyhow::Result<Self> {
         let agent = runtime.snapshot().agent().to_owned();
         let runtime = Arc::new(runtime);
         let mut key = [0u8; 32];
         // A per-process key: states sealed by another process (or before a
-        // restart) fail to open, and the retry asks again.
-        if getrandom::fill(&mut key).is_err() {
-            tracing::warn!("no OS randomness for the request-state key; asks over 2026-07-28 will not resume");
-        }
-        McpServer {
+        // restart) fail to open, and the retry asks again. Never a fixed key:
+        // a guessable one would let a client forge request states.
+        getrandom::fill(&mut key)
+            .map_err(|e| anyhow::anyhow!("no OS randomness for the request-state key (needed to seal asks): {e}"))?;
+        let codec = RequestStateCodec::try_new(key.to_vec())
+            .map_err(|e| anyhow::anyhow!("cannot build the request-state codec: {e}"))?;
+        Ok(McpServer {
             shared: Arc::new(Shared {
                 config,
                 stdio_agent: stdio_agent.map(str::to_owned),
@@ -153,13 +155,13 @@ impl McpServer {
                 generation: tokio::sync::watch::Sender::new(0),
                 legacy_peers: Mutex::new(Vec::new()),
                 next_peer: std::sync::atomic::AtomicU64::new(0),
-                codec: RequestStateCodec::try_new(key.to_vec()).unwrap_or_else(|_| unreachable!("32 bytes is long enough")),
+                codec,
                 inflight: TaskTracker::new(),
                 stopping: CancellationToken::new(),
                 settings,
             }),
             session: Session::new(),
-        }
+        })
     }
 
     /// The same server for a new session (an HTTP session or stateless request).
