@@ -1,41 +1,107 @@
 """`toolgate serve` through a real MCP client (the official Python SDK):
 start-up (process spawn to the first `tools/list` answer) with a directory of
-generated components, and the per-call cost above a trivial stdio MCP server
-driven by the same client on the same machine.
+generated components, and the per-call cost above a trivial MCP server driven
+by the same client on the same machine, over stdio and Streamable HTTP, with
+the in-memory store and with the durable journal (whose fsyncs per call are
+counted with strace).
 
 Usage: bench_serve.py TOOLGATE_BIN CONFIG CALLS RUST_TRIVIAL_BIN   (run by
 scripts/bench, after the `scale` bench generated target/scale/dir20). Two
-baselines: `host/examples/trivial_mcp_server.rs` (the same Rust SDK as
-toolgate, one in-process tool: the stricter comparison, used for the target)
-and `trivial_server.py` (the Python SDK). Prints Markdown table rows and
-writes JSON next to CONFIG.
+baselines: `host/cli/examples/trivial_mcp_server.rs` (the same Rust SDK as
+toolgate, one in-process tool, the same transport: the stricter comparison,
+used for the target) and `trivial_server.py` (the Python SDK, stdio). Prints
+Markdown table rows and writes JSON next to CONFIG.
 """
 
 import asyncio
 import json
 import os
+import re
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 
+import httpx2
 from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The SDK's default: `server/discover`, then 2026-07-28 (the handshake on older servers).
 MODE = os.environ.get("MCP_MODE", "auto")
+TOKEN = "bench-token-0123456789abcdef"
+ENV = {"PATH": os.environ.get("PATH", ""), "TOOLGATE_BENCH_TOKEN": TOKEN}
 
 
-async def startup(params: StdioServerParameters, expect_tools: int) -> float:
+def variant(config: str, name: str, durable: bool) -> str:
+    """A copy of CONFIG next to it: HTTP auth for the agent, and the store."""
+    with open(config) as f:
+        text = f.read()
+    if durable:
+        text = text.replace('store = ":memory:"', f'store = "{name}.db"')
+    text += '\n[[serve.auth]]\nagent = "default"\ntoken = { env = "TOOLGATE_BENCH_TOKEN" }\n'
+    out = os.path.join(os.path.dirname(config), f"{name}.toml")
+    for suffix in ("", "-wal", "-shm"):
+        try:
+            os.remove(os.path.join(os.path.dirname(config), f"{name}.db{suffix}"))
+        except FileNotFoundError:
+            pass
+    with open(out, "w") as f:
+        f.write(text)
+    return out
+
+
+class HttpServer:
+    """A server process announcing `serving MCP on URL` on stderr."""
+
+    def __init__(self, argv):
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, env=ENV, text=True)
+        announced = threading.Event()
+
+        def drain():
+            for line in self.proc.stderr:
+                if "serving MCP on " in line:
+                    self.url = line.split("serving MCP on ", 1)[1].strip()
+                    announced.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        if not announced.wait(60):
+            self.proc.kill()
+            raise SystemExit(f"{argv[0]} did not start serving")
+
+    def client(self):
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+        return Client(streamable_http_client(self.url, http_client=http), mode=MODE)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def stdio(argv):
+    params = StdioServerParameters(command=argv[0], args=argv[1:], env=ENV)
+    return lambda: Client(params, mode=MODE)
+
+
+async def startup(client, expect_tools: int) -> float:
     t = time.perf_counter()
-    async with Client(params, mode=MODE) as s:
+    async with client() as s:
         tools = await s.list_tools()
         elapsed = time.perf_counter() - t
         assert len(tools.tools) == expect_tools, len(tools.tools)
     return elapsed
 
 
-async def per_call(params: StdioServerParameters, tool: str, calls: int) -> list[float]:
-    async with Client(params, mode=MODE) as s:
+async def per_call(client, tool: str, calls: int) -> list[float]:
+    async with client() as s:
         for _ in range(50):  # warm-up (and the first, compiling or cache-loading call)
             res = await s.call_tool(tool, {"text": "hello"})
             assert not res.is_error, res
@@ -48,36 +114,83 @@ async def per_call(params: StdioServerParameters, tool: str, calls: int) -> list
         return out
 
 
+async def fsyncs_per_call(binary: str, config: str, calls: int) -> float:
+    """fsync + fdatasync system calls of `toolgate serve` per call on the
+    durable journal: a run of CALLS calls minus a run of none, under strace."""
+    if not shutil.which("strace"):
+        return float("nan")
+
+    async def count(n: int) -> int:
+        with tempfile.NamedTemporaryFile(suffix=".strace") as out:
+            argv = ["strace", "-f", "-c", "-e", "trace=fsync,fdatasync", "-o", out.name,
+                    binary, "--config", config, "serve"]
+            async with stdio(argv)() as s:
+                for _ in range(n):
+                    res = await s.call_tool("text.upper", {"text": "hello"})
+                    assert not res.is_error, res
+            total = 0
+            for line in open(out.name):
+                m = re.match(r"\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(fsync|fdatasync)$", line)
+                if m:
+                    total += int(m.group(1))
+            return total
+
+    return (await count(calls) - await count(0)) / calls
+
+
 async def main() -> None:
     binary, config = sys.argv[1], sys.argv[2]
     calls = int(sys.argv[3])
-    toolgate = StdioServerParameters(command=binary, args=["--config", config, "serve"])
-    trivial = StdioServerParameters(command=sys.executable, args=[os.path.join(HERE, "trivial_server.py")])
-    rust = StdioServerParameters(command=sys.argv[4], args=[])
+    rust_bin = sys.argv[4]
+    memory = variant(config, "bench-memory", durable=False)
+    durable = variant(config, "bench-durable", durable=True)
+    toolgate = stdio([binary, "--config", memory, "serve"])
+    toolgate_durable = stdio([binary, "--config", durable, "serve"])
+    trivial = stdio([sys.executable, os.path.join(HERE, "trivial_server.py")])
+    rust = stdio([rust_bin])
 
     starts = [await startup(toolgate, 60) for _ in range(10)]
     trivial_starts = [await startup(trivial, 1) for _ in range(5)]
     rust_starts = [await startup(rust, 1) for _ in range(10)]
-    # Interleaved rounds, so drift on a shared machine hits all three alike.
-    tg, tr, ru = [], [], []
-    for _ in range(4):
-        tg += await per_call(toolgate, "text.upper", calls // 4)
-        ru += await per_call(rust, "upper", calls // 4)
-        tr += await per_call(trivial, "upper", calls // 4)
+
+    http_servers = {
+        "toolgate": HttpServer([binary, "--config", memory, "serve", "--http", "127.0.0.1:0"]),
+        "toolgate_durable": HttpServer([binary, "--config", durable, "serve", "--http", "127.0.0.1:0"]),
+        "rust": HttpServer([rust_bin, "--http"]),
+    }
+    legs = {
+        ("stdio", "toolgate"): (toolgate, "text.upper"),
+        ("stdio", "toolgate_durable"): (toolgate_durable, "text.upper"),
+        ("stdio", "rust"): (rust, "upper"),
+        ("stdio", "python"): (trivial, "upper"),
+        ("http", "toolgate"): (http_servers["toolgate"].client, "text.upper"),
+        ("http", "toolgate_durable"): (http_servers["toolgate_durable"].client, "text.upper"),
+        ("http", "rust"): (http_servers["rust"].client, "upper"),
+    }
+    samples = {leg: [] for leg in legs}
+    try:
+        # Interleaved rounds, so drift on a shared machine hits every leg alike.
+        for _ in range(4):
+            for leg, (client, tool) in legs.items():
+                samples[leg] += await per_call(client, tool, calls // 4)
+    finally:
+        for server in http_servers.values():
+            server.stop()
+    fsyncs = await fsyncs_per_call(binary, durable, 200)
 
     med = statistics.median
+    ms = {f"{t}_{who}_call_ms": med(v) * 1e3 for (t, who), v in samples.items()}
     result = {
         "startup_ms": med(starts) * 1e3,
         "trivial_startup_ms": med(trivial_starts) * 1e3,
-        "toolgate_call_ms": med(tg) * 1e3,
-        "trivial_call_ms": med(tr) * 1e3,
-        "toolgate_call_mean_ms": statistics.mean(tg) * 1e3,
-        "trivial_call_mean_ms": statistics.mean(tr) * 1e3,
         "rust_trivial_startup_ms": med(rust_starts) * 1e3,
-        "rust_trivial_call_ms": med(ru) * 1e3,
+        **ms,
+        "fsyncs_per_durable_call": fsyncs,
     }
-    result["overhead_ms"] = result["toolgate_call_ms"] - result["rust_trivial_call_ms"]
-    result["overhead_vs_python_ms"] = result["toolgate_call_ms"] - result["trivial_call_ms"]
+    for t in ("stdio", "http"):
+        result[f"{t}_overhead_ms"] = ms[f"{t}_toolgate_call_ms"] - ms[f"{t}_rust_call_ms"]
+        result[f"{t}_durable_overhead_ms"] = ms[f"{t}_toolgate_durable_call_ms"] - ms[f"{t}_rust_call_ms"]
+    result["overhead_vs_python_ms"] = ms["stdio_toolgate_call_ms"] - ms["stdio_python_call_ms"]
     with open(os.path.join(os.path.dirname(config), "serve.json"), "w") as f:
         json.dump(result, f, indent=2)
     ok = lambda b: "met" if b else "MISSED"
@@ -85,11 +198,17 @@ async def main() -> None:
           f"{result['startup_ms']:.1f} ms | ≤ 50 ms: {ok(result['startup_ms'] <= 50)} |")
     print(f"| trivial stdio MCP servers, spawn → first `tools/list`: Rust (rmcp) / Python (median of 10 / 5) | "
           f"{result['rust_trivial_startup_ms']:.1f} / {result['trivial_startup_ms']:.1f} ms | reference |")
-    print(f"| per call through `toolgate serve` / trivial Rust server / trivial Python server (median of {calls} each) | "
-          f"{result['toolgate_call_ms']:.3f} / {result['rust_trivial_call_ms']:.3f} / {result['trivial_call_ms']:.3f} ms | |")
-    print(f"| per-call cost above the trivial Rust server (same SDK) | {result['overhead_ms']:+.3f} ms | "
-          f"≤ 0.05 ms: {ok(result['overhead_ms'] <= 0.05)} |")
-    print(f"| per-call cost above the trivial Python server | {result['overhead_vs_python_ms']:+.3f} ms | |")
+    for t, name in (("stdio", "stdio"), ("http", "Streamable HTTP")):
+        print(f"| {name}, per call: `toolgate serve` in-memory / durable journal / trivial Rust server "
+              f"(median of {calls} each) | {ms[f'{t}_toolgate_call_ms']:.3f} / "
+              f"{ms[f'{t}_toolgate_durable_call_ms']:.3f} / {ms[f'{t}_rust_call_ms']:.3f} ms | |")
+        print(f"| {name}, per-call cost above the trivial Rust server: in-memory (durable) | "
+              f"{result[f'{t}_overhead_ms']:+.3f} ms ({result[f'{t}_durable_overhead_ms']:+.3f} ms) | "
+              f"≤ 0.05 ms in-memory: {ok(result[f'{t}_overhead_ms'] <= 0.05)} |")
+    print(f"| stdio, per call through the trivial Python server | {ms['stdio_python_call_ms']:.3f} ms | "
+          f"toolgate {result['overhead_vs_python_ms']:+.3f} ms |")
+    print(f"| fsync/fdatasync per call, durable journal, one sequential client (strace, 200 calls) | "
+          f"{fsyncs:.2f} | one is the floor |")
 
 
 asyncio.run(main())

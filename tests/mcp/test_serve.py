@@ -466,6 +466,28 @@ def test_revision_2025_06_18_is_served_and_the_server_exits_cleanly_when_stdin_c
     assert raw.proc.wait(30) == 0
 
 
+def test_a_stateless_client_that_closes_stdin_gets_its_answers_and_the_server_exits_cleanly():
+    # 2026-07-28 over stdio: no `initialize` ever; stdin closes right after the
+    # requests, with the call possibly still running.
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"}}
+    raw = Raw()
+    raw.send({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": meta}})
+    raw.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+              "params": {"name": "text.upper", "arguments": {"text": "bye"}, "_meta": meta}})
+    raw.proc.stdin.close()
+    answers = {m["id"]: m for m in map(json.loads, raw.proc.stdout.read().splitlines())}
+    assert raw.proc.wait(30) == 0, raw.proc.stderr.read().decode(errors="replace")
+    assert "2026-07-28" in answers[1]["result"]["supportedVersions"]
+    assert answers[2]["result"]["content"][0]["text"] == '"BYE"'
+    # And a client that connects and leaves without a word.
+    silent = Raw()
+    silent.proc.stdin.close()
+    assert silent.proc.wait(30) == 0
+    assert b"connection closed" not in silent.proc.stderr.read()
+
+
 def test_malformed_input_is_answered_or_ignored_and_never_ends_the_session():
     raw = Raw()
     # A notification before anything else, garbage, a batch (not in these revisions),

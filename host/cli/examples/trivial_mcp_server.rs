@@ -5,6 +5,7 @@
 //! per call above it is what toolgate adds.
 //!
 //! `cargo build --release -p toolgate-cli --example trivial_mcp_server`
+//! (stdio; `--http` serves Streamable HTTP on a free loopback port)
 
 use std::sync::Arc;
 
@@ -48,6 +49,21 @@ impl ServerHandler for Trivial {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // `--http`: Streamable HTTP on a free loopback port, announced on stderr
+    // the way `toolgate serve --http` announces it; the same rmcp service
+    // defaults as toolgate (stateful sessions, in-process session manager).
+    if std::env::args().nth(1).as_deref() == Some("--http") {
+        use rmcp::transport::streamable_http_server::{
+            StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
+        };
+        let service: StreamableHttpService<Trivial, LocalSessionManager> =
+            StreamableHttpService::new(|| Ok(Trivial), Default::default(), StreamableHttpServerConfig::default());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        eprintln!("trivial: serving MCP on http://{}/mcp", listener.local_addr()?);
+        let app = axum::Router::new().nest_service("/mcp", service);
+        axum::serve(listener, app).await?;
+        return Ok(());
+    }
     let service = Trivial.serve(rmcp::transport::stdio()).await?;
     service.waiting().await?;
     Ok(())

@@ -211,10 +211,19 @@ impl McpServer {
         let ct = CancellationToken::new();
         let stdio = rmcp::transport::stdio();
         let transport = RequestsFirst::new(rmcp::transport::async_rw::AsyncRwTransport::new_server(stdio.0, stdio.1));
-        let service = self.clone().serve_with_ct(transport, ct.clone()).await?;
-        tokio::select! {
-            r = service.waiting() => { r?; }
-            () = terminated() => ct.cancel(),
+        let service = match self.clone().serve_with_ct(transport, ct.clone()).await {
+            Ok(service) => Some(service),
+            // Input closed before any `initialize`: a client of the stateless
+            // 2026-07-28 revision (or one that only discovered) is done. A
+            // clean end, like stdin closing after a session.
+            Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => None,
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(service) = service {
+            tokio::select! {
+                r = service.waiting() => { r?; }
+                () = terminated() => ct.cancel(),
+            }
         }
         watcher.abort();
         self.drain().await;
