@@ -16,7 +16,7 @@ use serde::Deserialize;
 
 use std::sync::Arc;
 
-use crate::authority::credentials::{CredentialConfig, CredentialSpec};
+use crate::authority::credentials::{CredentialConfig, CredentialSpec, Source};
 use crate::authority::destination::Destination;
 use crate::authority::narrowing::ToolCapabilityNarrowing;
 use crate::policy::{Behavior, RuleSpec};
@@ -209,7 +209,9 @@ fn configured() -> ToolCapabilityNarrowing {
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     plugins: Option<PathBuf>,
-    store: Option<PathBuf>,
+    store: Option<String>,
+    #[serde(default)]
+    postgres: Option<PostgresOptions>,
     cache: Option<PathBuf>,
     lock: Option<PathBuf>,
     #[serde(default)]
@@ -226,6 +228,80 @@ struct RawConfig {
     approval: Option<ApprovalConfig>,
     #[serde(default)]
     serve: ServeConfig,
+}
+
+/// Where the journal lives: the `store` value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreLocation {
+    /// `:memory:` — nothing survives the process (CI, benchmarks).
+    Memory,
+    /// A SQLite file (the embedded default, one machine).
+    Sqlite(PathBuf),
+    /// A PostgreSQL server several hosts share.
+    Postgres(PostgresStore),
+}
+
+impl StoreLocation {
+    /// The SQLite file, if the journal is one.
+    pub fn file(&self) -> Option<&Path> {
+        match self {
+            StoreLocation::Sqlite(p) => Some(p),
+            _ => None,
+        }
+    }
+}
+
+/// A PostgreSQL journal: the connection string (without a password) and
+/// `[postgres]` options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostgresStore {
+    /// `postgres://…`, `postgresql://…` or a libpq `key=value` string.
+    pub dsn: String,
+    /// The password, by reference (`[postgres] password`).
+    pub password: Option<Source>,
+    /// Connections per host (`[postgres] pool_size`).
+    pub pool_size: usize,
+}
+
+/// `[postgres]`: options of a PostgreSQL `store`.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+struct PostgresOptions {
+    password: Option<Source>,
+    #[serde(default = "default_pool_size")]
+    pool_size: usize,
+}
+
+fn default_pool_size() -> usize {
+    8
+}
+
+/// Whether a `store` value names a PostgreSQL server: a `postgres://` or
+/// `postgresql://` URL, or a libpq `key=value` string.
+fn is_postgres(store: &str) -> bool {
+    let s = store.trim_start();
+    s.starts_with("postgres://")
+        || s.starts_with("postgresql://")
+        || s.split_whitespace().next().is_some_and(|first| {
+            first.split_once('=').is_some_and(|(k, _)| !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        })
+}
+
+/// Whether a PostgreSQL connection string carries a password itself (which
+/// would then sit in the config file and in every log of the value).
+fn dsn_has_password(dsn: &str) -> bool {
+    let s = dsn.trim_start();
+    if let Some(rest) = s.strip_prefix("postgresql://").or_else(|| s.strip_prefix("postgres://")) {
+        let authority = rest.split(['/', '?']).next().unwrap_or("");
+        let userinfo_has_password =
+            authority.rsplit_once('@').is_some_and(|(userinfo, _)| userinfo.contains(':'));
+        let query_has_password = rest
+            .split_once('?')
+            .is_some_and(|(_, q)| q.split('&').any(|kv| kv.split('=').next() == Some("password")));
+        userinfo_has_password || query_has_password
+    } else {
+        s.split_whitespace().any(|kv| kv.split('=').next().map(str::trim) == Some("password"))
+    }
 }
 
 /// `[serve]`: how `toolgate serve` runs (read by that front end).
@@ -269,7 +345,7 @@ pub struct ServeAuth {
     /// The agent requests with this token act for; never chosen by the client.
     pub agent: String,
     /// Where the token comes from: `{ env = "VAR" }` or `{ file = "path" }` (0600).
-    pub token: crate::authority::credentials::Source,
+    pub token: Source,
 }
 
 /// `[approval]`: who may decide tickets.
@@ -293,8 +369,8 @@ pub struct Config {
     pub source: Option<PathBuf>,
     /// Plugin directory.
     pub plugins: PathBuf,
-    /// SQLite journal file.
-    pub store: PathBuf,
+    /// Where the journal lives.
+    pub store: StoreLocation,
     /// Compiled-component cache directory.
     pub cache: PathBuf,
     /// `toolgate.lock`: when it exists, only pinned plugin digests load.
@@ -430,7 +506,7 @@ impl Config {
         let abs = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
         let mut serve = raw.serve;
         for a in &mut serve.auth {
-            if let crate::authority::credentials::Source::File(p) = &mut a.token
+            if let Source::File(p) = &mut a.token
                 && p.is_relative()
             {
                 *p = base.join(&*p);
@@ -444,9 +520,39 @@ impl Config {
         }
         let store = match raw.store {
             // An ephemeral journal (CI, benchmarks): nothing survives the process.
-            Some(s) if s.as_os_str() == crate::store::sqlite::IN_MEMORY => s,
-            s => abs(s.unwrap_or_else(|| ".toolgate/journal.db".into())),
+            Some(s) if s == crate::store::sqlite::IN_MEMORY => StoreLocation::Memory,
+            Some(s) if is_postgres(&s) => {
+                if dsn_has_password(&s) {
+                    return Err(field(
+                        "store",
+                        "the connection string carries a password; remove it and give it by reference: \
+                         `[postgres] password = { env = \"VAR\" }` or `{ file = \"path\" }` (mode 0600)"
+                            .into(),
+                    ));
+                }
+                let options = raw.postgres.clone().unwrap_or(PostgresOptions { password: None, pool_size: 8 });
+                if !(1..=256).contains(&options.pool_size) {
+                    return Err(field(
+                        "postgres.pool_size",
+                        format!("{} is out of range; use 1 to 256", options.pool_size),
+                    ));
+                }
+                let password = options.password.map(|source| match source {
+                    Source::File(p) if p.is_relative() => {
+                        Source::File(base.join(p))
+                    }
+                    other => other,
+                });
+                StoreLocation::Postgres(PostgresStore { dsn: s, password, pool_size: options.pool_size })
+            }
+            s => StoreLocation::Sqlite(abs(s.map_or_else(|| ".toolgate/journal.db".into(), PathBuf::from))),
         };
+        if raw.postgres.is_some() && !matches!(store, StoreLocation::Postgres(_)) {
+            return Err(field(
+                "postgres",
+                "`[postgres]` options need a PostgreSQL `store` (`postgres://…` or a `key=value` string)".into(),
+            ));
+        }
         let plugins = abs(raw.plugins.unwrap_or_else(|| "plugins".into()));
         let cache = abs(raw.cache.unwrap_or_else(|| ".toolgate/cache".into()));
         let lock = abs(raw.lock.unwrap_or_else(|| "toolgate.lock".into()));
@@ -458,8 +564,11 @@ impl Config {
             ("the compiled-code cache".into(), cache.clone(), true),
             ("the lock file".into(), lock.clone(), false),
         ];
-        if store.as_os_str() != crate::store::sqlite::IN_MEMORY {
-            protected.push(("the journal".into(), store.clone(), false));
+        if let Some(file) = store.file() {
+            protected.push(("the journal".into(), file.to_owned(), false));
+        }
+        if let StoreLocation::Postgres(PostgresStore { password: Some(Source::File(p)), .. }) = &store {
+            protected.push(("the PostgreSQL password file".into(), p.clone(), false));
         }
         for (name, c) in &credentials {
             if let Some(file) = c.source_file() {
@@ -467,7 +576,7 @@ impl Config {
             }
         }
         for (i, a) in serve.auth.iter().enumerate() {
-            if let crate::authority::credentials::Source::File(p) = &a.token {
+            if let Source::File(p) = &a.token {
                 protected.push((format!("the token file of serve.auth[{i}]"), p.clone(), false));
             }
         }
@@ -695,10 +804,55 @@ mod tests {
     #[test]
     fn an_in_memory_store_is_not_a_path() {
         let c = parse("store = \":memory:\"\n").unwrap();
-        assert_eq!(c.store, Path::new(crate::store::sqlite::IN_MEMORY));
-        let j = crate::SqliteJournal::open_store(&c.store).unwrap();
+        assert_eq!(c.store, StoreLocation::Memory);
+        let j = crate::SqliteJournal::in_memory().unwrap();
         assert_eq!(j.group_commits(), (0, 0), "in memory: no committer, no file");
         assert!(!Path::new("/etc/tg/:memory:").exists());
+    }
+
+    #[test]
+    fn a_postgres_store_takes_its_password_by_reference_only() {
+        for dsn in [
+            "postgres://tg:hunter2@db.example/toolgate",
+            "postgresql://tg:hunter2@db.example:5432/toolgate?sslmode=disable",
+            "postgres://db.example/toolgate?user=tg&password=hunter2",
+            "host=db.example user=tg password=hunter2 dbname=toolgate",
+        ] {
+            let e = parse(&format!("store = \"{dsn}\"\n")).unwrap_err().to_string();
+            assert!(e.contains("store") && e.contains("[postgres] password"), "{dsn}: {e}");
+            assert!(!e.contains("hunter2"), "the password is not repeated: {e}");
+        }
+        let c = parse(
+            "store = \"postgres://tg@db.example/toolgate\"\n[postgres]\npassword = { file = \"pg.secret\" }\npool_size = 4\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.store,
+            StoreLocation::Postgres(PostgresStore {
+                dsn: "postgres://tg@db.example/toolgate".into(),
+                password: Some(Source::File("/etc/tg/pg.secret".into())),
+                pool_size: 4,
+            })
+        );
+        let c = parse("store = \"host=/run/postgresql dbname=toolgate\"\n").unwrap();
+        assert!(matches!(&c.store, StoreLocation::Postgres(p) if p.password.is_none() && p.pool_size == 8));
+        // A file name with `=` in it later in the path is still a file.
+        assert!(matches!(parse("store = \"data/a=b.db\"\n").unwrap().store, StoreLocation::Sqlite(_)));
+        let e = parse("[postgres]\npool_size = 2\n").unwrap_err().to_string();
+        assert!(e.contains("postgres") && e.contains("PostgreSQL `store`"), "{e}");
+        let e = parse("store = \"postgres://db/x\"\n[postgres]\npool_size = 0\n").unwrap_err().to_string();
+        assert!(e.contains("postgres.pool_size"), "{e}");
+    }
+
+    #[test]
+    fn a_grant_cannot_reach_the_postgres_password_file() {
+        let e = parse(
+            "store = \"postgres://tg@db/x\"\n[postgres]\npassword = { file = \"secrets/pg\" }\n\
+             [[grants]]\ntools = \"fs.*\"\ndirectories = [{ path = \"/s\", host = \"secrets\", access = \"read\" }]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("PostgreSQL password file"), "{e}");
     }
 
     #[test]
@@ -709,7 +863,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.plugins, Path::new("/etc/tg/plug"));
-        assert_eq!(c.store, Path::new("/var/tg/j.db"));
+        assert_eq!(c.store, StoreLocation::Sqlite("/var/tg/j.db".into()));
         assert_eq!(c.cache, Path::new("/etc/tg/../cache"));
         let dirs = &c.grants[0].directories;
         assert_eq!(dirs[0].host, Path::new("/etc/tg/data"));
@@ -733,7 +887,7 @@ mod tests {
     fn defaults() {
         let c = parse("").unwrap();
         assert_eq!(c.plugins, Path::new("/etc/tg/plugins"));
-        assert_eq!(c.store, Path::new("/etc/tg/.toolgate/journal.db"));
+        assert_eq!(c.store, StoreLocation::Sqlite("/etc/tg/.toolgate/journal.db".into()));
         assert_eq!(c.cache, Path::new("/etc/tg/.toolgate/cache"));
         assert_eq!(c.limits, Limits::default());
         assert_eq!(

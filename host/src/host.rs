@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use crate::catalog::lockfile::Lockfile;
 use crate::catalog::{Catalog, CatalogError};
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, StoreLocation};
 use crate::runtime::{CallError, Runtime, RuntimeSettings};
 use crate::sandbox::executor::{Executor, ExecutorError, ExecutorSettings};
 use crate::snapshot::ExecutableAgentSnapshot;
@@ -50,8 +50,26 @@ pub fn catalog(config: &Config) -> Result<Catalog, CatalogError> {
 }
 
 /// The journal the config's `store` names.
-pub fn store(config: &Config) -> Result<Arc<dyn StepStore>, CommitError> {
-    Ok(Arc::new(SqliteJournal::open_store(&config.store)?))
+pub async fn store(config: &Config) -> Result<Arc<dyn StepStore>, CommitError> {
+    match &config.store {
+        StoreLocation::Memory => Ok(Arc::new(SqliteJournal::in_memory()?)),
+        StoreLocation::Sqlite(path) => Ok(Arc::new(SqliteJournal::open(path)?)),
+        #[cfg(feature = "postgres")]
+        StoreLocation::Postgres(pg) => {
+            let password = match &pg.password {
+                Some(source) => Some(crate::authority::credentials::read_source(source).map_err(|message| {
+                    CommitError::Postgres { store: "postgres".into(), message: format!("postgres.password: {message}") }
+                })?),
+                None => None,
+            };
+            Ok(Arc::new(crate::store::postgres::PostgresJournal::connect(&pg.dsn, password.as_deref(), pg.pool_size).await?))
+        }
+        #[cfg(not(feature = "postgres"))]
+        StoreLocation::Postgres(_) => Err(CommitError::Unsupported {
+            store: "postgres".into(),
+            message: "this build has no PostgreSQL support; build toolgate with the `postgres` feature".into(),
+        }),
+    }
 }
 
 /// Open agent `agent`'s runtime on `config`: catalog, snapshot, executor and
@@ -61,7 +79,7 @@ pub async fn open(config: &Config, agent: &str) -> Result<Runtime, HostError> {
     let catalog = Arc::new(catalog(config)?);
     let snapshot = ExecutableAgentSnapshot::build(config, agent, catalog)?;
     let executor = Arc::new(Executor::new(ExecutorSettings::new(config.limits.clone(), Some(config.cache.clone())))?);
-    let runtime = Runtime::new(snapshot, executor, store(config)?, RuntimeSettings::of(config));
+    let runtime = Runtime::new(snapshot, executor, store(config).await?, RuntimeSettings::of(config));
     // A host that died mid-approval left its ticket claimed: record that, once.
     for ticket in runtime.settle_interrupted().await? {
         tracing::warn!(ticket, "a ticket was interrupted by a host that stopped mid-call; see `toolgate journal`");

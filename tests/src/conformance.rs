@@ -41,6 +41,11 @@ pub struct Journal {
 /// A store implementation under test.
 #[async_trait::async_trait]
 pub trait Backend: Send + Sync {
+    /// Whether this backend can run here (a server it needs is configured);
+    /// the suite skips, saying so, when it cannot.
+    fn available(&self) -> bool {
+        true
+    }
     /// A fresh, empty journal.
     async fn create(&self) -> Journal;
     /// Another handle on the journal at `locator`, as another host would open it.
@@ -496,6 +501,10 @@ macro_rules! conformance_suite {
             // The name `--exact` needs: the module path without the crate.
             let path = module_path!().split_once("::").map_or("", |(_, rest)| rest);
             let name = format!("{path}::processes_racing_for_one_ticket_yield_one_winner");
+            if !$crate::conformance::Backend::available(&$backend) {
+                eprintln!("skipped: {} is not available here", stringify!($backend));
+                return;
+            }
             $crate::conformance::processes_racing_for_one_ticket_yield_one_winner(&$backend, &name).await
         }
     };
@@ -503,6 +512,10 @@ macro_rules! conformance_suite {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
+                if !$crate::conformance::Backend::available(&$backend) {
+                    eprintln!("skipped: {} is not available here", stringify!($backend));
+                    return;
+                }
                 $crate::conformance::$name(&$backend).await
             }
         )*
@@ -562,5 +575,117 @@ impl Backend for SqliteMemory {
     }
     async fn previous_version(&self) -> Option<Legacy> {
         None
+    }
+}
+
+/// The environment variable naming a PostgreSQL server for the suite: a
+/// libpq `key=value` string whose role may create databases (e.g.
+/// `host=/tmp/pg user=postgres`). `scripts/test` starts a server and sets it.
+pub const PG_ENV: &str = "TOOLGATE_TEST_PG";
+
+/// Set (by `scripts/test`) to make a missing [`PG_ENV`] a failure, not a skip.
+pub const PG_REQUIRED_ENV: &str = "TOOLGATE_REQUIRE_PG";
+
+/// The PostgreSQL journal: a new database per journal on the server that
+/// [`PG_ENV`] names, dropped with it.
+pub struct Postgres;
+
+impl Postgres {
+    fn server() -> Option<String> {
+        match std::env::var(PG_ENV) {
+            Ok(dsn) => {
+                assert!(
+                    !dsn.trim_start().starts_with("postgres"),
+                    "{PG_ENV}: give a libpq key=value string (host=… user=…), not a URL"
+                );
+                Some(dsn)
+            }
+            Err(_) => {
+                assert!(std::env::var_os(PG_REQUIRED_ENV).is_none(), "{PG_REQUIRED_ENV} is set but {PG_ENV} is not");
+                None
+            }
+        }
+    }
+
+    /// A new empty database; its locator (the server's DSN naming it) and the
+    /// guard that drops it.
+    async fn database() -> (String, DropDatabase) {
+        let server = Self::server().expect("checked by available()");
+        let name = format!("tg_conformance_{:016x}", rand_u64());
+        let (client, conn) = tokio_postgres::connect(&server, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        client.batch_execute(&format!("CREATE DATABASE {name}")).await.unwrap();
+        (format!("{server} dbname={name}"), DropDatabase { server, name })
+    }
+}
+
+fn rand_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos());
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+/// Drops a test database (on its own thread: `Drop` cannot await).
+pub struct DropDatabase {
+    server: String,
+    name: String,
+}
+
+impl Drop for DropDatabase {
+    fn drop(&mut self) {
+        let (server, name) = (self.server.clone(), self.name.clone());
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                if let Ok((client, conn)) = tokio_postgres::connect(&server, tokio_postgres::NoTls).await {
+                    tokio::spawn(conn);
+                    let _ = client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for Postgres {
+    fn available(&self) -> bool {
+        Self::server().is_some()
+    }
+    async fn create(&self) -> Journal {
+        let (locator, keep) = Self::database().await;
+        let store = Arc::new(toolgate::store::postgres::PostgresJournal::connect(&locator, None, 4).await.unwrap());
+        Journal { store, locator: Some(locator), keep: Box::new(keep) }
+    }
+    async fn open(&self, locator: &str) -> Arc<dyn StepStore> {
+        Arc::new(toolgate::store::postgres::PostgresJournal::connect(locator, None, 4).await.unwrap())
+    }
+    async fn previous_version(&self) -> Option<Legacy> {
+        let (locator, keep) = Self::database().await;
+        let (client, conn) = tokio_postgres::connect(&locator, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        let version = toolgate::store::postgres::SCHEMA_VERSION - 1;
+        client.batch_execute(&toolgate::store::postgres::schema_at(version)).await.unwrap();
+        client
+            .batch_execute(&format!(
+                "CREATE TABLE toolgate_schema (version BIGINT NOT NULL);
+                 INSERT INTO toolgate_schema (version) VALUES ({version});
+                 INSERT INTO runs (run_id, agent, narrowing, started_at) VALUES ('run-old', 'main', 'configured', 1);
+                 INSERT INTO steps (run_id, call_id, tool_id, arguments, verdict, outcome, result, captured, ticket_id, committed_at)
+                   VALUES ('run-old', 'c-old-1', 'notes.add', '{{}}', 'allow', 'output', 'ok', '{{}}', NULL, 1),
+                          ('run-old', 'c-old-2', 'notes.add', '{{}}', 'ask', 'awaiting', 'awaiting', '{{}}', 't-old', 2);
+                 INSERT INTO awaiting (ticket_id, run_id, agent, call_id, tool_id, arguments, argument_digest,
+                                       component_digest, expires_at, state)
+                   VALUES ('t-old', 'run-old', 'main', 'c-old-2', 'notes.add', '{{}}', '{}', '{}', {}, 'pending');
+                 INSERT INTO tool_state (agent, tool_id, key, value) VALUES ('main', 'notes.add', 'k', '\"v\"');",
+                "d".repeat(64),
+                Digest::of(b"component").hex(),
+                i64::MAX
+            ))
+            .await
+            .unwrap();
+        Some(Legacy { locator, keep: Box::new(keep) })
     }
 }

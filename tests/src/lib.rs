@@ -102,7 +102,11 @@ pub fn runtime_for(config: &Config, agent: &str) -> Runtime {
     let snapshot = ExecutableAgentSnapshot::build(config, agent, catalog).unwrap();
     let executor =
         Arc::new(Executor::new(ExecutorSettings::new(config.limits.clone(), Some(config.cache.clone()))).unwrap());
-    let store: Arc<dyn StepStore> = Arc::new(SqliteJournal::open_store(&config.store).unwrap());
+    let store: Arc<dyn StepStore> = match &config.store {
+        toolgate::config::StoreLocation::Memory => Arc::new(SqliteJournal::in_memory().unwrap()),
+        toolgate::config::StoreLocation::Sqlite(path) => Arc::new(SqliteJournal::open(path).unwrap()),
+        toolgate::config::StoreLocation::Postgres(_) => panic!("runtime_for opens SQLite stores; use host::open"),
+    };
     Runtime::new(snapshot, executor, store, toolgate::RuntimeSettings::of(config))
 }
 

@@ -390,7 +390,7 @@ async fn dispatch(cli: Cli) -> Result<u8> {
         }
         Command::Journal { run, awaiting: false, .. } => {
             let config = Config::load(&cli.config)?;
-            let store = toolgate::host::store(&config)?;
+            let store = toolgate::host::store(&config).await?;
             journal(store.as_ref(), run.as_deref(), cli.json).await
         }
     }

@@ -81,7 +81,7 @@ fn run_or_kill(mut cmd: Command, kill_after: Duration) -> Option<Output> {
 /// The ticket of pending request `request`, as an approver reads it.
 async fn ticket_of(dir: &Path, request: &str) -> String {
     let config = Config::load(&dir.join("toolgate.toml")).unwrap();
-    let journal = SqliteJournal::open(&config.store).unwrap();
+    let journal = SqliteJournal::open(config.store.file().expect("a SQLite journal")).unwrap();
     let pending = journal.pending().await.unwrap();
     pending.into_iter().find(|a| a.call_id == request).map(|a| a.ticket_id).expect("the request is pending")
 }
@@ -185,7 +185,7 @@ async fn killing_the_host_at_random_points_loses_and_repeats_nothing() {
     let o = host(d, &["call", "notes", "--args", r#"{"op":"list"}"#]).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let config = Config::load(&d.join("toolgate.toml")).unwrap();
-    let journal = SqliteJournal::open(&config.store).unwrap();
+    let journal = SqliteJournal::open(config.store.file().expect("a SQLite journal")).unwrap();
 
     // Awaiting tickets are still resumable: approve every one still pending.
     for a in journal.pending().await.unwrap() {
@@ -271,7 +271,7 @@ async fn two_processes_approving_one_ticket_execute_it_once() {
         assert!(String::from_utf8_lossy(&loser.stderr).contains("already used"));
     }
     let config = Config::load(&d.join("toolgate.toml")).unwrap();
-    let journal = SqliteJournal::open(&config.store).unwrap();
+    let journal = SqliteJournal::open(config.store.file().expect("a SQLite journal")).unwrap();
     let state = journal.tool_state("default", "notes").await.unwrap();
     let notes: Vec<String> = serde_json::from_str(&state["notes"]).unwrap();
     assert_eq!(notes, (0..5).map(|r| format!("ask-race-{r}")).collect::<Vec<_>>());

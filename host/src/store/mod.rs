@@ -7,7 +7,8 @@
 //! transaction or not at all; a ticket moves pending → claimed → resolved
 //! exactly once, whatever number of threads, processes or hosts race for it;
 //! a caller is answered only once its write is durable. [`sqlite`] is the
-//! embedded default. The conformance suite in the `toolgate-tests` crate
+//! embedded default; `postgres` (feature `postgres`) is the journal several
+//! hosts share. The conformance suite in the `toolgate-tests` crate
 //! (`toolgate_tests::conformance`) is what a backend must pass.
 //!
 //! Architecture invariant: nothing writes run state beside this trait, and a
@@ -19,7 +20,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::digest::Digest;
 
+#[cfg(feature = "postgres")]
+pub mod postgres;
 pub mod sqlite;
+mod write;
 
 /// Journal errors: the store itself failed.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +42,22 @@ pub enum CommitError {
         /// The journal file.
         path: String,
         /// Why.
+        message: String,
+    },
+    /// PostgreSQL failed (connecting, a statement, the schema).
+    #[error("journal {store}: {message}")]
+    Postgres {
+        /// User, hosts and database: never the password.
+        store: String,
+        /// Why.
+        message: String,
+    },
+    /// This build cannot open the configured store.
+    #[error("journal {store}: {message}")]
+    Unsupported {
+        /// The store.
+        store: String,
+        /// Why, and what to do.
         message: String,
     },
     /// Cannot create the journal's directory.

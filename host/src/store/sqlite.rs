@@ -22,9 +22,10 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::write::{OwnedStep, PendingRun, Write, Written};
 use super::{
     ApprovedBy, AskScope, AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, PriorAsk, RunInfo, RunRecord,
-    StateChange, StepRecord, StepStore, TicketError, Verdict, now,
+    StateChange, StepRecord, StepStore, TicketError, now,
 };
 use crate::digest::Digest;
 
@@ -49,14 +50,6 @@ pub struct SqliteJournal {
     pending_runs: Mutex<HashMap<String, PendingRun>>,
 }
 
-/// A run's record before it is written.
-#[derive(Debug, Clone)]
-struct PendingRun {
-    agent: String,
-    narrowing: String,
-    restriction: Option<String>,
-}
-
 /// Group commit for a durable journal: writes that arrive while a commit is
 /// being made durable go together into the next transaction, one fsync for
 /// all of them.
@@ -73,109 +66,25 @@ struct Job {
     reply: tokio::sync::oneshot::Sender<Result<Written, CommitError>>,
 }
 
-/// What a job writes.
-#[allow(clippy::large_enum_variant)] // moved once into the committer's channel; boxing buys nothing
-enum Write {
-    /// A step with its changes and Awaiting record, and the run's record
-    /// when this is its first step.
-    Step { step: OwnedStep, changes: Vec<StateChange>, awaiting: Option<AwaitingRecord>, run: Option<PendingRun> },
-    /// A run record.
-    Run { run_id: String, run: PendingRun },
-    /// Claim a pending ticket for a host instance.
-    Claim { ticket_id: String, now: i64, holder: String },
-    /// A host instance is alive.
-    Heartbeat { holder: String, now: i64 },
-    /// The step that resolves a claimed ticket, if the claim is still the holder's.
-    Resolve { ticket_id: String, holder: String, step: OwnedStep, changes: Vec<StateChange>, delivered: bool },
-    /// Take over claims whose holder's heartbeat lapsed.
-    TakeOver { holder: String, now: i64, lease_secs: i64 },
-    /// A retry's step receiving a decided result, once.
-    Deliver { ticket_id: String, step: OwnedStep },
-}
-
-/// What a write produced.
-#[allow(clippy::large_enum_variant)] // sent once over a oneshot; boxing buys nothing
-enum Written {
-    Seq(i64),
-    Claim(Result<AwaitingRecord, TicketError>),
-    Resolved(Result<i64, TicketError>),
-    TakenOver(Vec<AwaitingRecord>),
-    Delivered(Option<i64>),
-    Done,
-}
-
-/// [`NewStep`], owned, to cross to the committer thread.
-struct OwnedStep {
-    run_id: String,
-    agent: String,
-    call_id: String,
-    tool_id: String,
-    arguments: String,
-    verdict: Verdict,
-    outcome: OutcomeKind,
-    result: String,
-    captured: String,
-    ticket: Option<String>,
-    structured: bool,
-    approved_by: Option<ApprovedBy>,
-}
-
-impl OwnedStep {
-    fn of(s: &NewStep<'_>) -> Self {
-        OwnedStep {
-            run_id: s.run_id.to_owned(),
-            agent: s.agent.to_owned(),
-            call_id: s.call_id.to_owned(),
-            tool_id: s.tool_id.to_owned(),
-            arguments: s.arguments.to_owned(),
-            verdict: s.verdict,
-            outcome: s.outcome,
-            result: s.result.to_owned(),
-            captured: s.captured.to_owned(),
-            ticket: s.ticket.map(str::to_owned),
-            structured: s.structured,
-            approved_by: s.approved_by.cloned(),
-        }
-    }
-    fn borrow(&self) -> NewStep<'_> {
-        NewStep {
-            run_id: &self.run_id,
-            agent: &self.agent,
-            call_id: &self.call_id,
-            tool_id: &self.tool_id,
-            arguments: &self.arguments,
-            verdict: self.verdict,
-            outcome: self.outcome,
-            result: &self.result,
-            captured: &self.captured,
-            ticket: self.ticket.as_deref(),
-            structured: self.structured,
-            approved_by: self.approved_by.as_ref(),
-        }
-    }
-}
-
-impl Write {
-    /// Apply inside the caller's transaction (or savepoint).
-    fn apply(&self, c: &Connection) -> rusqlite::Result<Written> {
-        match self {
-            Write::Step { step, changes, awaiting, run } => {
-                if let Some(run) = run {
-                    insert_run(c, &step.run_id, run)?;
-                }
-                write_step(c, &step.borrow(), changes, awaiting.as_ref()).map(Written::Seq)
+/// Apply `write` inside the caller's transaction (or savepoint).
+fn apply(write: &Write, c: &Connection) -> rusqlite::Result<Written> {
+    match write {
+        Write::Step { step, changes, awaiting, run } => {
+            if let Some(run) = run {
+                insert_run(c, &step.run_id, run)?;
             }
-            Write::Run { run_id, run } => insert_run(c, run_id, run).map(|_| Written::Done),
-            Write::Claim { ticket_id, now, holder } => claim(c, ticket_id, *now, holder).map(Written::Claim),
-            Write::Heartbeat { holder, now } => heartbeat(c, holder, *now).map(|_| Written::Done),
-            Write::Resolve { ticket_id, holder, step, changes, delivered } => {
-                resolve(c, ticket_id, holder, &step.borrow(), changes, *delivered).map(Written::Resolved)
-            }
-            Write::TakeOver { holder, now, lease_secs } => {
-                take_over(c, holder, *now, *lease_secs).map(Written::TakenOver)
-            }
-            Write::Deliver { ticket_id, step } => deliver(c, ticket_id, &step.borrow()).map(Written::Delivered),
+            write_step(c, &step.borrow(), changes, awaiting.as_ref()).map(Written::Seq)
         }
+        Write::Run { run_id, run } => insert_run(c, run_id, run).map(|_| Written::Done),
+        Write::Claim { ticket_id, now, holder } => claim(c, ticket_id, *now, holder).map(Written::Claim),
+        Write::Heartbeat { holder, now } => heartbeat(c, holder, *now).map(|_| Written::Done),
+        Write::Resolve { ticket_id, holder, step, changes, delivered } => {
+            resolve(c, ticket_id, holder, &step.borrow(), changes, *delivered).map(Written::Resolved)
+        }
+        Write::TakeOver { holder, now, lease_secs } => {
+            take_over(c, holder, *now, *lease_secs).map(Written::TakenOver)
+        }
+        Write::Deliver { ticket_id, step } => deliver(c, ticket_id, &step.borrow()).map(Written::Delivered),
     }
 }
 
@@ -230,7 +139,7 @@ fn commit_group(conn: &mut Connection, batch: &[Job], path: &str) -> Vec<Result<
     for job in batch {
         let r = (|| -> rusqlite::Result<Written> {
             let sp = tx.savepoint()?;
-            let written = job.write.apply(&sp)?;
+            let written = apply(&job.write, &sp)?;
             // A refused resolution or delivery wrote nothing; roll its savepoint back.
             if matches!(written, Written::Resolved(Err(_)) | Written::Delivered(None)) {
                 return Ok(written);
@@ -364,11 +273,6 @@ fn migrate(conn: &mut Connection, path: &str) -> Result<(), CommitError> {
 }
 
 impl SqliteJournal {
-    /// The journal a config's `store` names: [`IN_MEMORY`], or a file.
-    pub fn open_store(store: &Path) -> Result<Self, CommitError> {
-        if store.as_os_str() == IN_MEMORY { Self::in_memory() } else { Self::open(store) }
-    }
-
     /// Open (creating if needed, migrating if older) the journal at `path`.
     pub fn open(path: &Path) -> Result<Self, CommitError> {
         let shown = path.display().to_string();
@@ -426,7 +330,7 @@ impl SqliteJournal {
         let Some(group) = &self.group else {
             return self.with(|c| {
                 let tx = c.transaction()?;
-                let written = write.apply(&tx)?;
+                let written = apply(&write, &tx)?;
                 if matches!(written, Written::Resolved(Err(_)) | Written::Delivered(None)) {
                     return Ok(written); // dropped: rolled back
                 }
@@ -931,6 +835,7 @@ mod tests {
     //! SQLite-specific behaviour; the semantics every store shares are in
     //! the conformance suite (`toolgate_tests::conformance`).
     use super::*;
+    use crate::store::Verdict;
 
     fn step<'a>(call_id: &'a str, outcome: OutcomeKind) -> NewStep<'a> {
         NewStep {
