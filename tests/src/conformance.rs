@@ -607,15 +607,16 @@ impl Postgres {
         }
     }
 
-    /// A new empty database; its locator (the server's DSN naming it) and the
-    /// guard that drops it.
-    async fn database() -> (String, DropDatabase) {
-        let server = Self::server().expect("checked by available()");
+    /// A new empty database on the server [`PG_ENV`] names: its locator (the
+    /// server's DSN naming it) and the guard that drops it. `None` without a
+    /// server (a failure instead if [`PG_REQUIRED_ENV`] is set).
+    pub async fn fresh_database() -> Option<(String, DropDatabase)> {
+        let server = Self::server()?;
         let name = format!("tg_conformance_{:016x}", rand_u64());
         let (client, conn) = tokio_postgres::connect(&server, tokio_postgres::NoTls).await.unwrap();
         tokio::spawn(conn);
         client.batch_execute(&format!("CREATE DATABASE {name}")).await.unwrap();
-        (format!("{server} dbname={name}"), DropDatabase { server, name })
+        Some((format!("{server} dbname={name}"), DropDatabase { server, name }))
     }
 }
 
@@ -655,7 +656,7 @@ impl Backend for Postgres {
         Self::server().is_some()
     }
     async fn create(&self) -> Journal {
-        let (locator, keep) = Self::database().await;
+        let (locator, keep) = Self::fresh_database().await.expect("checked by available()");
         let store = Arc::new(toolgate::store::postgres::PostgresJournal::connect(&locator, None, 4).await.unwrap());
         Journal { store, locator: Some(locator), keep: Box::new(keep) }
     }
@@ -663,7 +664,7 @@ impl Backend for Postgres {
         Arc::new(toolgate::store::postgres::PostgresJournal::connect(locator, None, 4).await.unwrap())
     }
     async fn previous_version(&self) -> Option<Legacy> {
-        let (locator, keep) = Self::database().await;
+        let (locator, keep) = Self::fresh_database().await.expect("checked by available()");
         let (client, conn) = tokio_postgres::connect(&locator, tokio_postgres::NoTls).await.unwrap();
         tokio::spawn(conn);
         let version = toolgate::store::postgres::SCHEMA_VERSION - 1;
