@@ -283,7 +283,9 @@ fn is_postgres(store: &str) -> bool {
     s.starts_with("postgres://")
         || s.starts_with("postgresql://")
         || s.split_whitespace().next().is_some_and(|first| {
-            first.split_once('=').is_some_and(|(k, _)| !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+            first
+                .split_once('=')
+                .is_some_and(|(k, _)| !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
         })
 }
 
@@ -293,11 +295,9 @@ fn dsn_has_password(dsn: &str) -> bool {
     let s = dsn.trim_start();
     if let Some(rest) = s.strip_prefix("postgresql://").or_else(|| s.strip_prefix("postgres://")) {
         let authority = rest.split(['/', '?']).next().unwrap_or("");
-        let userinfo_has_password =
-            authority.rsplit_once('@').is_some_and(|(userinfo, _)| userinfo.contains(':'));
-        let query_has_password = rest
-            .split_once('?')
-            .is_some_and(|(_, q)| q.split('&').any(|kv| kv.split('=').next() == Some("password")));
+        let userinfo_has_password = authority.rsplit_once('@').is_some_and(|(userinfo, _)| userinfo.contains(':'));
+        let query_has_password =
+            rest.split_once('?').is_some_and(|(_, q)| q.split('&').any(|kv| kv.split('=').next() == Some("password")));
         userinfo_has_password || query_has_password
     } else {
         s.split_whitespace().any(|kv| kv.split('=').next().map(str::trim) == Some("password"))
@@ -450,11 +450,17 @@ impl Config {
         };
         for (i, a) in raw.serve.auth.iter().enumerate() {
             if !raw.agents.contains_key(&a.agent) {
-                return Err(field(&format!("serve.auth[{i}].agent"), format!("no agent `{}`; define `[agents.{}]`", a.agent, a.agent)));
+                return Err(field(
+                    &format!("serve.auth[{i}].agent"),
+                    format!("no agent `{}`; define `[agents.{}]`", a.agent, a.agent),
+                ));
             }
         }
         if !(1..=1_048_576).contains(&raw.serve.max_body_kib) {
-            return Err(field("serve.max_body_kib", format!("{} is out of range; use 1 to 1048576", raw.serve.max_body_kib)));
+            return Err(field(
+                "serve.max_body_kib",
+                format!("{} is out of range; use 1 to 1048576", raw.serve.max_body_kib),
+            ));
         }
         if raw.serve.grace_ms > 600_000 {
             return Err(field("serve.grace_ms", format!("{} is out of range; use 0 to 600000", raw.serve.grace_ms)));
@@ -538,9 +544,7 @@ impl Config {
                     ));
                 }
                 let password = options.password.map(|source| match source {
-                    Source::File(p) if p.is_relative() => {
-                        Source::File(base.join(p))
-                    }
+                    Source::File(p) if p.is_relative() => Source::File(base.join(p)),
                     other => other,
                 });
                 StoreLocation::Postgres(PostgresStore { dsn: s, password, pool_size: options.pool_size })

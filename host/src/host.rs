@@ -62,7 +62,9 @@ pub async fn store(config: &Config) -> Result<Arc<dyn StepStore>, CommitError> {
                 })?),
                 None => None,
             };
-            Ok(Arc::new(crate::store::postgres::PostgresJournal::connect(&pg.dsn, password.as_deref(), pg.pool_size).await?))
+            Ok(Arc::new(
+                crate::store::postgres::PostgresJournal::connect(&pg.dsn, password.as_deref(), pg.pool_size).await?,
+            ))
         }
         #[cfg(not(feature = "postgres"))]
         StoreLocation::Postgres(_) => Err(CommitError::Unsupported {

@@ -36,8 +36,7 @@ use crate::sandbox::executor::{Captured, Content, Execution, Executor, ExecutorE
 use crate::snapshot::{Candidate, ExecutableAgentSnapshot};
 use crate::store::{
     ApprovedBy, AskScope, AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, PriorAsk, RunRecord,
-    StateChange,
-    StepRecord, StepStore, TicketError, Verdict, now,
+    StateChange, StepRecord, StepStore, TicketError, Verdict, now,
 };
 
 /// Largest state key a Command may write.

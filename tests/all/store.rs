@@ -59,7 +59,9 @@ mod postgres {
         tokio::spawn(conn);
         client.execute("UPDATE toolgate_schema SET version = version + 1", &[]).await.unwrap();
         match PostgresJournal::connect(&locator, None, 2).await {
-            Err(CommitError::NewerSchema { found, known, .. }) => assert_eq!((found, known), (SCHEMA_VERSION + 1, SCHEMA_VERSION)),
+            Err(CommitError::NewerSchema { found, known, .. }) => {
+                assert_eq!((found, known), (SCHEMA_VERSION + 1, SCHEMA_VERSION))
+            }
             Err(e) => panic!("expected NewerSchema, got {e}"),
             Ok(_) => panic!("a newer schema must be refused"),
         }

@@ -28,8 +28,8 @@ use toolgate::config::AgentConfig;
 use toolgate::policy::gate::{self, GateOutcome, ToolCall, ToolPermissionVerdict};
 use toolgate::policy::{Behavior, Policy, RuleSpec};
 use toolgate::store::{
-    AskScope, AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, PriorAsk, RunInfo, RunRecord, StateChange,
-    StepRecord, StepStore, TicketError, Verdict,
+    AskScope, AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, PriorAsk, RunInfo, RunRecord,
+    StateChange, StepRecord, StepStore, TicketError, Verdict,
 };
 use toolgate::{Catalog, ExecutableAgentSnapshot, SqliteJournal, ToolCapabilityNarrowing};
 use toolgate_tests::{guests, packed};

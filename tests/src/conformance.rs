@@ -21,7 +21,8 @@ use std::sync::Arc;
 
 use toolgate::Digest;
 use toolgate::store::{
-    ApprovedBy, AskScope, AwaitingRecord, NewStep, OutcomeKind, RunRecord, StateChange, StepStore, TicketError, Verdict, now,
+    ApprovedBy, AskScope, AwaitingRecord, NewStep, OutcomeKind, RunRecord, StateChange, StepStore, TicketError,
+    Verdict, now,
 };
 
 /// The host instance the suite claims as.
@@ -282,7 +283,10 @@ pub async fn a_decided_result_is_delivered_once(b: &dyn Backend) {
     let by_agent = s.prior_ask(AskScope::Agent("main"), "notes.add", &digest).await.unwrap().expect("by agent");
     assert_eq!(by_agent.record.ticket_id, "t");
     assert!(s.prior_ask(AskScope::Agent("other"), "notes.add", &digest).await.unwrap().is_none(), "another agent");
-    assert!(s.prior_ask(AskScope::Run("run-1"), "notes.add", &"e".repeat(64)).await.unwrap().is_none(), "other arguments");
+    assert!(
+        s.prior_ask(AskScope::Run("run-1"), "notes.add", &"e".repeat(64)).await.unwrap().is_none(),
+        "other arguments"
+    );
     // Not decided yet: nothing to deliver.
     assert_eq!(s.deliver("t", &step("retry-0", OutcomeKind::Output)).await.unwrap(), None);
     let claimed = s.claim_ticket("t", now(), ME).await.unwrap().unwrap();

@@ -378,9 +378,10 @@ fn call_wait_blocks_until_the_approver_decides_then_prints_the_result() {
         .find_map(|_| {
             std::thread::sleep(std::time::Duration::from_millis(50));
             let out = tg(d, &["--json", "journal", "--awaiting", "--key", "approver.key"]);
-            text(&out.stdout).lines().next().map(|l| {
-                serde_json::from_str::<serde_json::Value>(l).unwrap()["ticket"].as_str().unwrap().to_owned()
-            })
+            text(&out.stdout)
+                .lines()
+                .next()
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["ticket"].as_str().unwrap().to_owned())
         })
         .expect("the request became pending");
     let approved = tg(d, &["approve", &ticket, "--key", "approver.key"]);

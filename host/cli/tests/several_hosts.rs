@@ -204,8 +204,7 @@ async fn three_hosts_share_one_journal_and_run_each_approval_once() {
     let v = json_out(&host(&h[0], &["call", "hostile.loop"]).output().unwrap());
     let looping = ticket_of(&journal, v["request"].as_str().unwrap()).await;
     assert!(
-        run_or_kill(host(&h[1], &["approve", &looping, "--key", "approver.key"]), Duration::from_millis(900))
-            .is_none(),
+        run_or_kill(host(&h[1], &["approve", &looping, "--key", "approver.key"]), Duration::from_millis(900)).is_none(),
         "the approving host was killed mid-call"
     );
     assert_eq!(journal.awaiting(&looping).await.unwrap().map(|a| a.state).as_deref(), Some("claimed"));

@@ -24,8 +24,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::write::{OwnedStep, PendingRun, Write, Written};
 use super::{
-    ApprovedBy, AskScope, AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, PriorAsk, RunInfo, RunRecord,
-    StateChange, StepRecord, StepStore, TicketError, now,
+    ApprovedBy, AskScope, AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, PriorAsk, RunInfo,
+    RunRecord, StateChange, StepRecord, StepStore, TicketError, now,
 };
 use crate::digest::Digest;
 
@@ -81,9 +81,7 @@ fn apply(write: &Write, c: &Connection) -> rusqlite::Result<Written> {
         Write::Resolve { ticket_id, holder, step, changes, delivered } => {
             resolve(c, ticket_id, holder, &step.borrow(), changes, *delivered).map(Written::Resolved)
         }
-        Write::TakeOver { holder, now, lease_secs } => {
-            take_over(c, holder, *now, *lease_secs).map(Written::TakenOver)
-        }
+        Write::TakeOver { holder, now, lease_secs } => take_over(c, holder, *now, *lease_secs).map(Written::TakenOver),
         Write::Deliver { ticket_id, step } => deliver(c, ticket_id, &step.borrow()).map(Written::Delivered),
     }
 }

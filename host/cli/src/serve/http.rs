@@ -111,9 +111,8 @@ async fn authenticate(State(auth): State<Arc<Auth>>, mut request: Request, next:
 pub async fn serve(server: McpServer, addr: SocketAddr) -> anyhow::Result<()> {
     let config = server.shared.config.serve.clone();
     let tokens = Tokens::read(&config)?;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    let listener =
+        tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
     // The bound address: a `:0` port resolved.
     let bound = listener.local_addr()?;
     let public = config.public_url.clone().unwrap_or_else(|| format!("http://{bound}{ENDPOINT}"));
@@ -163,13 +162,17 @@ pub async fn serve(server: McpServer, addr: SocketAddr) -> anyhow::Result<()> {
                 }
             }),
         )
-        .route("/.well-known/oauth-protected-resource", get({
-            let m = metadata.clone();
-            move || async move { axum::Json(m) }
-        }))
-        .route(&format!("/.well-known/oauth-protected-resource{ENDPOINT}"), get(move || async move {
-            axum::Json(metadata)
-        }));
+        .route(
+            "/.well-known/oauth-protected-resource",
+            get({
+                let m = metadata.clone();
+                move || async move { axum::Json(m) }
+            }),
+        )
+        .route(
+            &format!("/.well-known/oauth-protected-resource{ENDPOINT}"),
+            get(move || async move { axum::Json(metadata) }),
+        );
 
     // Announced only once listening, for whoever started us (a test reads the port here).
     eprintln!("toolgate: serving MCP on http://{bound}{ENDPOINT}");

@@ -35,12 +35,12 @@ use std::time::{Duration, SystemTime};
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ElicitRequest, ElicitRequestParams,
-    ElicitationSchema, Implementation, InitializeResult, InputRequest, InputRequests,
-    InputRequiredResult, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities,
-    SubscriptionFilter, Tool, ToolAnnotations,
+    ElicitationSchema, Implementation, InitializeResult, InputRequest, InputRequests, InputRequiredResult,
+    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities, SubscriptionFilter, Tool,
+    ToolAnnotations,
 };
-use rmcp::service::{NotificationContext, Peer, RequestContext, RoleServer, SubscriptionContext};
 use rmcp::model::{RequestStateCodec, SealOptions};
+use rmcp::service::{NotificationContext, Peer, RequestContext, RoleServer, SubscriptionContext};
 use rmcp::{ErrorData, ServerHandler, ServiceExt};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
@@ -132,7 +132,12 @@ pub struct BoundAgent(pub String);
 impl McpServer {
     /// A server over `runtime` (its agent serves stdio); `config` rebuilds
     /// runtimes for other agents and on reload.
-    pub fn new(config: Config, stdio_agent: Option<&str>, runtime: Runtime, settings: ServeSettings) -> anyhow::Result<Self> {
+    pub fn new(
+        config: Config,
+        stdio_agent: Option<&str>,
+        runtime: Runtime,
+        settings: ServeSettings,
+    ) -> anyhow::Result<Self> {
         let agent = runtime.snapshot().agent().to_owned();
         let runtime = Arc::new(runtime);
         let mut key = [0u8; 32];
@@ -366,7 +371,8 @@ impl McpServer {
     ) -> Result<CallToolResponse, ErrorData> {
         let can_elicit = context.client_capabilities().is_some_and(|c| c.elicitation.is_some());
         if !can_elicit {
-            let message = format!("`{name}` needs human approval and this client cannot ask: {}", awaiting.model_text());
+            let message =
+                format!("`{name}` needs human approval and this client cannot ask: {}", awaiting.model_text());
             return Ok(CallToolResult::error(vec![ContentBlock::text(message)]).into());
         }
         let question = elicitation(name, arguments);
@@ -424,11 +430,7 @@ impl McpServer {
     ) -> Result<CallToolResponse, ErrorData> {
         let refused = |why: &str| ErrorData::invalid_params(format!("the request state was refused: {why}"), None);
         let bound = seal_binding(name, agent);
-        let state: AskState = self
-            .shared
-            .codec
-            .open_json_with(sealed, &bound)
-            .map_err(|e| refused(&e.to_string()))?;
+        let state: AskState = self.shared.codec.open_json_with(sealed, &bound).map_err(|e| refused(&e.to_string()))?;
         let digest = toolgate::policy::gate::argument_digest(&normalize(arguments));
         if state.tool != name || state.digest != digest {
             return Err(refused("it belongs to another call"));
@@ -504,9 +506,8 @@ fn normalize(arguments: &serde_json::Value) -> serde_json::Value {
 
 /// The yes/no form an ask shows in the client's UI.
 fn elicitation(name: &str, arguments: &serde_json::Value) -> ElicitRequestParams {
-    let schema: ElicitationSchema = ElicitationSchema::builder()
-        .required_bool_property("confirm", |b| b.title("Run this call?"))
-        .build_unchecked();
+    let schema: ElicitationSchema =
+        ElicitationSchema::builder().required_bool_property("confirm", |b| b.title("Run this call?")).build_unchecked();
     ElicitRequestParams::FormElicitationParams {
         meta: None,
         message: format!("Allow the tool `{name}` to run with these arguments?\n{arguments}"),

@@ -33,8 +33,8 @@ use tokio_postgres::{NoTls, Row};
 
 use super::write::{OwnedStep, PendingRun, Write, Written};
 use super::{
-    ApprovedBy, AskScope, AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, PriorAsk, RunInfo, RunRecord,
-    StateChange, StepRecord, StepStore, TicketError, now,
+    ApprovedBy, AskScope, AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, PriorAsk, RunInfo,
+    RunRecord, StateChange, StepRecord, StepStore, TicketError, now,
 };
 use crate::digest::Digest;
 
@@ -176,8 +176,7 @@ impl PostgresJournal {
         if config.get_application_name().is_none() {
             config.application_name("toolgate");
         }
-        let manager =
-            Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(manager).max_size(pool_size.max(1)).build().map_err(|e| CommitError::Postgres {
             store: shown.clone(),
             message: format!("cannot build the connection pool: {e}"),
@@ -220,7 +219,11 @@ impl PostgresJournal {
         }
     }
 
-    async fn query(&self, sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) -> Result<Vec<Row>, CommitError> {
+    async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<Row>, CommitError> {
         let run = async {
             let client = self.pool.get().await?;
             let stmt = client.prepare_cached(sql).await?;
@@ -317,6 +320,17 @@ async fn commit_group(pool: &Pool, batch: &[Job], shown: &str) -> Vec<Result<Wri
 }
 
 async fn try_group(pool: &Pool, batch: &[Job]) -> R<Vec<R<Written>>> {
+    // The common case, a group of steps that all succeed: one pipelined
+    // transaction (every statement sent at once, one round trip for the
+    // lot). If any fails, the transaction is rolled back and the group is
+    // written again below, a savepoint each, so the failing one fails alone.
+    if batch.iter().all(|j| matches!(j.write, Write::Step { .. })) {
+        match steps_pipelined(pool, batch).await {
+            Ok(seqs) => return Ok(seqs.into_iter().map(|seq| Ok(Written::Seq(seq))).collect()),
+            Err(f) if f.retryable() => return Err(f),
+            Err(_) => {}
+        }
+    }
     let mut client = pool.get().await?;
     let mut tx = client.transaction().await?;
     let mut results = Vec::with_capacity(batch.len());
@@ -345,6 +359,140 @@ async fn try_group(pool: &Pool, batch: &[Job]) -> R<Vec<R<Written>>> {
 
 type Tx<'a> = deadpool_postgres::Transaction<'a>;
 
+const INSERT_RUN: &str =
+    "INSERT INTO runs (run_id, agent, narrowing, started_at, restriction) VALUES ($1, $2, $3, $4, $5)
+                          ON CONFLICT (run_id) DO NOTHING";
+const INSERT_STEP: &str =
+    "INSERT INTO steps (run_id, call_id, tool_id, arguments, verdict, outcome, result, captured, ticket_id,
+                        committed_at, structured, approved_by, approved_via, approved_at)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING seq";
+const SET_STATE: &str = "INSERT INTO tool_state (agent, tool_id, key, value) VALUES ($1, $2, $3, $4)
+                         ON CONFLICT (agent, tool_id, key) DO UPDATE SET value = excluded.value";
+const REMOVE_STATE: &str = "DELETE FROM tool_state WHERE agent = $1 AND tool_id = $2 AND key = $3";
+
+/// Every step of `batch` (all of them `Write::Step`) in one transaction,
+/// their statements pipelined in order; the steps' sequence numbers.
+async fn steps_pipelined(pool: &Pool, batch: &[Job]) -> R<Vec<i64>> {
+    use futures_util::future::{BoxFuture, FutureExt, try_join_all};
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    let (run_stmt, step_stmt, set_stmt, remove_stmt, awaiting_stmt) = (
+        tx.prepare_cached(INSERT_RUN).await?,
+        tx.prepare_cached(INSERT_STEP).await?,
+        tx.prepare_cached(SET_STATE).await?,
+        tx.prepare_cached(REMOVE_STATE).await?,
+        tx.prepare_cached(&insert_awaiting_sql()).await?,
+    );
+    // Owned values the statements borrow, built before any is sent.
+    struct Texts<'a> {
+        arguments: std::borrow::Cow<'a, str>,
+        result: std::borrow::Cow<'a, str>,
+        captured: std::borrow::Cow<'a, str>,
+        verdict: &'static str,
+        outcome: &'static str,
+        principal: Option<std::borrow::Cow<'a, str>>,
+        channel: Option<&'a str>,
+        approved_at: Option<i64>,
+        changes: Vec<(std::borrow::Cow<'a, str>, Option<std::borrow::Cow<'a, str>>)>,
+        awaiting_arguments: Option<std::borrow::Cow<'a, str>>,
+        component_digest: Option<String>,
+        ticket: Option<&'a str>,
+    }
+    let at = now();
+    let mut texts = Vec::with_capacity(batch.len());
+    for job in batch {
+        let Write::Step { step, changes, awaiting, .. } = &job.write else { unreachable!("checked by the caller") };
+        texts.push(Texts {
+            arguments: text(&step.arguments),
+            result: text(&step.result),
+            captured: text(&step.captured),
+            verdict: step.verdict.as_str(),
+            outcome: step.outcome.as_str(),
+            principal: step.approved_by.as_ref().map(|a| text(&a.principal)),
+            channel: step.approved_by.as_ref().map(|a| a.channel.as_str()),
+            approved_at: step.approved_by.as_ref().map(|a| a.at),
+            changes: changes.iter().map(|c| (text(&c.key), c.value.as_deref().map(text))).collect(),
+            awaiting_arguments: awaiting.as_ref().map(|a| text(&a.arguments)),
+            component_digest: awaiting.as_ref().map(|a| a.component_digest.hex()),
+            ticket: step.ticket.as_deref().or(awaiting.as_ref().map(|a| a.ticket_id.as_str())),
+        });
+    }
+    // Each statement with its parameters, in order.
+    type Param<'p> = &'p (dyn tokio_postgres::types::ToSql + Sync);
+    let mut planned: Vec<(&tokio_postgres::Statement, bool, Vec<Param<'_>>)> = Vec::new();
+    for (job, t) in batch.iter().zip(&texts) {
+        let Write::Step { step, awaiting, run, .. } = &job.write else { unreachable!("checked by the caller") };
+        if let Some(run) = run {
+            planned.push((&run_stmt, false, vec![&step.run_id, &run.agent, &run.narrowing, &at, &run.restriction]));
+        }
+        planned.push((
+            &step_stmt,
+            true,
+            vec![
+                &step.run_id,
+                &step.call_id,
+                &step.tool_id,
+                &t.arguments,
+                &t.verdict,
+                &t.outcome,
+                &t.result,
+                &t.captured,
+                &t.ticket,
+                &at,
+                &step.structured,
+                &t.principal,
+                &t.channel,
+                &t.approved_at,
+            ],
+        ));
+        for (key, value) in &t.changes {
+            match value {
+                Some(v) => planned.push((&set_stmt, false, vec![&step.agent, &step.tool_id, key, v])),
+                None => planned.push((&remove_stmt, false, vec![&step.agent, &step.tool_id, key])),
+            }
+        }
+        if let (Some(a), Some(arguments), Some(digest)) = (awaiting, &t.awaiting_arguments, &t.component_digest) {
+            planned.push((
+                &awaiting_stmt,
+                false,
+                vec![
+                    &a.ticket_id,
+                    &a.run_id,
+                    &a.agent,
+                    &a.call_id,
+                    &a.tool_id,
+                    arguments,
+                    &a.argument_digest,
+                    digest,
+                    &a.expires_at,
+                    &a.requested_at,
+                ],
+            ));
+        }
+    }
+    // One future per statement: each sends its statement when first polled,
+    // and `try_join_all` polls them in order, so the server runs them in this
+    // order (a later step's state change wins, as it would one by one).
+    let tx_ref = &tx;
+    let statements: Vec<BoxFuture<'_, Result<Option<i64>, tokio_postgres::Error>>> = planned
+        .iter()
+        .map(|(stmt, returns_seq, params)| {
+            if *returns_seq {
+                tx_ref.query_one(*stmt, params).map(|r| r.map(|row| Some(row.get::<_, i64>(0)))).boxed()
+            } else {
+                tx_ref.execute(*stmt, params).map(|r| r.map(|_| None)).boxed()
+            }
+        })
+        .collect();
+    let seqs: Vec<i64> = try_join_all(statements).await?.into_iter().flatten().collect();
+    tx.commit().await?;
+    Ok(seqs)
+}
+
+fn insert_awaiting_sql() -> String {
+    format!("INSERT INTO awaiting ({AWAITING_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending')")
+}
+
 /// Apply `write` inside the caller's transaction (a savepoint).
 async fn apply(c: &Tx<'_>, write: &Write) -> R<Written> {
     match write {
@@ -360,7 +508,9 @@ async fn apply(c: &Tx<'_>, write: &Write) -> R<Written> {
         Write::Resolve { ticket_id, holder, step, changes, delivered } => {
             resolve(c, ticket_id, holder, step, changes, *delivered).await.map(Written::Resolved)
         }
-        Write::TakeOver { holder, now, lease_secs } => take_over(c, holder, *now, *lease_secs).await.map(Written::TakenOver),
+        Write::TakeOver { holder, now, lease_secs } => {
+            take_over(c, holder, *now, *lease_secs).await.map(Written::TakenOver)
+        }
         Write::Deliver { ticket_id, step } => deliver(c, ticket_id, step).await.map(Written::Delivered),
     }
 }
@@ -371,25 +521,21 @@ fn text(s: &str) -> std::borrow::Cow<'_, str> {
 }
 
 async fn insert_run(c: &Tx<'_>, run_id: &str, run: &PendingRun) -> R<()> {
-    let stmt = c
-        .prepare_cached(
-            "INSERT INTO runs (run_id, agent, narrowing, started_at, restriction) VALUES ($1, $2, $3, $4, $5)
-             ON CONFLICT (run_id) DO NOTHING",
-        )
-        .await?;
+    let stmt = c.prepare_cached(INSERT_RUN).await?;
     c.execute(&stmt, &[&run_id, &run.agent, &run.narrowing, &now(), &run.restriction]).await?;
     Ok(())
 }
 
-async fn write_step(c: &Tx<'_>, step: &OwnedStep, changes: &[StateChange], awaiting: Option<&AwaitingRecord>) -> R<i64> {
+async fn write_step(
+    c: &Tx<'_>,
+    step: &OwnedStep,
+    changes: &[StateChange],
+    awaiting: Option<&AwaitingRecord>,
+) -> R<i64> {
     let seq = insert_step(c, step, step.ticket.as_deref().or(awaiting.map(|a| a.ticket_id.as_str()))).await?;
     apply_changes(c, &step.agent, &step.tool_id, changes).await?;
     if let Some(a) = awaiting {
-        let stmt = c
-            .prepare_cached(&format!(
-                "INSERT INTO awaiting ({AWAITING_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending')"
-            ))
-            .await?;
+        let stmt = c.prepare_cached(&insert_awaiting_sql()).await?;
         c.execute(
             &stmt,
             &[
@@ -412,13 +558,7 @@ async fn write_step(c: &Tx<'_>, step: &OwnedStep, changes: &[StateChange], await
 
 async fn insert_step(c: &Tx<'_>, s: &OwnedStep, ticket: Option<&str>) -> R<i64> {
     let approved = s.approved_by.as_ref();
-    let stmt = c
-        .prepare_cached(
-            "INSERT INTO steps (run_id, call_id, tool_id, arguments, verdict, outcome, result, captured, ticket_id,
-                                committed_at, structured, approved_by, approved_via, approved_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING seq",
-        )
-        .await?;
+    let stmt = c.prepare_cached(INSERT_STEP).await?;
     let row = c
         .query_one(
             &stmt,
@@ -447,17 +587,11 @@ async fn apply_changes(c: &Tx<'_>, agent: &str, tool: &str, changes: &[StateChan
     for change in changes {
         match &change.value {
             Some(v) => {
-                let stmt = c
-                    .prepare_cached(
-                        "INSERT INTO tool_state (agent, tool_id, key, value) VALUES ($1, $2, $3, $4)
-                         ON CONFLICT (agent, tool_id, key) DO UPDATE SET value = excluded.value",
-                    )
-                    .await?;
+                let stmt = c.prepare_cached(SET_STATE).await?;
                 c.execute(&stmt, &[&agent, &tool, &text(&change.key), &text(v)]).await?;
             }
             None => {
-                let stmt =
-                    c.prepare_cached("DELETE FROM tool_state WHERE agent = $1 AND tool_id = $2 AND key = $3").await?;
+                let stmt = c.prepare_cached(REMOVE_STATE).await?;
                 c.execute(&stmt, &[&agent, &tool, &text(&change.key)]).await?;
             }
         }
@@ -780,8 +914,9 @@ impl StepStore for PostgresJournal {
     }
 
     async fn tool_state(&self, agent: &str, tool_id: &str) -> Result<BTreeMap<String, String>, CommitError> {
-        let rows =
-            self.query("SELECT key, value FROM tool_state WHERE agent = $1 AND tool_id = $2", &[&agent, &tool_id]).await?;
+        let rows = self
+            .query("SELECT key, value FROM tool_state WHERE agent = $1 AND tool_id = $2", &[&agent, &tool_id])
+            .await?;
         Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
     }
 
@@ -796,7 +931,8 @@ impl StepStore for PostgresJournal {
     }
 
     async fn awaiting(&self, ticket_id: &str) -> Result<Option<AwaitingRecord>, CommitError> {
-        let rows = self.query(&format!("SELECT {AWAITING_COLS} FROM awaiting WHERE ticket_id = $1"), &[&ticket_id]).await?;
+        let rows =
+            self.query(&format!("SELECT {AWAITING_COLS} FROM awaiting WHERE ticket_id = $1"), &[&ticket_id]).await?;
         Ok(rows.first().map(awaiting_from_row))
     }
 
