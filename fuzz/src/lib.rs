@@ -253,11 +253,9 @@ pub fn config(data: &[u8]) -> bool {
         Ok(c) => c,
     };
     assert_eq!(config.source.as_deref(), Some(path));
-    // `store = ":memory:"` is an ephemeral journal, kept as written.
-    let store_in_memory = config.store.as_os_str() == toolgate::store::sqlite::IN_MEMORY;
-    for p in
-        [&config.plugins, &config.cache, &config.lock].into_iter().chain((!store_in_memory).then_some(&config.store))
-    {
+    // Only a SQLite journal is a path (`:memory:` and PostgreSQL are not).
+    let store_file = config.store.file().map(|f| f.to_path_buf());
+    for p in [&config.plugins, &config.cache, &config.lock].into_iter().chain(store_file.as_ref()) {
         assert!(p.is_absolute(), "relative path {p:?}");
     }
     let l = &config.limits;
