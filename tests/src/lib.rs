@@ -416,3 +416,24 @@ impl Drop for TestServer {
         }
     }
 }
+
+/// Among `steps` (a whole journal), no call has two results and no ticket two
+/// resolutions (an ask's own step aside); the resolutions per ticket.
+pub fn assert_no_call_or_ticket_committed_twice(
+    steps: &[toolgate::store::StepRecord],
+) -> std::collections::BTreeMap<String, usize> {
+    use std::collections::BTreeMap;
+    let mut results_per_call: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut resolutions: BTreeMap<String, usize> = BTreeMap::new();
+    for s in steps {
+        if s.outcome != toolgate::store::OutcomeKind::Awaiting {
+            *results_per_call.entry(&s.call_id).or_default() += 1;
+            if let Some(t) = &s.ticket_id {
+                *resolutions.entry(t.clone()).or_default() += 1;
+            }
+        }
+    }
+    assert!(results_per_call.values().all(|&n| n == 1), "a call committed twice: {results_per_call:?}");
+    assert!(resolutions.values().all(|&n| n == 1), "a ticket resolved twice: {resolutions:?}");
+    resolutions
+}

@@ -13,7 +13,7 @@
 //! CI runs a bounded number of kills (`TOOLGATE_CRASH_KILLS`, default 100);
 //! set it higher for a longer run.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -203,18 +203,7 @@ async fn killing_the_host_at_random_points_loses_and_repeats_nothing() {
 
     let steps = journal.steps(None).await.unwrap();
     // None executed twice: call ids are unique among results; a ticket resolves at most once.
-    let mut results_per_call: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut resolutions: BTreeMap<&str, usize> = BTreeMap::new();
-    for s in &steps {
-        if s.outcome != OutcomeKind::Awaiting {
-            *results_per_call.entry(&s.call_id).or_default() += 1;
-            if let Some(t) = &s.ticket_id {
-                *resolutions.entry(t).or_default() += 1;
-            }
-        }
-    }
-    assert!(results_per_call.values().all(|&n| n == 1), "a call committed twice: {results_per_call:?}");
-    assert!(resolutions.values().all(|&n| n == 1), "a ticket resolved twice: {resolutions:?}");
+    let resolutions = toolgate_tests::assert_no_call_or_ticket_committed_twice(&steps);
 
     // No half-commit: the state is exactly a replay of the committed output steps.
     let mut replay: Vec<String> = Vec::new();

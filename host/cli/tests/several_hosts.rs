@@ -12,7 +12,7 @@
 //! Needs the server `TOOLGATE_TEST_PG` names (`scripts/test` starts one);
 //! skipped, saying so, without it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -215,18 +215,7 @@ async fn three_hosts_share_one_journal_and_run_each_approval_once() {
 
     // 4. The journal equals the replay of what was acknowledged.
     let steps = journal.steps(None).await.unwrap();
-    let mut results_per_call: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut resolutions: BTreeMap<&str, usize> = BTreeMap::new();
-    for s in &steps {
-        if s.outcome != OutcomeKind::Awaiting {
-            *results_per_call.entry(&s.call_id).or_default() += 1;
-            if let Some(t) = &s.ticket_id {
-                *resolutions.entry(t).or_default() += 1;
-            }
-        }
-    }
-    assert!(results_per_call.values().all(|&n| n == 1), "a call committed twice: {results_per_call:?}");
-    assert!(resolutions.values().all(|&n| n == 1), "a ticket resolved twice: {resolutions:?}");
+    toolgate_tests::assert_no_call_or_ticket_committed_twice(&steps);
     let upper = steps.iter().filter(|s| s.tool_id == "text.upper" && s.outcome == OutcomeKind::Output).count();
     assert_eq!(upper, acked_text, "every acknowledged call on every host is in the journal");
     let mut replay: Vec<String> = Vec::new();

@@ -15,14 +15,14 @@
 //! write lock first, so claims from threads, processes and hosts sharing the
 //! file serialize and exactly one sees a ticket pending.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::write::{OwnedStep, PendingRun, Write, Written};
+use super::write::{Committer, PendingRun, PendingRuns, Write, Written};
 use super::{
     ApprovedBy, AskScope, AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, PriorAsk, RunInfo,
     RunRecord, StateChange, StepRecord, StepStore, TicketError, now,
@@ -31,9 +31,6 @@ use crate::digest::Digest;
 
 /// The `store` value that selects an in-memory journal.
 pub const IN_MEMORY: &str = ":memory:";
-
-/// Runs begun without a step yet, at most; beyond, a run is written at once.
-const MAX_PENDING_RUNS: usize = 4096;
 
 /// Most writes one group commit holds.
 const MAX_GROUP: usize = 256;
@@ -47,7 +44,7 @@ pub struct SqliteJournal {
     group: Option<GroupCommitter>,
     /// Runs begun but not yet written: a durable journal records a run in the
     /// transaction of its first step (one fsync instead of two for a one-call run).
-    pending_runs: Mutex<HashMap<String, PendingRun>>,
+    pending_runs: PendingRuns,
 }
 
 /// Group commit for a durable journal: writes that arrive while a commit is
@@ -314,33 +311,12 @@ impl SqliteJournal {
         }
         conn.busy_timeout(std::time::Duration::from_secs(10)).map_err(err)?;
         migrate(&mut conn, &path)?;
-        Ok(SqliteJournal { conn: Mutex::new(conn), path, group: None, pending_runs: Mutex::new(HashMap::new()) })
+        Ok(SqliteJournal { conn: Mutex::new(conn), path, group: None, pending_runs: PendingRuns::default() })
     }
 
     /// Group commits made and the writes they held (`(0, 0)` for an in-memory journal).
     pub fn group_commits(&self) -> (u64, u64) {
         self.group.as_ref().map_or((0, 0), |g| (g.counts.0.load(Ordering::Relaxed), g.counts.1.load(Ordering::Relaxed)))
-    }
-
-    /// Commit `write`: through the group committer (answered once durable),
-    /// or, in memory, in a transaction of its own.
-    async fn write(&self, write: Write) -> Result<Written, CommitError> {
-        let Some(group) = &self.group else {
-            return self.with(|c| {
-                let tx = c.transaction()?;
-                let written = apply(&write, &tx)?;
-                if matches!(written, Written::Resolved(Err(_)) | Written::Delivered(None)) {
-                    return Ok(written); // dropped: rolled back
-                }
-                tx.commit()?;
-                Ok(written)
-            });
-        };
-        let gone = || CommitError::Group { path: self.path.clone(), message: "the committer stopped".into() };
-        let jobs = group.jobs.as_ref().ok_or_else(gone)?;
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        jobs.send(Job { write, reply }).map_err(|_| gone())?;
-        answer.await.map_err(|_| gone())?
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>) -> Result<T, CommitError> {
@@ -354,14 +330,6 @@ impl SqliteJournal {
     #[doc(hidden)]
     pub fn read_raw<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, CommitError> {
         self.with(|c| f(c))
-    }
-
-    /// The writer answered a write with another kind of result: a bug, reported rather than unwrapped.
-    fn unexpected(&self, what: &str) -> CommitError {
-        CommitError::Group {
-            path: self.path.clone(),
-            message: format!("unexpected result from the writer for a {what}"),
-        }
     }
 }
 
@@ -619,30 +587,57 @@ fn step_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StepRecord> {
 }
 
 #[async_trait::async_trait]
+impl Committer for SqliteJournal {
+    /// Through the group committer (answered once durable), or, in memory,
+    /// in a transaction of its own.
+    async fn write(&self, write: Write) -> Result<Written, CommitError> {
+        let Some(group) = &self.group else {
+            return self.with(|c| {
+                let tx = c.transaction()?;
+                let written = apply(&write, &tx)?;
+                if matches!(written, Written::Resolved(Err(_)) | Written::Delivered(None)) {
+                    return Ok(written); // dropped: rolled back
+                }
+                tx.commit()?;
+                Ok(written)
+            });
+        };
+        let gone = || CommitError::Group { path: self.path.clone(), message: "the committer stopped".into() };
+        let jobs = group.jobs.as_ref().ok_or_else(gone)?;
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        jobs.send(Job { write, reply }).map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
+    }
+
+    fn unexpected(&self, what: &str) -> CommitError {
+        CommitError::Group {
+            path: self.path.clone(),
+            message: format!("unexpected result from the writer for a {what}"),
+        }
+    }
+
+    fn pending_runs(&self) -> &PendingRuns {
+        &self.pending_runs
+    }
+}
+
+#[async_trait::async_trait]
 impl StepStore for SqliteJournal {
     async fn begin_run(&self, run: &RunRecord<'_>) -> Result<(), CommitError> {
-        let pending = PendingRun {
-            agent: run.agent.to_owned(),
-            narrowing: run.narrowing.to_owned(),
-            restriction: run.restriction.map(str::to_owned),
-        };
         if self.group.is_none() {
+            let pending = PendingRun {
+                agent: run.agent.to_owned(),
+                narrowing: run.narrowing.to_owned(),
+                restriction: run.restriction.map(str::to_owned),
+            };
             return self.with(|c| insert_run(c, run.run_id, &pending));
         }
-        {
-            let mut runs = self.pending_runs.lock().unwrap_or_else(|p| p.into_inner());
-            if runs.len() < MAX_PENDING_RUNS {
-                runs.insert(run.run_id.to_owned(), pending);
-                return Ok(());
-            }
-        }
-        self.write(Write::Run { run_id: run.run_id.to_owned(), run: pending }).await.map(|_| ())
+        self.queue_run(run).await
     }
 
     async fn run(&self, run_id: &str) -> Result<Option<RunInfo>, CommitError> {
-        let pending = self.pending_runs.lock().unwrap_or_else(|p| p.into_inner()).get(run_id).cloned();
-        if let Some(p) = pending {
-            return Ok(Some(RunInfo { agent: p.agent, narrowing: p.narrowing, restriction: p.restriction }));
+        if let Some(info) = self.pending_runs.info(run_id) {
+            return Ok(Some(info));
         }
         self.with(|c| {
             c.prepare_cached("SELECT agent, narrowing, restriction FROM runs WHERE run_id = ?1")?
@@ -667,23 +662,7 @@ impl StepStore for SqliteJournal {
                 Ok(seq)
             });
         }
-        let run = self.pending_runs.lock().unwrap_or_else(|p| p.into_inner()).remove(step.run_id);
-        let write = Write::Step {
-            step: OwnedStep::of(step),
-            changes: changes.to_vec(),
-            awaiting: awaiting.cloned(),
-            run: run.clone(),
-        };
-        let result = match self.write(write).await {
-            Ok(Written::Seq(seq)) => Ok(seq),
-            Ok(_) => Err(self.unexpected("step")),
-            Err(e) => Err(e),
-        };
-        if let (Err(_), Some(run)) = (&result, run) {
-            // Not written with this step: the run's next step records it.
-            self.pending_runs.lock().unwrap_or_else(|p| p.into_inner()).insert(step.run_id.to_owned(), run);
-        }
-        result
+        self.queue_step(step, changes, awaiting).await
     }
 
     async fn claim_ticket(
@@ -692,15 +671,11 @@ impl StepStore for SqliteJournal {
         now: i64,
         holder: &str,
     ) -> Result<Result<ClaimedTicket, TicketError>, CommitError> {
-        let write = Write::Claim { ticket_id: ticket_id.to_owned(), now, holder: holder.to_owned() };
-        match self.write(write).await? {
-            Written::Claim(r) => Ok(r.map(|record| ClaimedTicket::new(record, holder.to_owned()))),
-            _ => Err(self.unexpected("claim")),
-        }
+        self.queue_claim(ticket_id, now, holder).await
     }
 
     async fn heartbeat(&self, holder: &str, now: i64) -> Result<(), CommitError> {
-        self.write(Write::Heartbeat { holder: holder.to_owned(), now }).await.map(|_| ())
+        self.queue_heartbeat(holder, now).await
     }
 
     async fn resolve_ticket(
@@ -710,17 +685,7 @@ impl StepStore for SqliteJournal {
         changes: &[StateChange],
         delivered: bool,
     ) -> Result<Result<i64, TicketError>, CommitError> {
-        let write = Write::Resolve {
-            ticket_id: ticket.record().ticket_id.clone(),
-            holder: ticket.holder().to_owned(),
-            step: OwnedStep::of(step),
-            changes: changes.to_vec(),
-            delivered,
-        };
-        match self.write(write).await? {
-            Written::Resolved(r) => Ok(r),
-            _ => Err(self.unexpected("resolution")),
-        }
+        self.queue_resolution(ticket, step, changes, delivered).await
     }
 
     async fn take_over_stale_claims(
@@ -736,12 +701,7 @@ impl StepStore for SqliteJournal {
         if any == 0 {
             return Ok(Vec::new());
         }
-        match self.write(Write::TakeOver { holder: holder.to_owned(), now, lease_secs }).await? {
-            Written::TakenOver(records) => {
-                Ok(records.into_iter().map(|r| ClaimedTicket::new(r, holder.to_owned())).collect())
-            }
-            _ => Err(self.unexpected("take-over")),
-        }
+        self.queue_take_over(holder, now, lease_secs).await
     }
 
     async fn prior_ask(
@@ -777,10 +737,7 @@ impl StepStore for SqliteJournal {
     }
 
     async fn deliver(&self, ticket_id: &str, step: &NewStep<'_>) -> Result<Option<i64>, CommitError> {
-        match self.write(Write::Deliver { ticket_id: ticket_id.to_owned(), step: OwnedStep::of(step) }).await? {
-            Written::Delivered(r) => Ok(r),
-            _ => Err(self.unexpected("delivery")),
-        }
+        self.queue_delivery(ticket_id, step).await
     }
 
     async fn output_tools(&self, run_id: &str) -> Result<Vec<String>, CommitError> {

@@ -93,3 +93,147 @@ impl OwnedStep {
         }
     }
 }
+
+/// Runs begun but not yet written: a durable journal records a run in the
+/// transaction of its first step (one commit instead of two for a one-call
+/// run), up to a bound.
+#[derive(Default)]
+pub(crate) struct PendingRuns(std::sync::Mutex<std::collections::HashMap<String, PendingRun>>);
+
+/// Runs begun without a step yet, at most; beyond, a run is written at once.
+const MAX_PENDING_RUNS: usize = 4096;
+
+impl PendingRuns {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, PendingRun>> {
+        // A poisoned lock only means another thread panicked while holding
+        // it; the map itself is always consistent.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    /// Hold `run` until its first step; gives it back when full (write it now).
+    fn hold(&self, run_id: &str, run: PendingRun) -> Option<PendingRun> {
+        let mut runs = self.lock();
+        if runs.len() < MAX_PENDING_RUNS {
+            runs.insert(run_id.to_owned(), run);
+            None
+        } else {
+            Some(run)
+        }
+    }
+    /// A held run, as read back.
+    pub(crate) fn info(&self, run_id: &str) -> Option<super::RunInfo> {
+        self.lock().get(run_id).map(|p| super::RunInfo {
+            agent: p.agent.clone(),
+            narrowing: p.narrowing.clone(),
+            restriction: p.restriction.clone(),
+        })
+    }
+}
+
+/// A store that writes through a group committer: the [`StepStore`](super::StepStore)
+/// methods that only queue a write and read its answer, shared by the
+/// durable backends.
+#[async_trait::async_trait]
+pub(crate) trait Committer: Send + Sync {
+    /// Commit `write`; answered once it is durable.
+    async fn write(&self, write: Write) -> Result<Written, super::CommitError>;
+    /// The writer answered a write with another kind of result: a bug,
+    /// reported rather than unwrapped.
+    fn unexpected(&self, what: &str) -> super::CommitError;
+    /// Runs begun but not yet written.
+    fn pending_runs(&self) -> &PendingRuns;
+
+    async fn queue_run(&self, run: &super::RunRecord<'_>) -> Result<(), super::CommitError> {
+        let pending = PendingRun {
+            agent: run.agent.to_owned(),
+            narrowing: run.narrowing.to_owned(),
+            restriction: run.restriction.map(str::to_owned),
+        };
+        match self.pending_runs().hold(run.run_id, pending) {
+            None => Ok(()),
+            Some(run_now) => self.write(Write::Run { run_id: run.run_id.to_owned(), run: run_now }).await.map(|_| ()),
+        }
+    }
+
+    async fn queue_step(
+        &self,
+        step: &NewStep<'_>,
+        changes: &[StateChange],
+        awaiting: Option<&AwaitingRecord>,
+    ) -> Result<i64, super::CommitError> {
+        let run = self.pending_runs().lock().remove(step.run_id);
+        let write = Write::Step {
+            step: OwnedStep::of(step),
+            changes: changes.to_vec(),
+            awaiting: awaiting.cloned(),
+            run: run.clone(),
+        };
+        let result = match self.write(write).await {
+            Ok(Written::Seq(seq)) => Ok(seq),
+            Ok(_) => Err(self.unexpected("step")),
+            Err(e) => Err(e),
+        };
+        if let (Err(_), Some(run)) = (&result, run) {
+            // Not written with this step: the run's next step records it.
+            self.pending_runs().lock().insert(step.run_id.to_owned(), run);
+        }
+        result
+    }
+
+    async fn queue_claim(
+        &self,
+        ticket_id: &str,
+        now: i64,
+        holder: &str,
+    ) -> Result<Result<super::ClaimedTicket, TicketError>, super::CommitError> {
+        let write = Write::Claim { ticket_id: ticket_id.to_owned(), now, holder: holder.to_owned() };
+        match self.write(write).await? {
+            Written::Claim(r) => Ok(r.map(|record| super::ClaimedTicket::new(record, holder.to_owned()))),
+            _ => Err(self.unexpected("claim")),
+        }
+    }
+
+    async fn queue_heartbeat(&self, holder: &str, now: i64) -> Result<(), super::CommitError> {
+        self.write(Write::Heartbeat { holder: holder.to_owned(), now }).await.map(|_| ())
+    }
+
+    async fn queue_resolution(
+        &self,
+        ticket: super::ClaimedTicket,
+        step: &NewStep<'_>,
+        changes: &[StateChange],
+        delivered: bool,
+    ) -> Result<Result<i64, TicketError>, super::CommitError> {
+        let write = Write::Resolve {
+            ticket_id: ticket.record().ticket_id.clone(),
+            holder: ticket.holder().to_owned(),
+            step: OwnedStep::of(step),
+            changes: changes.to_vec(),
+            delivered,
+        };
+        match self.write(write).await? {
+            Written::Resolved(r) => Ok(r),
+            _ => Err(self.unexpected("resolution")),
+        }
+    }
+
+    async fn queue_take_over(
+        &self,
+        holder: &str,
+        now: i64,
+        lease_secs: i64,
+    ) -> Result<Vec<super::ClaimedTicket>, super::CommitError> {
+        match self.write(Write::TakeOver { holder: holder.to_owned(), now, lease_secs }).await? {
+            Written::TakenOver(records) => {
+                Ok(records.into_iter().map(|r| super::ClaimedTicket::new(r, holder.to_owned())).collect())
+            }
+            _ => Err(self.unexpected("take-over")),
+        }
+    }
+
+    async fn queue_delivery(&self, ticket_id: &str, step: &NewStep<'_>) -> Result<Option<i64>, super::CommitError> {
+        match self.write(Write::Deliver { ticket_id: ticket_id.to_owned(), step: OwnedStep::of(step) }).await? {
+            Written::Delivered(r) => Ok(r),
+            _ => Err(self.unexpected("delivery")),
+        }
+    }
+}

@@ -22,16 +22,16 @@
 //! PostgreSQL text cannot hold NUL characters; a NUL in a step's text (a Tool
 //! can return one) is stored as U+FFFD, so the commit never fails on it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{NoTls, Row};
 
-use super::write::{OwnedStep, PendingRun, Write, Written};
+use super::write::{Committer, OwnedStep, PendingRun, PendingRuns, Write, Written};
 use super::{
     ApprovedBy, AskScope, AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, PriorAsk, RunInfo,
     RunRecord, StateChange, StepRecord, StepStore, TicketError, now,
@@ -50,9 +50,6 @@ const MIGRATION_LOCK: i64 = 0x746f_6f6c_6761_7465;
 /// Most writes one group commit holds.
 const MAX_GROUP: usize = 256;
 
-/// Runs begun without a step yet, at most; beyond, a run is written at once.
-const MAX_PENDING_RUNS: usize = 4096;
-
 /// How often a transaction that lost a deadlock or serialization race is retried.
 const RETRIES: usize = 5;
 
@@ -70,9 +67,8 @@ pub struct PostgresJournal {
     jobs: tokio::sync::mpsc::UnboundedSender<Job>,
     counts: Arc<(AtomicU64, AtomicU64)>,
     committers: Vec<tokio::task::JoinHandle<()>>,
-    /// Runs begun but not yet written: a run is recorded in the transaction
-    /// of its first step (one commit instead of two for a one-call run).
-    pending_runs: Mutex<HashMap<String, PendingRun>>,
+    /// Runs begun but not yet written (recorded with their first step).
+    pending_runs: PendingRuns,
 }
 
 impl Drop for PostgresJournal {
@@ -191,7 +187,7 @@ impl PostgresJournal {
         let committers = (0..(pool_size / 2).max(1))
             .map(|_| tokio::spawn(commit_loop(rx.clone(), pool.clone(), shown.clone(), counts.clone())))
             .collect();
-        Ok(PostgresJournal { pool, shown, jobs: tx, counts, committers, pending_runs: Mutex::new(HashMap::new()) })
+        Ok(PostgresJournal { pool, shown, jobs: tx, counts, committers, pending_runs: PendingRuns::default() })
     }
 
     /// Group commits made and the writes they held.
@@ -201,22 +197,6 @@ impl PostgresJournal {
 
     fn err(&self, f: Fail) -> CommitError {
         CommitError::Postgres { store: self.shown.clone(), message: f.message() }
-    }
-
-    /// Commit `write` through the group committer; answered once committed.
-    async fn write(&self, write: Write) -> Result<Written, CommitError> {
-        let gone = || CommitError::Postgres { store: self.shown.clone(), message: "the committer stopped".into() };
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        self.jobs.send(Job { write, reply }).map_err(|_| gone())?;
-        answer.await.map_err(|_| gone())?
-    }
-
-    /// The writer answered a write with another kind of result: a bug, reported rather than unwrapped.
-    fn unexpected(&self, what: &str) -> CommitError {
-        CommitError::Postgres {
-            store: self.shown.clone(),
-            message: format!("unexpected result from the writer for a {what}"),
-        }
     }
 
     async fn query(
@@ -751,27 +731,35 @@ fn step_from_row(r: &Row) -> StepRecord {
 }
 
 #[async_trait::async_trait]
+impl Committer for PostgresJournal {
+    async fn write(&self, write: Write) -> Result<Written, CommitError> {
+        let gone = || CommitError::Postgres { store: self.shown.clone(), message: "the committer stopped".into() };
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.jobs.send(Job { write, reply }).map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
+    }
+
+    fn unexpected(&self, what: &str) -> CommitError {
+        CommitError::Postgres {
+            store: self.shown.clone(),
+            message: format!("unexpected result from the writer for a {what}"),
+        }
+    }
+
+    fn pending_runs(&self) -> &PendingRuns {
+        &self.pending_runs
+    }
+}
+
+#[async_trait::async_trait]
 impl StepStore for PostgresJournal {
     async fn begin_run(&self, run: &RunRecord<'_>) -> Result<(), CommitError> {
-        let pending = PendingRun {
-            agent: run.agent.to_owned(),
-            narrowing: run.narrowing.to_owned(),
-            restriction: run.restriction.map(str::to_owned),
-        };
-        {
-            let mut runs = self.pending_runs.lock().unwrap_or_else(|p| p.into_inner());
-            if runs.len() < MAX_PENDING_RUNS {
-                runs.insert(run.run_id.to_owned(), pending);
-                return Ok(());
-            }
-        }
-        self.write(Write::Run { run_id: run.run_id.to_owned(), run: pending }).await.map(|_| ())
+        self.queue_run(run).await
     }
 
     async fn run(&self, run_id: &str) -> Result<Option<RunInfo>, CommitError> {
-        let pending = self.pending_runs.lock().unwrap_or_else(|p| p.into_inner()).get(run_id).cloned();
-        if let Some(p) = pending {
-            return Ok(Some(RunInfo { agent: p.agent, narrowing: p.narrowing, restriction: p.restriction }));
+        if let Some(info) = self.pending_runs.info(run_id) {
+            return Ok(Some(info));
         }
         let rows = self.query("SELECT agent, narrowing, restriction FROM runs WHERE run_id = $1", &[&run_id]).await?;
         Ok(rows.first().map(|r| RunInfo { agent: r.get(0), narrowing: r.get(1), restriction: r.get(2) }))
@@ -783,23 +771,7 @@ impl StepStore for PostgresJournal {
         changes: &[StateChange],
         awaiting: Option<&AwaitingRecord>,
     ) -> Result<i64, CommitError> {
-        let run = self.pending_runs.lock().unwrap_or_else(|p| p.into_inner()).remove(step.run_id);
-        let write = Write::Step {
-            step: OwnedStep::of(step),
-            changes: changes.to_vec(),
-            awaiting: awaiting.cloned(),
-            run: run.clone(),
-        };
-        let result = match self.write(write).await {
-            Ok(Written::Seq(seq)) => Ok(seq),
-            Ok(_) => Err(self.unexpected("step")),
-            Err(e) => Err(e),
-        };
-        if let (Err(_), Some(run)) = (&result, run) {
-            // Not written with this step: the run's next step records it.
-            self.pending_runs.lock().unwrap_or_else(|p| p.into_inner()).insert(step.run_id.to_owned(), run);
-        }
-        result
+        self.queue_step(step, changes, awaiting).await
     }
 
     async fn claim_ticket(
@@ -808,15 +780,11 @@ impl StepStore for PostgresJournal {
         now: i64,
         holder: &str,
     ) -> Result<Result<ClaimedTicket, TicketError>, CommitError> {
-        let write = Write::Claim { ticket_id: ticket_id.to_owned(), now, holder: holder.to_owned() };
-        match self.write(write).await? {
-            Written::Claim(r) => Ok(r.map(|record| ClaimedTicket::new(record, holder.to_owned()))),
-            _ => Err(self.unexpected("claim")),
-        }
+        self.queue_claim(ticket_id, now, holder).await
     }
 
     async fn heartbeat(&self, holder: &str, now: i64) -> Result<(), CommitError> {
-        self.write(Write::Heartbeat { holder: holder.to_owned(), now }).await.map(|_| ())
+        self.queue_heartbeat(holder, now).await
     }
 
     async fn resolve_ticket(
@@ -826,17 +794,7 @@ impl StepStore for PostgresJournal {
         changes: &[StateChange],
         delivered: bool,
     ) -> Result<Result<i64, TicketError>, CommitError> {
-        let write = Write::Resolve {
-            ticket_id: ticket.record().ticket_id.clone(),
-            holder: ticket.holder().to_owned(),
-            step: OwnedStep::of(step),
-            changes: changes.to_vec(),
-            delivered,
-        };
-        match self.write(write).await? {
-            Written::Resolved(r) => Ok(r),
-            _ => Err(self.unexpected("resolution")),
-        }
+        self.queue_resolution(ticket, step, changes, delivered).await
     }
 
     async fn take_over_stale_claims(
@@ -850,12 +808,7 @@ impl StepStore for PostgresJournal {
         if any.is_empty() {
             return Ok(Vec::new());
         }
-        match self.write(Write::TakeOver { holder: holder.to_owned(), now, lease_secs }).await? {
-            Written::TakenOver(records) => {
-                Ok(records.into_iter().map(|r| ClaimedTicket::new(r, holder.to_owned())).collect())
-            }
-            _ => Err(self.unexpected("take-over")),
-        }
+        self.queue_take_over(holder, now, lease_secs).await
     }
 
     async fn prior_ask(
@@ -897,10 +850,7 @@ impl StepStore for PostgresJournal {
     }
 
     async fn deliver(&self, ticket_id: &str, step: &NewStep<'_>) -> Result<Option<i64>, CommitError> {
-        match self.write(Write::Deliver { ticket_id: ticket_id.to_owned(), step: OwnedStep::of(step) }).await? {
-            Written::Delivered(r) => Ok(r),
-            _ => Err(self.unexpected("delivery")),
-        }
+        self.queue_delivery(ticket_id, step).await
     }
 
     async fn output_tools(&self, run_id: &str) -> Result<Vec<String>, CommitError> {
