@@ -25,6 +25,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
 use serde_json::Value;
 
 use crate::approval::{self, Approval, ApprovalError, Decision};
@@ -455,8 +457,8 @@ impl Runtime {
         match GateOutcome::from_verdict(verdict, candidate, call.clone()) {
             GateOutcome::Execute(allowed) => {
                 let state = self.store.tool_state(&r.agent, &call.tool_id).await?;
-                let exec = self.executor.execute(&allowed, state).await;
-                step.finish(self, Some((ticket, approved_by, in_conversation)), exec).await
+                let exec = self.executor.execute(&allowed, state.clone()).await;
+                step.finish(self, Some((ticket, approved_by, in_conversation)), exec, &state, false).await
             }
             GateOutcome::Blocked { reason } => {
                 let seq =
@@ -580,9 +582,22 @@ impl Run<'_> {
         match GateOutcome::from_verdict(verdict, candidate.clone(), call.clone()) {
             // 5. Effect and durable result.
             GateOutcome::Execute(allowed) => {
-                let state = rt.store.tool_state(snapshot.agent(), tool_id).await?;
-                let exec = rt.executor.execute_until(&allowed, state, cancel).await;
-                let result = step.finish(rt, None, exec).await?;
+                // A Tool with no effect beyond its state (no outbound host, no
+                // writable directory) is a function of its arguments and state:
+                // if a concurrent call changed the state under it, running it
+                // again on the new state is indistinguishable from running once.
+                let pure = allowed.candidate().grant.has_no_effects();
+                tokio::pin!(cancel);
+                let mut attempt = 1;
+                let result = loop {
+                    let state = rt.store.tool_state(snapshot.agent(), tool_id).await?;
+                    let exec = rt.executor.execute_until(&allowed, state.clone(), cancel.as_mut()).await;
+                    let again = pure && attempt < STATE_ATTEMPTS;
+                    match step.finish(rt, None, exec, &state, again).await {
+                        Err(CallError::Commit(CommitError::StateChanged { .. })) if again => attempt += 1,
+                        other => break other?,
+                    }
+                };
                 if let (StepResult::Output { .. }, Some(skill)) = (&result, &candidate.installed.tool.metadata.skill) {
                     self.activate(tool_id, skill);
                 }
@@ -695,6 +710,8 @@ struct Ending<'a> {
     captured: &'a Captured,
     /// The Tool's Commands, already checked to be in its scope.
     changes: &'a [StateChange],
+    /// The state the Commands were computed from (see `NewStep::state_read`).
+    state_read: Option<&'a BTreeMap<String, String>>,
     /// Whether `text` is a JSON document.
     structured: bool,
 }
@@ -711,10 +728,15 @@ impl<'a> Ending<'a> {
             text,
             captured: &NOTHING_CAPTURED,
             changes: &[],
+            state_read: None,
             structured: false,
         }
     }
 }
+
+/// How often a call of a Tool without effects runs when concurrent calls
+/// keep changing its state under it; then the change is refused.
+const STATE_ATTEMPTS: u32 = 16;
 
 /// How an execution's step relates to a ticket: none (a fresh call), or the
 /// claimed ticket with who approved it and whether the result goes back in
@@ -743,6 +765,7 @@ impl Step<'_> {
             ticket,
             structured: ending.structured,
             approved_by,
+            state_read: ending.state_read,
         }
     }
 
@@ -830,6 +853,7 @@ impl Step<'_> {
             ticket: Some(&r.ticket_id),
             structured: decided.structured,
             approved_by: None,
+            state_read: None,
         };
         let Some(seq) = rt.store.deliver(&r.ticket_id, &step).await? else { return Ok(None) };
         Ok(Some(delivered_result(seq, decided)))
@@ -841,6 +865,8 @@ impl Step<'_> {
         rt: &Runtime,
         resolving: Resolving,
         exec: Result<Execution, ExecutorError>,
+        read: &BTreeMap<String, String>,
+        retry_on_conflict: bool,
     ) -> Result<StepResult, CallError> {
         let ran = |outcome, text, captured, changes| Ending {
             verdict: Verdict::Allow,
@@ -848,6 +874,7 @@ impl Step<'_> {
             text,
             captured,
             changes,
+            state_read: None,
             structured: false,
         };
         let exec = match exec {
@@ -867,9 +894,31 @@ impl Step<'_> {
                         Content::Json(v) => (v.to_string(), true),
                         Content::Text(t) => (t.clone(), false),
                     };
-                    let ending = Ending { structured, ..ran(OutcomeKind::Output, &text, &exec.captured, &changes) };
-                    let seq = self.commit_or_resolve(rt, resolving, ending).await?;
-                    Ok(StepResult::Output { seq, content: out.content })
+                    let ending = Ending {
+                        structured,
+                        state_read: Some(read),
+                        ..ran(OutcomeKind::Output, &text, &exec.captured, &changes)
+                    };
+                    // Refused without touching the claim, which stays ours: kept to resolve with the error.
+                    let claim = resolving
+                        .as_ref()
+                        .map(|(t, by, d)| (t.record().clone(), t.holder().to_owned(), by.clone(), *d));
+                    match self.commit_or_resolve(rt, resolving, ending).await {
+                        Ok(seq) => Ok(StepResult::Output { seq, content: out.content }),
+                        // Nothing committed: the caller runs the call again on the new state.
+                        Err(e @ CallError::Commit(CommitError::StateChanged { .. })) if retry_on_conflict => Err(e),
+                        Err(CallError::Commit(e @ CommitError::StateChanged { .. })) => {
+                            // A concurrent call of this Tool committed first: its update is
+                            // kept, this call's changes (computed from what it replaced) are not.
+                            let message = format!("{e}; nothing this call changed was kept — make the call again");
+                            let again =
+                                claim.map(|(record, holder, by, d)| (ClaimedTicket::new(record, holder), by, d));
+                            let ending = ran(OutcomeKind::ToolError, &message, &exec.captured, &[]);
+                            let seq = self.commit_or_resolve(rt, again, ending).await?;
+                            Ok(StepResult::ToolError { seq, message })
+                        }
+                        Err(e) => Err(e),
+                    }
                 }
                 Err(message) => {
                     let ending = ran(OutcomeKind::ToolError, &message, &exec.captured, &[]);

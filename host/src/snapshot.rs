@@ -81,6 +81,14 @@ pub struct EffectiveGrant {
     pub watched: Arc<[Arc<CredentialSpec>]>,
 }
 
+impl EffectiveGrant {
+    /// Whether a call holding this grant can change nothing outside its own
+    /// Tool state: no outbound host and no writable directory.
+    pub fn has_no_effects(&self) -> bool {
+        self.hosts.is_empty() && self.mounts.iter().all(|m| m.access == Access::Read)
+    }
+}
+
 /// A host directory visible to the guest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mount {

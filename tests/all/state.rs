@@ -66,3 +66,47 @@ async fn state_is_scoped_by_agent() {
     let r = run.call("notes", json!({"op": "list"})).await.unwrap();
     assert_eq!(notes(&r), json!([]));
 }
+
+/// Concurrent calls of one stateful Tool never lose an update: each add
+/// commits on top of every add committed before it. `notes` has no effect
+/// beyond its state, so a call whose state changed under it runs again on
+/// the new state (a Tool with effects gets a Tool error instead: the
+/// conformance suite's `a_write_from_stale_state_is_refused`); the stored
+/// state is the replay of the committed adds, in journal order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_of_one_tool_never_lose_an_update() {
+    let host = notes_host();
+    let runtime = std::sync::Arc::new(host.runtime);
+    let calls: Vec<_> = (0..12)
+        .map(|i| {
+            let r = runtime.clone();
+            tokio::spawn(async move {
+                let run = r.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+                (i, run.call("notes", json!({"op": "add", "note": format!("n{i}")})).await.unwrap())
+            })
+        })
+        .collect();
+    let (mut added, mut refused) = (0, 0);
+    for c in calls {
+        match c.await.unwrap() {
+            (_, StepResult::Output { .. }) => added += 1,
+            (i, StepResult::ToolError { message, .. }) => {
+                assert!(message.contains("changed while the call ran"), "call {i}: {message}");
+                refused += 1;
+            }
+            (i, other) => panic!("call {i}: {other:?}"),
+        }
+    }
+    assert_eq!((added, refused), (12, 0), "every add of a Tool without effects commits");
+    let steps = runtime.store().steps(None).await.unwrap();
+    let mut replay = Vec::new();
+    for s in steps.iter().filter(|s| s.outcome == toolgate::store::OutcomeKind::Output) {
+        let args: serde_json::Value = serde_json::from_str(&s.arguments).unwrap();
+        replay.push(args["note"].clone());
+        let shown: serde_json::Value = serde_json::from_str(&s.result).unwrap();
+        assert_eq!(shown["notes"], json!(replay), "step {} built on every add committed before it", s.seq);
+    }
+    assert_eq!(replay.len(), added);
+    let state = runtime.store().tool_state("default", "notes").await.unwrap();
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&state["notes"]).unwrap(), json!(replay));
+}

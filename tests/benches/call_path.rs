@@ -319,6 +319,7 @@ fn steps(c: &mut Criterion, rt: &tokio::runtime::Runtime, host: &Host) {
                     ticket: None,
                     structured: true,
                     approved_by: None,
+                    state_read: None,
                 };
                 store.commit_step(&step, &[], None).await.unwrap()
             })

@@ -85,6 +85,7 @@ fn step<'a>(call_id: &'a str, outcome: OutcomeKind) -> NewStep<'a> {
         ticket: None,
         structured: false,
         approved_by: None,
+        state_read: None,
     }
 }
 
@@ -357,6 +358,56 @@ pub async fn handles_racing_for_one_ticket_yield_one_winner(b: &dyn Backend) {
 /// The environment variable that makes a test binary a claiming child.
 const CHILD: &str = "TOOLGATE_CONFORMANCE_CHILD";
 
+/// Commands computed from a state that another step changed since are
+/// refused whole (no lost update): by a fresh step and by a resolution, whose
+/// claim stays held; steps without Commands, or from the current state, commit.
+pub async fn a_write_from_stale_state_is_refused(b: &dyn Backend) {
+    let j = b.create().await;
+    let s = j.store.as_ref();
+    s.commit_step(&step("c0", OutcomeKind::Output), &[set("n", "1")], None).await.unwrap();
+    let read: BTreeMap<String, String> = s.tool_state("main", "notes.add").await.unwrap();
+    // Another call commits from the same state first.
+    let mut first = step("c1", OutcomeKind::Output);
+    first.state_read = Some(&read);
+    s.commit_step(&first, &[set("n", "2")], None).await.unwrap();
+    // This one read the same state: its change would overwrite "2" unseen.
+    let mut stale = step("c2", OutcomeKind::Output);
+    stale.state_read = Some(&read);
+    match s.commit_step(&stale, &[set("n", "3"), set("other", "x")], None).await {
+        Err(toolgate::store::CommitError::StateChanged { agent, tool }) => {
+            assert_eq!((agent.as_str(), tool.as_str()), ("main", "notes.add"))
+        }
+        other => panic!("a stale write must be refused: {other:?}"),
+    }
+    assert_eq!(s.tool_state("main", "notes.add").await.unwrap(), BTreeMap::from([("n".into(), "2".into())]));
+    assert!(!s.steps(None).await.unwrap().iter().any(|x| x.call_id == "c2"), "nothing of the refused step");
+    // Without Commands a stale read commits (it changes nothing); another
+    // agent's state of the same Tool is its own.
+    s.commit_step(&stale, &[], None).await.unwrap();
+    let mut other_agent = step("c3", OutcomeKind::Output);
+    other_agent.agent = "other";
+    let empty = BTreeMap::new();
+    other_agent.state_read = Some(&empty);
+    s.commit_step(&other_agent, &[set("n", "9")], None).await.unwrap();
+    // A resolution from a stale state is refused and its claim stays held.
+    s.commit_step(&step("c4", OutcomeKind::Awaiting), &[], Some(&awaiting("t-stale", "c4", i64::MAX))).await.unwrap();
+    let claimed = s.claim_ticket("t-stale", now(), ME).await.unwrap().unwrap();
+    let mut resolving = step("c4", OutcomeKind::Output);
+    resolving.state_read = Some(&read);
+    match s.resolve_ticket(claimed, &resolving, &[set("n", "4")], false).await {
+        Err(toolgate::store::CommitError::StateChanged { .. }) => {}
+        other => panic!("a stale resolution must be refused: {other:?}"),
+    }
+    assert_eq!(state_of(s, "t-stale").await.as_deref(), Some("claimed"), "the claim is still held");
+    assert_eq!(s.tool_state("main", "notes.add").await.unwrap()["n"], "2");
+    // From the current state it goes through.
+    let now_state = s.tool_state("main", "notes.add").await.unwrap();
+    let mut fresh = step("c5", OutcomeKind::Output);
+    fresh.state_read = Some(&now_state);
+    s.commit_step(&fresh, &[set("n", "5")], None).await.unwrap();
+    assert_eq!(s.tool_state("main", "notes.add").await.unwrap()["n"], "5");
+}
+
 /// Processes racing for one ticket: exactly one wins. `test_name` is this
 /// test's full name in its binary (the child re-runs it with `--exact`).
 /// In the child, claims once and prints the outcome.
@@ -490,6 +541,7 @@ macro_rules! conformance_suite {
     ($backend:expr) => {
         $crate::conformance_suite!(@tests $backend;
             a_step_and_its_changes_commit_together,
+            a_write_from_stale_state_is_refused,
             a_failed_write_rolls_back_step_and_changes,
             tickets_are_claimed_once,
             resolving_a_ticket_commits_its_step_and_changes,

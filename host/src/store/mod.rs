@@ -60,6 +60,18 @@ pub enum CommitError {
         /// Why, and what to do.
         message: String,
     },
+    /// The Tool's state changed between the call reading it and committing
+    /// (a concurrent call of the same Tool committed first): nothing of this
+    /// step was written.
+    #[error(
+        "the state of `{tool}` for agent `{agent}` changed while the call ran (a concurrent call of it committed first)"
+    )]
+    StateChanged {
+        /// The agent.
+        agent: String,
+        /// The Tool.
+        tool: String,
+    },
     /// Cannot create the journal's directory.
     #[error("cannot create journal directory for {path}: {source}; check `store` in the config")]
     Directory {
@@ -263,6 +275,13 @@ pub struct NewStep<'a> {
     pub structured: bool,
     /// Who decided the ticket this step resolves.
     pub approved_by: Option<&'a ApprovedBy>,
+    /// The Tool state the call read, when its Commands change state: the
+    /// step commits only if the Tool's state (for this agent) is still
+    /// exactly this, so a concurrent call of the same Tool — in this process
+    /// or another host — is never overwritten with changes computed from
+    /// what it replaced; otherwise [`CommitError::StateChanged`] and nothing
+    /// is written.
+    pub state_read: Option<&'a BTreeMap<String, String>>,
 }
 
 /// A run as the journal records it.

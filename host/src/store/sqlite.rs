@@ -67,16 +67,24 @@ struct Job {
 fn apply(write: &Write, c: &Connection) -> rusqlite::Result<Written> {
     match write {
         Write::Step { step, changes, awaiting, run } => {
-            if let Some(run) = run {
-                insert_run(c, &step.run_id, run)?;
+            let step = step.borrow();
+            if !state_is_as_read(c, &step, changes)? {
+                return Ok(Written::StateChanged);
             }
-            write_step(c, &step.borrow(), changes, awaiting.as_ref()).map(Written::Seq)
+            if let Some(run) = run {
+                insert_run(c, step.run_id, run)?;
+            }
+            write_step(c, &step, changes, awaiting.as_ref()).map(Written::Seq)
         }
         Write::Run { run_id, run } => insert_run(c, run_id, run).map(|_| Written::Done),
         Write::Claim { ticket_id, now, holder } => claim(c, ticket_id, *now, holder).map(Written::Claim),
         Write::Heartbeat { holder, now } => heartbeat(c, holder, *now).map(|_| Written::Done),
         Write::Resolve { ticket_id, holder, step, changes, delivered } => {
-            resolve(c, ticket_id, holder, &step.borrow(), changes, *delivered).map(Written::Resolved)
+            let step = step.borrow();
+            if !state_is_as_read(c, &step, changes)? {
+                return Ok(Written::StateChanged);
+            }
+            resolve(c, ticket_id, holder, &step, changes, *delivered).map(Written::Resolved)
         }
         Write::TakeOver { holder, now, lease_secs } => take_over(c, holder, *now, *lease_secs).map(Written::TakenOver),
         Write::Deliver { ticket_id, step } => deliver(c, ticket_id, &step.borrow()).map(Written::Delivered),
@@ -136,7 +144,7 @@ fn commit_group(conn: &mut Connection, batch: &[Job], path: &str) -> Vec<Result<
             let sp = tx.savepoint()?;
             let written = apply(&job.write, &sp)?;
             // A refused resolution or delivery wrote nothing; roll its savepoint back.
-            if matches!(written, Written::Resolved(Err(_)) | Written::Delivered(None)) {
+            if written.refused() {
                 return Ok(written);
             }
             sp.commit()?;
@@ -363,6 +371,24 @@ fn insert_run(c: &Connection, run_id: &str, run: &PendingRun) -> rusqlite::Resul
 }
 
 /// A step, its state changes and its Awaiting record, inside the caller's transaction.
+/// Whether `step`'s Tool state is still what its call read (see
+/// [`NewStep::state_read`]); read inside the writing transaction, which holds
+/// the database's write lock, so no other writer can change it before commit.
+fn state_is_as_read(c: &Connection, step: &NewStep<'_>, changes: &[StateChange]) -> rusqlite::Result<bool> {
+    let mut current = Ok(BTreeMap::new());
+    let unchanged = super::write::state_unchanged(step, changes, || {
+        current = read_state(c, step.agent, step.tool_id);
+        current.as_ref().cloned().unwrap_or_default()
+    });
+    current.map(|_| unchanged)
+}
+
+fn read_state(c: &Connection, agent: &str, tool: &str) -> rusqlite::Result<BTreeMap<String, String>> {
+    let mut stmt = c.prepare_cached("SELECT key, value FROM tool_state WHERE agent = ?1 AND tool_id = ?2")?;
+    let rows = stmt.query_map(params![agent, tool], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    rows.collect()
+}
+
 fn write_step(
     tx: &Connection,
     step: &NewStep<'_>,
@@ -595,7 +621,7 @@ impl Committer for SqliteJournal {
             return self.with(|c| {
                 let tx = c.transaction()?;
                 let written = apply(&write, &tx)?;
-                if matches!(written, Written::Resolved(Err(_)) | Written::Delivered(None)) {
+                if written.refused() {
                     return Ok(written); // dropped: rolled back
                 }
                 tx.commit()?;
@@ -655,11 +681,18 @@ impl StepStore for SqliteJournal {
         awaiting: Option<&AwaitingRecord>,
     ) -> Result<i64, CommitError> {
         if self.group.is_none() {
-            return self.with(|c| {
+            let seq = self.with(|c| {
                 let tx = c.transaction()?;
+                if !state_is_as_read(&tx, step, changes)? {
+                    return Ok(None);
+                }
                 let seq = write_step(&tx, step, changes, awaiting)?;
                 tx.commit()?;
-                Ok(seq)
+                Ok(Some(seq))
+            })?;
+            return seq.ok_or_else(|| CommitError::StateChanged {
+                agent: step.agent.to_owned(),
+                tool: step.tool_id.to_owned(),
             });
         }
         self.queue_step(step, changes, awaiting).await
@@ -751,11 +784,7 @@ impl StepStore for SqliteJournal {
     }
 
     async fn tool_state(&self, agent: &str, tool_id: &str) -> Result<BTreeMap<String, String>, CommitError> {
-        self.with(|c| {
-            let mut stmt = c.prepare_cached("SELECT key, value FROM tool_state WHERE agent = ?1 AND tool_id = ?2")?;
-            let rows = stmt.query_map(params![agent, tool_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
-            rows.collect()
-        })
+        self.with(|c| read_state(c, agent, tool_id))
     }
 
     async fn steps(&self, run_id: Option<&str>) -> Result<Vec<StepRecord>, CommitError> {
@@ -806,6 +835,7 @@ mod tests {
             ticket: None,
             structured: false,
             approved_by: None,
+            state_read: None,
         }
     }
 

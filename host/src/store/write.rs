@@ -40,7 +40,30 @@ pub(crate) enum Written {
     Resolved(Result<i64, TicketError>),
     TakenOver(Vec<AwaitingRecord>),
     Delivered(Option<i64>),
+    /// The step's Tool state is no longer what the call read: nothing written.
+    StateChanged,
     Done,
+}
+
+impl Written {
+    /// A write that was refused and wrote nothing (its savepoint or
+    /// transaction is rolled back).
+    pub(crate) fn refused(&self) -> bool {
+        matches!(self, Written::Resolved(Err(_)) | Written::Delivered(None) | Written::StateChanged)
+    }
+}
+
+/// Whether the Tool state a step's call read is what `current` holds now;
+/// a step without Commands (or without a recorded read) always passes.
+pub(crate) fn state_unchanged(
+    step: &NewStep<'_>,
+    changes: &[StateChange],
+    current: impl FnOnce() -> std::collections::BTreeMap<String, String>,
+) -> bool {
+    match step.state_read {
+        Some(read) if !changes.is_empty() => *read == current(),
+        _ => true,
+    }
 }
 
 /// [`NewStep`], owned, to cross to the committer thread.
@@ -57,6 +80,7 @@ pub(crate) struct OwnedStep {
     pub(crate) ticket: Option<String>,
     pub(crate) structured: bool,
     pub(crate) approved_by: Option<ApprovedBy>,
+    pub(crate) state_read: Option<std::collections::BTreeMap<String, String>>,
 }
 
 impl OwnedStep {
@@ -74,6 +98,7 @@ impl OwnedStep {
             ticket: s.ticket.map(str::to_owned),
             structured: s.structured,
             approved_by: s.approved_by.cloned(),
+            state_read: s.state_read.cloned(),
         }
     }
     pub(crate) fn borrow(&self) -> NewStep<'_> {
@@ -90,6 +115,7 @@ impl OwnedStep {
             ticket: self.ticket.as_deref(),
             structured: self.structured,
             approved_by: self.approved_by.as_ref(),
+            state_read: self.state_read.as_ref(),
         }
     }
 }
@@ -169,6 +195,9 @@ pub(crate) trait Committer: Send + Sync {
         };
         let result = match self.write(write).await {
             Ok(Written::Seq(seq)) => Ok(seq),
+            Ok(Written::StateChanged) => {
+                Err(super::CommitError::StateChanged { agent: step.agent.to_owned(), tool: step.tool_id.to_owned() })
+            }
             Ok(_) => Err(self.unexpected("step")),
             Err(e) => Err(e),
         };
@@ -212,6 +241,9 @@ pub(crate) trait Committer: Send + Sync {
         };
         match self.write(write).await? {
             Written::Resolved(r) => Ok(r),
+            Written::StateChanged => {
+                Err(super::CommitError::StateChanged { agent: step.agent.to_owned(), tool: step.tool_id.to_owned() })
+            }
             _ => Err(self.unexpected("resolution")),
         }
     }

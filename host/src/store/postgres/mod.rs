@@ -304,7 +304,10 @@ async fn try_group(pool: &Pool, batch: &[Job]) -> R<Vec<R<Written>>> {
     // transaction (every statement sent at once, one round trip for the
     // lot). If any fails, the transaction is rolled back and the group is
     // written again below, a savepoint each, so the failing one fails alone.
-    if batch.iter().all(|j| matches!(j.write, Write::Step { .. })) {
+    // Steps whose Commands must find the state they read take the slow path (a check first).
+    if batch.iter().all(
+        |j| matches!(&j.write, Write::Step { step, changes, .. } if step.state_read.is_none() || changes.is_empty()),
+    ) {
         match steps_pipelined(pool, batch).await {
             Ok(seqs) => return Ok(seqs.into_iter().map(|seq| Ok(Written::Seq(seq))).collect()),
             Err(f) if f.retryable() => return Err(f),
@@ -318,7 +321,7 @@ async fn try_group(pool: &Pool, batch: &[Job]) -> R<Vec<R<Written>>> {
         let sp = tx.savepoint("w").await?;
         match apply(&sp, &job.write).await {
             // A refused resolution or delivery wrote nothing; roll its savepoint back.
-            Ok(w @ (Written::Resolved(Err(_)) | Written::Delivered(None))) => {
+            Ok(w) if w.refused() => {
                 sp.rollback().await?;
                 results.push(Ok(w));
             }
@@ -477,6 +480,9 @@ fn insert_awaiting_sql() -> String {
 async fn apply(c: &Tx<'_>, write: &Write) -> R<Written> {
     match write {
         Write::Step { step, changes, awaiting, run } => {
+            if !state_is_as_read(c, step, changes).await? {
+                return Ok(Written::StateChanged);
+            }
             if let Some(run) = run {
                 insert_run(c, &step.run_id, run).await?;
             }
@@ -486,6 +492,9 @@ async fn apply(c: &Tx<'_>, write: &Write) -> R<Written> {
         Write::Claim { ticket_id, now, holder } => claim(c, ticket_id, *now, holder).await.map(Written::Claim),
         Write::Heartbeat { holder, now } => heartbeat(c, holder, *now).await.map(|_| Written::Done),
         Write::Resolve { ticket_id, holder, step, changes, delivered } => {
+            if !state_is_as_read(c, step, changes).await? {
+                return Ok(Written::StateChanged);
+            }
             resolve(c, ticket_id, holder, step, changes, *delivered).await.map(Written::Resolved)
         }
         Write::TakeOver { holder, now, lease_secs } => {
@@ -493,6 +502,22 @@ async fn apply(c: &Tx<'_>, write: &Write) -> R<Written> {
         }
         Write::Deliver { ticket_id, step } => deliver(c, ticket_id, step).await.map(Written::Delivered),
     }
+}
+
+/// Whether `step`'s Tool state is still what its call read (see
+/// [`NewStep::state_read`]). Writers of one agent's Tool state take a lock
+/// on it (held to the end of the transaction) before they look, so two
+/// hosts cannot both find the old state and both write.
+async fn state_is_as_read(c: &Tx<'_>, step: &OwnedStep, changes: &[StateChange]) -> R<bool> {
+    if step.state_read.is_none() || changes.is_empty() {
+        return Ok(true);
+    }
+    let lock = c.prepare_cached("SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(1) || $2, 0))").await?;
+    c.execute(&lock, &[&step.agent, &step.tool_id]).await?;
+    let read = c.prepare_cached("SELECT key, value FROM tool_state WHERE agent = $1 AND tool_id = $2").await?;
+    let current: BTreeMap<String, String> =
+        c.query(&read, &[&step.agent, &step.tool_id]).await?.iter().map(|r| (r.get(0), r.get(1))).collect();
+    Ok(super::write::state_unchanged(&step.borrow(), changes, || current))
 }
 
 /// PostgreSQL text holds no NUL: store U+FFFD in its place.
