@@ -322,6 +322,10 @@ pub struct ServeConfig {
     pub authorization_servers: Vec<String>,
     /// Bearer tokens accepted over HTTP, each bound to one agent.
     pub auth: Vec<ServeAuth>,
+    /// The key that seals the `requestState` of 2026-07-28 asks, by reference
+    /// (at least 32 characters): replicas that share it (and a journal)
+    /// resume each other's asks. Without it each process makes its own.
+    pub state_key: Option<Source>,
 }
 
 impl Default for ServeConfig {
@@ -334,6 +338,7 @@ impl Default for ServeConfig {
             public_url: None,
             authorization_servers: Vec::new(),
             auth: Vec::new(),
+            state_key: None,
         }
     }
 }
@@ -518,6 +523,11 @@ impl Config {
                 *p = base.join(&*p);
             }
         }
+        if let Some(Source::File(p)) = &mut serve.state_key
+            && p.is_relative()
+        {
+            *p = base.join(&*p);
+        }
         let mut grants = raw.grants;
         for g in &mut grants {
             for d in &mut g.directories {
@@ -583,6 +593,9 @@ impl Config {
             if let Source::File(p) = &a.token {
                 protected.push((format!("the token file of serve.auth[{i}]"), p.clone(), false));
             }
+        }
+        if let Some(Source::File(p)) = &serve.state_key {
+            protected.push(("the key file of serve.state_key".into(), p.clone(), false));
         }
         for (i, g) in grants.iter().enumerate() {
             for (j, d) in g.directories.iter().enumerate() {

@@ -51,10 +51,10 @@ def run(coro):
 class HttpServer:
     """`toolgate serve --http 127.0.0.1:0`, its address read from stderr."""
 
-    def __init__(self, config=CONFIG):
+    def __init__(self, config=CONFIG, env=ENV):
         self.proc = subprocess.Popen(
             [BIN, "--config", config, "serve", "--http", "127.0.0.1:0"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV, text=True,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True,
         )
         self.stderr = []
         announced = threading.Event()
@@ -319,6 +319,50 @@ def test_a_forged_or_transplanted_request_state_is_refused():
             assert not journal("SELECT 1 FROM steps WHERE approved_via IS NOT NULL AND arguments LIKE '%other%'")
 
     run(body())
+
+
+def test_replicas_sharing_a_state_key_resume_each_others_asks():
+    """2026-07-28 over HTTP behind a load balancer: an ask answered on
+    replica A is resumed on replica B when both have `serve.state_key` (and
+    one journal); a replica with its own key refuses the state."""
+    replicas = os.path.join(os.path.dirname(CONFIG), "replicas.toml")
+    with open(CONFIG) as f:
+        conf = f.read()
+    with open(replicas, "w") as f:
+        f.write(conf.replace("[serve]\n", '[serve]\nstate_key = { env = "TOOLGATE_TEST_STATE_KEY" }\n', 1))
+    env = dict(ENV, TOOLGATE_TEST_STATE_KEY="replica-key-" + "k" * 40)
+    a, b, alone = HttpServer(replicas, env), HttpServer(replicas, env), HttpServer()
+
+    async def never(context, params):
+        raise AssertionError("driven by hand: the SDK must not answer")
+
+    def client(server):
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+        return Client(streamable_http_client(server.url, http_client=http), mode="auto", elicitation_callback=never)
+
+    async def body():
+        confirm = {"confirm": types.ElicitResult(action="accept", content={"confirm": True})}
+        async with client(a) as ca:
+            first = await ca.session.call_tool("notes", {"op": "add", "note": "replica"}, allow_input_required=True)
+            assert isinstance(first, types.InputRequiredResult), first
+        async with client(alone) as cz:
+            with pytest.raises(MCPError) as e:
+                await cz.session.call_tool("notes", {"op": "add", "note": "replica"}, input_responses=confirm,
+                                           request_state=first.request_state, allow_input_required=True)
+            assert "request state was refused" in str(e.value)
+        async with client(b) as cb:
+            done = await cb.session.call_tool("notes", {"op": "add", "note": "replica"}, input_responses=confirm,
+                                              request_state=first.request_state, allow_input_required=True)
+            assert isinstance(done, types.CallToolResult) and not done.is_error, done
+            assert "replica" in text(done)
+        assert journal("SELECT approved_via FROM steps WHERE arguments LIKE '%replica%' AND outcome = 'output'") \
+            == [("mcp-elicitation",)]
+
+    try:
+        run(body())
+    finally:
+        for s in (a, b, alone):
+            assert s.stop() == 0, "".join(s.stderr)
 
 
 def test_guest_output_never_enters_the_protocol_stream(conn):

@@ -29,6 +29,7 @@
 
 pub mod http;
 
+use sha2::{Digest as _, Sha256};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
@@ -140,13 +141,29 @@ impl McpServer {
     ) -> anyhow::Result<Self> {
         let agent = runtime.snapshot().agent().to_owned();
         let runtime = Arc::new(runtime);
-        let mut key = [0u8; 32];
-        // A per-process key: states sealed by another process (or before a
-        // restart) fail to open, and the retry asks again. Never a fixed key:
-        // a guessable one would let a client forge request states.
-        getrandom::fill(&mut key)
-            .map_err(|e| anyhow::anyhow!("no OS randomness for the request-state key (needed to seal asks): {e}"))?;
-        let codec = RequestStateCodec::try_new(key.to_vec())
+        let key: Vec<u8> = match &config.serve.state_key {
+            // Shared by replicas: each resumes the asks the others sealed.
+            Some(source) => {
+                let secret = toolgate::authority::credentials::read_source(source)
+                    .map_err(|e| anyhow::anyhow!("serve.state_key: {e}"))?;
+                if secret.len() < 32 {
+                    anyhow::bail!("serve.state_key: use a key of at least 32 characters (e.g. `openssl rand -hex 32`)");
+                }
+                // Domain-separated, so the same secret used elsewhere seals nothing here.
+                Sha256::digest([b"toolgate request-state v1\0".as_slice(), secret.as_bytes()].concat()).to_vec()
+            }
+            // A per-process key: states sealed by another process (or before a
+            // restart) fail to open, and the retry asks again. Never a fixed
+            // key: a guessable one would let a client forge request states.
+            None => {
+                let mut key = [0u8; 32];
+                getrandom::fill(&mut key).map_err(|e| {
+                    anyhow::anyhow!("no OS randomness for the request-state key (needed to seal asks): {e}")
+                })?;
+                key.to_vec()
+            }
+        };
+        let codec = RequestStateCodec::try_new(key)
             .map_err(|e| anyhow::anyhow!("cannot build the request-state codec: {e}"))?;
         Ok(McpServer {
             shared: Arc::new(Shared {
