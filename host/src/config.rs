@@ -261,6 +261,9 @@ pub struct PostgresStore {
     pub password: Option<Source>,
     /// Connections per host (`[postgres] pool_size`).
     pub pool_size: usize,
+    /// PEM certificates trusted for the server's TLS certificate, besides the
+    /// public web roots (`[postgres] ca_file`).
+    pub ca_file: Option<PathBuf>,
 }
 
 /// `[postgres]`: options of a PostgreSQL `store`.
@@ -270,6 +273,7 @@ struct PostgresOptions {
     password: Option<Source>,
     #[serde(default = "default_pool_size")]
     pool_size: usize,
+    ca_file: Option<PathBuf>,
 }
 
 fn default_pool_size() -> usize {
@@ -546,7 +550,8 @@ impl Config {
                             .into(),
                     ));
                 }
-                let options = raw.postgres.clone().unwrap_or(PostgresOptions { password: None, pool_size: 8 });
+                let options =
+                    raw.postgres.clone().unwrap_or(PostgresOptions { password: None, pool_size: 8, ca_file: None });
                 if !(1..=256).contains(&options.pool_size) {
                     return Err(field(
                         "postgres.pool_size",
@@ -557,7 +562,12 @@ impl Config {
                     Source::File(p) if p.is_relative() => Source::File(base.join(p)),
                     other => other,
                 });
-                StoreLocation::Postgres(PostgresStore { dsn: s, password, pool_size: options.pool_size })
+                StoreLocation::Postgres(PostgresStore {
+                    dsn: s,
+                    password,
+                    pool_size: options.pool_size,
+                    ca_file: options.ca_file.map(&abs),
+                })
             }
             s => StoreLocation::Sqlite(abs(s.map_or_else(|| ".toolgate/journal.db".into(), PathBuf::from))),
         };
@@ -849,10 +859,15 @@ mod tests {
                 dsn: "postgres://tg@db.example/toolgate".into(),
                 password: Some(Source::File("/etc/tg/pg.secret".into())),
                 pool_size: 4,
+                ca_file: None,
             })
         );
         let c = parse("store = \"host=/run/postgresql dbname=toolgate\"\n").unwrap();
         assert!(matches!(&c.store, StoreLocation::Postgres(p) if p.password.is_none() && p.pool_size == 8));
+        let c = parse("store = \"postgres://db/x\"\n[postgres]\nca_file = \"pg-ca.pem\"\n").unwrap();
+        assert!(
+            matches!(&c.store, StoreLocation::Postgres(p) if p.ca_file.as_deref() == Some(Path::new("/etc/tg/pg-ca.pem")))
+        );
         // A file name with `=` in it later in the path is still a file.
         assert!(matches!(parse("store = \"data/a=b.db\"\n").unwrap().store, StoreLocation::Sqlite(_)));
         let e = parse("[postgres]\npool_size = 2\n").unwrap_err().to_string();

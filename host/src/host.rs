@@ -63,7 +63,13 @@ pub async fn store(config: &Config) -> Result<Arc<dyn StepStore>, CommitError> {
                 None => None,
             };
             Ok(Arc::new(
-                crate::store::postgres::PostgresJournal::connect(&pg.dsn, password.as_deref(), pg.pool_size).await?,
+                crate::store::postgres::PostgresJournal::connect(
+                    &pg.dsn,
+                    password.as_deref(),
+                    pg.pool_size,
+                    pg.ca_file.as_deref(),
+                )
+                .await?,
             ))
         }
         #[cfg(not(feature = "postgres"))]

@@ -35,7 +35,7 @@ mod postgres {
         let opens: Vec<_> = (0..6)
             .map(|_| {
                 let l = locator.clone();
-                tokio::spawn(async move { PostgresJournal::connect(&l, None, 2).await })
+                tokio::spawn(async move { PostgresJournal::connect(&l, None, 2, None).await })
             })
             .collect();
         for o in opens {
@@ -58,7 +58,7 @@ mod postgres {
         let (client, conn) = tokio_postgres::connect(&locator, tokio_postgres::NoTls).await.unwrap();
         tokio::spawn(conn);
         client.execute("UPDATE toolgate_schema SET version = version + 1", &[]).await.unwrap();
-        match PostgresJournal::connect(&locator, None, 2).await {
+        match PostgresJournal::connect(&locator, None, 2, None).await {
             Err(CommitError::NewerSchema { found, known, .. }) => {
                 assert_eq!((found, known), (SCHEMA_VERSION + 1, SCHEMA_VERSION))
             }
@@ -67,12 +67,45 @@ mod postgres {
         }
     }
 
+    /// Over TCP the connection is TLS, the server's certificate verified:
+    /// with the CA the config names it connects encrypted; without it (a
+    /// certificate no trusted root signed) it fails — never plain text.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tls_is_verified_and_never_falls_back_to_plain_text() {
+        let (Ok(tls), Ok(ca)) = (std::env::var("TOOLGATE_TEST_PG_TLS"), std::env::var("TOOLGATE_TEST_PG_CA")) else {
+            eprintln!("skipped: set TOOLGATE_TEST_PG_TLS and TOOLGATE_TEST_PG_CA (scripts/test does)");
+            return;
+        };
+        let Some((locator, keep)) = Postgres::fresh_database().await else { return };
+        let db = locator.rsplit("dbname=").next().unwrap().to_owned();
+        let dsn = format!("{tls} dbname={db}");
+        match PostgresJournal::connect(&dsn, None, 1, None).await {
+            Err(e) => assert!(e.to_string().to_lowercase().contains("certificate"), "names the certificate: {e}"),
+            Ok(_) => panic!("a server certificate no trusted root signed must fail the connection"),
+        }
+        let ca = std::path::PathBuf::from(ca);
+        let j = PostgresJournal::connect(&dsn, None, 1, Some(&ca)).await.expect("with the CA it connects");
+        let (client, conn) = tokio_postgres::connect(&locator, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        let rows = client
+            .query(
+                "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
+                 WHERE a.application_name = 'toolgate' AND a.datname = $1",
+                &[&db],
+            )
+            .await
+            .unwrap();
+        assert!(!rows.is_empty() && rows.iter().all(|r| r.get::<_, bool>(0)), "the journal's connections are TLS");
+        drop(j);
+        drop(keep);
+    }
+
     /// A failed connection names the database, never the password.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn errors_never_show_the_password() {
         let dir = tempfile::tempdir().unwrap();
         let dsn = format!("host={} user=nobody dbname=absent connect_timeout=2", dir.path().display());
-        let e = match PostgresJournal::connect(&dsn, Some("pw-SECRET-4711"), 1).await {
+        let e = match PostgresJournal::connect(&dsn, Some("pw-SECRET-4711"), 1, None).await {
             Err(e) => e.to_string(),
             Ok(_) => panic!("nothing listens there"),
         };

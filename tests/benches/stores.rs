@@ -106,7 +106,7 @@ fn main() {
                 let mut journals = Vec::new();
                 let mut hosts = Vec::new();
                 for _ in 0..n {
-                    let j = Arc::new(PostgresJournal::connect(&locator, None, 8).await.unwrap());
+                    let j = Arc::new(PostgresJournal::connect(&locator, None, 8, None).await.unwrap());
                     hosts.push(Arc::new(host.runtime("default", j.clone())));
                     journals.push(j);
                 }

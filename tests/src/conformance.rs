@@ -713,11 +713,12 @@ impl Backend for Postgres {
     }
     async fn create(&self) -> Journal {
         let (locator, keep) = Self::fresh_database().await.expect("checked by available()");
-        let store = Arc::new(toolgate::store::postgres::PostgresJournal::connect(&locator, None, 4).await.unwrap());
+        let store =
+            Arc::new(toolgate::store::postgres::PostgresJournal::connect(&locator, None, 4, None).await.unwrap());
         Journal { store, locator: Some(locator), keep: Box::new(keep) }
     }
     async fn open(&self, locator: &str) -> Arc<dyn StepStore> {
-        Arc::new(toolgate::store::postgres::PostgresJournal::connect(locator, None, 4).await.unwrap())
+        Arc::new(toolgate::store::postgres::PostgresJournal::connect(locator, None, 4, None).await.unwrap())
     }
     async fn previous_version(&self) -> Option<Legacy> {
         let (locator, keep) = Self::fresh_database().await.expect("checked by available()");

@@ -184,7 +184,7 @@ async fn three_hosts_share_one_journal_and_run_each_approval_once() {
         }
     }
 
-    let journal = PostgresJournal::connect(&locator, None, 2).await.unwrap();
+    let journal = PostgresJournal::connect(&locator, None, 2, None).await.unwrap();
 
     // 2. A ticket raised on A, approved at the same moment on B and C: one runs.
     for round in 0..4 {

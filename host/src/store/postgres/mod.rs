@@ -28,8 +28,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{NoTls, Row};
 
 use super::write::{Committer, OwnedStep, PendingRun, PendingRuns, Write, Written};
 use super::{
@@ -160,7 +160,19 @@ impl PostgresJournal {
     /// Connect to the journal at `dsn` (a `postgres://` URL or a libpq
     /// `key=value` string) with `password` (given by reference, never in the
     /// DSN), `pool_size` connections, creating or migrating its schema.
-    pub async fn connect(dsn: &str, password: Option<&str>, pool_size: usize) -> Result<Self, CommitError> {
+    ///
+    /// TCP connections use TLS whenever the server offers it (`sslmode`
+    /// `prefer`, the default) or must (`require`), through rustls, verifying
+    /// the server's certificate and name against the public web roots and
+    /// the PEM certificates in `ca_file`; a certificate that does not verify
+    /// fails the connection (no fallback to plain text). `sslmode=disable`
+    /// turns TLS off. Unix sockets never use TLS.
+    pub async fn connect(
+        dsn: &str,
+        password: Option<&str>,
+        pool_size: usize,
+        ca_file: Option<&std::path::Path>,
+    ) -> Result<Self, CommitError> {
         let mut config = tokio_postgres::Config::from_str(dsn).map_err(|e| CommitError::Postgres {
             store: "postgres (unparsed)".into(),
             message: format!("`store` is not a PostgreSQL connection string: {e}"),
@@ -172,7 +184,8 @@ impl PostgresJournal {
         if config.get_application_name().is_none() {
             config.application_name("toolgate");
         }
-        let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let tls = tls(ca_file).map_err(|message| CommitError::Postgres { store: shown.clone(), message })?;
+        let manager = Manager::from_config(config, tls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(manager).max_size(pool_size.max(1)).build().map_err(|e| CommitError::Postgres {
             store: shown.clone(),
             message: format!("cannot build the connection pool: {e}"),
@@ -211,6 +224,32 @@ impl PostgresJournal {
         };
         run.await.map_err(|f| self.err(f))
     }
+}
+
+/// The TLS connector: rustls (ring) trusting the public web roots and the
+/// certificates in `ca_file`.
+fn tls(ca_file: Option<&std::path::Path>) -> Result<tokio_postgres_rustls::MakeRustlsConnect, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
+    if let Some(path) = ca_file {
+        let certs = CertificateDer::pem_file_iter(path)
+            .map_err(|e| format!("postgres.ca_file {}: {e}", path.display()))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("postgres.ca_file {}: {e}", path.display()))?;
+        if certs.is_empty() {
+            return Err(format!("postgres.ca_file {}: no PEM certificate in it", path.display()));
+        }
+        for c in certs {
+            roots.add(c).map_err(|e| format!("postgres.ca_file {}: {e}", path.display()))?;
+        }
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
 }
 
 /// Bring the database to [`SCHEMA_VERSION`], in one transaction, holding
