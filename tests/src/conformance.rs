@@ -71,6 +71,23 @@ pub fn legacy_fixture() -> &'static str {
     "run-old: c-old-1 output, c-old-2 awaiting t-old (pending, expires far ahead); state main/notes.add k=\"v\""
 }
 
+/// The rows of [`legacy_fixture`], as SQL both backends' previous schemas take.
+fn legacy_rows() -> String {
+    format!(
+        "INSERT INTO runs (run_id, agent, narrowing, started_at) VALUES ('run-old', 'main', 'configured', 1);
+         INSERT INTO steps (run_id, call_id, tool_id, arguments, verdict, outcome, result, captured, ticket_id, committed_at)
+           VALUES ('run-old', 'c-old-1', 'notes.add', '{{}}', 'allow', 'output', 'ok', '{{}}', NULL, 1),
+                  ('run-old', 'c-old-2', 'notes.add', '{{}}', 'ask', 'awaiting', 'awaiting', '{{}}', 't-old', 2);
+         INSERT INTO awaiting (ticket_id, run_id, agent, call_id, tool_id, arguments, argument_digest,
+                               component_digest, expires_at, state)
+           VALUES ('t-old', 'run-old', 'main', 'c-old-2', 'notes.add', '{{}}', '{}', '{}', {}, 'pending');
+         INSERT INTO tool_state (agent, tool_id, key, value) VALUES ('main', 'notes.add', 'k', '\"v\"');",
+        "d".repeat(64),
+        Digest::of(b"component").hex(),
+        i64::MAX
+    )
+}
+
 fn step<'a>(call_id: &'a str, outcome: OutcomeKind) -> NewStep<'a> {
     NewStep {
         run_id: "run-1",
@@ -599,20 +616,7 @@ impl Backend for SqliteFile {
         let c = rusqlite::Connection::open(&path).unwrap();
         c.execute_batch(&toolgate::store::sqlite::schema_at(version)).unwrap();
         c.pragma_update(None, "user_version", version).unwrap();
-        c.execute_batch(&format!(
-            "INSERT INTO runs (run_id, agent, narrowing, started_at) VALUES ('run-old', 'main', 'configured', 1);
-             INSERT INTO steps (run_id, call_id, tool_id, arguments, verdict, outcome, result, captured, ticket_id, committed_at)
-               VALUES ('run-old', 'c-old-1', 'notes.add', '{{}}', 'allow', 'output', 'ok', '{{}}', NULL, 1),
-                      ('run-old', 'c-old-2', 'notes.add', '{{}}', 'ask', 'awaiting', 'awaiting', '{{}}', 't-old', 2);
-             INSERT INTO awaiting (ticket_id, run_id, agent, call_id, tool_id, arguments, argument_digest,
-                                   component_digest, expires_at, state)
-               VALUES ('t-old', 'run-old', 'main', 'c-old-2', 'notes.add', '{{}}', '{}', '{}', {}, 'pending');
-             INSERT INTO tool_state (agent, tool_id, key, value) VALUES ('main', 'notes.add', 'k', '\"v\"');",
-            "d".repeat(64),
-            Digest::of(b"component").hex(),
-            i64::MAX
-        ))
-        .unwrap();
+        c.execute_batch(&legacy_rows()).unwrap();
         drop(c);
         Some(Legacy { locator: path.display().to_string(), keep: Box::new(dir) })
     }
@@ -730,17 +734,8 @@ impl Backend for Postgres {
             .batch_execute(&format!(
                 "CREATE TABLE toolgate_schema (version BIGINT NOT NULL);
                  INSERT INTO toolgate_schema (version) VALUES ({version});
-                 INSERT INTO runs (run_id, agent, narrowing, started_at) VALUES ('run-old', 'main', 'configured', 1);
-                 INSERT INTO steps (run_id, call_id, tool_id, arguments, verdict, outcome, result, captured, ticket_id, committed_at)
-                   VALUES ('run-old', 'c-old-1', 'notes.add', '{{}}', 'allow', 'output', 'ok', '{{}}', NULL, 1),
-                          ('run-old', 'c-old-2', 'notes.add', '{{}}', 'ask', 'awaiting', 'awaiting', '{{}}', 't-old', 2);
-                 INSERT INTO awaiting (ticket_id, run_id, agent, call_id, tool_id, arguments, argument_digest,
-                                       component_digest, expires_at, state)
-                   VALUES ('t-old', 'run-old', 'main', 'c-old-2', 'notes.add', '{{}}', '{}', '{}', {}, 'pending');
-                 INSERT INTO tool_state (agent, tool_id, key, value) VALUES ('main', 'notes.add', 'k', '\"v\"');",
-                "d".repeat(64),
-                Digest::of(b"component").hex(),
-                i64::MAX
+                 {}",
+                legacy_rows()
             ))
             .await
             .unwrap();

@@ -437,3 +437,21 @@ pub fn assert_no_call_or_ticket_committed_twice(
     assert!(resolutions.values().all(|&n| n == 1), "a ticket resolved twice: {resolutions:?}");
     resolutions
 }
+
+/// Run `cmd`, SIGKILL it after `kill_after` unless it finished; `None` if
+/// killed. Crash tests kill hosts at chosen points.
+pub fn run_or_kill(mut cmd: std::process::Command, kill_after: std::time::Duration) -> Option<std::process::Output> {
+    let mut child = cmd.spawn().unwrap();
+    let start = std::time::Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return Some(child.wait_with_output().unwrap());
+        }
+        if start.elapsed() >= kill_after {
+            child.kill().unwrap(); // SIGKILL on Unix
+            child.wait().unwrap(); // reaped: its pid is gone
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(500));
+    }
+}

@@ -61,23 +61,6 @@ fn host(dir: &Path, args: &[&str]) -> Command {
     c
 }
 
-/// Run `cmd`, SIGKILL it after `kill_after` unless it finished; `None` if killed.
-fn run_or_kill(mut cmd: Command, kill_after: Duration) -> Option<Output> {
-    let mut child = cmd.spawn().unwrap();
-    let start = Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return Some(child.wait_with_output().unwrap());
-        }
-        if start.elapsed() >= kill_after {
-            child.kill().unwrap(); // SIGKILL on Unix
-            child.wait().unwrap(); // reaped: its pid is gone
-            return None;
-        }
-        std::thread::sleep(Duration::from_micros(500));
-    }
-}
-
 /// The ticket of pending request `request`, as an approver reads it.
 async fn ticket_of(dir: &Path, request: &str) -> String {
     let config = Config::load(&dir.join("toolgate.toml")).unwrap();
@@ -137,7 +120,7 @@ async fn killing_the_host_at_random_points_loses_and_repeats_nothing() {
         let approve = !pending.is_empty() && rng.below(3) == 0;
         if approve {
             let ticket = pending[rng.below(pending.len() as u64) as usize].clone();
-            match run_or_kill(host(d, &["approve", &ticket, "--key", "approver.key"]), kill_after) {
+            match toolgate_tests::run_or_kill(host(d, &["approve", &ticket, "--key", "approver.key"]), kill_after) {
                 None => killed += 1,
                 Some(o) => {
                     let code = o.status.code();
@@ -153,7 +136,7 @@ async fn killing_the_host_at_random_points_loses_and_repeats_nothing() {
         } else {
             let note = if rng.below(3) == 0 { format!("ask-{i}") } else { format!("n{i}") };
             let args = json!({"op": "add", "note": note}).to_string();
-            match run_or_kill(host(d, &["call", "notes", "--args", &args]), kill_after) {
+            match toolgate_tests::run_or_kill(host(d, &["call", "notes", "--args", &args]), kill_after) {
                 None => killed += 1,
                 Some(o) => {
                     let v = json_out(&o);
@@ -177,7 +160,11 @@ async fn killing_the_host_at_random_points_loses_and_repeats_nothing() {
     let o = host(d, &["call", "hostile.loop"]).output().unwrap();
     let looping = ticket_of(d, json_out(&o)["request"].as_str().unwrap()).await;
     assert!(
-        run_or_kill(host(d, &["approve", &looping, "--key", "approver.key"]), Duration::from_millis(700)).is_none()
+        toolgate_tests::run_or_kill(
+            host(d, &["approve", &looping, "--key", "approver.key"]),
+            Duration::from_millis(700)
+        )
+        .is_none()
     );
     // Restart after the lease: a new process settles claims of the dead ones,
     // then every ticket is accounted for.

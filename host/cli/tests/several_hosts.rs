@@ -16,7 +16,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use toolgate::store::postgres::PostgresJournal;
@@ -93,23 +93,6 @@ fn hosts(root: &Path, locator: &str) -> Vec<PathBuf> {
             d
         })
         .collect()
-}
-
-/// Run `cmd`, SIGKILL it after `kill_after` unless it finished; `None` if killed.
-fn run_or_kill(mut cmd: Command, kill_after: Duration) -> Option<Output> {
-    let mut child = cmd.spawn().unwrap();
-    let start = Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return Some(child.wait_with_output().unwrap());
-        }
-        if start.elapsed() >= kill_after {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
 }
 
 /// The JSON a call printed, whatever its exit code (an ask exits 12).
@@ -214,7 +197,11 @@ async fn three_hosts_share_one_journal_and_run_each_approval_once() {
     let v = json_out(&host(&h[0], &["call", "hostile.loop"]).output().unwrap());
     let looping = ticket_of(&journal, v["request"].as_str().unwrap()).await;
     assert!(
-        run_or_kill(host(&h[1], &["approve", &looping, "--key", "approver.key"]), Duration::from_millis(900)).is_none(),
+        toolgate_tests::run_or_kill(
+            host(&h[1], &["approve", &looping, "--key", "approver.key"]),
+            Duration::from_millis(900)
+        )
+        .is_none(),
         "the approving host was killed mid-call"
     );
     assert_eq!(journal.awaiting(&looping).await.unwrap().map(|a| a.state).as_deref(), Some("claimed"));
