@@ -7,6 +7,7 @@
 //! - [`mcp_import`]: list a remote MCP server's tools once and pin them into
 //!   an adapter component whose calls leave through the host's boundary.
 //! - [`generate`]: build the SDK source the two above write.
+//! - [`scaffold`]: `toolgate new` and `toolgate build` for a Tool project.
 //!
 //! Architecture invariant: nothing here is used by a host loading a plugin
 //! directory; a host reads the metadata section and never runs `describe`,
@@ -17,4 +18,5 @@
 pub mod generate;
 pub mod mcp_import;
 pub mod pack;
+pub mod scaffold;
 pub mod skill;

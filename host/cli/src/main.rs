@@ -46,6 +46,21 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Start a Tool project NAME: one working Tool with a test, the SDK
+    /// dependency, and a toolgate.toml for local development.
+    New {
+        /// The project and Tool id prefix (lowercase letters, digits, `_`).
+        name: String,
+        /// The Tool's language.
+        #[arg(long, default_value = "rust")]
+        lang: String,
+        /// The toolgate SDK (`guest-sdk` of a toolgate checkout); default:
+        /// TOOLGATE_SDK, else the checkout this binary was built from.
+        #[arg(long)]
+        sdk: Option<PathBuf>,
+    },
+    /// Build the project in this directory for wasm32-wasip2 and pack it into its plugin directory.
+    Build,
     /// Embed a built component's descriptors in its metadata section.
     Pack {
         /// The component built by `cargo build --target wasm32-wasip2`.
@@ -263,6 +278,36 @@ fn report_refused(catalog: &Catalog) {
 async fn dispatch(cli: Cli) -> Result<u8> {
     match &cli.command {
         Command::Pack { input, output } => pack(input, output).await,
+        Command::New { name, lang, sdk } => {
+            if lang != "rust" {
+                anyhow::bail!("--lang {lang}: only `rust` is available in this build");
+            }
+            let sdk = sdk.clone().unwrap_or_else(|| toolgate_author::generate::BuildEnv::default().sdk);
+            let sdk = std::fs::canonicalize(&sdk).with_context(|| {
+                format!("the toolgate SDK is not at {}; pass --sdk PATH/TO/guest-sdk", sdk.display())
+            })?;
+            let root = toolgate_author::scaffold::new_rust(Path::new("."), name, &sdk)?;
+            eprintln!("created {} (SDK {})", root.display(), sdk.display());
+            eprintln!(
+                "next: cd {name} && toolgate build && toolgate call {name}.hello --args '{{\"name\":\"world\"}}'"
+            );
+            Ok(exit::OUTPUT)
+        }
+        Command::Build => {
+            eprintln!("building for wasm32-wasip2 (the first build compiles the SDK: a minute or so)");
+            let (name, bytes) = toolgate_author::scaffold::build(Path::new("."))?;
+            let config = Config::load(&cli.config)?;
+            std::fs::create_dir_all(&config.plugins)
+                .with_context(|| format!("cannot create {}", config.plugins.display()))?;
+            let output = config.plugins.join(format!("{name}.wasm"));
+            let (packed, tools) = toolgate_author::pack::pack(&bytes).await.with_context(|| name.clone())?;
+            std::fs::write(&output, &packed).with_context(|| format!("cannot write {}", output.display()))?;
+            eprintln!("packed {} tool(s) into {} ({})", tools.len(), output.display(), toolgate::Digest::of(&packed));
+            for t in tools {
+                println!("{}", t.id());
+            }
+            Ok(exit::OUTPUT)
+        }
         Command::Inspect { file } => inspect(file, cli.json),
         Command::List { all } => {
             // Listing reads metadata only: no engine, no journal.

@@ -395,3 +395,50 @@ fn call_wait_blocks_until_the_approver_decides_then_prints_the_result() {
     assert_no_ticket("call --wait", &out.stdout, &ticket);
     assert_no_ticket("call --wait", &out.stderr, &ticket);
 }
+
+/// From nothing to a gated call in three commands: `new` scaffolds a project
+/// (never over an existing one, only with a usable name), `build` compiles
+/// and packs it into the project's plugin directory, `call` runs it.
+#[test]
+fn new_build_and_call_take_a_tool_from_nothing_to_a_gated_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for bad in ["Hello", "1st", "a-b", "x/../y"] {
+        let out = tg(d, &["new", bad]);
+        assert_eq!(out.status.code(), Some(1), "{bad}");
+        assert!(text(&out.stderr).contains("not a usable name"), "{bad}: {}", text(&out.stderr));
+    }
+    let out = tg(d, &["new", "hello", "--lang", "cobol"]);
+    assert!(!out.status.success() && text(&out.stderr).contains("--lang cobol"), "{}", text(&out.stderr));
+    let out = tg(d, &["new", "hello"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let project = d.join("hello");
+    for f in ["Cargo.toml", "Cargo.lock", "src/lib.rs", "toolgate.toml"] {
+        assert!(project.join(f).is_file(), "{f}");
+    }
+    let out = tg(d, &["new", "hello"]);
+    assert!(!out.status.success() && text(&out.stderr).contains("already exists"), "never overwrites");
+
+    // One shared target directory, so later runs of this test build fast.
+    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/scaffold");
+    let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .current_dir(&project)
+        .arg("build")
+        .env("CARGO_TARGET_DIR", &target)
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "hello.hello");
+    assert!(project.join("plugins/hello.wasm").is_file());
+    let out = tg(&project, &["call", "hello.hello", "--args", r#"{"name":"toolgate"}"#]);
+    assert_eq!(
+        (out.status.code(), text(&out.stdout).trim()),
+        (Some(0), "\"Hello, toolgate!\""),
+        "{}",
+        text(&out.stderr)
+    );
+    // The gate still decides: an argument the schema refuses is a Tool error before anything runs.
+    assert_eq!(tg(&project, &["call", "hello.hello", "--args", r#"{"nom":"x"}"#]).status.code(), Some(10));
+}
