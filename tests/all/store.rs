@@ -100,6 +100,26 @@ mod postgres {
         drop(keep);
     }
 
+    /// A password inside the connection string is refused in every spelling
+    /// the driver parses, and the refusal does not repeat it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_password_in_the_connection_string_is_refused_in_every_spelling() {
+        for dsn in [
+            "postgres://tg:pw-IN-DSN-77@127.0.0.1:1/db",
+            "postgresql://tg@127.0.0.1:1/db?password=pw-IN-DSN-77",
+            "postgres://tg:pw%2DIN%2DDSN%2D77@127.0.0.1:1/db",
+            "host=127.0.0.1 port=1 user=tg password=pw-IN-DSN-77 dbname=db",
+            "host=127.0.0.1 port=1 user=tg password='pw-IN-DSN-77' dbname=db",
+        ] {
+            let e = match PostgresJournal::connect(dsn, None, 1, None).await {
+                Err(e) => e.to_string(),
+                Ok(_) => panic!("{dsn}: nothing listens there, and it must be refused before that"),
+            };
+            assert!(e.contains("carries a password"), "{dsn}: {e}");
+            assert!(!e.contains("pw-IN-DSN-77") && !e.contains("DSN%2D77"), "{dsn}: {e}");
+        }
+    }
+
     /// A failed connection names the database, never the password.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn errors_never_show_the_password() {

@@ -178,6 +178,17 @@ impl PostgresJournal {
             message: format!("`store` is not a PostgreSQL connection string: {e}"),
         })?;
         let shown = describe(&config);
+        // Whatever spelling carried it (userinfo, query, key=value, escapes):
+        // the parser found a password in the DSN, which belongs in logs and
+        // config files no more than in the journal.
+        if config.get_password().is_some() {
+            return Err(CommitError::Postgres {
+                store: shown,
+                message: "the connection string carries a password; give it by reference instead \
+                          (`[postgres] password = { env = \"VAR\" }` or `{ file = \"path\" }`)"
+                    .into(),
+            });
+        }
         if let Some(p) = password {
             config.password(p);
         }
