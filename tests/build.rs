@@ -1,5 +1,7 @@
 //! Builds the guest components the end-to-end tests use (example Tools and
-//! hostile fixtures) for `wasm32-wasip2`, and writes their paths as constants.
+//! hostile fixtures) for `wasm32-wasip2`, the Python example Tools with
+//! componentize-py (from the project's `.venv`, which `scripts/setup` makes),
+//! and writes their paths as constants.
 //!
 //! A nested cargo with its own target directory (under the workspace target)
 //! avoids waiting on the outer build's lock. The wasm target is installed by
@@ -17,6 +19,10 @@ const GUESTS: &[(&str, &str)] = &[
     ("toolgate-example-mcp-calc", "MCP_CALC"),
     ("toolgate-fixture-hostile", "HOSTILE"),
 ];
+
+/// (example directory under `example-tools/`, constant name): Python Tools.
+const PYTHON_GUESTS: &[(&str, &str)] =
+    &[("python-text", "PY_TEXT"), ("python-notes", "PY_NOTES"), ("python-files", "PY_FILES"), ("python-tracker", "PY_TRACKER")];
 
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
@@ -53,6 +59,97 @@ fn main() {
             file.display().to_string()
         ));
     }
+    code.push_str(&python_guests(&root, &target_root.join("guests/python")));
     let dest = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("guests.rs");
     std::fs::write(dest, code).expect("write guests.rs");
+}
+
+/// Build every Python example with componentize-py (all at once; each is
+/// skipped when its inputs are unchanged) and return their constants.
+fn python_guests(root: &std::path::Path, out: &std::path::Path) -> String {
+    println!("cargo:rerun-if-env-changed=TOOLGATE_COMPONENTIZE_PY");
+    let componentize = std::env::var_os("TOOLGATE_COMPONENTIZE_PY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join(".venv/bin/componentize-py"));
+    assert!(
+        componentize.is_file(),
+        "{} is missing: run scripts/setup (it creates .venv from tests/requirements.txt with the pinned componentize-py)",
+        componentize.display()
+    );
+    println!("cargo:rerun-if-changed={}", componentize.display());
+    std::fs::create_dir_all(out).expect("create the Python guests directory");
+    let sdk = root.join("guest-sdk/python");
+    let wit = sdk.join("toolgate_sdk/wit");
+    let mut running = Vec::new();
+    for (dir, name) in PYTHON_GUESTS {
+        let project = root.join("example-tools").join(dir);
+        let file = out.join(format!("{dir}.wasm"));
+        let stamp = out.join(format!("{dir}.inputs"));
+        let inputs = fingerprint(&[&project, &sdk.join("toolgate_sdk"), &componentize]);
+        if file.is_file() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(inputs.as_str()) {
+            running.push((dir, name, file, None, stamp, inputs));
+            continue;
+        }
+        let work = out.join(dir);
+        std::fs::create_dir_all(&work).expect("create the entry directory");
+        // The entry module `toolgate build` would generate for this project.
+        std::fs::write(
+            work.join("toolgate_main.py"),
+            "import app  # noqa: F401\nfrom toolgate_sdk.component import Tool  # noqa: F401\n",
+        )
+        .expect("write the entry module");
+        let child = Command::new(&componentize)
+            .env("RUST_BACKTRACE", "0")
+            .env("RUST_LIB_BACKTRACE", "0")
+            .arg("-q")
+            .arg("-d")
+            .arg(&wit)
+            .args(["-w", "toolgate:python/plugin", "componentize", "-p"])
+            .arg(&project)
+            .arg("-p")
+            .arg(&sdk)
+            .arg("-p")
+            .arg(&work)
+            .args(["toolgate_main", "-o"])
+            .arg(&file)
+            .spawn()
+            .expect("run componentize-py");
+        running.push((dir, name, file, Some(child), stamp, inputs));
+    }
+    let mut code = String::new();
+    for (dir, name, file, child, stamp, inputs) in running {
+        if let Some(mut child) = child {
+            let status = child.wait().expect("wait for componentize-py");
+            assert!(status.success(), "componentize-py failed for example-tools/{dir} (see above)");
+            std::fs::write(&stamp, &inputs).expect("write the inputs stamp");
+        }
+        code.push_str(&format!(
+            "/// `example-tools/{dir}` (Python), built but not packed.\npub const {name}: &str = {:?};\n",
+            file.display().to_string()
+        ));
+    }
+    code
+}
+
+/// Size and modification time of every file under `paths`: enough to notice
+/// an edit (the build script re-runs only when these trees change anyway).
+fn fingerprint(paths: &[&std::path::Path]) -> String {
+    fn walk(p: &std::path::Path, out: &mut Vec<String>) {
+        let Ok(meta) = std::fs::metadata(p) else { return };
+        if meta.is_dir() {
+            let mut entries: Vec<_> = std::fs::read_dir(p).into_iter().flatten().flatten().map(|e| e.path()).collect();
+            entries.sort();
+            for e in entries.iter().filter(|e| !e.ends_with("__pycache__")) {
+                walk(e, out);
+            }
+        } else {
+            let mtime = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+            out.push(format!("{} {} {:?}", p.display(), meta.len(), mtime));
+        }
+    }
+    let mut out = Vec::new();
+    for p in paths {
+        walk(p, &mut out);
+    }
+    out.join("\n")
 }

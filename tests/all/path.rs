@@ -6,11 +6,11 @@ use toolgate::store::OutcomeKind;
 use toolgate::{CallError, StepResult, ToolCapabilityNarrowing};
 use toolgate_tests::{TestHost, guests, packed};
 
-use super::{call, steps, text_and_notes};
+use super::{call, steps, text_and_notes, text_and_notes_in};
 
-#[tokio::test]
-async fn visible_but_denied_is_blocked_committed_and_never_instantiated() {
-    let host = text_and_notes("");
+each_lang! {
+async fn visible_but_denied_is_blocked_committed_and_never_instantiated(lang: Lang) {
+    let host = text_and_notes_in(lang, "");
     assert!(host.runtime.list().iter().any(|d| d.id == "text.repeat"), "the model may see a tool it may not run");
     let r = call(&host, "text.repeat", json!({"text": "a", "times": 2})).await;
     let StepResult::Blocked { reason, .. } = &r else { panic!("expected blocked, got {r:?}") };
@@ -20,13 +20,15 @@ async fn visible_but_denied_is_blocked_committed_and_never_instantiated() {
     let s = steps(&host).await;
     assert_eq!((s.len(), s[0].outcome, s[0].verdict.as_str()), (1, OutcomeKind::Blocked, "deny"));
 }
+}
 
-#[tokio::test]
-async fn installed_but_invisible_is_absent_and_refused_like_an_unknown_tool() {
+each_lang! {
+async fn installed_but_invisible_is_absent_and_refused_like_an_unknown_tool(lang: Lang) {
     // notes is installed but this agent only sees text.*.
-    let host = TestHost::new(
+    let host = TestHost::new_in(
+        lang,
         "[agents.default]\nvisible = [\"text.*\"]\ndefault = \"allow\"\n",
-        &[("text.wasm", packed(guests::TEXT)), ("notes.wasm", packed(guests::NOTES))],
+        &[("text.wasm", lang.text()), ("notes.wasm", lang.notes())],
     );
     assert!(host.runtime.list().iter().all(|d| d.id != "notes"));
     let run = host.runtime.start_run(None, ToolCapabilityNarrowing::Configured).await.unwrap();
@@ -41,10 +43,11 @@ async fn installed_but_invisible_is_absent_and_refused_like_an_unknown_tool() {
     assert_eq!(host.instantiations(), 0);
     assert!(steps(&host).await.is_empty(), "an unknown tool is a protocol error, not a step");
 }
+}
 
-#[tokio::test]
-async fn invalid_arguments_are_a_tool_error_before_the_gate_and_nothing_runs() {
-    let host = text_and_notes("");
+each_lang! {
+async fn invalid_arguments_are_a_tool_error_before_the_gate_and_nothing_runs(lang: Lang) {
+    let host = text_and_notes_in(lang, "");
     for args in [json!({"txt": "x"}), json!({"text": 5}), json!([1]), json!({"text": "a", "extra": 1})] {
         let r = call(&host, "text.upper", args.clone()).await;
         let StepResult::ToolError { message, .. } = &r else { panic!("{args}: expected tool error, got {r:?}") };
@@ -58,6 +61,7 @@ async fn invalid_arguments_are_a_tool_error_before_the_gate_and_nothing_runs() {
     );
     assert_eq!(host.instantiations(), 0);
     assert!(steps(&host).await.iter().all(|s| s.outcome == OutcomeKind::ToolError && s.verdict == "none"));
+}
 }
 
 #[tokio::test]

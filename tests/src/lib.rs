@@ -42,6 +42,56 @@ pub fn packed(path: &str) -> Vec<u8> {
     packed
 }
 
+/// The language of the example Tools a test runs: the end-to-end proofs about
+/// Tools run over each SDK's examples (the same Tool ids and behaviour), so a
+/// Python Tool is proven on the same path as a Rust one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lang {
+    /// `example-tools/{text,notes,files,tracker}`, built with cargo.
+    Rust,
+    /// `example-tools/python-{text,notes,files,tracker}`, built with componentize-py.
+    Python,
+}
+
+impl Lang {
+    /// `text.upper`, `text.count`, `text.repeat`, packed.
+    pub fn text(self) -> Vec<u8> {
+        packed(if self == Lang::Rust { guests::TEXT } else { guests::PY_TEXT })
+    }
+    /// `notes` (Tool state), packed.
+    pub fn notes(self) -> Vec<u8> {
+        packed(if self == Lang::Rust { guests::NOTES } else { guests::PY_NOTES })
+    }
+    /// `files.read`, `files.search` (a `/data` grant), packed.
+    pub fn files(self) -> Vec<u8> {
+        packed(if self == Lang::Rust { guests::FILES } else { guests::PY_FILES })
+    }
+    /// `tracker.issues` (HTTP with the `tracker` credential), packed.
+    pub fn tracker(self) -> Vec<u8> {
+        packed(if self == Lang::Rust { guests::TRACKER } else { guests::PY_TRACKER })
+    }
+    /// The config preamble of a test host for this language. Python
+    /// components (~18 MB, seconds of Cranelift each) share one compiled-code
+    /// cache across tests; Rust hosts keep a cache of their own, so tests can
+    /// count compilations.
+    pub fn preamble(self) -> String {
+        match self {
+            Lang::Rust => PREAMBLE.to_owned(),
+            Lang::Python => {
+                let cache = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-cache");
+                format!("plugins = \"plugins\"\nstore = \"journal.db\"\ncache = {:?}\n", cache.display().to_string())
+            }
+        }
+    }
+    /// The compiled-code cache of a host of this language in `dir`.
+    pub fn cache_dir(self, dir: &Path) -> PathBuf {
+        match self {
+            Lang::Rust => dir.join("cache"),
+            Lang::Python => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-cache"),
+        }
+    }
+}
+
 /// A host over a temporary directory: `plugins/`, `journal.db`, `cache/`.
 pub struct TestHost {
     /// The temporary directory (removed on drop).
@@ -58,12 +108,17 @@ pub const PREAMBLE: &str = "plugins = \"plugins\"\nstore = \"journal.db\"\ncache
 impl TestHost {
     /// A host with `config` (TOML, appended to [`PREAMBLE`]) and `plugins` (file name, bytes).
     pub fn new(config: &str, plugins: &[(&str, Vec<u8>)]) -> TestHost {
+        Self::new_in(Lang::Rust, config, plugins)
+    }
+
+    /// A host for Tools in `lang` (its [`Lang::preamble`]) with `config` and `plugins`.
+    pub fn new_in(lang: Lang, config: &str, plugins: &[(&str, Vec<u8>)]) -> TestHost {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("plugins")).unwrap();
         for (name, bytes) in plugins {
             std::fs::write(dir.path().join("plugins").join(name), bytes).unwrap();
         }
-        std::fs::write(dir.path().join("toolgate.toml"), format!("{PREAMBLE}{config}")).unwrap();
+        std::fs::write(dir.path().join("toolgate.toml"), format!("{}{config}", lang.preamble())).unwrap();
         Self::open(dir, "default")
     }
 

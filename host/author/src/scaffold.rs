@@ -1,10 +1,11 @@
 //! Scaffold: `toolgate new` and `toolgate build`, from nothing to a gated call.
 //!
-//! `new` writes a Tool project (one working Tool with a test, the SDK
-//! dependency resolved, a `toolgate.toml` for local development: the plugin
-//! directory, the Tool visible and allowed, an in-memory journal); `build`
-//! compiles it for `wasm32-wasip2` and packs it into the project's plugin
-//! directory, where `toolgate call` finds it.
+//! `new` writes a Tool project in Rust or Python (one working Tool with a
+//! test, the SDK dependency resolved, a `toolgate.toml` for local development:
+//! the plugin directory, the Tool visible and allowed, an in-memory journal);
+//! `build` compiles it into a component (cargo for `wasm32-wasip2`, or
+//! componentize-py in the project's own virtual environment) and the caller
+//! packs it into the project's plugin directory, where `toolgate call` finds it.
 //!
 //! Architecture invariant: author-side only; never overwrites a file.
 
@@ -39,14 +40,53 @@ pub enum ScaffoldError {
     /// cargo could not be started.
     #[error("cannot run cargo: {0}; install Rust from https://rustup.rs and run `rustup target add wasm32-wasip2`")]
     Cargo(std::io::Error),
+    /// A Python step failed (its output was shown).
+    #[error("{0} failed (see above); fix it and run `toolgate build` again")]
+    Python(String),
+    /// Python could not be started.
+    #[error("cannot run `{0}`: {1}; install Python 3.10 or newer with the venv module, or set TOOLGATE_PYTHON")]
+    NoPython(String, std::io::Error),
 }
+
+/// The language of a Tool project.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lang {
+    /// A cargo crate built for `wasm32-wasip2` with `toolgate-sdk`.
+    Rust,
+    /// A Python module built with componentize-py and the Python `toolgate_sdk`.
+    Python,
+}
+
+impl std::str::FromStr for Lang {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "rust" => Ok(Lang::Rust),
+            "python" => Ok(Lang::Python),
+            other => Err(format!("--lang {other}: use `rust` or `python`")),
+        }
+    }
+}
+
+/// The componentize-py release Python projects build with (pinned: its
+/// output is what the tests prove).
+pub const COMPONENTIZE_PY: &str = "componentize-py==0.25.1";
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ScaffoldError + '_ {
     move |source| ScaffoldError::Io { path: path.to_owned(), source }
 }
 
-/// Write a new Rust Tool project `name` in `dir/name`, depending on the SDK at `sdk`.
-pub fn new_rust(dir: &Path, name: &str, sdk: &Path) -> Result<PathBuf, ScaffoldError> {
+/// The default SDK of `lang` in a toolgate checkout rooted at `checkout`.
+pub fn default_sdk(lang: Lang, guest_sdk: &Path) -> PathBuf {
+    match lang {
+        Lang::Rust => guest_sdk.to_owned(),
+        Lang::Python => guest_sdk.join("python"),
+    }
+}
+
+/// Write a new Tool project `name` in `dir/name`, depending on the SDK at
+/// `sdk` (`guest-sdk` for Rust, `guest-sdk/python` for Python).
+pub fn new(dir: &Path, name: &str, lang: Lang, sdk: &Path) -> Result<PathBuf, ScaffoldError> {
     let ok = name.chars().next().is_some_and(|c| c.is_ascii_lowercase())
         && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
         && name.len() <= 64;
@@ -57,16 +97,31 @@ pub fn new_rust(dir: &Path, name: &str, sdk: &Path) -> Result<PathBuf, ScaffoldE
     if root.exists() {
         return Err(ScaffoldError::Exists(root));
     }
-    std::fs::create_dir_all(root.join("src")).map_err(io(&root))?;
-    let files = [
-        ("Cargo.toml", cargo_toml(name, sdk)),
-        ("src/lib.rs", LIB_RS.replace("{name}", name)),
-        ("toolgate.toml", TOOLGATE_TOML.replace("{name}", name)),
-        (".gitignore", "/target\n/plugins\n/.toolgate\n".to_owned()),
-    ];
+    let toolgate_toml = ("toolgate.toml", TOOLGATE_TOML.replace("{name}", name));
+    let files = match lang {
+        Lang::Rust => vec![
+            ("Cargo.toml", cargo_toml(name, sdk)),
+            ("src/lib.rs", LIB_RS.replace("{name}", name)),
+            toolgate_toml,
+            (".gitignore", "/target\n/plugins\n/.toolgate\n".to_owned()),
+        ],
+        Lang::Python => vec![
+            ("pyproject.toml", PYPROJECT_TOML.replace("{name}", name)),
+            ("requirements.txt", requirements_txt(sdk)),
+            ("app.py", APP_PY.replace("{name}", name)),
+            ("test_app.py", TEST_APP_PY.replace("{name}", name)),
+            toolgate_toml,
+            (".gitignore", "/.venv\n/build\n/plugins\n/.toolgate\n__pycache__/\n".to_owned()),
+        ],
+    };
+    let dirs = if lang == Lang::Rust { root.join("src") } else { root.clone() };
+    std::fs::create_dir_all(&dirs).map_err(io(&root))?;
     for (file, text) in files {
         let path = root.join(file);
         std::fs::write(&path, text).map_err(io(&path))?;
+    }
+    if lang == Lang::Python {
+        return Ok(root);
     }
     // The checkout's lockfile pins the dependency versions the SDK is tested with.
     let lock = sdk.join("../Cargo.lock");
@@ -162,29 +217,135 @@ default = "deny"
 rules = [{ pattern = "{name}.*", behavior = "allow" }]
 "#;
 
-/// The crate name of the project at `dir` (its `Cargo.toml` `[package] name`).
-fn package_name(dir: &Path) -> Result<String, ScaffoldError> {
-    let manifest = dir.join("Cargo.toml");
-    let text = std::fs::read_to_string(&manifest).map_err(io(&manifest))?;
-    let mut in_package = false;
+fn requirements_txt(sdk: &Path) -> String {
+    format!(
+        "# What `toolgate build` installs into .venv (pinned: the versions toolgate is tested with).\n\
+         {COMPONENTIZE_PY}\n\
+         # The toolgate SDK (`toolgate new --sdk` or TOOLGATE_SDK chose this path).\n\
+         toolgate-sdk @ file://{}\n",
+        sdk.display()
+    )
+}
+
+const PYPROJECT_TOML: &str = r#"[project]
+name = "{name}"
+version = "0.1.0"
+requires-python = ">=3.10"
+dependencies = ["toolgate-sdk"]
+
+# `toolgate build` imports this module (which calls `export_tools`) into the component.
+[tool.toolgate]
+module = "app"
+"#;
+
+const APP_PY: &str = r#""""The `{name}` Tools. Build and pack with `toolgate build`, then call
+`toolgate call {name}.hello --args '{"name":"world"}'`."""
+
+from dataclasses import dataclass
+
+from toolgate_sdk import Context, Failed, Tool, export_tools
+
+
+@dataclass
+class HelloArgs:
+    """What `{name}.hello` takes: the JSON Schema the model sees is derived
+    from these type hints and this docstring.
+
+    Attributes:
+        name: Who to greet.
+    """
+
+    name: str
+
+
+class Hello(Tool):
+    ID = "{name}.hello"
+    DESCRIPTION = "Greet someone by name."
+
+    def call(self, args: HelloArgs, cx: Context) -> str:
+        if not args.name.strip():
+            raise Failed("give a name to greet")
+        return f"Hello, {args.name}!"
+
+
+export_tools(Hello)
+"#;
+
+const TEST_APP_PY: &str = r#""""Native tests of the `{name}` Tools: `.venv/bin/python -m unittest`."""
+
+import json
+import unittest
+
+from toolgate_sdk import Failed, MemoryState, dispatch
+
+import app
+
+
+class HelloTest(unittest.TestCase):
+    def test_hello_greets_by_name(self):
+        out = dispatch("{name}.hello", json.dumps({"name": "world"}), MemoryState())
+        self.assertEqual(json.loads(out.json), "Hello, world!")
+
+    def test_a_blank_name_fails(self):
+        with self.assertRaises(Failed):
+            dispatch("{name}.hello", json.dumps({"name": " "}), MemoryState())
+
+    def test_the_schema_comes_from_the_type_hints(self):
+        schema = app.Hello and json.loads(__import__("toolgate_sdk").describe())["tools"][0]["descriptor"]["input_schema"]
+        self.assertEqual(schema["required"], ["name"])
+        self.assertEqual(schema["properties"]["name"]["description"], "Who to greet.")
+
+
+if __name__ == "__main__":
+    unittest.main()
+"#;
+
+/// A project's name and language, from its `Cargo.toml` or `pyproject.toml`.
+fn project(dir: &Path) -> Result<(String, Lang, Option<String>), ScaffoldError> {
+    for (file, lang) in [("Cargo.toml", Lang::Rust), ("pyproject.toml", Lang::Python)] {
+        let manifest = dir.join(file);
+        if !manifest.is_file() {
+            continue;
+        }
+        let text = std::fs::read_to_string(&manifest).map_err(io(&manifest))?;
+        let section = if lang == Lang::Rust { "[package]" } else { "[project]" };
+        let name = toml_key(&text, section, "name").ok_or_else(|| ScaffoldError::NotAProject(manifest.clone()))?;
+        let module = toml_key(&text, "[tool.toolgate]", "module");
+        return Ok((name, lang, module));
+    }
+    Err(ScaffoldError::NotAProject(dir.join("Cargo.toml")))
+}
+
+/// The string value of `key` in `[section]` of a simple TOML file.
+fn toml_key(text: &str, section: &str, key: &str) -> Option<String> {
+    let mut inside = false;
     for line in text.lines().map(str::trim) {
         if line.starts_with('[') {
-            in_package = line == "[package]";
-        } else if in_package && let Some(v) = line.strip_prefix("name") {
-            let v = v.trim_start().strip_prefix('=').map(str::trim).unwrap_or("");
-            let v = v.trim_matches('"');
+            inside = line == section;
+        } else if inside && let Some(v) = line.strip_prefix(key) {
+            let Some(v) = v.trim_start().strip_prefix('=') else { continue };
+            let v = v.trim().trim_matches('"');
             if !v.is_empty() {
-                return Ok(v.to_owned());
+                return Some(v.to_owned());
             }
         }
     }
-    Err(ScaffoldError::NotAProject(manifest))
+    None
 }
 
-/// Build the project at `dir` for `wasm32-wasip2` (cargo's progress on
-/// stderr); the unpacked component's bytes and the project's name.
+/// The language of the project at `dir`, if it is one `toolgate new` made.
+pub fn project_lang(dir: &Path) -> Result<Lang, ScaffoldError> {
+    project(dir).map(|(_, lang, _)| lang)
+}
+
+/// Build the project at `dir` into a component (progress on stderr); the
+/// unpacked component's bytes and the project's name.
 pub fn build(dir: &Path) -> Result<(String, Vec<u8>), ScaffoldError> {
-    let name = package_name(dir)?;
+    let (name, lang, module) = project(dir)?;
+    if lang == Lang::Python {
+        let bytes = build_python(dir, &name, module.as_deref().unwrap_or("app"))?;
+        return Ok((name, bytes));
+    }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
         .current_dir(dir)
@@ -199,4 +360,84 @@ pub fn build(dir: &Path) -> Result<(String, Vec<u8>), ScaffoldError> {
     let artifact = target.join("wasm32-wasip2/release").join(format!("{}.wasm", name.replace('-', "_")));
     let bytes = std::fs::read(&artifact).map_err(io(&artifact))?;
     Ok((name, bytes))
+}
+
+/// Build a Python project with componentize-py inside the project's `.venv`,
+/// created and filled from `requirements.txt` when missing or out of date.
+fn build_python(dir: &Path, name: &str, module: &str) -> Result<Vec<u8>, ScaffoldError> {
+    if !module.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.') || module.is_empty() {
+        let manifest = dir.join("pyproject.toml");
+        return Err(ScaffoldError::NotAProject(manifest));
+    }
+    let dir = &std::path::absolute(dir).map_err(io(dir))?;
+    let venv = dir.join(".venv");
+    let bin = venv.join("bin");
+    let requirements = dir.join("requirements.txt");
+    let wanted = std::fs::read_to_string(&requirements).map_err(io(&requirements))?;
+    let stamp = venv.join(".toolgate-requirements");
+    let installed = std::fs::read_to_string(&stamp).unwrap_or_default();
+    if installed != wanted || !bin.join("componentize-py").is_file() {
+        if !bin.join("python").is_file() {
+            let python = std::env::var("TOOLGATE_PYTHON").unwrap_or_else(|_| "python3".into());
+            eprintln!("creating {} with {python}", venv.display());
+            let status = Command::new(&python)
+                .args(["-m", "venv"])
+                .arg(&venv)
+                .status()
+                .map_err(|e| ScaffoldError::NoPython(python.clone(), e))?;
+            if !status.success() {
+                return Err(ScaffoldError::Python(format!("`{python} -m venv .venv`")));
+            }
+        }
+        eprintln!("installing requirements.txt into .venv (componentize-py and the SDK; once)");
+        let status = Command::new(bin.join("python"))
+            .current_dir(dir)
+            .args(["-m", "pip", "install", "--disable-pip-version-check", "-q", "-r", "requirements.txt"])
+            .status()
+            .map_err(|e| ScaffoldError::NoPython(bin.join("python").display().to_string(), e))?;
+        if !status.success() {
+            return Err(ScaffoldError::Python("`pip install -r requirements.txt`".into()));
+        }
+        std::fs::write(&stamp, &wanted).map_err(io(&stamp))?;
+    }
+    // The SDK knows where its WIT is; ask the venv's Python, not a guess.
+    let out = Command::new(bin.join("python"))
+        .args(["-c", "import toolgate_sdk; print(toolgate_sdk.wit_dir())"])
+        .output()
+        .map_err(|e| ScaffoldError::NoPython(bin.join("python").display().to_string(), e))?;
+    if !out.status.success() {
+        eprint!("{}", String::from_utf8_lossy(&out.stderr));
+        return Err(ScaffoldError::Python("importing toolgate_sdk from .venv".into()));
+    }
+    let wit = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let build = dir.join("build");
+    std::fs::create_dir_all(&build).map_err(io(&build))?;
+    // The entry module componentize-py loads: the project's Tools register
+    // themselves, then the SDK's `Tool` is the WIT export.
+    let entry = build.join("toolgate_main.py");
+    let text = format!(
+        "# Generated by `toolgate build`.\nimport {module}  # noqa: F401  (registers the project's Tools)\n\
+         from toolgate_sdk.component import Tool  # noqa: F401  (the WIT export)\n"
+    );
+    std::fs::write(&entry, text).map_err(io(&entry))?;
+    let output = build.join(format!("{name}.wasm"));
+    eprintln!("componentize-py: {module} -> {} (bundles CPython: ~10 s)", output.display());
+    let status = Command::new(bin.join("componentize-py"))
+        .current_dir(dir)
+        // componentize-py finds installed packages through the venv.
+        .env("VIRTUAL_ENV", &venv)
+        // Its errors are the author's Python traceback; a Rust backtrace only hides it.
+        .env("RUST_BACKTRACE", "0")
+        .env("RUST_LIB_BACKTRACE", "0")
+        .args(["-q", "-d", &wit, "-w", "toolgate:python/plugin", "componentize", "-p", "."])
+        .arg("-p")
+        .arg(&build)
+        .args(["toolgate_main", "-o"])
+        .arg(&output)
+        .status()
+        .map_err(|e| ScaffoldError::NoPython(bin.join("componentize-py").display().to_string(), e))?;
+    if !status.success() {
+        return Err(ScaffoldError::Python("componentize-py".into()));
+    }
+    std::fs::read(&output).map_err(io(&output))
 }

@@ -51,15 +51,17 @@ enum Command {
     New {
         /// The project and Tool id prefix (lowercase letters, digits, `_`).
         name: String,
-        /// The Tool's language.
+        /// The Tool's language: `rust` or `python`.
         #[arg(long, default_value = "rust")]
         lang: String,
-        /// The toolgate SDK (`guest-sdk` of a toolgate checkout); default:
-        /// TOOLGATE_SDK, else the checkout this binary was built from.
+        /// The toolgate SDK (`guest-sdk`, or `guest-sdk/python` for Python,
+        /// of a toolgate checkout); default: from TOOLGATE_SDK, else the
+        /// checkout this binary was built from.
         #[arg(long)]
         sdk: Option<PathBuf>,
     },
-    /// Build the project in this directory for wasm32-wasip2 and pack it into its plugin directory.
+    /// Build the project in this directory into a component (cargo, or
+    /// componentize-py in the project's .venv) and pack it into its plugin directory.
     Build,
     /// Embed a built component's descriptors in its metadata section.
     Pack {
@@ -279,14 +281,16 @@ async fn dispatch(cli: Cli) -> Result<u8> {
     match &cli.command {
         Command::Pack { input, output } => pack(input, output).await,
         Command::New { name, lang, sdk } => {
-            if lang != "rust" {
-                anyhow::bail!("--lang {lang}: only `rust` is available in this build");
-            }
-            let sdk = sdk.clone().unwrap_or_else(|| toolgate_author::generate::BuildEnv::default().sdk);
+            use toolgate_author::scaffold::{self, Lang};
+            let lang: Lang = lang.parse().map_err(anyhow::Error::msg)?;
+            let sdk = sdk.clone().unwrap_or_else(|| {
+                scaffold::default_sdk(lang, &toolgate_author::generate::BuildEnv::default().sdk)
+            });
+            let hint = if lang == Lang::Rust { "guest-sdk" } else { "guest-sdk/python" };
             let sdk = std::fs::canonicalize(&sdk).with_context(|| {
-                format!("the toolgate SDK is not at {}; pass --sdk PATH/TO/guest-sdk", sdk.display())
+                format!("the toolgate SDK is not at {}; pass --sdk PATH/TO/{hint}", sdk.display())
             })?;
-            let root = toolgate_author::scaffold::new_rust(Path::new("."), name, &sdk)?;
+            let root = scaffold::new(Path::new("."), name, lang, &sdk)?;
             eprintln!("created {} (SDK {})", root.display(), sdk.display());
             eprintln!(
                 "next: cd {name} && toolgate build && toolgate call {name}.hello --args '{{\"name\":\"world\"}}'"
@@ -294,7 +298,9 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             Ok(exit::OUTPUT)
         }
         Command::Build => {
-            eprintln!("building for wasm32-wasip2 (the first build compiles the SDK: a minute or so)");
+            if toolgate_author::scaffold::project_lang(Path::new("."))? == toolgate_author::scaffold::Lang::Rust {
+                eprintln!("building for wasm32-wasip2 (the first build compiles the SDK: a minute or so)");
+            }
             let (name, bytes) = toolgate_author::scaffold::build(Path::new("."))?;
             let config = Config::load(&cli.config)?;
             std::fs::create_dir_all(&config.plugins)

@@ -13,7 +13,7 @@ fn the_official_python_mcp_client_drives_toolgate_serve() {
     let python = root.join(".venv/bin/python");
     assert!(
         python.exists(),
-        "{} is missing: run scripts/test, which creates the venv with the pinned MCP SDK (tests/mcp/requirements.txt)",
+        "{} is missing: run scripts/test, which creates the venv with the pinned MCP SDK (tests/requirements.txt)",
         python.display()
     );
     let dir = tempfile::tempdir().unwrap();

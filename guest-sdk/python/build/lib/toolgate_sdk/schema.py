@@ -1,0 +1,411 @@
+"""JSON Schema from Python type hints, and JSON values back into those types.
+
+This module owns the one descriptor source of a Python Tool (DESIGN.md
+invariant 5): the schema the model sees is derived from the same annotations
+that decode the arguments, so the two cannot drift. It never runs a Tool and
+never reaches the host.
+
+Supported: ``str``, ``int``, ``float``, ``bool``, ``None``, ``typing.Any``,
+``list[T]``, ``tuple[T, ...]``, ``dict[str, T]``, ``Optional[T]`` / ``T | None``,
+unions, ``Literal[...]``, ``enum.Enum`` subclasses, dataclasses, ``TypedDict``,
+and ``Annotated[T, "description"]`` / ``Annotated[T, Field(...)]``. Field
+descriptions also come from an ``Attributes:`` (or ``Args:``) section of the
+class docstring. Anything else is refused with a message naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import inspect
+import types
+import typing
+from typing import Any
+
+__all__ = ["Field", "SchemaError", "DecodeError", "schema_of", "decode", "encode"]
+
+# Keywords `Field` may add to a schema; each maps to its JSON Schema spelling.
+_KEYWORDS = {
+    "minimum": "minimum",
+    "maximum": "maximum",
+    "exclusive_minimum": "exclusiveMinimum",
+    "exclusive_maximum": "exclusiveMaximum",
+    "min_length": "minLength",
+    "max_length": "maxLength",
+    "pattern": "pattern",
+    "min_items": "minItems",
+    "max_items": "maxItems",
+    "format": "format",
+}
+
+
+class Field:
+    """Extra schema for one field: ``Annotated[int, Field("How many.", minimum=1)]``.
+
+    The host validates arguments against the schema before the Tool runs, so a
+    bound written here is enforced before ``call`` is entered.
+    """
+
+    def __init__(self, description: str | None = None, **keywords: Any) -> None:
+        unknown = sorted(set(keywords) - set(_KEYWORDS))
+        if unknown:
+            raise SchemaError(f"Field() does not know {', '.join(unknown)}; use one of {', '.join(sorted(_KEYWORDS))}")
+        self.description = description
+        self.keywords = {_KEYWORDS[k]: v for k, v in keywords.items()}
+
+
+class SchemaError(TypeError):
+    """A type has no JSON Schema; the message names the class and field."""
+
+
+class DecodeError(ValueError):
+    """A JSON value does not fit the type; ``path`` names where."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path or 'arguments'}: {message}")
+        self.path = path
+
+
+_NONE = type(None)
+
+
+def _is_typed_dict(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, dict) and hasattr(tp, "__required_keys__")
+
+
+def _is_record(tp: Any) -> bool:
+    return (isinstance(tp, type) and dataclasses.is_dataclass(tp)) or _is_typed_dict(tp)
+
+
+def _split_doc(cls: type) -> tuple[str | None, dict[str, str]]:
+    """The class docstring's summary and its ``Attributes:``/``Args:`` entries."""
+    doc = inspect.getdoc(cls)
+    if not doc or (dataclasses.is_dataclass(cls) and doc.startswith(cls.__name__ + "(")):
+        return None, {}
+    summary: list[str] = []
+    fields: dict[str, str] = {}
+    section = False
+    current: str | None = None
+    for line in doc.splitlines():
+        stripped = line.strip()
+        if stripped in ("Attributes:", "Args:", "Arguments:", "Fields:"):
+            section, current = True, None
+            continue
+        if not section:
+            summary.append(line)
+            continue
+        if not stripped:
+            current = None
+            continue
+        indent = len(line) - len(line.lstrip())
+        name, sep, text = stripped.partition(":")
+        name = name.split("(")[0].strip()
+        if sep and indent <= 4 and name.isidentifier():
+            current = name
+            fields[name] = text.strip()
+        elif current is not None:
+            fields[current] = (fields[current] + " " + stripped).strip()
+        else:
+            section = False
+            summary.append(line)
+    text = "\n".join(summary).strip()
+    return (text or None), fields
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls, include_extras=True)
+    except Exception as e:  # a forward reference that does not resolve
+        raise SchemaError(f"cannot read the type hints of `{cls.__qualname__}`: {e}") from e
+
+
+def _unwrap(tp: Any) -> tuple[Any, list[Any]]:
+    """``Annotated[T, m...]`` -> (T, [m...]); anything else -> (tp, [])."""
+    if typing.get_origin(tp) is typing.Annotated:
+        base, *meta = typing.get_args(tp)
+        return base, meta
+    return tp, []
+
+
+def _apply(schema: dict[str, Any], meta: list[Any]) -> dict[str, Any]:
+    for m in meta:
+        if isinstance(m, str):
+            schema["description"] = m
+        elif isinstance(m, Field):
+            if m.description:
+                schema["description"] = m.description
+            schema.update(m.keywords)
+    return schema
+
+
+def _json_default(value: Any) -> Any:
+    return encode(value)
+
+
+def schema_of(tp: Any, where: str = "") -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12, inlined, no ``$ref``) of ``tp``."""
+    return _schema(tp, where or _name(tp), ())
+
+
+def _name(tp: Any) -> str:
+    return getattr(tp, "__qualname__", None) or repr(tp)
+
+
+def _schema(tp: Any, where: str, seen: tuple[type, ...]) -> dict[str, Any]:
+    tp, meta = _unwrap(tp)
+    return _apply(_bare_schema(tp, where, seen), meta)
+
+
+def _bare_schema(tp: Any, where: str, seen: tuple[type, ...]) -> dict[str, Any]:
+    if tp is Any:
+        return {}
+    if tp is _NONE or tp is None:
+        return {"type": "null"}
+    if tp is bool:
+        return {"type": "boolean"}
+    if tp is int:
+        return {"type": "integer"}
+    if tp is float:
+        return {"type": "number"}
+    if tp is str:
+        return {"type": "string"}
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        values = [m.value for m in tp]
+        schema: dict[str, Any] = {"enum": values}
+        kinds = {type(v) for v in values}
+        if kinds == {str}:
+            schema["type"] = "string"
+        elif kinds == {int}:
+            schema["type"] = "integer"
+        summary, _ = _split_doc(tp)
+        if summary and tp.__doc__ != enum.Enum.__doc__ and summary != "An enumeration.":
+            schema["description"] = summary
+        return schema
+    if _is_record(tp):
+        return _record_schema(tp, where, seen)
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Literal:
+        schema = {"enum": list(args)}
+        kinds = {type(a) for a in args}
+        if kinds == {str}:
+            schema["type"] = "string"
+        elif kinds == {int}:
+            schema["type"] = "integer"
+        elif kinds == {bool}:
+            schema["type"] = "boolean"
+        return schema
+    if origin in (list, typing.List, set, frozenset) or tp in (list,):
+        if origin in (set, frozenset):
+            raise SchemaError(f"{where}: a set has no JSON form; use list[...]")
+        item = args[0] if args else Any
+        return {"type": "array", "items": _schema(item, where + "[]", seen)}
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return {"type": "array", "items": _schema(args[0], where + "[]", seen)}
+        if not args:
+            return {"type": "array"}
+        items = [_schema(a, f"{where}[{i}]", seen) for i, a in enumerate(args)]
+        return {"type": "array", "prefixItems": items, "items": False, "minItems": len(items)}
+    if origin is dict or tp is dict:
+        key, value = (args + (Any, Any))[:2] if args else (str, Any)
+        if key is not str:
+            raise SchemaError(f"{where}: JSON object keys are strings; use dict[str, ...]")
+        return {"type": "object", "additionalProperties": _schema(value, where + "{}", seen)}
+    if origin in (typing.Union, types.UnionType):
+        members = list(args)
+        nullable = _NONE in members
+        rest = [m for m in members if m is not _NONE]
+        if len(rest) == 1:
+            inner = _schema(rest[0], where, seen)
+            if nullable:
+                t = inner.get("type")
+                if isinstance(t, str) and set(inner) <= {"type", "description", "format", "minimum", "maximum",
+                                                         "minLength", "maxLength", "pattern"}:
+                    inner = dict(inner, type=[t, "null"])
+                else:
+                    inner = {"anyOf": [inner, {"type": "null"}]}
+            return inner
+        options = [_schema(m, where, seen) for m in rest]
+        if nullable:
+            options.append({"type": "null"})
+        return {"anyOf": options}
+    raise SchemaError(
+        f"{where}: type `{tp!r}` has no JSON Schema; use str, int, float, bool, list, dict[str, ...], "
+        "Optional, Literal, an Enum, a dataclass or a TypedDict"
+    )
+
+
+def _fields(tp: type) -> list[tuple[str, Any, bool, Any]]:
+    """(name, type hint, required, default) of a dataclass or TypedDict."""
+    hints = _hints(tp)
+    out = []
+    if dataclasses.is_dataclass(tp):
+        for f in dataclasses.fields(tp):
+            if not f.init:
+                continue
+            has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+            default = f.default if f.default is not dataclasses.MISSING else dataclasses.MISSING
+            hint = hints.get(f.name, Any)
+            desc = f.metadata.get("description") if f.metadata else None
+            if desc:
+                hint = typing.Annotated[hint, str(desc)]
+            out.append((f.name, hint, not has_default, default))
+    else:
+        required = tp.__required_keys__
+        for name, hint in hints.items():
+            out.append((name, hint, name in required, dataclasses.MISSING))
+    return out
+
+
+def _record_schema(tp: type, where: str, seen: tuple[type, ...]) -> dict[str, Any]:
+    if tp in seen:
+        raise SchemaError(f"{where}: `{tp.__qualname__}` contains itself; recursive types are not supported")
+    seen = seen + (tp,)
+    summary, docs = _split_doc(tp)
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for name, hint, is_required, default in _fields(tp):
+        prop = _schema(hint, f"{tp.__qualname__}.{name}", seen)
+        if name in docs and "description" not in prop:
+            prop["description"] = docs[name]
+        if default is not dataclasses.MISSING:
+            try:
+                prop["default"] = _json_default(default)
+            except TypeError:
+                pass
+        properties[name] = prop
+        if is_required:
+            required.append(name)
+    schema: dict[str, Any] = {"type": "object", "title": tp.__name__}
+    if summary:
+        schema["description"] = summary
+    schema["properties"] = properties
+    if required:
+        schema["required"] = required
+    # Unknown fields are refused, as `deny_unknown_fields` does for Rust Tools.
+    schema["additionalProperties"] = False
+    return schema
+
+
+def decode(tp: Any, value: Any, path: str = "") -> Any:
+    """``value`` (parsed JSON) as an instance of ``tp``; raises ``DecodeError``."""
+    tp, _ = _unwrap(tp)
+    if tp is Any:
+        return value
+    if tp is _NONE or tp is None:
+        if value is not None:
+            raise DecodeError(path, "expected null")
+        return None
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise DecodeError(path, f"expected a boolean, got {_kind(value)}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise DecodeError(path, f"expected an integer, got {_kind(value)}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise DecodeError(path, f"expected a number, got {_kind(value)}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise DecodeError(path, f"expected a string, got {_kind(value)}")
+        return value
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(value)
+        except ValueError:
+            raise DecodeError(path, f"expected one of {[m.value for m in tp]}, got {value!r}") from None
+    if _is_record(tp):
+        if not isinstance(value, dict):
+            raise DecodeError(path, f"expected an object, got {_kind(value)}")
+        fields = _fields(tp)
+        known = {f[0] for f in fields}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise DecodeError(path, f"unknown field `{unknown[0]}`, expected one of {sorted(known)}")
+        kwargs = {}
+        for name, hint, is_required, _ in fields:
+            sub = f"{path}.{name}" if path else name
+            if name in value:
+                kwargs[name] = decode(hint, value[name], sub)
+            elif is_required:
+                raise DecodeError(path, f"missing field `{name}`")
+        return tp(**kwargs)
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Literal:
+        if not any(value == a and type(value) is type(a) for a in args):
+            raise DecodeError(path, f"expected one of {list(args)}, got {value!r}")
+        return value
+    if origin in (list, typing.List) or tp is list:
+        if not isinstance(value, list):
+            raise DecodeError(path, f"expected an array, got {_kind(value)}")
+        item = args[0] if args else Any
+        return [decode(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise DecodeError(path, f"expected an array, got {_kind(value)}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(decode(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
+        if args and len(value) != len(args):
+            raise DecodeError(path, f"expected {len(args)} items, got {len(value)}")
+        return tuple(decode(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, value))) if args else tuple(value)
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise DecodeError(path, f"expected an object, got {_kind(value)}")
+        item = args[1] if len(args) == 2 else Any
+        return {k: decode(item, v, f"{path}.{k}" if path else k) for k, v in value.items()}
+    if origin in (typing.Union, types.UnionType):
+        if value is None and _NONE in args:
+            return None
+        errors = []
+        for member in args:
+            if member is _NONE:
+                continue
+            try:
+                return decode(member, value, path)
+            except DecodeError as e:
+                errors.append(str(e))
+        raise DecodeError(path, f"fits none of the allowed types ({'; '.join(errors)})")
+    raise DecodeError(path, f"type `{tp!r}` cannot be decoded")
+
+
+def encode(value: Any) -> Any:
+    """A Tool's return value as plain JSON data (dataclasses, enums, tuples)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, enum.Enum):
+        return encode(value.value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"object keys must be strings, got {type(k).__name__}")
+            out[k] = encode(v)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [encode(v) for v in value]
+    raise TypeError(f"a {type(value).__name__} has no JSON form")
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
