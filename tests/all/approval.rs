@@ -6,7 +6,7 @@ use toolgate::store::{OutcomeKind, TicketError};
 use toolgate::{CallError, StepResult};
 use toolgate_tests::{guests, packed};
 
-use super::{call, steps, text_and_notes};
+use super::{call, steps, text_and_notes, text_and_notes_in};
 
 /// The test harness decides as an embedding runtime's approval UI would.
 fn approver() -> toolgate::Approval {
@@ -20,9 +20,9 @@ async fn ask(host: &toolgate_tests::TestHost, note: &str) -> String {
     }
 }
 
-#[tokio::test]
-async fn ask_awaits_then_approve_executes_the_exact_call_once() {
-    let host = text_and_notes("");
+each_lang! {
+async fn ask_awaits_then_approve_executes_the_exact_call_once(lang: Lang) {
+    let host = text_and_notes_in(lang, "");
     let ticket = ask(&host, "buy milk").await;
     assert_eq!(host.instantiations(), 0, "nothing runs before approval");
     assert_eq!(host.runtime.store().pending().await.unwrap().len(), 1);
@@ -44,10 +44,11 @@ async fn ask_awaits_then_approve_executes_the_exact_call_once() {
     assert_eq!(s[1].arguments, s[0].arguments);
     assert!(host.runtime.store().pending().await.unwrap().is_empty());
 }
+}
 
-#[tokio::test]
-async fn deny_commits_a_blocked_result_and_executes_nothing() {
-    let host = text_and_notes("");
+each_lang! {
+async fn deny_commits_a_blocked_result_and_executes_nothing(lang: Lang) {
+    let host = text_and_notes_in(lang, "");
     let ticket = ask(&host, "x").await;
     let r = host.runtime.deny(&ticket, "not today", &approver()).await.unwrap();
     assert!(matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("not today")), "{r:?}");
@@ -55,6 +56,7 @@ async fn deny_commits_a_blocked_result_and_executes_nothing() {
     let again = host.runtime.approve(&ticket, &approver()).await.unwrap_err();
     assert!(matches!(again, CallError::Ticket(TicketError::Used(_))));
     assert_eq!(host.instantiations(), 0);
+}
 }
 
 #[tokio::test]
@@ -71,21 +73,22 @@ async fn unknown_and_expired_tickets_execute_nothing() {
     assert_eq!(host.instantiations(), 0);
 }
 
-#[tokio::test]
-async fn tickets_survive_a_restart_of_the_host() {
-    let host = text_and_notes("");
+each_lang! {
+async fn tickets_survive_a_restart_of_the_host(lang: Lang) {
+    let host = text_and_notes_in(lang, "");
     let ticket = ask(&host, "persisted").await;
     let host = host.restart();
     let r = host.runtime.approve(&ticket, &approver()).await.unwrap();
     assert!(matches!(r, StepResult::Output { .. }), "{r:?}");
 }
+}
 
-#[tokio::test]
-async fn a_changed_component_voids_the_ticket() {
-    let host = text_and_notes("");
+each_lang! {
+async fn a_changed_component_voids_the_ticket(lang: Lang) {
+    let host = text_and_notes_in(lang, "");
     let ticket = ask(&host, "x").await;
     // Same tool id, different bytes: a new build of the component.
-    let mut changed = packed(guests::NOTES);
+    let mut changed = lang.notes();
     wasm_encoder_custom(&mut changed, "rebuilt", b"1");
     toolgate_tests::put(&host.plugins(), "notes.wasm", &changed);
     let host = host.restart();
@@ -96,10 +99,11 @@ async fn a_changed_component_voids_the_ticket() {
     let again = host.runtime.approve(&ticket, &approver()).await.unwrap_err();
     assert!(matches!(again, CallError::Ticket(TicketError::Used(_))), "{again}");
 }
+}
 
-#[tokio::test]
-async fn arguments_cannot_be_changed_on_resume() {
-    let host = text_and_notes("");
+each_lang! {
+async fn arguments_cannot_be_changed_on_resume(lang: Lang) {
+    let host = text_and_notes_in(lang, "");
     let ticket = ask(&host, "original").await;
     // Tamper with the stored arguments behind the host's back.
     let db = rusqlite::Connection::open(host.journal_path()).unwrap();
@@ -111,6 +115,7 @@ async fn arguments_cannot_be_changed_on_resume() {
     let r = host.runtime.approve(&ticket, &approver()).await.unwrap();
     assert!(matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("does not match")), "{r:?}");
     assert_eq!(host.instantiations(), 0);
+}
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@ use std::path::Path;
 use serde_json::json;
 use toolgate::StepResult;
 use toolgate::sandbox::executor::Content;
-use toolgate_tests::{TestHost, TestServer, guests, packed};
+use toolgate_tests::{Lang, TestHost, TestServer, guests, packed};
 
 use super::call;
 
@@ -22,11 +22,20 @@ struct World {
 /// The tracker API (bound to the credential), another granted server (not
 /// bound), data and scratch directories, a secret outside every grant.
 fn world() -> World {
-    world_with(r#"{ header = { name = "Authorization", format = "Bearer {}" } }"#)
+    world_in(Lang::Rust)
+}
+
+/// The same world with the file and HTTP Tools written in `lang`.
+fn world_in(lang: Lang) -> World {
+    world_with_in(lang, r#"{ header = { name = "Authorization", format = "Bearer {}" } }"#)
 }
 
 /// The same world with the credential applied as `apply` (TOML inline table).
 fn world_with(apply: &str) -> World {
+    world_with_in(Lang::Rust, apply)
+}
+
+fn world_with_in(lang: Lang, apply: &str) -> World {
     let other = TestServer::start(SECRET, "http://127.0.0.1:1/");
     let api = TestServer::start(SECRET, &other.url("/echo"));
     let dir = tempfile::tempdir().unwrap();
@@ -47,8 +56,8 @@ fn world_with(apply: &str) -> World {
     }
     for (name, bytes) in [
         ("hostile.wasm", packed(guests::HOSTILE)),
-        ("files.wasm", packed(guests::FILES)),
-        ("tracker.wasm", packed(guests::TRACKER)),
+        ("files.wasm", lang.files()),
+        ("tracker.wasm", lang.tracker()),
     ] {
         std::fs::write(d.join("plugins").join(name), bytes).unwrap();
     }
@@ -77,7 +86,7 @@ env = {{ MODE = "test" }}
 visible = ["*"]
 default = "allow"
 "#,
-        preamble = toolgate_tests::PREAMBLE,
+        preamble = lang.preamble(),
         api = api.origin(),
         other = other.origin(),
         apply = apply,
@@ -100,9 +109,9 @@ fn assert_err(observed: &str, contains: &str) {
     );
 }
 
-#[tokio::test]
-async fn the_http_tool_gets_its_data_with_the_credential_applied_at_the_boundary() {
-    let w = world();
+each_lang! {
+async fn the_http_tool_gets_its_data_with_the_credential_applied_at_the_boundary(lang: Lang) {
+    let w = world_in(lang);
     let r = call(&w.host, "tracker.issues", json!({"base_url": w.api.origin()})).await;
     let StepResult::Output { content: Content::Json(v), .. } = &r else { panic!("{r:?}") };
     assert_eq!(
@@ -117,6 +126,7 @@ async fn the_http_tool_gets_its_data_with_the_credential_applied_at_the_boundary
         "the server checks the header"
     );
     assert_eq!(seen[0].header("toolgate-credential"), None, "the reference never leaves the host");
+}
 }
 
 #[tokio::test]
@@ -215,9 +225,22 @@ async fn files_stay_inside_their_grants() {
     assert_err(&thief(h, "hardlink", "/scratch/h=>/data/a.txt", false).await, "");
 }
 
-#[tokio::test]
-async fn the_file_tool_reads_and_searches_its_grant() {
-    let w = world();
+each_lang! {
+/// A Tool written in either SDK whose response would carry the secret back
+/// (a server reflecting the Authorization header) gets an error, never the
+/// secret; the host applied it on the way out all the same.
+async fn a_response_reflecting_the_secret_reaches_the_tool_as_an_error_without_it(lang: Lang) {
+    let w = world_in(lang);
+    let r = call(&w.host, "tracker.issues", json!({"base_url": w.api.url("/echo")})).await;
+    let StepResult::ToolError { message, .. } = &r else { panic!("{r:?}") };
+    assert!(message.contains("withheld") && !message.contains(SECRET), "{message}");
+    assert_eq!(w.api.requests()[0].header("authorization"), Some(format!("Bearer {SECRET}").as_str()));
+}
+}
+
+each_lang! {
+async fn the_file_tool_reads_and_searches_its_grant(lang: Lang) {
+    let w = world_in(lang);
     let r = call(&w.host, "files.read", json!({"path": "docs/b.md"})).await;
     assert!(
         matches!(&r, StepResult::Output { content: Content::Json(v), .. } if v == "gamma\nneedle again\n"),
@@ -232,10 +255,11 @@ async fn the_file_tool_reads_and_searches_its_grant() {
     let r = call(&w.host, "files.read", json!({"path": "../outside/secret.txt"})).await;
     assert!(matches!(&r, StepResult::ToolError { message, .. } if !message.contains(SECRET)), "{r:?}");
 }
+}
 
-#[tokio::test]
-async fn the_secret_appears_nowhere_in_the_journal_or_captured_output() {
-    let w = world();
+each_lang! {
+async fn the_secret_appears_nowhere_in_the_journal_or_captured_output(lang: Lang) {
+    let w = world_in(lang);
     call(&w.host, "tracker.issues", json!({"base_url": w.api.origin()})).await;
     thief(&w.host, "http", &w.api.url("/echo"), true).await;
     thief(&w.host, "http", &w.other.url("/echo"), true).await;
@@ -252,7 +276,8 @@ async fn the_secret_appears_nowhere_in_the_journal_or_captured_output() {
         }
     }
     assert!(checked >= 1);
-    assert_no_secret_in(w.host.dir.path().join("cache").as_path());
+    assert_no_secret_in(lang.cache_dir(w.host.dir.path()).as_path());
+}
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {

@@ -216,3 +216,31 @@ async fn saturation_queues_calls_instead_of_failing_them() {
     }
     assert_eq!(steps(&host).await.len(), 24);
 }
+
+/// A Tool in either SDK under tight limits: a component whose memory does not
+/// fit the limit is refused before it runs, naming what it needs and the
+/// setting (a Python component starts with ~13 MiB, a Rust one with ~1 MiB);
+/// its output is bounded the same; and the host serves the next call.
+fn text_with_limits(lang: toolgate_tests::Lang, limits: &str) -> TestHost {
+    TestHost::new_in(
+        lang,
+        &format!("[limits]\n{limits}\n[agents.default]\nvisible = [\"*\"]\ndefault = \"allow\"\n"),
+        &[("text.wasm", lang.text())],
+    )
+}
+
+each_lang! {
+async fn a_tool_outside_its_limits_is_refused_naming_the_setting(lang: Lang) {
+    let host = text_with_limits(lang, "memory_mib = 1");
+    let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+    let e = run.call("text.upper", json!({"text": "x"})).await.unwrap_err().to_string();
+    assert!(e.contains("MiB of memory to start, more than `limits.memory_mib` = 1"), "{e}");
+    assert_eq!(host.instantiations(), 0);
+
+    let host = text_with_limits(lang, "output_kib = 1");
+    let r = call(&host, "text.repeat", json!({"text": "abcdefghijklmnopqrstuvwxyz", "times": 100})).await;
+    assert!(tool_error(&r).contains("more than the 1024 allowed"), "{r:?}");
+    let r = call(&host, "text.repeat", json!({"text": "ab", "times": 3})).await;
+    assert!(matches!(&r, StepResult::Output { .. }), "{r:?}");
+}
+}

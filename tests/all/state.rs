@@ -9,9 +9,14 @@ use toolgate_tests::{TestHost, guests, packed};
 use super::{call, steps};
 
 fn notes_host() -> TestHost {
-    TestHost::new(
+    notes_host_in(toolgate_tests::Lang::Rust)
+}
+
+fn notes_host_in(lang: toolgate_tests::Lang) -> TestHost {
+    TestHost::new_in(
+        lang,
         "[agents.default]\nvisible = [\"*\"]\ndefault = \"allow\"\n",
-        &[("notes.wasm", packed(guests::NOTES)), ("hostile.wasm", packed(guests::HOSTILE))],
+        &[("notes.wasm", lang.notes()), ("hostile.wasm", packed(guests::HOSTILE))],
     )
 }
 
@@ -22,9 +27,9 @@ fn notes(r: &StepResult) -> serde_json::Value {
     }
 }
 
-#[tokio::test]
-async fn commands_commit_with_the_result_and_persist_across_runs_and_restarts() {
-    let host = notes_host();
+each_lang! {
+async fn commands_commit_with_the_result_and_persist_across_runs_and_restarts(lang: Lang) {
+    let host = notes_host_in(lang);
     call(&host, "notes", json!({"op": "add", "note": "a"})).await;
     call(&host, "notes", json!({"op": "add", "note": "b"})).await;
     let host = host.restart();
@@ -33,6 +38,7 @@ async fn commands_commit_with_the_result_and_persist_across_runs_and_restarts() 
     assert_eq!(notes(&call(&host, "notes", json!({"op": "list"})).await), json!([]));
     let state = host.runtime.store().tool_state("default", "notes").await.unwrap();
     assert!(state.is_empty());
+}
 }
 
 #[tokio::test]
@@ -54,17 +60,19 @@ async fn a_command_for_another_tools_state_fails_the_call_and_changes_nothing() 
     assert_eq!(steps(&host).await.last().unwrap().outcome, toolgate::store::OutcomeKind::ToolError);
 }
 
-#[tokio::test]
-async fn state_is_scoped_by_agent() {
-    let host = TestHost::new(
+each_lang! {
+async fn state_is_scoped_by_agent(lang: Lang) {
+    let host = TestHost::new_in(
+        lang,
         "[agents.default]\nvisible = [\"*\"]\ndefault = \"allow\"\n[agents.other]\nvisible = [\"*\"]\ndefault = \"allow\"\n",
-        &[("notes.wasm", packed(guests::NOTES))],
+        &[("notes.wasm", lang.notes())],
     );
     call(&host, "notes", json!({"op": "add", "note": "default's"})).await;
     let other = toolgate_tests::runtime_for(&host.config, "other");
     let run = other.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
     let r = run.call("notes", json!({"op": "list"})).await.unwrap();
     assert_eq!(notes(&r), json!([]));
+}
 }
 
 /// Concurrent calls of one stateful Tool never lose an update: each add

@@ -400,23 +400,37 @@ fn call_wait_blocks_until_the_approver_decides_then_prints_the_result() {
 /// (never over an existing one, only with a usable name), `build` compiles
 /// and packs it into the project's plugin directory, `call` runs it.
 #[test]
-fn new_build_and_call_take_a_tool_from_nothing_to_a_gated_call() {
+fn new_build_and_call_take_a_rust_tool_from_nothing_to_a_gated_call() {
+    from_nothing_to_a_gated_call("rust", &["Cargo.toml", "Cargo.lock", "src/lib.rs", "toolgate.toml"]);
+}
+
+#[test]
+fn new_build_and_call_take_a_python_tool_from_nothing_to_a_gated_call() {
+    from_nothing_to_a_gated_call(
+        "python",
+        &["pyproject.toml", "requirements.txt", "app.py", "test_app.py", "toolgate.toml"],
+    );
+}
+
+/// `toolgate new hello --lang LANG`, `toolgate build`, `toolgate call`: the
+/// three commands from nothing, with the refusals on the way.
+fn from_nothing_to_a_gated_call(lang: &str, files: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     for bad in ["Hello", "1st", "a-b", "x/../y"] {
-        let out = tg(d, &["new", bad]);
+        let out = tg(d, &["new", bad, "--lang", lang]);
         assert_eq!(out.status.code(), Some(1), "{bad}");
         assert!(text(&out.stderr).contains("not a usable name"), "{bad}: {}", text(&out.stderr));
     }
     let out = tg(d, &["new", "hello", "--lang", "cobol"]);
     assert!(!out.status.success() && text(&out.stderr).contains("--lang cobol"), "{}", text(&out.stderr));
-    let out = tg(d, &["new", "hello"]);
+    let out = tg(d, &["new", "hello", "--lang", lang]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let project = d.join("hello");
-    for f in ["Cargo.toml", "Cargo.lock", "src/lib.rs", "toolgate.toml"] {
+    for f in files {
         assert!(project.join(f).is_file(), "{f}");
     }
-    let out = tg(d, &["new", "hello"]);
+    let out = tg(d, &["new", "hello", "--lang", lang]);
     assert!(!out.status.success() && text(&out.stderr).contains("already exists"), "never overwrites");
 
     // One shared target directory, so later runs of this test build fast.
@@ -441,4 +455,17 @@ fn new_build_and_call_take_a_tool_from_nothing_to_a_gated_call() {
     );
     // The gate still decides: an argument the schema refuses is a Tool error before anything runs.
     assert_eq!(tg(&project, &["call", "hello.hello", "--args", r#"{"nom":"x"}"#]).status.code(), Some(10));
+    // The Tool's own failure reaches the caller as a Tool error, in either language.
+    let out = tg(&project, &["call", "hello.hello", "--args", r#"{"name":" "}"#]);
+    assert_eq!(out.status.code(), Some(10), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("give a name to greet"), "{}", text(&out.stdout));
+    if lang == "python" {
+        // The project's native tests pass in the venv `toolgate build` made.
+        let out = Command::new(project.join(".venv/bin/python"))
+            .current_dir(&project)
+            .args(["-m", "unittest", "-q"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
 }

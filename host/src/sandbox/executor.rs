@@ -706,6 +706,7 @@ impl Executor {
         let engine = self.engine.clone();
         let path_owned = path.to_owned();
         let cached_path = cached.clone();
+        let memory_mib = self.settings.limits.memory_mib;
         // Compiling is CPU the host shares: a few at a time, under a time limit.
         let _slot = self
             .compiles
@@ -730,7 +731,7 @@ impl Executor {
                 return Err(ExecutorError::Changed { path: path_owned.clone(), was: digest });
             }
             let comp = Component::new(&engine, &bytes)
-                .map_err(|e| ExecutorError::Load { path: path_owned.clone(), reason: format!("{e:#}") })?;
+                .map_err(|e| ExecutorError::Load { path: path_owned.clone(), reason: compile_failure(&e, memory_mib) })?;
             if let Some(c) = &cached_path {
                 write_cache(c, &comp);
             }
@@ -991,6 +992,23 @@ fn write_cache(path: &Path, component: &Component) {
     let written = options.open(&tmp).and_then(|mut f| std::io::Write::write_all(&mut f, &bytes));
     if written.is_err() || std::fs::rename(&tmp, path).is_err() {
         let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+/// Why a component did not compile, in the operator's terms: a memory it
+/// declares larger than the limit names both sizes and the setting.
+fn compile_failure(e: &wasmtime::Error, memory_mib: u64) -> String {
+    let text = format!("{e:#}");
+    let needed = text
+        .split_once("minimum byte size of ")
+        .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse::<u64>().ok());
+    match needed {
+        Some(bytes) if text.contains("exceeds the limit") => format!(
+            "it needs {:.1} MiB of memory to start, more than `limits.memory_mib` = {memory_mib}; raise the limit to run it",
+            bytes as f64 / (1024.0 * 1024.0)
+        ),
+        _ => text,
     }
 }
 

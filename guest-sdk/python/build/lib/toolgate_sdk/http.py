@@ -6,8 +6,9 @@ the Tool names a credential, the host writes the secret into the request as it
 leaves, and only for a destination bound to that credential. The Tool never
 sees the secret. The host does not follow redirects.
 
-Only usable inside a component; the ``wasi:http`` bindings are imported on
-first use so the rest of the SDK stays importable in native tests.
+Only usable inside a component. The ``wasi:http`` bindings are imported when
+this module is (componentize-py keeps only what is imported while it builds),
+and their absence is tolerated so native tests can import it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from . import Failed
+
+try:
+    from componentize_py_types import Err
+    from wit_world.imports import outgoing_handler
+    from wit_world.imports import wasi_http_types as t
+except ImportError:  # outside a component: native tests
+    outgoing_handler = None
 
 #: The request header that carries a credential reference to the host.
 CREDENTIAL_HEADER = "toolgate-credential"
@@ -82,10 +90,8 @@ class Request:
         return self.header("content-type", "application/json")
 
     def send(self) -> Response:
-        from componentize_py_types import Err
-        from wit_world.imports import outgoing_handler
-        from wit_world.imports import wasi_http_types as t
-
+        if outgoing_handler is None:
+            raise HttpError("HTTP needs the host: Request.send works only inside a component")
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise HttpError(f"invalid URL `{self.url}`")

@@ -79,7 +79,9 @@ def _is_record(tp: Any) -> bool:
 
 def _split_doc(cls: type) -> tuple[str | None, dict[str, str]]:
     """The class docstring's summary and its ``Attributes:``/``Args:`` entries."""
-    doc = inspect.getdoc(cls)
+    # The class's own docstring only: an undocumented Enum must not inherit Enum's.
+    own = cls.__dict__.get("__doc__")
+    doc = inspect.cleandoc(own) if isinstance(own, str) else None
     if not doc or (dataclasses.is_dataclass(cls) and doc.startswith(cls.__name__ + "(")):
         return None, {}
     summary: list[str] = []
@@ -178,7 +180,7 @@ def _bare_schema(tp: Any, where: str, seen: tuple[type, ...]) -> dict[str, Any]:
         elif kinds == {int}:
             schema["type"] = "integer"
         summary, _ = _split_doc(tp)
-        if summary and tp.__doc__ != enum.Enum.__doc__ and summary != "An enumeration.":
+        if summary:
             schema["description"] = summary
         return schema
     if _is_record(tp):
@@ -267,7 +269,10 @@ def _record_schema(tp: type, where: str, seen: tuple[type, ...]) -> dict[str, An
     required: list[str] = []
     for name, hint, is_required, default in _fields(tp):
         prop = _schema(hint, f"{tp.__qualname__}.{name}", seen)
-        if name in docs and "description" not in prop:
+        # A field's own words beat its type's: Annotated, then the docstring.
+        _, meta = _unwrap(hint)
+        annotated = any(isinstance(m, str) or (isinstance(m, Field) and m.description) for m in meta)
+        if name in docs and not annotated:
             prop["description"] = docs[name]
         if default is not dataclasses.MISSING:
             try:
