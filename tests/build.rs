@@ -21,8 +21,12 @@ const GUESTS: &[(&str, &str)] = &[
 ];
 
 /// (example directory under `example-tools/`, constant name): Python Tools.
-const PYTHON_GUESTS: &[(&str, &str)] =
-    &[("python-text", "PY_TEXT"), ("python-notes", "PY_NOTES"), ("python-files", "PY_FILES"), ("python-tracker", "PY_TRACKER")];
+const PYTHON_GUESTS: &[(&str, &str)] = &[
+    ("python-text", "PY_TEXT"),
+    ("python-notes", "PY_NOTES"),
+    ("python-files", "PY_FILES"),
+    ("python-tracker", "PY_TRACKER"),
+];
 
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));

@@ -54,11 +54,9 @@ fn world_with_in(lang: Lang, apply: &str) -> World {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&secret_file, std::fs::Permissions::from_mode(0o600)).unwrap();
     }
-    for (name, bytes) in [
-        ("hostile.wasm", packed(guests::HOSTILE)),
-        ("files.wasm", lang.files()),
-        ("tracker.wasm", lang.tracker()),
-    ] {
+    for (name, bytes) in
+        [("hostile.wasm", packed(guests::HOSTILE)), ("files.wasm", lang.files()), ("tracker.wasm", lang.tracker())]
+    {
         std::fs::write(d.join("plugins").join(name), bytes).unwrap();
     }
     let config = format!(

@@ -1,7 +1,6 @@
 //! End-to-end tests: real components, a real host, a real journal.
 //! Each module pins the invariants of DESIGN.md it is named after.
 
-
 use serde_json::json;
 use toolgate::StepResult;
 use toolgate_tests::{Lang, TestHost};

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{ARGS, Bare, Host, TOOL, assert_upper};
+use common::{ARGS, Bare, Host, TOOL, assert_upper, median, ms, pct, rss_kib, us};
 use serde_json::{Value, json};
 use toolgate::catalog::descriptor::{embed_metadata, read_metadata};
 use toolgate::store::StepStore;
@@ -30,32 +30,6 @@ use toolgate_sdk::ComponentMetadata;
 use toolgate_tests::{guests, packed};
 
 const CONCURRENCY: [usize; 4] = [1, 2, 8, 64];
-
-fn rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-fn us(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    pct(&v, 0.5)
-}
 
 /// `n` distinct components in `dir/plugins`: the text component, and copies
 /// with their Tool ids renamed `genN.*` (each file its own digest and ids; a

@@ -283,13 +283,12 @@ async fn dispatch(cli: Cli) -> Result<u8> {
         Command::New { name, lang, sdk } => {
             use toolgate_author::scaffold::{self, Lang};
             let lang: Lang = lang.parse().map_err(anyhow::Error::msg)?;
-            let sdk = sdk.clone().unwrap_or_else(|| {
-                scaffold::default_sdk(lang, &toolgate_author::generate::BuildEnv::default().sdk)
-            });
+            let sdk = sdk
+                .clone()
+                .unwrap_or_else(|| scaffold::default_sdk(lang, &toolgate_author::generate::BuildEnv::default().sdk));
             let hint = if lang == Lang::Rust { "guest-sdk" } else { "guest-sdk/python" };
-            let sdk = std::fs::canonicalize(&sdk).with_context(|| {
-                format!("the toolgate SDK is not at {}; pass --sdk PATH/TO/{hint}", sdk.display())
-            })?;
+            let sdk = std::fs::canonicalize(&sdk)
+                .with_context(|| format!("the toolgate SDK is not at {}; pass --sdk PATH/TO/{hint}", sdk.display()))?;
             let root = scaffold::new(Path::new("."), name, lang, &sdk)?;
             eprintln!("created {} (SDK {})", root.display(), sdk.display());
             eprintln!(

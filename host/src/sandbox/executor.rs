@@ -730,8 +730,10 @@ impl Executor {
             if Digest::of(&bytes) != digest {
                 return Err(ExecutorError::Changed { path: path_owned.clone(), was: digest });
             }
-            let comp = Component::new(&engine, &bytes)
-                .map_err(|e| ExecutorError::Load { path: path_owned.clone(), reason: compile_failure(&e, memory_mib) })?;
+            let comp = Component::new(&engine, &bytes).map_err(|e| ExecutorError::Load {
+                path: path_owned.clone(),
+                reason: compile_failure(&e, memory_mib),
+            })?;
             if let Some(c) = &cached_path {
                 write_cache(c, &comp);
             }

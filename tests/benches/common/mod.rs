@@ -23,6 +23,34 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 pub const TOOL: &str = "text.upper";
 pub const ARGS: &str = r#"{"text":"hello"}"#;
 
+/// Resident memory of this process, KiB.
+pub fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The `p` quantile of sorted durations.
+pub fn pct(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+pub fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+pub fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    pct(&v, 0.5)
+}
+
 pub fn tokio_rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
 }
