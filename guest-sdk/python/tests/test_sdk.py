@@ -310,5 +310,12 @@ class DescribeAndDispatchTest(unittest.TestCase):
             Request.get("https://api.example.com/").credential("api").send()
 
 
+class WitTest(unittest.TestCase):
+    def test_the_sdks_copy_of_the_contract_is_the_repositorys(self):
+        sdk = Path(__file__).resolve().parents[1] / "toolgate_sdk/wit/deps/plugin/plugin.wit"
+        repo = Path(__file__).resolve().parents[3] / "wit/plugin.wit"
+        self.assertEqual(sdk.read_bytes(), repo.read_bytes(), "copy wit/plugin.wit into the Python SDK")
+
+
 if __name__ == "__main__":
     unittest.main()
