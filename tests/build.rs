@@ -16,7 +16,6 @@ const GUESTS: &[(&str, &str)] = &[
     ("toolgate-example-notes", "NOTES"),
     ("toolgate-example-files", "FILES"),
     ("toolgate-example-tracker", "TRACKER"),
-    ("toolgate-example-mcp-calc", "MCP_CALC"),
     ("toolgate-fixture-hostile", "HOSTILE"),
 ];
 

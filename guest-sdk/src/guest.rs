@@ -1,10 +1,11 @@
 //! Glue between the WIT bindings and the SDK's plain types. Only compiled with
 //! the `guest` feature; the export macro is its one user.
 
-/// Generated WIT bindings of the `toolgate:plugin` world.
+/// Generated WIT bindings of the `toolgate:plugin` `adapter` world (`plugin`
+/// plus `pinned`; a component that never calls [`pinned`] does not import it).
 pub mod bindings {
     wit_bindgen::generate!({
-        world: "plugin",
+        world: "adapter",
         path: "../wit",
         pub_export_macro: true,
         default_bindings_module: "toolgate_sdk::guest::bindings",
@@ -12,7 +13,13 @@ pub mod bindings {
     });
 }
 
-use bindings::toolgate::plugin::{log, state, types};
+use bindings::toolgate::plugin::{log, pinned as wit_pinned, state, types};
+
+/// The component's own pinned data (its `toolgate-pinned` section), for the
+/// generic adapters; empty when it has none.
+pub fn pinned() -> Vec<u8> {
+    wit_pinned::data()
+}
 
 /// The state view backed by the host's read-only `state` import.
 struct HostState;
@@ -38,6 +45,11 @@ pub fn call(
     arguments: &str,
 ) -> Result<types::ToolOutput, types::ToolError> {
     convert(crate::dispatch(entries, tool_id, arguments, &HostState))
+}
+
+/// Run a generic adapter's call over its pinned data and the host's state.
+pub fn call_adapter<A: crate::Adapter>(tool_id: &str, arguments: &str) -> Result<crate::RawOutput, crate::ToolError> {
+    A::call(&pinned(), tool_id, arguments, &HostState)
 }
 
 /// A raw result in WIT types.

@@ -33,6 +33,7 @@ extern crate self as toolgate_sdk;
 
 pub mod mcp;
 pub mod metadata;
+pub mod skill;
 
 pub use metadata::{Access, Annotations, ComponentMetadata, DeclaredCapabilities, ToolDescriptor, ToolMetadata};
 pub use schemars;
@@ -240,6 +241,17 @@ pub fn dispatch(
     }
 }
 
+/// A generic component whose Tools come from its own pinned data (the
+/// `toolgate-pinned` section) rather than from Rust types: the Skill and MCP
+/// adapters shipped inside `toolgate`. Its `describe` derives the metadata
+/// from the pinned data, so the descriptor still has one source.
+pub trait Adapter {
+    /// The metadata document for `pinned`.
+    fn metadata(pinned: &[u8]) -> Result<ComponentMetadata, ToolError>;
+    /// Run `tool_id` with JSON `arguments`.
+    fn call(pinned: &[u8], tool_id: &str, arguments: &str, state: &dyn StateView) -> Result<RawOutput, ToolError>;
+}
+
 #[cfg(feature = "guest")]
 #[doc(hidden)]
 pub mod guest;
@@ -278,6 +290,35 @@ macro_rules! export_tools {
                 }
             }
             $crate::guest::bindings::export!(__ToolgateComponent with_types_in $crate::guest::bindings);
+        };
+    };
+}
+
+/// Export a generic [`Adapter`] as this component's Tools.
+#[cfg(feature = "guest")]
+#[macro_export]
+macro_rules! export_adapter {
+    ($adapter:ty) => {
+        const _: () = {
+            struct __ToolgateAdapter;
+            impl $crate::guest::bindings::exports::toolgate::plugin::tool::Guest for __ToolgateAdapter {
+                fn describe() -> ::std::string::String {
+                    match <$adapter as $crate::Adapter>::metadata(&$crate::guest::pinned()) {
+                        Ok(doc) => $crate::serde_json::to_string(&doc).unwrap_or_default(),
+                        Err(_) => ::std::string::String::new(),
+                    }
+                }
+                fn call(
+                    tool_id: ::std::string::String,
+                    arguments: ::std::string::String,
+                ) -> ::std::result::Result<
+                    $crate::guest::bindings::toolgate::plugin::types::ToolOutput,
+                    $crate::guest::bindings::toolgate::plugin::types::ToolError,
+                > {
+                    $crate::guest::convert($crate::guest::call_adapter::<$adapter>(&tool_id, &arguments))
+                }
+            }
+    $crate::guest::bindings::export!(__ToolgateAdapter with_types_in $crate::guest::bindings);
         };
     };
 }

@@ -1,8 +1,8 @@
 //! MCP adapter: a remote MCP server's tools, pinned, as toolgate Tools.
 //!
 //! `toolgate mcp import URL -o FILE.wasm` asks a remote server (streamable
-//! HTTP) for its tools once and writes an [`AdapterConfig`] into a generated
-//! component that uses this module. The config *pins* each remote tool: its
+//! HTTP) for its tools once and writes an [`AdapterConfig`] into the pinned
+//! section of the prebuilt MCP adapter component ([`McpAdapter`]). The config *pins* each remote tool: its
 //! description and schemas become the Tool's descriptor, and at call time the
 //! adapter refuses to call a remote tool whose definition no longer matches
 //! the pin ([`drift`]) — a changed definition is never passed silently to the
@@ -381,38 +381,35 @@ mod client {
     }
 }
 
-/// Export an MCP adapter whose [`AdapterConfig`] is the JSON text `$config`.
-/// Written by `toolgate mcp import`; not meant to be used by hand.
-#[cfg(feature = "guest")]
-#[macro_export]
-macro_rules! export_mcp_adapter {
-    ($config:expr) => {
-        const _: () = {
-            struct __ToolgateMcpAdapter;
-            fn __config() -> ::std::result::Result<$crate::mcp::AdapterConfig, $crate::ToolError> {
-                $crate::serde_json::from_str($config)
-                    .map_err(|e| $crate::ToolError::failed(format!("the adapter's pinned config is unreadable: {e}")))
-            }
-            impl $crate::guest::bindings::exports::toolgate::plugin::tool::Guest for __ToolgateMcpAdapter {
-                fn describe() -> ::std::string::String {
-                    match __config() {
-                        Ok(c) => $crate::serde_json::to_string(&c.metadata()).unwrap_or_default(),
-                        Err(_) => ::std::string::String::new(),
-                    }
-                }
-                fn call(
-                    tool_id: ::std::string::String,
-                    arguments: ::std::string::String,
-                ) -> ::std::result::Result<
-                    $crate::guest::bindings::toolgate::plugin::types::ToolOutput,
-                    $crate::guest::bindings::toolgate::plugin::types::ToolError,
-                > {
-                    $crate::guest::convert(__config().and_then(|c| $crate::mcp::call(&c, &tool_id, &arguments)))
-                }
-            }
-    $crate::guest::bindings::export!(__ToolgateMcpAdapter with_types_in $crate::guest::bindings);
-        };
-    };
+/// The generic MCP adapter (`export_adapter!(toolgate_sdk::mcp::McpAdapter)`):
+/// its pinned data is an [`AdapterConfig`] (JSON).
+pub struct McpAdapter;
+
+impl AdapterConfig {
+    /// Read pinned bytes.
+    pub fn from_pinned(data: &[u8]) -> Result<AdapterConfig, crate::ToolError> {
+        serde_json::from_slice(data)
+            .map_err(|e| crate::ToolError::failed(format!("the adapter's pinned config is unreadable: {e}")))
+    }
+}
+
+impl crate::Adapter for McpAdapter {
+    fn metadata(pinned: &[u8]) -> Result<ComponentMetadata, crate::ToolError> {
+        Ok(AdapterConfig::from_pinned(pinned)?.metadata())
+    }
+    #[cfg(feature = "guest")]
+    fn call(
+        pinned: &[u8],
+        tool_id: &str,
+        arguments: &str,
+        _state: &dyn crate::StateView,
+    ) -> Result<crate::RawOutput, crate::ToolError> {
+        call(&AdapterConfig::from_pinned(pinned)?, tool_id, arguments)
+    }
+    #[cfg(not(feature = "guest"))]
+    fn call(_: &[u8], _: &str, _: &str, _: &dyn crate::StateView) -> Result<crate::RawOutput, crate::ToolError> {
+        Err(crate::ToolError::failed("the MCP adapter calls out only inside a component"))
+    }
 }
 
 #[cfg(test)]

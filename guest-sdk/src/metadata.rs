@@ -12,6 +12,9 @@ use serde::{Deserialize, Serialize};
 
 /// Name of the custom section that carries the [`ComponentMetadata`] JSON.
 pub const METADATA_SECTION: &str = "toolgate-metadata";
+/// Name of the custom section holding a component's own pinned data (what
+/// the `pinned` import returns): a Skill's content, an MCP adapter's pins.
+pub const PINNED_SECTION: &str = "toolgate-pinned";
 /// Version of the metadata document layout.
 pub const METADATA_FORMAT: u32 = 1;
 /// The WIT package every Tool component targets.

@@ -11,10 +11,9 @@ use toolgate_tests::{TestHost, guests, packed};
 fn skill_component() -> Vec<u8> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../example-tools/skills/release-notes");
     let skill = toolgate_author::skill::read(&dir).unwrap();
-    let raw = toolgate_author::skill::build(&skill, &toolgate_author::skill::BuildEnv::default()).unwrap();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(toolgate_author::pack::pack(&raw)).unwrap().0
+        rt.block_on(toolgate_author::skill::pack(&skill)).unwrap().0
     })
     .join()
     .unwrap()

@@ -92,6 +92,25 @@ impl Lang {
     }
 }
 
+/// `PATH` without any directory holding `cargo` or `rustc`: a command run with
+/// it (and without `CARGO`) proves it needs no Rust toolchain.
+pub fn path_without_toolchain() -> std::ffi::OsString {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let kept: Vec<PathBuf> =
+        std::env::split_paths(&path).filter(|d| !d.join("cargo").exists() && !d.join("rustc").exists()).collect();
+    std::env::join_paths(kept).unwrap_or_default()
+}
+
+/// `cmd` with no way to reach a Rust toolchain: `PATH` without cargo and
+/// rustc, no `CARGO`, `RUSTC` or rustup variables.
+pub fn without_toolchain(cmd: &mut std::process::Command) -> &mut std::process::Command {
+    cmd.env("PATH", path_without_toolchain());
+    for var in ["CARGO", "RUSTC", "RUSTUP_HOME", "RUSTUP_TOOLCHAIN", "CARGO_HOME"] {
+        cmd.env_remove(var);
+    }
+    cmd
+}
+
 /// A host over a temporary directory: `plugins/`, `journal.db`, `cache/`.
 pub struct TestHost {
     /// The temporary directory (removed on drop).

@@ -6,7 +6,8 @@
 //! - [`skill`]: turn an Agent Skills folder into a Tool component.
 //! - [`mcp_import`]: list a remote MCP server's tools once and pin them into
 //!   an adapter component whose calls leave through the host's boundary.
-//! - [`generate`]: build the SDK source the two above write.
+//! - [`adapters`]: the generic Skill and MCP components shipped in the
+//!   binary, which the two above fill with pinned data (no toolchain).
 //! - [`scaffold`]: `toolgate new` and `toolgate build` for a Tool project.
 //!
 //! Architecture invariant: nothing here is used by a host loading a plugin
@@ -15,7 +16,7 @@
 
 #![deny(missing_docs)]
 
-pub mod generate;
+pub mod adapters;
 pub mod mcp_import;
 pub mod pack;
 pub mod scaffold;

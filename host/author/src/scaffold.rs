@@ -76,10 +76,14 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ScaffoldError + '_ {
     move |source| ScaffoldError::Io { path: path.to_owned(), source }
 }
 
-/// The default SDK of `lang` in a toolgate checkout rooted at `checkout`.
-pub fn default_sdk(lang: Lang, guest_sdk: &Path) -> PathBuf {
+/// The default SDK of `lang`: under `TOOLGATE_SDK` (a `guest-sdk`
+/// directory), else in the checkout this binary was built from.
+pub fn default_sdk(lang: Lang) -> PathBuf {
+    let guest_sdk = std::env::var_os("TOOLGATE_SDK")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guest-sdk"));
     match lang {
-        Lang::Rust => guest_sdk.to_owned(),
+        Lang::Rust => guest_sdk,
         Lang::Python => guest_sdk.join("python"),
     }
 }

@@ -199,9 +199,6 @@ enum McpCommand {
         /// Where to write the component.
         #[arg(short, long)]
         output: PathBuf,
-        /// Also write the generated Rust source here, to review or vendor the pin.
-        #[arg(long)]
-        emit_source: Option<PathBuf>,
     },
 }
 
@@ -283,9 +280,7 @@ async fn dispatch(cli: Cli) -> Result<u8> {
         Command::New { name, lang, sdk } => {
             use toolgate_author::scaffold::{self, Lang};
             let lang: Lang = lang.parse().map_err(anyhow::Error::msg)?;
-            let sdk = sdk
-                .clone()
-                .unwrap_or_else(|| scaffold::default_sdk(lang, &toolgate_author::generate::BuildEnv::default().sdk));
+            let sdk = sdk.clone().unwrap_or_else(|| scaffold::default_sdk(lang));
             let hint = if lang == Lang::Rust { "guest-sdk" } else { "guest-sdk/python" };
             let sdk = std::fs::canonicalize(&sdk)
                 .with_context(|| format!("the toolgate SDK is not at {}; pass --sdk PATH/TO/{hint}", sdk.display()))?;
@@ -354,9 +349,7 @@ async fn dispatch(cli: Cli) -> Result<u8> {
         }
         Command::Skill { command: SkillCommand::Pack { dir, output } } => {
             let skill = toolgate_author::skill::read(dir)?;
-            eprintln!("building {} ...", skill.tool_id());
-            let raw = toolgate_author::skill::build(&skill, &toolgate_author::skill::BuildEnv::default())?;
-            let (packed, tools) = toolgate_author::pack::pack(&raw).await?;
+            let (packed, tools) = toolgate_author::skill::pack(&skill).await?;
             std::fs::write(output, &packed).with_context(|| format!("cannot write {}", output.display()))?;
             eprintln!("packed {} into {} ({})", skill.tool_id(), output.display(), toolgate::Digest::of(&packed));
             for t in tools {
@@ -364,9 +357,8 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             }
             Ok(exit::OUTPUT)
         }
-        Command::Mcp { command: McpCommand::Import { url, credential, name, output, emit_source } } => {
-            let source = emit_source.as_deref();
-            mcp_import(&cli.config, url, credential.as_deref(), name.as_deref(), output, source).await
+        Command::Mcp { command: McpCommand::Import { url, credential, name, output } } => {
+            mcp_import(&cli.config, url, credential.as_deref(), name.as_deref(), output).await
         }
         Command::Keygen { output, purpose } => {
             let (secret, public) = toolgate::keys::keygen().map_err(anyhow::Error::msg)?;
@@ -547,7 +539,6 @@ async fn mcp_import(
     credential: Option<&str>,
     name: Option<&str>,
     output: &Path,
-    emit_source: Option<&Path>,
 ) -> Result<u8> {
     use toolgate_author::mcp_import as mcp_adapter;
     let spec = match credential {
@@ -565,18 +556,7 @@ async fn mcp_import(
     };
     let discovered = mcp_adapter::discover(url, spec.as_deref()).await?;
     let pinned = mcp_adapter::pin(url, &discovered, name, credential)?;
-    eprintln!("building the adapter for {} tool(s) of `{}` ...", pinned.tools.len(), pinned.server);
-    let source = mcp_adapter::source(&pinned);
-    if let Some(path) = emit_source {
-        std::fs::write(path, &source).with_context(|| format!("cannot write {}", path.display()))?;
-    }
-    let raw = toolgate_author::generate::build(
-        &mcp_adapter::crate_name(&pinned),
-        &source,
-        &toolgate_author::generate::BuildEnv::default(),
-    )
-    .map_err(|e| anyhow::anyhow!("building the adapter component failed: {e}"))?;
-    let (packed, tools) = toolgate_author::pack::pack(&raw).await?;
+    let (packed, tools) = mcp_adapter::assemble(&pinned).await?;
     std::fs::write(output, &packed).with_context(|| format!("cannot write {}", output.display()))?;
     eprintln!("pinned {} tool(s) into {} ({})", tools.len(), output.display(), toolgate::Digest::of(&packed));
     if let Some(origin) = toolgate_sdk::mcp::origin(url) {
@@ -608,7 +588,11 @@ fn inspect(file: &Path, as_json: bool) -> Result<u8> {
                 })
             })
             .collect();
-        println!("{}", json!({ "file": file, "digest": component.digest.to_string(), "tools": tools }));
+        let pinned = pinned_json(&component.pinned);
+        println!(
+            "{}",
+            json!({ "file": file, "digest": component.digest.to_string(), "tools": tools, "pinned": pinned })
+        );
     } else {
         println!("{}  {}", safe(&file.display().to_string()), component.digest);
         for t in &component.tools {
@@ -622,8 +606,25 @@ fn inspect(file: &Path, as_json: bool) -> Result<u8> {
                 println!("    capabilities: {}", safe(&serde_json::to_string(c).unwrap_or_default()));
             }
         }
+        // An adapter's pinned data (a Skill's content, an MCP adapter's pins):
+        // what it serves and checks, readable for review.
+        if !component.pinned.is_empty() {
+            let text = serde_json::to_string_pretty(&pinned_json(&component.pinned)).unwrap_or_default();
+            println!("  pinned data ({} bytes):", component.pinned.len());
+            for line in text.lines() {
+                println!("    {}", safe(line));
+            }
+        }
     }
     Ok(exit::OUTPUT)
+}
+
+/// Pinned data as JSON (both adapters pin JSON); anything else as its size.
+fn pinned_json(pinned: &[u8]) -> serde_json::Value {
+    if pinned.is_empty() {
+        return serde_json::Value::Null;
+    }
+    serde_json::from_slice(pinned).unwrap_or_else(|_| json!({ "bytes": pinned.len() }))
 }
 
 fn list(config: &Config, snapshot: &ExecutableAgentSnapshot, all: bool, as_json: bool) -> Result<u8> {

@@ -469,3 +469,38 @@ fn from_nothing_to_a_gated_call(lang: &str, files: &[&str]) {
         assert!(out.status.success(), "{}", text(&out.stderr));
     }
 }
+
+/// `toolgate skill pack` needs no Rust toolchain: it writes the Skill into the
+/// generic Skill component shipped in the binary. The result is an ordinary
+/// component whose digest covers the Skill; `inspect` shows the pinned data,
+/// and a changed Skill is a different component.
+#[test]
+fn skill_pack_needs_no_toolchain_and_inspect_shows_the_pinned_skill() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let skill = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../example-tools/skills/release-notes");
+    let pack = |from: &Path, to: &str| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_toolgate"));
+        toolgate_tests::without_toolchain(&mut cmd);
+        cmd.current_dir(d).args(["skill", "pack"]).arg(from).args(["-o", to]).output().unwrap()
+    };
+    let out = pack(&skill, "skill.wasm");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "skill.release-notes");
+    let out = tg(d, &["inspect", "skill.wasm", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["pinned"]["id"], "skill.release-notes");
+    let instructions = shown["pinned"]["instructions"].as_str().unwrap();
+    let body = std::fs::read_to_string(skill.join("SKILL.md")).unwrap();
+    assert!(!instructions.is_empty() && body.contains(instructions.trim()), "{instructions}");
+
+    // Another Skill, same adapter code: another digest.
+    let copy = d.join("other/release-notes");
+    std::fs::create_dir_all(&copy).unwrap();
+    std::fs::write(copy.join("SKILL.md"), body.replacen("\n---\n", "\n---\nOne more line.\n", 1)).unwrap();
+    let out = pack(&copy, "copy.wasm");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let digest = |f: &str| toolgate::Digest::of(&std::fs::read(d.join(f)).unwrap());
+    assert_ne!(digest("skill.wasm"), digest("copy.wasm"), "the digest covers the pinned Skill");
+}

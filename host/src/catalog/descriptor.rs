@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use toolgate_sdk::metadata::{
-    ComponentMetadata, METADATA_FORMAT, METADATA_SECTION, ToolMetadata, WIT_PACKAGE, WIT_VERSION,
+    ComponentMetadata, METADATA_FORMAT, METADATA_SECTION, PINNED_SECTION, ToolMetadata, WIT_PACKAGE, WIT_VERSION,
 };
 use wasmparser::{Chunk, Encoding, Parser, Payload};
 
@@ -47,6 +47,11 @@ pub enum DescriptorError {
     /// More than one metadata section.
     #[error("{0} `{METADATA_SECTION}` sections; a component carries exactly one, re-run `toolgate pack`")]
     DuplicateMetadata(usize),
+    /// More than one pinned-data section.
+    #[error(
+        "{0} `{PINNED_SECTION}` sections; a component carries at most one, re-run `toolgate skill pack` or `toolgate mcp import`"
+    )]
+    DuplicatePinned(usize),
     /// Metadata too large.
     #[error("`{METADATA_SECTION}` section is {0} bytes, more than the {MAX_METADATA_BYTES} allowed")]
     MetadataTooLarge(usize),
@@ -306,6 +311,7 @@ fn compile_schema(schema: &serde_json::Value) -> Result<jsonschema::Validator, S
 
 struct Scan<'a> {
     metadata: Vec<&'a [u8]>,
+    pinned: Vec<&'a [u8]>,
     exports_tool: bool,
 }
 
@@ -316,7 +322,7 @@ fn scan(bytes: &[u8]) -> Result<Scan<'_>, DescriptorError> {
     }
     let mut parser = Parser::new(0);
     let mut offset = 0usize;
-    let mut out = Scan { metadata: Vec::new(), exports_tool: false };
+    let mut out = Scan { metadata: Vec::new(), pinned: Vec::new(), exports_tool: false };
     let tool_export = format!("{WIT_PACKAGE}/tool@");
     loop {
         let rest = bytes.get(offset..).unwrap_or_default();
@@ -341,6 +347,7 @@ fn scan(bytes: &[u8]) -> Result<Scan<'_>, DescriptorError> {
                 }
             }
             Payload::CustomSection(c) if c.name() == METADATA_SECTION => out.metadata.push(c.data()),
+            Payload::CustomSection(c) if c.name() == PINNED_SECTION => out.pinned.push(c.data()),
             Payload::ComponentExportSection(reader) => {
                 for export in reader {
                     let export = export.map_err(|e| DescriptorError::Malformed(e.message().to_owned()))?;
@@ -358,6 +365,17 @@ fn scan(bytes: &[u8]) -> Result<Scan<'_>, DescriptorError> {
     }
 }
 
+/// The component's own pinned data: its one top-level `toolgate-pinned`
+/// section, or nothing. Served back to it by the `pinned` import.
+pub fn read_pinned(bytes: &[u8]) -> Result<Vec<u8>, DescriptorError> {
+    let scan = scan(bytes)?;
+    match scan.pinned.as_slice() {
+        [] => Ok(Vec::new()),
+        [one] => Ok(one.to_vec()),
+        many => Err(DescriptorError::DuplicatePinned(many.len())),
+    }
+}
+
 /// The component bytes with `doc` as its one metadata section (replacing any
 /// earlier one). Used by `toolgate pack`.
 pub fn embed_metadata(component: &[u8], doc: &ComponentMetadata) -> Result<Vec<u8>, DescriptorError> {
@@ -365,8 +383,13 @@ pub fn embed_metadata(component: &[u8], doc: &ComponentMetadata) -> Result<Vec<u
     if json.len() > MAX_METADATA_BYTES {
         return Err(DescriptorError::MetadataTooLarge(json.len()));
     }
-    // Copy every top-level section except an old metadata section, verbatim.
-    let mut out = Vec::with_capacity(component.len() + json.len() + 32);
+    embed_section(component, METADATA_SECTION, &json)
+}
+
+/// The component bytes with `data` as its one top-level custom section
+/// `name` (replacing any earlier one); every other section verbatim.
+pub fn embed_section(component: &[u8], name: &str, data: &[u8]) -> Result<Vec<u8>, DescriptorError> {
+    let mut out = Vec::with_capacity(component.len() + data.len() + 32);
     let mut parser = Parser::new(0);
     let mut offset = 0usize;
     loop {
@@ -387,13 +410,12 @@ pub fn embed_metadata(component: &[u8], doc: &ComponentMetadata) -> Result<Vec<u
                 offset += unchecked_range.end - unchecked_range.start;
                 out.extend_from_slice(slice(component, start, offset)?);
             }
-            Payload::CustomSection(c) if c.name() == METADATA_SECTION => {}
+            Payload::CustomSection(c) if c.name() == name => {}
             Payload::End(_) => break,
             _ => out.extend_from_slice(slice(component, start, offset)?),
         }
     }
-    let section =
-        wasm_encoder::CustomSection { name: METADATA_SECTION.into(), data: std::borrow::Cow::Borrowed(&json) };
+    let section = wasm_encoder::CustomSection { name: name.into(), data: std::borrow::Cow::Borrowed(data) };
     wasm_encoder::ComponentSection::append_to_component(&section, &mut out);
     Ok(out)
 }

@@ -34,6 +34,9 @@ pub struct Component {
     pub digest: Digest,
     /// Its Tools.
     pub tools: Vec<Arc<CheckedTool>>,
+    /// Its `toolgate-pinned` section (empty when it has none), which the
+    /// `pinned` import hands back to it at call time.
+    pub pinned: Arc<[u8]>,
 }
 
 /// An installed Tool: its checked descriptor and the one component that implements it.
@@ -212,7 +215,8 @@ fn load_file_checked(path: &Path, check: impl Fn(&Digest) -> Result<(), String>)
     let digest = Digest::of(&bytes);
     check(&digest)?;
     let tools = descriptor::read_metadata(&bytes).map_err(|e: DescriptorError| e.to_string())?;
-    Ok(Component { path: path.to_owned(), digest, tools })
+    let pinned = descriptor::read_pinned(&bytes).map_err(|e: DescriptorError| e.to_string())?.into();
+    Ok(Component { path: path.to_owned(), digest, tools, pinned })
 }
 
 /// Read a component file, refusing anything over [`MAX_COMPONENT_BYTES`].

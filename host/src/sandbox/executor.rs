@@ -41,13 +41,15 @@ use crate::sandbox::capture::Capture;
 
 mod bindings {
     wasmtime::component::bindgen!({
-        world: "plugin",
+        // `adapter` is `plugin` plus the `pinned` import: every component
+        // may read its own pinned section; most never import it.
+        world: "adapter",
         path: "../wit",
         exports: { default: async },
     });
 }
 
-use bindings::toolgate::plugin::{log as wit_log, state as wit_state, types as wit_types};
+use bindings::toolgate::plugin::{log as wit_log, pinned as wit_pinned, state as wit_state, types as wit_types};
 
 /// How often the epoch advances; deadlines are whole ticks.
 const EPOCH_TICK: Duration = Duration::from_millis(5);
@@ -267,6 +269,8 @@ struct CallState {
     limits: StoreLimits,
     state: BTreeMap<String, String>,
     log: Capture,
+    /// The component's own `toolgate-pinned` section (usually empty).
+    pinned: Arc<[u8]>,
 }
 
 impl WasiView for CallState {
@@ -289,6 +293,12 @@ impl wit_log::Host for CallState {
     }
 }
 
+impl wit_pinned::Host for CallState {
+    fn data(&mut self) -> Vec<u8> {
+        self.pinned.to_vec()
+    }
+}
+
 impl wit_state::Host for CallState {
     fn get(&mut self, key: String) -> Option<String> {
         self.state.get(&key).cloned()
@@ -298,7 +308,7 @@ impl wit_state::Host for CallState {
     }
 }
 
-type Pre = bindings::PluginPre<CallState>;
+type Pre = bindings::AdapterPre<CallState>;
 
 /// The sandbox.
 pub struct Executor {
@@ -427,7 +437,7 @@ impl Executor {
         refuse_special_files(&mut linker).map_err(ExecutorError::Engine)?;
         // The only network a guest gets: HTTP through the outbound policy.
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(ExecutorError::Engine)?;
-        bindings::Plugin::add_to_linker::<CallState, wasmtime::component::HasSelf<CallState>>(&mut linker, |s| s)
+        bindings::Adapter::add_to_linker::<CallState, wasmtime::component::HasSelf<CallState>>(&mut linker, |s| s)
             .map_err(ExecutorError::Engine)?;
 
         // The compiled-code cache is keyed by everything a compiled artifact
@@ -548,6 +558,7 @@ impl Executor {
                 .build(),
             state,
             log: log.clone(),
+            pinned: component.pinned.clone(),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
@@ -764,7 +775,7 @@ impl Executor {
             path: path.to_owned(),
             reason: format!("{e:#}; the component imports something this host does not provide"),
         })?;
-        bindings::PluginPre::new(pre).map_err(|e| ExecutorError::Load {
+        bindings::AdapterPre::new(pre).map_err(|e| ExecutorError::Load {
             path: path.to_owned(),
             reason: format!("{e:#}; build it with toolgate-sdk's `export_tools!`"),
         })
@@ -796,8 +807,11 @@ impl Executor {
             .linker
             .instantiate_pre(&component)
             .map_err(|e| ExecutorError::Load { path: path.clone(), reason: format!("{e:#}") })?;
-        let pre = bindings::PluginPre::new(pre)
+        let pre = bindings::AdapterPre::new(pre)
             .map_err(|e| ExecutorError::Load { path: path.clone(), reason: format!("{e:#}") })?;
+        let pinned: Arc<[u8]> = catalog::descriptor::read_pinned(bytes)
+            .map_err(|e| ExecutorError::Load { path: path.clone(), reason: e.to_string() })?
+            .into();
         let limits = &self.settings.limits;
         let no_http = HttpLimits {
             request_bytes: 0,
@@ -825,6 +839,7 @@ impl Executor {
                 .build(),
             state: BTreeMap::new(),
             log: Capture::new(0),
+            pinned,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
