@@ -211,6 +211,8 @@ struct RawConfig {
     plugins: Option<PathBuf>,
     store: Option<String>,
     #[serde(default)]
+    durability: Durability,
+    #[serde(default)]
     postgres: Option<PostgresOptions>,
     cache: Option<PathBuf>,
     lock: Option<PathBuf>,
@@ -228,6 +230,22 @@ struct RawConfig {
     approval: Option<ApprovalConfig>,
     #[serde(default)]
     serve: ServeConfig,
+}
+
+/// What an acknowledged step survives: the `durability` value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// A crash of the machine or a power loss: every commit is fsynced
+    /// before it is acknowledged (SQLite WAL `synchronous = FULL`). The default.
+    #[default]
+    Machine,
+    /// A crash of the toolgate process (SIGKILL, panic, OOM kill): a commit
+    /// reaches the operating system before it is acknowledged, and the disk
+    /// at the next checkpoint (SQLite WAL `synchronous = NORMAL`). A power
+    /// loss or an OS crash may lose the last acknowledged steps. Saves the
+    /// one fsync per call.
+    Process,
 }
 
 /// Where the journal lives: the `store` value.
@@ -380,6 +398,8 @@ pub struct Config {
     pub plugins: PathBuf,
     /// Where the journal lives.
     pub store: StoreLocation,
+    /// What an acknowledged step survives (SQLite journal).
+    pub durability: Durability,
     /// Compiled-component cache directory.
     pub cache: PathBuf,
     /// `toolgate.lock`: when it exists, only pinned plugin digests load.
@@ -571,6 +591,13 @@ impl Config {
             }
             s => StoreLocation::Sqlite(abs(s.map_or_else(|| ".toolgate/journal.db".into(), PathBuf::from))),
         };
+        if raw.durability == Durability::Process && matches!(store, StoreLocation::Postgres(_)) {
+            return Err(field(
+                "durability",
+                "\"process\" applies to the SQLite journal; with PostgreSQL the server decides                  (its `synchronous_commit` setting): remove `durability`"
+                    .into(),
+            ));
+        }
         if raw.postgres.is_some() && !matches!(store, StoreLocation::Postgres(_)) {
             return Err(field(
                 "postgres",
@@ -628,6 +655,7 @@ impl Config {
             source: Some(path.to_owned()),
             plugins,
             store,
+            durability: raw.durability,
             cache,
             lock,
             limits: raw.limits,
@@ -826,6 +854,17 @@ mod tests {
             "[agents.bot]\nrules = [{ pattern = \"ok\", behavior = \"allow\" }, { pattern = \"x(\", behavior = \"deny\" }]\n",
         );
         assert!(s.contains("rule 1") && s.contains("x("), "{s}");
+    }
+
+    #[test]
+    fn durability_is_machine_unless_said_and_only_for_sqlite() {
+        assert_eq!(parse("").unwrap().durability, Durability::Machine);
+        assert_eq!(parse("durability = \"process\"\n").unwrap().durability, Durability::Process);
+        assert_eq!(parse("durability = \"machine\"\n").unwrap().durability, Durability::Machine);
+        let e = parse("durability = \"fast\"\n").unwrap_err().to_string();
+        assert!(e.contains("durability") && e.contains("machine") && e.contains("process"), "{e}");
+        let e = parse("store = \"postgres://u@h/db\"\ndurability = \"process\"\n").unwrap_err().to_string();
+        assert!(e.contains("durability") && e.contains("synchronous_commit"), "{e}");
     }
 
     #[test]

@@ -53,7 +53,7 @@ pub fn catalog(config: &Config) -> Result<Catalog, CatalogError> {
 pub async fn store(config: &Config) -> Result<Arc<dyn StepStore>, CommitError> {
     match &config.store {
         StoreLocation::Memory => Ok(Arc::new(SqliteJournal::in_memory()?)),
-        StoreLocation::Sqlite(path) => Ok(Arc::new(SqliteJournal::open(path)?)),
+        StoreLocation::Sqlite(path) => Ok(Arc::new(SqliteJournal::open_with(path, config.durability)?)),
         #[cfg(feature = "postgres")]
         StoreLocation::Postgres(pg) => {
             let password = match &pg.password {

@@ -278,6 +278,18 @@ fn migrate(conn: &mut Connection, path: &str) -> Result<(), CommitError> {
 impl SqliteJournal {
     /// Open (creating if needed, migrating if older) the journal at `path`.
     pub fn open(path: &Path) -> Result<Self, CommitError> {
+        Self::open_with(path, crate::config::Durability::Machine)
+    }
+
+    /// [`SqliteJournal::open`] with `durability`: `Machine` fsyncs every
+    /// commit (`synchronous = FULL`), `Process` only at checkpoints
+    /// (`synchronous = NORMAL`, which in WAL mode survives a crash of the
+    /// process but not a power loss).
+    pub fn open_with(path: &Path, durability: crate::config::Durability) -> Result<Self, CommitError> {
+        let synchronous = match durability {
+            crate::config::Durability::Machine => "FULL",
+            crate::config::Durability::Process => "NORMAL",
+        };
         let shown = path.display().to_string();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             let mut builder = std::fs::DirBuilder::new();
@@ -288,11 +300,11 @@ impl SqliteJournal {
         }
         owner_only(path).map_err(|source| CommitError::Directory { path: shown.clone(), source })?;
         let open = || Connection::open(path).map_err(|source| CommitError::Sqlite { path: shown.clone(), source });
-        let mut journal = Self::init(open()?, shown.clone(), true)?;
+        let mut journal = Self::init(open()?, shown.clone(), Some(synchronous))?;
         // The committer writes on its own connection (WAL: readers are not blocked).
         let writer = open()?;
         let err = |source| CommitError::Sqlite { path: shown.clone(), source };
-        writer.pragma_update(None, "synchronous", "FULL").map_err(err)?;
+        writer.pragma_update(None, "synchronous", synchronous).map_err(err)?;
         writer.busy_timeout(std::time::Duration::from_secs(10)).map_err(err)?;
         let group = GroupCommitter::start(writer, shown.clone()).map_err(|e| CommitError::Group {
             path: shown.clone(),
@@ -307,15 +319,17 @@ impl SqliteJournal {
     pub fn in_memory() -> Result<Self, CommitError> {
         let conn =
             Connection::open_in_memory().map_err(|source| CommitError::Sqlite { path: IN_MEMORY.into(), source })?;
-        Self::init(conn, IN_MEMORY.into(), false)
+        Self::init(conn, IN_MEMORY.into(), None)
     }
 
-    fn init(mut conn: Connection, path: String, durable: bool) -> Result<Self, CommitError> {
+    /// `synchronous`: `None` in memory; else the file's WAL sync mode.
+    fn init(mut conn: Connection, path: String, synchronous: Option<&str>) -> Result<Self, CommitError> {
         let err = |source| CommitError::Sqlite { path: path.clone(), source };
-        if durable {
-            // WAL + FULL: a committed step survives a crash of the host or the machine.
+        if let Some(synchronous) = synchronous {
+            // WAL + FULL: a committed step survives a crash of the host or the
+            // machine; WAL + NORMAL: of the host (the `durability` setting).
             conn.pragma_update(None, "journal_mode", "WAL").map_err(err)?;
-            conn.pragma_update(None, "synchronous", "FULL").map_err(err)?;
+            conn.pragma_update(None, "synchronous", synchronous).map_err(err)?;
         }
         conn.busy_timeout(std::time::Duration::from_secs(10)).map_err(err)?;
         migrate(&mut conn, &path)?;
@@ -943,6 +957,16 @@ mod tests {
         let (groups, writes) = j.group_commits();
         assert_eq!(writes, 16 * 20 + 1);
         assert!(groups <= writes, "{groups} groups for {writes} writes");
+    }
+
+    #[test]
+    fn durability_sets_the_sync_mode_of_the_file_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let sync = |j: &SqliteJournal| j.with(|c| c.query_row("PRAGMA synchronous", [], |r| r.get::<_, i64>(0))).unwrap();
+        let full = SqliteJournal::open(&dir.path().join("a.db")).unwrap();
+        let normal = SqliteJournal::open_with(&dir.path().join("b.db"), crate::config::Durability::Process).unwrap();
+        // 2 = FULL (fsync per commit), 1 = NORMAL (WAL: fsync at checkpoints).
+        assert_eq!((sync(&full), sync(&normal)), (2, 1));
     }
 
     #[cfg(unix)]
