@@ -37,12 +37,13 @@ TOKEN = "bench-token-0123456789abcdef"
 ENV = {"PATH": os.environ.get("PATH", ""), "TOOLGATE_BENCH_TOKEN": TOKEN}
 
 
-def variant(config: str, name: str, durable: bool) -> str:
-    """A copy of CONFIG next to it: HTTP auth for the agent, and the store."""
+def variant(config: str, name: str, durable: bool, durability: str = "machine") -> str:
+    """A copy of CONFIG next to it: HTTP auth for the agent, and the store
+    (with its `durability`)."""
     with open(config) as f:
         text = f.read()
     if durable:
-        text = text.replace('store = ":memory:"', f'store = "{name}.db"')
+        text = text.replace('store = ":memory:"', f'store = "{name}.db"\ndurability = "{durability}"')
     text += '\n[[serve.auth]]\nagent = "default"\ntoken = { env = "TOOLGATE_BENCH_TOKEN" }\n'
     out = os.path.join(os.path.dirname(config), f"{name}.toml")
     for suffix in ("", "-wal", "-shm"):
@@ -144,8 +145,10 @@ async def main() -> None:
     rust_bin = sys.argv[4]
     memory = variant(config, "bench-memory", durable=False)
     durable = variant(config, "bench-durable", durable=True)
+    process = variant(config, "bench-process", durable=True, durability="process")
     toolgate = stdio([binary, "--config", memory, "serve"])
     toolgate_durable = stdio([binary, "--config", durable, "serve"])
+    toolgate_process = stdio([binary, "--config", process, "serve"])
     trivial = stdio([sys.executable, os.path.join(HERE, "trivial_server.py")])
     rust = stdio([rust_bin])
 
@@ -161,6 +164,7 @@ async def main() -> None:
     legs = {
         ("stdio", "toolgate"): (toolgate, "text.upper"),
         ("stdio", "toolgate_durable"): (toolgate_durable, "text.upper"),
+        ("stdio", "toolgate_process"): (toolgate_process, "text.upper"),
         ("stdio", "rust"): (rust, "upper"),
         ("stdio", "python"): (trivial, "upper"),
         ("http", "toolgate"): (http_servers["toolgate"].client, "text.upper"),
@@ -177,6 +181,7 @@ async def main() -> None:
         for server in http_servers.values():
             server.stop()
     fsyncs = await fsyncs_per_call(binary, durable, 200)
+    fsyncs_process = await fsyncs_per_call(binary, process, 200)
 
     med = statistics.median
     ms = {f"{t}_{who}_call_ms": med(v) * 1e3 for (t, who), v in samples.items()}
@@ -186,6 +191,7 @@ async def main() -> None:
         "rust_trivial_startup_ms": med(rust_starts) * 1e3,
         **ms,
         "fsyncs_per_durable_call": fsyncs,
+        "fsyncs_per_process_durable_call": fsyncs_process,
     }
     for t in ("stdio", "http"):
         result[f"{t}_overhead_ms"] = ms[f"{t}_toolgate_call_ms"] - ms[f"{t}_rust_call_ms"]
@@ -209,6 +215,11 @@ async def main() -> None:
           f"toolgate {result['overhead_vs_python_ms']:+.3f} ms |")
     print(f"| fsync/fdatasync per call, durable journal, one sequential client (strace, 200 calls) | "
           f"{fsyncs:.2f} | one is the floor |")
+    print(f"| stdio, per call with `durability = \"process\"` (fsync at checkpoints): call / above the trivial Rust server | "
+          f"{ms['stdio_toolgate_process_call_ms']:.3f} ms / "
+          f"{ms['stdio_toolgate_process_call_ms'] - ms['stdio_rust_call_ms']:+.3f} ms | |")
+    print(f"| fsync/fdatasync per call, `durability = \"process\"` (strace, 200 calls) | "
+          f"{fsyncs_process:.2f} | below one |")
 
 
 asyncio.run(main())

@@ -10,8 +10,10 @@
 //! host died mid-call is settled as interrupted rather than left dangling or
 //! run again. Two processes approving the same ticket at once execute it once.
 //!
-//! CI runs a bounded number of kills (`TOOLGATE_CRASH_KILLS`, default 100);
-//! set it higher for a longer run.
+//! The random kills run in both `durability` modes: `machine` (every commit
+//! fsynced) and `process` (fsync at checkpoints). CI runs a bounded number of
+//! kills per mode (`TOOLGATE_CRASH_KILLS`, default 100); set it higher for a
+//! longer run.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -75,7 +77,8 @@ fn json_out(o: &Output) -> Value {
     })
 }
 
-fn setup() -> tempfile::TempDir {
+/// A host directory whose journal has `durability` (`machine` or `process`).
+fn setup(durability: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("plugins")).unwrap();
     std::fs::write(dir.path().join("plugins/notes.wasm"), packed(guests::NOTES)).unwrap();
@@ -88,19 +91,33 @@ fn setup() -> tempfile::TempDir {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let approval = String::from_utf8(o.stdout).unwrap();
-    std::fs::write(dir.path().join("toolgate.toml"), format!("{PREAMBLE}{CONFIG}{approval}")).unwrap();
+    let config = format!("{PREAMBLE}durability = \"{durability}\"\n{CONFIG}{approval}");
+    std::fs::write(dir.path().join("toolgate.toml"), config).unwrap();
     // Compile once (the cache is shared by every process after), so kills land in calls, not compiles.
     let o = host(dir.path(), &["call", "notes", "--args", r#"{"op":"list"}"#]).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     dir
 }
 
+/// With every commit fsynced (`durability = "machine"`, the default).
 #[tokio::test]
 async fn killing_the_host_at_random_points_loses_and_repeats_nothing() {
+    killing_the_host_at_random_points("machine").await;
+}
+
+/// With commits fsynced at checkpoints only (`durability = "process"`): a
+/// killed process still loses nothing it acknowledged (the WAL reached the
+/// OS before the acknowledgement); only a power loss could.
+#[tokio::test]
+async fn with_process_durability_killing_the_host_loses_and_repeats_nothing() {
+    killing_the_host_at_random_points("process").await;
+}
+
+async fn killing_the_host_at_random_points(durability: &str) {
     let kills: u64 = std::env::var("TOOLGATE_CRASH_KILLS").ok().and_then(|k| k.parse().ok()).unwrap_or(100);
     let seed: u64 = std::env::var("TOOLGATE_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed_c0de);
     let mut rng = Rng(seed);
-    let dir = setup();
+    let dir = setup(durability);
     let d = dir.path();
 
     // How long an uninterrupted call takes here, so kill points spread over a whole call.
@@ -231,7 +248,7 @@ async fn killing_the_host_at_random_points_loses_and_repeats_nothing() {
 
 #[tokio::test]
 async fn two_processes_approving_one_ticket_execute_it_once() {
-    let dir = setup();
+    let dir = setup("machine");
     let d = dir.path();
     for round in 0..5 {
         let args = json!({"op": "add", "note": format!("ask-race-{round}")}).to_string();
