@@ -80,13 +80,37 @@ pub async fn store(config: &Config) -> Result<Arc<dyn StepStore>, CommitError> {
     }
 }
 
+/// The executor the config describes: its limits, its compiled-code cache.
+pub fn executor(config: &Config) -> Result<Executor, ExecutorError> {
+    Executor::new(ExecutorSettings::new(config.limits.clone(), Some(config.cache.clone())))
+}
+
+/// Compile every component of `catalog` into the config's compiled-code
+/// cache, so no first call waits for Cranelift. For components an operator
+/// has just pinned (`toolgate lock`): a trust decision already made; a host
+/// never compiles a component before an allowed call otherwise. Returns, per
+/// component, whether it was compiled now (`false`: already cached) or why not.
+pub async fn precompile(
+    config: &Config,
+    catalog: &Catalog,
+) -> Result<Vec<(std::path::PathBuf, Result<bool, String>)>, ExecutorError> {
+    let executor = executor(config)?;
+    let mut out = Vec::new();
+    for c in catalog.components() {
+        let before = executor.compilations();
+        let r = executor.precompile(&c.path, c.digest).await.map(|()| executor.compilations() > before);
+        out.push((c.path.clone(), r.map_err(|e| e.to_string())));
+    }
+    Ok(out)
+}
+
 /// Open agent `agent`'s runtime on `config`: catalog, snapshot, executor and
 /// store, then settle claims of hosts that died mid-approval. Files the
 /// catalog refused are in `runtime.snapshot().catalog().refused()`.
 pub async fn open(config: &Config, agent: &str) -> Result<Runtime, HostError> {
     let catalog = Arc::new(catalog(config)?);
     let snapshot = ExecutableAgentSnapshot::build(config, agent, catalog)?;
-    let executor = Arc::new(Executor::new(ExecutorSettings::new(config.limits.clone(), Some(config.cache.clone())))?);
+    let executor = Arc::new(executor(config)?);
     let runtime = Runtime::new(snapshot, executor, store(config).await?, RuntimeSettings::of(config));
     // A host that died mid-approval left its ticket claimed: record that, once.
     for ticket in runtime.settle_interrupted().await? {

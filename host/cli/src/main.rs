@@ -394,6 +394,16 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             }
             toolgate::catalog::lockfile::Lockfile::write(&config.lock, &pinned)?;
             eprintln!("pinned {} plugin(s) in {}", pinned.len(), config.lock.display());
+            // Pinning is the operator's trust decision: compile what was pinned
+            // now, so no first call waits for the compiler.
+            let mut compiled = 0;
+            for (path, r) in toolgate::host::precompile(&config, &catalog).await? {
+                match r {
+                    Ok(now) => compiled += usize::from(now),
+                    Err(e) => eprintln!("toolgate: {}: not compiled: {}", safe(&path.display().to_string()), safe(&e)),
+                }
+            }
+            eprintln!("compiled {compiled} into {} (the rest were cached)", config.cache.display());
             Ok(exit::OUTPUT)
         }
         Command::Serve { http } => {

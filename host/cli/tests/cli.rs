@@ -155,6 +155,23 @@ fn a_lockfile_refuses_changed_and_unknown_components_until_relocked() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("text.wasm  sha256:"));
     assert!(text(&out.stderr).contains("not pinned") && text(&out.stderr).contains("broken.wasm"));
+    // Pinning compiled what it pinned: every pinned component is in the
+    // compiled-code cache before any call, and nothing refused is.
+    let cached: Vec<String> = std::fs::read_dir(d.join("cache"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".cwasm"))
+        .collect();
+    let pinned: Vec<String> = text(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once("  sha256:").map(|(_, hex)| hex.to_owned()))
+        .collect();
+    assert_eq!(cached.len(), pinned.len(), "{cached:?} vs {pinned:?}");
+    for hex in &pinned {
+        assert!(cached.iter().any(|c| c.starts_with(hex.as_str())), "{hex} not compiled: {cached:?}");
+    }
+    assert!(text(&out.stderr).contains(&format!("compiled {}", pinned.len())), "{}", text(&out.stderr));
     assert_eq!(tg(d, &["call", "text.upper", "--args", r#"{"text":"a"}"#]).status.code(), Some(0));
 
     // A changed build of text.wasm and a new file: both refused, with the fix named.

@@ -693,6 +693,13 @@ impl Executor {
         Ok(ToolOutput { content, commands })
     }
 
+    /// Compile the component at `path` (which must have `digest`) into the
+    /// disk cache now, instead of on its first allowed call. Only for
+    /// components an operator pinned: see `host::precompile`.
+    pub async fn precompile(&self, path: &Path, digest: Digest) -> Result<(), ExecutorError> {
+        self.prepare(path, digest).await.map(|_| ())
+    }
+
     /// The `InstancePre` of a component: compiled once, lazily, on the first
     /// allowed call; from the disk cache when present.
     async fn prepare(&self, path: &Path, digest: Digest) -> Result<Pre, ExecutorError> {
