@@ -232,21 +232,7 @@ struct RawConfig {
     serve: ServeConfig,
 }
 
-/// What an acknowledged step survives: the `durability` value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Durability {
-    /// A crash of the machine or a power loss: every commit is fsynced
-    /// before it is acknowledged (SQLite WAL `synchronous = FULL`). The default.
-    #[default]
-    Machine,
-    /// A crash of the toolgate process (SIGKILL, panic, OOM kill): a commit
-    /// reaches the operating system before it is acknowledged, and the disk
-    /// at the next checkpoint (SQLite WAL `synchronous = NORMAL`). A power
-    /// loss or an OS crash may lose the last acknowledged steps. Saves the
-    /// one fsync per call.
-    Process,
-}
+pub use crate::store::Durability;
 
 /// Where the journal lives: the `store` value.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -278,17 +278,17 @@ fn migrate(conn: &mut Connection, path: &str) -> Result<(), CommitError> {
 impl SqliteJournal {
     /// Open (creating if needed, migrating if older) the journal at `path`.
     pub fn open(path: &Path) -> Result<Self, CommitError> {
-        Self::open_with(path, crate::config::Durability::Machine)
+        Self::open_with(path, crate::store::Durability::Machine)
     }
 
     /// [`SqliteJournal::open`] with `durability`: `Machine` fsyncs every
     /// commit (`synchronous = FULL`), `Process` only at checkpoints
     /// (`synchronous = NORMAL`, which in WAL mode survives a crash of the
     /// process but not a power loss).
-    pub fn open_with(path: &Path, durability: crate::config::Durability) -> Result<Self, CommitError> {
+    pub fn open_with(path: &Path, durability: crate::store::Durability) -> Result<Self, CommitError> {
         let synchronous = match durability {
-            crate::config::Durability::Machine => "FULL",
-            crate::config::Durability::Process => "NORMAL",
+            crate::store::Durability::Machine => "FULL",
+            crate::store::Durability::Process => "NORMAL",
         };
         let shown = path.display().to_string();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -964,7 +964,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let sync = |j: &SqliteJournal| j.with(|c| c.query_row("PRAGMA synchronous", [], |r| r.get::<_, i64>(0))).unwrap();
         let full = SqliteJournal::open(&dir.path().join("a.db")).unwrap();
-        let normal = SqliteJournal::open_with(&dir.path().join("b.db"), crate::config::Durability::Process).unwrap();
+        let normal = SqliteJournal::open_with(&dir.path().join("b.db"), crate::store::Durability::Process).unwrap();
         // 2 = FULL (fsync per commit), 1 = NORMAL (WAL: fsync at checkpoints).
         assert_eq!((sync(&full), sync(&normal)), (2, 1));
     }
