@@ -280,22 +280,23 @@ const TEST_APP_PY: &str = r#""""Native tests of the `{name}` Tools: `.venv/bin/p
 import json
 import unittest
 
-from toolgate_sdk import Failed, MemoryState, dispatch
+from toolgate_sdk import Failed, MemoryState, describe, dispatch
 
 import app
 
 
 class HelloTest(unittest.TestCase):
     def test_hello_greets_by_name(self):
-        out = dispatch("{name}.hello", json.dumps({"name": "world"}), MemoryState())
+        out = dispatch("{name}.hello", json.dumps({"name": "world"}), MemoryState(), tools=[app.Hello])
         self.assertEqual(json.loads(out.json), "Hello, world!")
 
     def test_a_blank_name_fails(self):
         with self.assertRaises(Failed):
-            dispatch("{name}.hello", json.dumps({"name": " "}), MemoryState())
+            dispatch("{name}.hello", json.dumps({"name": " "}), MemoryState(), tools=[app.Hello])
 
     def test_the_schema_comes_from_the_type_hints(self):
-        schema = app.Hello and json.loads(__import__("toolgate_sdk").describe())["tools"][0]["descriptor"]["input_schema"]
+        (tool,) = json.loads(describe([app.Hello]))["tools"]
+        schema = tool["descriptor"]["input_schema"]
         self.assertEqual(schema["required"], ["name"])
         self.assertEqual(schema["properties"]["name"]["description"], "Who to greet.")
 
