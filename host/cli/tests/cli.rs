@@ -163,10 +163,8 @@ fn a_lockfile_refuses_changed_and_unknown_components_until_relocked() {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n.ends_with(".cwasm"))
         .collect();
-    let pinned: Vec<String> = text(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_once("  sha256:").map(|(_, hex)| hex.to_owned()))
-        .collect();
+    let pinned: Vec<String> =
+        text(&out.stdout).lines().filter_map(|l| l.split_once("  sha256:").map(|(_, hex)| hex.to_owned())).collect();
     assert_eq!(cached.len(), pinned.len(), "{cached:?} vs {pinned:?}");
     for hex in &pinned {
         assert!(cached.iter().any(|c| c.starts_with(hex.as_str())), "{hex} not compiled: {cached:?}");

@@ -962,7 +962,8 @@ mod tests {
     #[test]
     fn durability_sets_the_sync_mode_of_the_file_journal() {
         let dir = tempfile::tempdir().unwrap();
-        let sync = |j: &SqliteJournal| j.with(|c| c.query_row("PRAGMA synchronous", [], |r| r.get::<_, i64>(0))).unwrap();
+        let sync =
+            |j: &SqliteJournal| j.with(|c| c.query_row("PRAGMA synchronous", [], |r| r.get::<_, i64>(0))).unwrap();
         let full = SqliteJournal::open(&dir.path().join("a.db")).unwrap();
         let normal = SqliteJournal::open_with(&dir.path().join("b.db"), crate::store::Durability::Process).unwrap();
         // 2 = FULL (fsync per commit), 1 = NORMAL (WAL: fsync at checkpoints).
