@@ -580,7 +580,8 @@ impl Config {
         if raw.durability == Durability::Process && matches!(store, StoreLocation::Postgres(_)) {
             return Err(field(
                 "durability",
-                "\"process\" applies to the SQLite journal; with PostgreSQL the server decides                  (its `synchronous_commit` setting): remove `durability`"
+                "\"process\" applies to the SQLite journal; with PostgreSQL the server decides \
+                 (its `synchronous_commit` setting): remove `durability`"
                     .into(),
             ));
         }

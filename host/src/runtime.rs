@@ -21,11 +21,10 @@
 //! A ticket reaches nothing the model reads: the model sees a correlation
 //! id, and only an [`Approval`] decides.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-
-use std::collections::BTreeMap;
 
 use serde_json::Value;
 

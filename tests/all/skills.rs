@@ -87,3 +87,31 @@ rules = [{ pattern = "text.repeat", behavior = "deny" }]
     let other = host.runtime.start_run(Some(other_id), toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
     assert!(matches!(other.call("hostile.big", json!({"bytes": 1})).await.unwrap(), StepResult::Output { .. }));
 }
+
+/// The `pinned` import hands each component its own pinned section: two
+/// Skills on one host (the same adapter code, different data) each serve
+/// their own instructions, and a component without pinned data reads none.
+#[tokio::test]
+async fn each_component_reads_only_its_own_pinned_data() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../example-tools/skills/release-notes");
+    let mut other = toolgate_author::skill::read(&dir).unwrap();
+    other.name = "other-notes".into();
+    other.instructions = "Only the other Skill says this.".into();
+    other.resources.clear();
+    let other = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(toolgate_author::skill::pack(&other)).unwrap().0
+    })
+    .join()
+    .unwrap();
+    let host = TestHost::new(
+        "[agents.default]\nvisible = [\"skill.*\"]\ndefault = \"allow\"\n",
+        &[("release-notes.wasm", skill_component()), ("other.wasm", other)],
+    );
+    let mine = text(&super::call(&host, "skill.release-notes", json!({})).await);
+    let theirs = text(&super::call(&host, "skill.other-notes", json!({})).await);
+    assert!(mine.contains("Group the items") && !mine.contains("Only the other Skill"), "{mine}");
+    assert_eq!(theirs, "Only the other Skill says this.");
+    let plain = toolgate::catalog::descriptor::read_pinned(&packed(guests::TEXT)).unwrap();
+    assert!(plain.is_empty(), "a component without pinned data reads none");
+}

@@ -152,7 +152,18 @@ fn problems(validator: &jsonschema::Validator, instance: &serde_json::Value) -> 
 
 /// Read and check the metadata of a component without compiling it.
 pub fn read_metadata(bytes: &[u8]) -> Result<Vec<Arc<CheckedTool>>, DescriptorError> {
+    tools_of(&scan(bytes)?)
+}
+
+/// What a host reads from a component file without running it, in one pass
+/// over its top-level sections: its checked Tools ([`read_metadata`]) and its
+/// pinned data ([`read_pinned`]).
+pub fn read_component(bytes: &[u8]) -> Result<(Vec<Arc<CheckedTool>>, Vec<u8>), DescriptorError> {
     let scan = scan(bytes)?;
+    Ok((tools_of(&scan)?, pinned_of(&scan)?))
+}
+
+fn tools_of(scan: &Scan<'_>) -> Result<Vec<Arc<CheckedTool>>, DescriptorError> {
     let raw = match scan.metadata.as_slice() {
         [] => return Err(DescriptorError::MissingMetadata),
         [one] => *one,
@@ -368,7 +379,10 @@ fn scan(bytes: &[u8]) -> Result<Scan<'_>, DescriptorError> {
 /// The component's own pinned data: its one top-level `toolgate-pinned`
 /// section, or nothing. Served back to it by the `pinned` import.
 pub fn read_pinned(bytes: &[u8]) -> Result<Vec<u8>, DescriptorError> {
-    let scan = scan(bytes)?;
+    pinned_of(&scan(bytes)?)
+}
+
+fn pinned_of(scan: &Scan<'_>) -> Result<Vec<u8>, DescriptorError> {
     match scan.pinned.as_slice() {
         [] => Ok(Vec::new()),
         [one] => Ok(one.to_vec()),
@@ -487,6 +501,30 @@ mod tests {
     fn valid_component() -> Vec<u8> {
         let meta = serde_json::to_vec(&doc(vec![tool("text.upper")])).unwrap();
         component_with(&[&meta], Some(TOOL_EXPORT))
+    }
+
+    /// Pinned data is the component's own top-level section only: a nested
+    /// decoy is not it, a second one is refused, re-embedding replaces it, and
+    /// none reads as empty.
+    #[test]
+    fn pinned_data_is_the_one_top_level_section() {
+        let base = valid_component();
+        assert_eq!(read_component(&base).unwrap().1, b"");
+        let mut nested = Component::new();
+        let mut module = Module::new();
+        module.section(&custom(PINNED_SECTION, b"decoy"));
+        nested.section(&ModuleSection(&module));
+        let with_decoy = [base.clone(), nested.finish()[8..].to_vec()].concat();
+        assert_eq!(read_pinned(&with_decoy).unwrap(), b"", "a nested section is the guest's code, not pinned data");
+        let once = embed_section(&base, PINNED_SECTION, b"first").unwrap();
+        let (tools, pinned) = read_component(&once).unwrap();
+        assert_eq!((tools.len(), pinned.as_slice()), (1, &b"first"[..]));
+        let replaced = embed_section(&once, PINNED_SECTION, b"second").unwrap();
+        assert_eq!(read_pinned(&replaced).unwrap(), b"second");
+        let mut twice = once.clone();
+        wasm_encoder::ComponentSection::append_to_component(&custom(PINNED_SECTION, b"other"), &mut twice);
+        assert_eq!(read_component(&twice).unwrap_err(), DescriptorError::DuplicatePinned(2));
+        assert!(DescriptorError::DuplicatePinned(2).to_string().contains("toolgate skill pack"));
     }
 
     fn read_doc(doc: &Value) -> Result<Vec<Arc<CheckedTool>>, DescriptorError> {

@@ -214,9 +214,8 @@ fn load_file_checked(path: &Path, check: impl Fn(&Digest) -> Result<(), String>)
     let bytes = read_bounded(path)?;
     let digest = Digest::of(&bytes);
     check(&digest)?;
-    let tools = descriptor::read_metadata(&bytes).map_err(|e: DescriptorError| e.to_string())?;
-    let pinned = descriptor::read_pinned(&bytes).map_err(|e: DescriptorError| e.to_string())?.into();
-    Ok(Component { path: path.to_owned(), digest, tools, pinned })
+    let (tools, pinned) = descriptor::read_component(&bytes).map_err(|e: DescriptorError| e.to_string())?;
+    Ok(Component { path: path.to_owned(), digest, tools, pinned: pinned.into() })
 }
 
 /// Read a component file, refusing anything over [`MAX_COMPONENT_BYTES`].

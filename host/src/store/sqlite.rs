@@ -384,7 +384,6 @@ fn insert_run(c: &Connection, run_id: &str, run: &PendingRun) -> rusqlite::Resul
     .map(|_| ())
 }
 
-/// A step, its state changes and its Awaiting record, inside the caller's transaction.
 /// Whether `step`'s Tool state is still what its call read (see
 /// [`NewStep::state_read`]); read inside the writing transaction, which holds
 /// the database's write lock, so no other writer can change it before commit.
@@ -403,6 +402,7 @@ fn read_state(c: &Connection, agent: &str, tool: &str) -> rusqlite::Result<BTree
     rows.collect()
 }
 
+/// A step, its state changes and its Awaiting record, inside the caller's transaction.
 fn write_step(
     tx: &Connection,
     step: &NewStep<'_>,
