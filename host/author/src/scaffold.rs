@@ -32,8 +32,18 @@ pub enum ScaffoldError {
         source: std::io::Error,
     },
     /// Not in a project `toolgate new` made.
-    #[error("{0}: no `[package] name` found; run `toolgate build` in a directory made by `toolgate new`")]
+    #[error("{0}: no Cargo.toml or pyproject.toml; run `toolgate build` in a directory made by `toolgate new`")]
     NotAProject(PathBuf),
+    /// The project's manifest does not say what `toolgate build` needs.
+    #[error("{}: `{field}`: {problem}", path.display())]
+    Manifest {
+        /// Cargo.toml or pyproject.toml.
+        path: PathBuf,
+        /// The field.
+        field: String,
+        /// What is wrong and what to write.
+        problem: String,
+    },
     /// cargo failed (its output was shown).
     #[error("cargo build failed (see above); fix the source and run `toolgate build` again")]
     Build,
@@ -305,37 +315,54 @@ if __name__ == "__main__":
     unittest.main()
 "#;
 
-/// A project's name and language, from its `Cargo.toml` or `pyproject.toml`.
+/// A project's name and language (and for Python the module `toolgate build`
+/// imports), from its `Cargo.toml` or `pyproject.toml`.
 fn project(dir: &Path) -> Result<(String, Lang, Option<String>), ScaffoldError> {
-    for (file, lang) in [("Cargo.toml", Lang::Rust), ("pyproject.toml", Lang::Python)] {
+    for (file, lang, section) in [("Cargo.toml", Lang::Rust, "package"), ("pyproject.toml", Lang::Python, "project")] {
         let manifest = dir.join(file);
         if !manifest.is_file() {
             continue;
         }
         let text = std::fs::read_to_string(&manifest).map_err(io(&manifest))?;
-        let section = if lang == Lang::Rust { "[package]" } else { "[project]" };
-        let name = toml_key(&text, section, "name").ok_or_else(|| ScaffoldError::NotAProject(manifest.clone()))?;
-        let module = toml_key(&text, "[tool.toolgate]", "module");
-        return Ok((name, lang, module));
-    }
-    Err(ScaffoldError::NotAProject(dir.join("Cargo.toml")))
-}
-
-/// The string value of `key` in `[section]` of a simple TOML file.
-fn toml_key(text: &str, section: &str, key: &str) -> Option<String> {
-    let mut inside = false;
-    for line in text.lines().map(str::trim) {
-        if line.starts_with('[') {
-            inside = line == section;
-        } else if inside && let Some(v) = line.strip_prefix(key) {
-            let Some(v) = v.trim_start().strip_prefix('=') else { continue };
-            let v = v.trim().trim_matches('"');
-            if !v.is_empty() {
-                return Some(v.to_owned());
-            }
+        let bad = |field: &str, problem: String| ScaffoldError::Manifest {
+            path: manifest.clone(),
+            field: field.into(),
+            problem,
+        };
+        let doc: toml::Table = text.parse().map_err(|e: toml::de::Error| bad("(syntax)", e.message().to_owned()))?;
+        let field = format!("{section}.name");
+        let name =
+            doc.get(section).and_then(|t| t.get("name")).and_then(toml::Value::as_str).ok_or_else(|| {
+                bad(&field, "missing; run `toolgate build` in a directory made by `toolgate new`".into())
+            })?;
+        // The name becomes a file name in the plugin directory.
+        let usable = name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && !name.starts_with('.')
+            && !name.is_empty();
+        if !usable {
+            return Err(bad(
+                &field,
+                format!("`{name}` is not usable as a file name; use letters, digits, `-`, `_`, `.`"),
+            ));
         }
+        let module = match doc.get("tool").and_then(|t| t.get("toolgate")).and_then(|t| t.get("module")) {
+            None => None,
+            Some(m) => {
+                let m = m.as_str().unwrap_or_default();
+                let is_module = !m.is_empty()
+                    && m.split('.').all(|p| {
+                        p.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                            && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    });
+                if !is_module {
+                    return Err(bad("tool.toolgate.module", format!("`{m}` is not a Python module name, e.g. `app`")));
+                }
+                Some(m.to_owned())
+            }
+        };
+        return Ok((name.to_owned(), lang, module));
     }
-    None
+    Err(ScaffoldError::NotAProject(dir.to_owned()))
 }
 
 /// The language of the project at `dir`, if it is one `toolgate new` made.
@@ -370,10 +397,6 @@ pub fn build(dir: &Path) -> Result<(String, Vec<u8>), ScaffoldError> {
 /// Build a Python project with componentize-py inside the project's `.venv`,
 /// created and filled from `requirements.txt` when missing or out of date.
 fn build_python(dir: &Path, name: &str, module: &str) -> Result<Vec<u8>, ScaffoldError> {
-    if !module.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.') || module.is_empty() {
-        let manifest = dir.join("pyproject.toml");
-        return Err(ScaffoldError::NotAProject(manifest));
-    }
     let dir = &std::path::absolute(dir).map_err(io(dir))?;
     let venv = dir.join(".venv");
     let bin = venv.join("bin");
@@ -445,4 +468,50 @@ fn build_python(dir: &Path, name: &str, module: &str) -> Result<Vec<u8>, Scaffol
         return Err(ScaffoldError::Python("componentize-py".into()));
     }
     std::fs::read(&output).map_err(io(&output))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(file: &str, text: &str) -> Result<(String, Lang, Option<String>), ScaffoldError> {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(file), text).unwrap();
+        project(dir.path())
+    }
+
+    #[test]
+    fn the_manifest_gives_name_language_and_module() {
+        let rust = manifest("Cargo.toml", "[package]\nname = \"x\"\nversion = \"0.1.0\"\n").unwrap();
+        assert_eq!(rust, ("x".into(), Lang::Rust, None));
+        let py = manifest("pyproject.toml", &PYPROJECT_TOML.replace("{name}", "y")).unwrap();
+        assert_eq!(py, ("y".into(), Lang::Python, Some("app".into())));
+    }
+
+    /// Every refusal names the file and the field; a name that would leave
+    /// the plugin directory never becomes a path.
+    #[test]
+    fn unusable_manifests_are_refused_naming_the_field() {
+        let cases = [
+            ("pyproject.toml", "[project]\nname = \"../../etc/x\"\n", "project.name"),
+            ("pyproject.toml", "[project]\nname = \"a/b\"\n", "project.name"),
+            ("pyproject.toml", "[project]\nname = \".hidden\"\n", "project.name"),
+            ("pyproject.toml", "[project]\nversion = \"1\"\n", "project.name"),
+            (
+                "pyproject.toml",
+                "[project]\nname = \"x\"\n[tool.toolgate]\nmodule = \"os; rm\"\n",
+                "tool.toolgate.module",
+            ),
+            ("pyproject.toml", "[project]\nname = \"x\"\n[tool.toolgate]\nmodule = \"1app\"\n", "tool.toolgate.module"),
+            ("pyproject.toml", "[project]\nname = \"x\"\n[tool.toolgate]\nmodule = 3\n", "tool.toolgate.module"),
+            ("Cargo.toml", "[package\nname = \"x\"\n", "(syntax)"),
+        ];
+        for (file, text, field) in cases {
+            let e = manifest(file, text).unwrap_err().to_string();
+            assert!(e.contains(file) && e.contains(&format!("`{field}`")), "{text:?}: {e}");
+        }
+        let empty = tempfile::tempdir().unwrap();
+        let e = project(empty.path()).unwrap_err().to_string();
+        assert!(e.contains("Cargo.toml or pyproject.toml") && e.contains("toolgate new"), "{e}");
+    }
 }
