@@ -365,11 +365,6 @@ fn project(dir: &Path) -> Result<(String, Lang, Option<String>), ScaffoldError> 
     Err(ScaffoldError::NotAProject(dir.to_owned()))
 }
 
-/// The language of the project at `dir`, if it is one `toolgate new` made.
-pub fn project_lang(dir: &Path) -> Result<Lang, ScaffoldError> {
-    project(dir).map(|(_, lang, _)| lang)
-}
-
 /// Build the project at `dir` into a component (progress on stderr); the
 /// unpacked component's bytes and the project's name.
 pub fn build(dir: &Path) -> Result<(String, Vec<u8>), ScaffoldError> {
@@ -378,6 +373,7 @@ pub fn build(dir: &Path) -> Result<(String, Vec<u8>), ScaffoldError> {
         let bytes = build_python(dir, &name, module.as_deref().unwrap_or("app"))?;
         return Ok((name, bytes));
     }
+    eprintln!("building for wasm32-wasip2 (the first build compiles the SDK: a minute or so)");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
         .current_dir(dir)

@@ -292,9 +292,6 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             Ok(exit::OUTPUT)
         }
         Command::Build => {
-            if toolgate_author::scaffold::project_lang(Path::new("."))? == toolgate_author::scaffold::Lang::Rust {
-                eprintln!("building for wasm32-wasip2 (the first build compiles the SDK: a minute or so)");
-            }
             let (name, bytes) = toolgate_author::scaffold::build(Path::new("."))?;
             let config = Config::load(&cli.config)?;
             std::fs::create_dir_all(&config.plugins)
