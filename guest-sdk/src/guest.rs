@@ -47,6 +47,12 @@ pub fn call(
     convert(crate::dispatch(entries, tool_id, arguments, &HostState))
 }
 
+/// A generic adapter's metadata document, derived from its pinned data
+/// (empty when the data is unreadable: packing then refuses it).
+pub fn describe_adapter<A: crate::Adapter>() -> String {
+    A::metadata(&pinned()).ok().and_then(|doc| serde_json::to_string(&doc).ok()).unwrap_or_default()
+}
+
 /// Run a generic adapter's call over its pinned data and the host's state.
 pub fn call_adapter<A: crate::Adapter>(tool_id: &str, arguments: &str) -> Result<crate::RawOutput, crate::ToolError> {
     A::call(&pinned(), tool_id, arguments, &HostState)

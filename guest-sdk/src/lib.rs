@@ -272,25 +272,11 @@ pub mod http;
 #[macro_export]
 macro_rules! export_tools {
     ($($tool:ty),+ $(,)?) => {
-        const _: () = {
-            struct __ToolgateComponent;
-            const __ENTRIES: &[$crate::ToolEntry] = &[$($crate::ToolEntry::of::<$tool>()),+];
-            impl $crate::guest::bindings::exports::toolgate::plugin::tool::Guest for __ToolgateComponent {
-                fn describe() -> ::std::string::String {
-                    $crate::describe(__ENTRIES)
-                }
-                fn call(
-                    tool_id: ::std::string::String,
-                    arguments: ::std::string::String,
-                ) -> ::std::result::Result<
-                    $crate::guest::bindings::toolgate::plugin::types::ToolOutput,
-                    $crate::guest::bindings::toolgate::plugin::types::ToolError,
-                > {
-                    $crate::guest::call(__ENTRIES, &tool_id, &arguments)
-                }
-            }
-            $crate::guest::bindings::export!(__ToolgateComponent with_types_in $crate::guest::bindings);
-        };
+        const __TOOLGATE_ENTRIES: &[$crate::ToolEntry] = &[$($crate::ToolEntry::of::<$tool>()),+];
+        $crate::__export_guest!(
+            || $crate::describe(__TOOLGATE_ENTRIES),
+            |tool_id, arguments| $crate::guest::call(__TOOLGATE_ENTRIES, tool_id, arguments)
+        );
     };
 }
 
@@ -299,14 +285,24 @@ macro_rules! export_tools {
 #[macro_export]
 macro_rules! export_adapter {
     ($adapter:ty) => {
+        $crate::__export_guest!(|| $crate::guest::describe_adapter::<$adapter>(), |tool_id, arguments| {
+            $crate::guest::convert($crate::guest::call_adapter::<$adapter>(tool_id, arguments))
+        });
+    };
+}
+
+/// The WIT `tool` export over a `describe` and a `call` closure: the one
+/// expansion both export macros share.
+#[cfg(feature = "guest")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __export_guest {
+    ($describe:expr, $call:expr) => {
         const _: () = {
-            struct __ToolgateAdapter;
-            impl $crate::guest::bindings::exports::toolgate::plugin::tool::Guest for __ToolgateAdapter {
+            struct __ToolgateComponent;
+            impl $crate::guest::bindings::exports::toolgate::plugin::tool::Guest for __ToolgateComponent {
                 fn describe() -> ::std::string::String {
-                    match <$adapter as $crate::Adapter>::metadata(&$crate::guest::pinned()) {
-                        Ok(doc) => $crate::serde_json::to_string(&doc).unwrap_or_default(),
-                        Err(_) => ::std::string::String::new(),
-                    }
+                    ($describe)()
                 }
                 fn call(
                     tool_id: ::std::string::String,
@@ -315,10 +311,10 @@ macro_rules! export_adapter {
                     $crate::guest::bindings::toolgate::plugin::types::ToolOutput,
                     $crate::guest::bindings::toolgate::plugin::types::ToolError,
                 > {
-                    $crate::guest::convert($crate::guest::call_adapter::<$adapter>(&tool_id, &arguments))
+                    ($call)(&tool_id, &arguments)
                 }
             }
-    $crate::guest::bindings::export!(__ToolgateAdapter with_types_in $crate::guest::bindings);
+    $crate::guest::bindings::export!(__ToolgateComponent with_types_in $crate::guest::bindings);
         };
     };
 }
