@@ -106,6 +106,26 @@ async fn components_compile_lazily_once_and_then_come_from_the_disk_cache() {
     assert_eq!(host.runtime.executor().compilations(), 0, "a restarted host loads the cached artifact");
 }
 
+/// `toolgate lock`'s precompile compiles the pinned components into the
+/// cache and instantiates nothing (invariant 3: no component runs before
+/// Allow); a host started after it compiles nothing on a first call.
+#[tokio::test]
+async fn precompiling_pinned_components_compiles_but_never_instantiates() {
+    let host = text_and_notes("");
+    let catalog = toolgate::host::catalog(&host.config).unwrap();
+    let executor = toolgate::host::executor(&host.config).unwrap();
+    for c in catalog.components() {
+        executor.precompile(&c.path, c.digest).await.unwrap();
+    }
+    assert_eq!((executor.compilations(), executor.instantiations()), (2, 0), "compiled, never instantiated");
+    let again = toolgate::host::precompile(&host.config, &catalog).await.unwrap();
+    assert_eq!(again.len(), 2);
+    assert!(again.iter().all(|(_, r)| r == &Ok(false)), "already cached: {again:?}");
+    let host = host.restart();
+    assert!(matches!(call(&host, "text.upper", json!({"text": "a"})).await, StepResult::Output { .. }));
+    assert_eq!(host.runtime.executor().compilations(), 0, "the first call loads the precompiled artifact");
+}
+
 #[tokio::test]
 async fn a_component_that_fails_to_compile_is_an_executor_error_then_unhealthy() {
     // Valid metadata, corrupt code: loading succeeds (nothing is compiled),
