@@ -455,7 +455,7 @@ impl Runtime {
         let verdict = gate::decide_resumed(&snapshot, &candidate, &call, &ticket);
         match GateOutcome::from_verdict(verdict, candidate, call.clone()) {
             GateOutcome::Execute(allowed) => {
-                let state = self.store.tool_state(&r.agent, &call.tool_id).await?;
+                let state = Arc::new(self.store.tool_state(&r.agent, &call.tool_id).await?);
                 let exec = self.executor.execute(&allowed, state.clone()).await;
                 step.finish(self, Some((ticket, approved_by, in_conversation)), exec, &state, false).await
             }
@@ -589,7 +589,7 @@ impl Run<'_> {
                 tokio::pin!(cancel);
                 let mut attempt = 1;
                 let result = loop {
-                    let state = rt.store.tool_state(snapshot.agent(), tool_id).await?;
+                    let state = Arc::new(rt.store.tool_state(snapshot.agent(), tool_id).await?);
                     let exec = rt.executor.execute_until(&allowed, state.clone(), cancel.as_mut()).await;
                     let again = pure && attempt < STATE_ATTEMPTS;
                     match step.finish(rt, None, exec, &state, again).await {

@@ -277,10 +277,11 @@ fn steps(c: &mut Criterion, rt: &tokio::runtime::Runtime, host: &Host) {
         }
     };
     let one = allowed();
-    let exec = rt.block_on(executor.execute(&one, BTreeMap::new())).unwrap();
+    let exec = rt.block_on(executor.execute(&one, Default::default())).unwrap();
     assert!(exec.result.is_ok(), "{:?}", exec.result);
     g.bench_function("executor_execute", |b| {
-        b.to_async(rt).iter(|| async { std::hint::black_box(executor.execute(&one, BTreeMap::new()).await.unwrap()) })
+        b.to_async(rt)
+            .iter(|| async { std::hint::black_box(executor.execute(&one, Default::default()).await.unwrap()) })
     });
 
     // The whole path with a store that keeps nothing: the runtime without SQLite.

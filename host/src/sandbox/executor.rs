@@ -267,7 +267,9 @@ struct CallState {
     outbound: OutboundPolicy,
     table: ResourceTable,
     limits: StoreLimits,
-    state: BTreeMap<String, String>,
+    /// The Tool's committed state as the call read it (shared with the
+    /// runtime's compare-and-set at commit, not copied).
+    state: Arc<BTreeMap<String, String>>,
     log: Capture,
     /// The component's own `toolgate-pinned` section (usually empty).
     pinned: Arc<[u8]>,
@@ -511,7 +513,7 @@ impl Executor {
     pub async fn execute(
         &self,
         call: &AllowedCall,
-        state: BTreeMap<String, String>,
+        state: Arc<BTreeMap<String, String>>,
     ) -> Result<Execution, ExecutorError> {
         self.execute_until(call, state, std::future::pending()).await
     }
@@ -523,7 +525,7 @@ impl Executor {
     pub async fn execute_until(
         &self,
         call: &AllowedCall,
-        state: BTreeMap<String, String>,
+        state: Arc<BTreeMap<String, String>>,
         cancel: impl Future<Output = ()> + Send,
     ) -> Result<Execution, ExecutorError> {
         tokio::pin!(cancel);
@@ -844,7 +846,7 @@ impl Executor {
                 .memory_size((limits.memory_mib as usize) << 20)
                 .trap_on_grow_failure(true)
                 .build(),
-            state: BTreeMap::new(),
+            state: Arc::default(),
             log: Capture::new(0),
             pinned,
         };
