@@ -12,6 +12,17 @@
 //! host's `wasi:http` boundary: the destination must be granted to the Tool
 //! and a credential is applied *by reference* by the host; this module never
 //! holds a secret. It owns no authority of its own.
+//!
+//! A call costs one request to the remote in the steady state. The MCP
+//! session (`Mcp-Session-Id`) and the time this tool's pin was last verified
+//! in it are kept in the Tool's own state under a cache key ([`CACHE_KEY`]:
+//! committed with the call's result, last writer wins, never a conflict).
+//! The pin is verified (`tools/list`) on every new session — a remote that
+//! restarted or expired the session answers 404 and the adapter starts a new
+//! one, verifying before it calls — when a response carries
+//! `notifications/tools/list_changed`, and at least every
+//! [`AdapterConfig::verify_every_secs`] seconds within a session (`0`: before
+//! every call).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -34,6 +45,58 @@ pub struct AdapterConfig {
     pub credential: Option<String>,
     /// The pinned tools.
     pub tools: Vec<PinnedTool>,
+    /// Within one remote session, verify the pin again once the last
+    /// verification is this many seconds old; `0` verifies before every call.
+    /// A new session is always verified first.
+    #[serde(default = "default_verify_every")]
+    pub verify_every_secs: u64,
+}
+
+/// [`AdapterConfig::verify_every_secs`] when the import does not say.
+pub const DEFAULT_VERIFY_EVERY_SECS: u64 = 60;
+
+fn default_verify_every() -> u64 {
+    DEFAULT_VERIFY_EVERY_SECS
+}
+
+/// The Tool-state key of the adapter's cache (a `cache/` key: recomputable,
+/// last writer wins, never a conflict with a concurrent call).
+pub const CACHE_KEY: &str = "cache/mcp";
+
+/// What the adapter keeps between calls of one Tool (per agent): the remote
+/// session and when the pin was last verified in it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Cached {
+    /// Whose cache this is: [`fingerprint`] of the URL and the pinned tool.
+    /// A re-import that changed either starts afresh.
+    pub pin: String,
+    /// `Mcp-Session-Id`, when the remote gave one.
+    pub session: Option<String>,
+    /// The negotiated protocol revision.
+    pub protocol: String,
+    /// When (Unix seconds) the pin was last found unchanged in this session.
+    pub verified_at: Option<u64>,
+}
+
+/// Identifies `tool` of `config` for [`Cached::pin`] (FNV-1a over the URL and
+/// the pinned definition; not a secret, only a change detector).
+pub fn fingerprint(config: &AdapterConfig, tool: &PinnedTool) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let definition = serde_json::to_string(tool).unwrap_or_default();
+    for byte in config.url.bytes().chain([0]).chain(definition.bytes()) {
+        hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
+/// Whether a call in a session whose pin was last verified at `verified_at`
+/// must list the remote's tools first, at `now` (Unix seconds).
+pub fn must_verify(verified_at: Option<u64>, now: u64, every_secs: u64) -> bool {
+    match verified_at {
+        // A clock that went back proves nothing about the time since.
+        Some(at) => every_secs == 0 || at > now || now - at >= every_secs,
+        None => true,
+    }
 }
 
 /// One remote tool as it was when imported.
@@ -155,15 +218,22 @@ pub use client::call;
 mod client {
     use serde_json::{Value, json};
 
-    use super::{AdapterConfig, PROTOCOL_VERSION, PinnedTool, drift};
+    use super::{AdapterConfig, CACHE_KEY, Cached, PROTOCOL_VERSION, PinnedTool, drift, fingerprint, must_verify};
     use crate::http::{HttpError, Request, Response};
-    use crate::{Content, RawOutput, ToolError};
+    use crate::{Command, Content, RawOutput, StateView, ToolError};
 
     /// Most `tools/list` pages read while looking for a tool.
     const MAX_PAGES: usize = 64;
 
-    /// Call the pinned tool `tool_id` with `arguments` (JSON) on the remote.
-    pub fn call(config: &AdapterConfig, tool_id: &str, arguments: &str) -> Result<RawOutput, ToolError> {
+    /// Call the pinned tool `tool_id` with `arguments` (JSON) on the remote,
+    /// in the session `state` caches (or a new one); the output carries the
+    /// cache's update as a Command when it changed.
+    pub fn call(
+        config: &AdapterConfig,
+        tool_id: &str,
+        arguments: &str,
+        state: &dyn StateView,
+    ) -> Result<RawOutput, ToolError> {
         let pinned = config
             .tools
             .iter()
@@ -176,10 +246,61 @@ mod client {
             Value::Object(_) => args,
             _ => return Err(ToolError::InvalidArguments(format!("arguments for `{tool_id}` must be a JSON object"))),
         };
-        let mut session = Session::open(config)?;
-        let result = session.checked_call(pinned, args);
-        session.close();
-        result
+        let pin = fingerprint(config, pinned);
+        // An unreadable or foreign cache is no cache.
+        let cached =
+            state.get(CACHE_KEY).and_then(|v| serde_json::from_str::<Cached>(&v).ok()).filter(|c| c.pin == pin);
+        let mut session = match &cached {
+            Some(c) => Session::resume(config, c),
+            None => Session::open(config).map_err(Fail::into_tool_error)?,
+        };
+        let result = match session.checked_call(pinned, &args) {
+            // The remote no longer knows the session: a new one, verified again.
+            Err(Fail::Expired) if session.resumed => {
+                session = Session::open(config).map_err(Fail::into_tool_error)?;
+                session.checked_call(pinned, &args)
+            }
+            other => other,
+        }
+        .map_err(Fail::into_tool_error)?;
+        let mut output = to_output(&pinned.name, result)?;
+        let now = Cached {
+            pin,
+            session: session.id.clone(),
+            protocol: session.protocol.clone(),
+            verified_at: session.verified_at.filter(|_| !session.list_changed),
+        };
+        if cached.as_ref() != Some(&now) {
+            output.commands.push(Command {
+                scope: tool_id.to_owned(),
+                key: CACHE_KEY.to_owned(),
+                value: serde_json::to_string(&now).ok(),
+            });
+        }
+        Ok(output)
+    }
+
+    /// Why a request failed: the session is gone (HTTP 404 to a request
+    /// carrying it), or anything else, already worded for the model.
+    enum Fail {
+        Expired,
+        Tool(ToolError),
+    }
+
+    impl From<ToolError> for Fail {
+        fn from(e: ToolError) -> Self {
+            Fail::Tool(e)
+        }
+    }
+
+    impl Fail {
+        fn into_tool_error(self) -> ToolError {
+            match self {
+                Fail::Tool(e) => e,
+                // Only a brand-new session can end here: a remote that forgets it at once.
+                Fail::Expired => ToolError::failed("the remote MCP server ended the new session at once (HTTP 404)"),
+            }
+        }
     }
 
     struct Session<'c> {
@@ -187,11 +308,45 @@ mod client {
         id: Option<String>,
         protocol: String,
         next: u64,
+        /// Taken from the cache rather than opened by this call.
+        resumed: bool,
+        /// `initialize` answered: requests now name the protocol revision.
+        initialized: bool,
+        /// When the pin was last verified in this session.
+        verified_at: Option<u64>,
+        /// A response said the remote's tool list changed.
+        list_changed: bool,
+    }
+
+    fn unix_now() -> u64 {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
     }
 
     impl<'c> Session<'c> {
-        fn open(config: &'c AdapterConfig) -> Result<Self, ToolError> {
-            let mut s = Session { config, id: None, protocol: PROTOCOL_VERSION.to_owned(), next: 1 };
+        fn resume(config: &'c AdapterConfig, cached: &Cached) -> Self {
+            Session {
+                config,
+                id: cached.session.clone(),
+                protocol: cached.protocol.clone(),
+                next: 1,
+                resumed: true,
+                initialized: true,
+                verified_at: cached.verified_at,
+                list_changed: false,
+            }
+        }
+
+        fn open(config: &'c AdapterConfig) -> Result<Self, Fail> {
+            let mut s = Session {
+                config,
+                id: None,
+                protocol: PROTOCOL_VERSION.to_owned(),
+                next: 1,
+                resumed: false,
+                initialized: false,
+                verified_at: None,
+                list_changed: false,
+            };
             let init = json!({
                 "protocolVersion": PROTOCOL_VERSION,
                 "capabilities": {},
@@ -202,25 +357,31 @@ mod client {
             if let Some(v) = result.get("protocolVersion").and_then(Value::as_str) {
                 s.protocol = v.to_owned();
             }
+            s.initialized = true;
             s.notify("notifications/initialized")?;
             Ok(s)
         }
 
-        /// Check the remote definition against the pin, then call.
-        fn checked_call(&mut self, pinned: &PinnedTool, args: Value) -> Result<RawOutput, ToolError> {
-            let remote = self.find(&pinned.name)?;
-            if let Some(what) = drift(pinned, &remote) {
-                return Err(ToolError::failed(format!(
-                    "refused: the remote tool `{}` at {} changed since it was imported ({what} differ from the pinned \
-                     definition); review the change and re-run `toolgate mcp import` to accept it",
-                    pinned.name, self.config.url
-                )));
+        /// Check the remote definition against the pin when it is due, then
+        /// call; returns the `tools/call` result.
+        fn checked_call(&mut self, pinned: &PinnedTool, args: &Value) -> Result<Value, Fail> {
+            let now = unix_now();
+            if must_verify(self.verified_at, now, self.config.verify_every_secs) {
+                let remote = self.find(&pinned.name)?;
+                if let Some(what) = drift(pinned, &remote) {
+                    return Err(Fail::Tool(ToolError::failed(format!(
+                        "refused: the remote tool `{}` at {} changed since it was imported ({what} differ from the \
+                         pinned definition); review the change and re-run `toolgate mcp import` to accept it",
+                        pinned.name, self.config.url
+                    ))));
+                }
+                self.verified_at = Some(now);
             }
             let (_, result) = self.request("tools/call", json!({ "name": pinned.name, "arguments": args }))?;
-            to_output(&pinned.name, result)
+            Ok(result)
         }
 
-        fn find(&mut self, name: &str) -> Result<Value, ToolError> {
+        fn find(&mut self, name: &str) -> Result<Value, Fail> {
             let mut cursor: Option<String> = None;
             for _ in 0..MAX_PAGES {
                 let params = match &cursor {
@@ -240,13 +401,13 @@ mod client {
                     _ => break,
                 }
             }
-            Err(ToolError::failed(format!(
+            Err(Fail::Tool(ToolError::failed(format!(
                 "refused: the remote MCP server at {} no longer offers the tool `{name}`; re-run `toolgate mcp import`",
                 self.config.url
-            )))
+            ))))
         }
 
-        fn post(&self, body: &Value) -> Result<Response, ToolError> {
+        fn post(&self, body: &Value) -> Result<Response, Fail> {
             let mut req = Request::post(&self.config.url)
                 .header("accept", "application/json, text/event-stream")
                 .json(body)
@@ -255,12 +416,18 @@ mod client {
                 req = req.credential(c);
             }
             if let Some(id) = &self.id {
-                req = req.header("mcp-session-id", id).header("mcp-protocol-version", &self.protocol);
+                req = req.header("mcp-session-id", id);
+            }
+            // After `initialize` every request names the negotiated revision.
+            if self.initialized {
+                req = req.header("mcp-protocol-version", &self.protocol);
             }
             let response = req.send().map_err(|e| self.transport(e))?;
             match response.status {
                 200..=299 => Ok(response),
-                401 | 403 => Err(ToolError::failed(format!(
+                // The spec's answer to a session the server no longer has.
+                404 if self.id.is_some() => Err(Fail::Expired),
+                401 | 403 => Err(Fail::Tool(ToolError::failed(format!(
                     "the remote MCP server at {} refused the request (HTTP {}){}",
                     self.config.url,
                     response.status,
@@ -268,12 +435,12 @@ mod client {
                         Some(c) => format!("; check the credential `{c}` configured on the host"),
                         None => "; it needs a credential: re-import with `--credential NAME`".to_owned(),
                     }
-                ))),
-                s => Err(ToolError::failed(format!(
+                )))),
+                s => Err(Fail::Tool(ToolError::failed(format!(
                     "the remote MCP server at {} answered HTTP {s}: {}",
                     self.config.url,
                     response.text().chars().take(300).collect::<String>()
-                ))),
+                )))),
             }
         }
 
@@ -294,59 +461,53 @@ mod client {
         }
 
         /// A JSON-RPC request; returns the HTTP response and the `result`.
-        fn request(&mut self, method: &str, params: Value) -> Result<(Response, Value), ToolError> {
+        fn request(&mut self, method: &str, params: Value) -> Result<(Response, Value), Fail> {
             let id = self.next;
             self.next += 1;
             let response = self.post(&json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }))?;
-            let message = reply(&response, id).ok_or_else(|| {
+            let (message, list_changed) = reply(&response, id);
+            self.list_changed |= list_changed;
+            let message = message.ok_or_else(|| {
                 ToolError::failed(format!(
                     "the remote MCP server at {} sent no JSON-RPC reply to `{method}`",
                     self.config.url
                 ))
             })?;
             if let Some(err) = message.get("error") {
-                return Err(ToolError::failed(format!(
+                return Err(Fail::Tool(ToolError::failed(format!(
                     "the remote MCP server at {} answered `{method}` with error {}: {}",
                     self.config.url,
                     err.get("code").and_then(Value::as_i64).unwrap_or_default(),
                     err.get("message").and_then(Value::as_str).unwrap_or("(no message)")
-                )));
+                ))));
             }
             let result = message.get("result").cloned().unwrap_or(Value::Null);
             Ok((response, result))
         }
 
-        fn notify(&self, method: &str) -> Result<(), ToolError> {
+        fn notify(&self, method: &str) -> Result<(), Fail> {
             self.post(&json!({ "jsonrpc": "2.0", "method": method })).map(|_| ())
-        }
-
-        /// End the session (best effort: the server also expires it).
-        fn close(self) {
-            if let Some(id) = &self.id {
-                let mut req = Request::delete(&self.config.url).header("mcp-session-id", id);
-                if let Some(c) = &self.config.credential {
-                    req = req.credential(c);
-                }
-                let _ = req.send();
-            }
         }
     }
 
-    /// The JSON-RPC reply with `id`, from a JSON body or a server-sent-event stream.
-    fn reply(response: &Response, id: u64) -> Option<Value> {
+    /// The JSON-RPC reply with `id`, from a JSON body or a server-sent-event
+    /// stream, and whether the stream also said the remote's tool list changed.
+    fn reply(response: &Response, id: u64) -> (Option<Value>, bool) {
         let is_sse = response.header("content-type").is_some_and(|c| c.starts_with("text/event-stream"));
         let matches = |v: &Value| v.get("id").and_then(Value::as_u64) == Some(id);
         if !is_sse {
-            return serde_json::from_slice::<Value>(&response.body).ok().filter(matches);
+            return (serde_json::from_slice::<Value>(&response.body).ok().filter(matches), false);
         }
         let text = response.text();
         let mut data = String::new();
+        let mut list_changed = false;
         for line in text.lines().chain(std::iter::once("")) {
             if line.is_empty() {
-                if let Ok(v) = serde_json::from_str::<Value>(&data)
-                    && matches(&v)
-                {
-                    return Some(v);
+                if let Ok(v) = serde_json::from_str::<Value>(&data) {
+                    if matches(&v) {
+                        return (Some(v), list_changed);
+                    }
+                    list_changed |= v.get("method").and_then(Value::as_str) == Some("notifications/tools/list_changed");
                 }
                 data.clear();
             } else if let Some(d) = line.strip_prefix("data:") {
@@ -356,7 +517,7 @@ mod client {
                 data.push_str(d.strip_prefix(' ').unwrap_or(d));
             }
         }
-        None
+        (None, list_changed)
     }
 
     /// A `tools/call` result as Tool output: `isError` is a Tool error;
@@ -402,9 +563,9 @@ impl crate::Adapter for McpAdapter {
         pinned: &[u8],
         tool_id: &str,
         arguments: &str,
-        _state: &dyn crate::StateView,
+        state: &dyn crate::StateView,
     ) -> Result<crate::RawOutput, crate::ToolError> {
-        call(&AdapterConfig::from_pinned(pinned)?, tool_id, arguments)
+        call(&AdapterConfig::from_pinned(pinned)?, tool_id, arguments, state)
     }
     #[cfg(not(feature = "guest"))]
     fn call(_: &[u8], _: &str, _: &str, _: &dyn crate::StateView) -> Result<crate::RawOutput, crate::ToolError> {
@@ -464,12 +625,41 @@ mod tests {
     }
 
     #[test]
+    fn a_pin_is_verified_per_session_and_when_the_interval_ran_out() {
+        assert!(must_verify(None, 1000, 60), "a session never verified (a new one) is verified first");
+        assert!(!must_verify(Some(1000), 1059, 60));
+        assert!(must_verify(Some(1000), 1060, 60));
+        assert!(must_verify(Some(1000), 1000, 0), "0: before every call");
+        assert!(must_verify(Some(2000), 1000, 60), "a clock that went back proves nothing");
+    }
+
+    #[test]
+    fn the_cache_belongs_to_one_url_and_one_pinned_definition() {
+        let cfg = |url: &str| AdapterConfig {
+            url: url.into(),
+            server: "calc".into(),
+            credential: None,
+            tools: vec![pinned()],
+            verify_every_secs: DEFAULT_VERIFY_EVERY_SECS,
+        };
+        let a = cfg("http://127.0.0.1:9/mcp");
+        assert_eq!(fingerprint(&a, &a.tools[0]), fingerprint(&a.clone(), &pinned()), "stable");
+        assert_ne!(fingerprint(&a, &a.tools[0]), fingerprint(&cfg("http://127.0.0.1:10/mcp"), &pinned()));
+        let widened = PinnedTool { input_schema: json!({"type": "object"}), ..pinned() };
+        assert_ne!(fingerprint(&a, &a.tools[0]), fingerprint(&a, &widened), "a re-import that changed the pin");
+        // An import without the field (before it existed) gets the default.
+        let old = r#"{"url": "http://h/mcp", "server": "s", "tools": []}"#;
+        assert_eq!(serde_json::from_str::<AdapterConfig>(old).unwrap().verify_every_secs, DEFAULT_VERIFY_EVERY_SECS);
+    }
+
+    #[test]
     fn metadata_declares_the_origin_and_the_credential() {
         let cfg = AdapterConfig {
             url: "http://127.0.0.1:9/mcp".into(),
             server: "calc".into(),
             credential: Some("calc-token".into()),
             tools: vec![PinnedTool { description: None, ..pinned() }],
+            verify_every_secs: 0,
         };
         let doc = cfg.metadata();
         assert_eq!(doc.tools.len(), 1);

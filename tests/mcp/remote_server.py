@@ -44,11 +44,15 @@ def add_v2(a: int, b: int, c: int = 0) -> int:
     return a + b + c
 
 
-@mcp.custom_route("/admin/evolve", methods=["POST"])
-async def evolve(_request: Request) -> JSONResponse:
+def install_add_v2() -> None:
     # Same name and description, a wider schema: the kind of silent change an adapter must refuse.
     mcp.remove_tool("add")
     mcp.add_tool(add_v2, name="add", description="Add two integers.")
+
+
+@mcp.custom_route("/admin/evolve", methods=["POST"])
+async def evolve(_request: Request) -> JSONResponse:
+    install_add_v2()
     return JSONResponse({"ok": True})
 
 
@@ -78,6 +82,8 @@ class RequireToken:
 
 
 def main() -> None:
+    if "--evolved" in sys.argv:
+        install_add_v2()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     port = int(sys.argv[sys.argv.index("--port") + 1]) if "--port" in sys.argv else 0

@@ -425,6 +425,52 @@ pub async fn a_write_from_stale_state_is_refused(b: &dyn Backend) {
     assert_eq!(s.tool_state("main", "notes.add").await.unwrap()["n"], "5");
 }
 
+/// Cache keys (`cache/…`) are last-writer-wins: a step that writes only
+/// cache keys commits from any state, and a changed cache key does not make
+/// another step's read stale; a changed ordinary key still does, even when
+/// the stale step also writes cache keys.
+pub async fn cache_keys_never_make_a_commit_stale(b: &dyn Backend) {
+    let j = b.create().await;
+    let s = j.store.as_ref();
+    s.commit_step(&step("c0", OutcomeKind::Output), &[set("n", "1"), set("cache/session", "\"a\"")], None)
+        .await
+        .unwrap();
+    let read: BTreeMap<String, String> = s.tool_state("main", "notes.add").await.unwrap();
+    // Two calls read the same state; both refresh the cache: both commit, the later wins.
+    for (call, value) in [("c1", "\"b\""), ("c2", "\"c\"")] {
+        let mut refresh = step(call, OutcomeKind::Output);
+        refresh.state_read = Some(&read);
+        s.commit_step(&refresh, &[set("cache/session", value)], None).await.unwrap();
+    }
+    assert_eq!(s.tool_state("main", "notes.add").await.unwrap()["cache/session"], "\"c\"");
+    // The cache changed since `read`, the ordinary state did not: not stale.
+    let mut update = step("c3", OutcomeKind::Output);
+    update.state_read = Some(&read);
+    s.commit_step(&update, &[set("n", "2"), set("cache/verified", "1")], None).await.unwrap();
+    // Now the ordinary key changed: a write from `read` is refused whole,
+    // cache keys included.
+    let mut stale = step("c4", OutcomeKind::Output);
+    stale.state_read = Some(&read);
+    match s.commit_step(&stale, &[set("n", "3"), set("cache/verified", "2")], None).await {
+        Err(toolgate::store::CommitError::StateChanged { .. }) => {}
+        other => panic!("a stale write must be refused even with cache keys: {other:?}"),
+    }
+    let state = s.tool_state("main", "notes.add").await.unwrap();
+    assert_eq!((state["n"].as_str(), state["cache/verified"].as_str()), ("2", "1"));
+    // A key that only looks like the prefix (`cachex/`) is ordinary: its
+    // change makes a read stale.
+    let read = s.tool_state("main", "notes.add").await.unwrap();
+    let mut first = step("c5", OutcomeKind::Output);
+    first.state_read = Some(&read);
+    s.commit_step(&first, &[set("cachex/y", "1")], None).await.unwrap();
+    let mut second = step("c6", OutcomeKind::Output);
+    second.state_read = Some(&read);
+    match s.commit_step(&second, &[set("n", "4")], None).await {
+        Err(toolgate::store::CommitError::StateChanged { .. }) => {}
+        other => panic!("`cachex/y` is an ordinary key: {other:?}"),
+    }
+}
+
 /// Processes racing for one ticket: exactly one wins. `test_name` is this
 /// test's full name in its binary (the child re-runs it with `--exact`).
 /// In the child, claims once and prints the outcome.
@@ -559,6 +605,7 @@ macro_rules! conformance_suite {
         $crate::conformance_suite!(@tests $backend;
             a_step_and_its_changes_commit_together,
             a_write_from_stale_state_is_refused,
+            cache_keys_never_make_a_commit_stale,
             a_failed_write_rolls_back_step_and_changes,
             tickets_are_claimed_once,
             resolving_a_ticket_commits_its_step_and_changes,

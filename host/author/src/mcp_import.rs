@@ -177,7 +177,13 @@ pub fn pin(
             annotations: t.annotations.clone(),
         });
     }
-    let config = AdapterConfig { url: url.to_owned(), server, credential: credential.map(str::to_owned), tools };
+    let config = AdapterConfig {
+        url: url.to_owned(),
+        server,
+        credential: credential.map(str::to_owned),
+        tools,
+        verify_every_secs: toolgate_sdk::mcp::DEFAULT_VERIFY_EVERY_SECS,
+    };
     // The same checks a host applies when it loads the component.
     toolgate::catalog::descriptor::check_document(config.metadata())
         .map_err(|e| bad(format!("{e}; it cannot be imported as is")))?;

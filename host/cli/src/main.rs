@@ -186,7 +186,7 @@ enum SkillCommand {
 enum McpCommand {
     /// Ask the MCP server at URL (streamable HTTP) for its tools once and write a component that pins them
     /// (ids `mcp__<server>__<tool>`); calls go through the host's outbound boundary and are refused if the
-    /// remote definition changes. Needs cargo and the wasm32-wasip2 target.
+    /// remote definition changes. Writes data into the adapter shipped in toolgate: no toolchain needed.
     Import {
         /// The server's MCP endpoint, e.g. `https://mcp.example.com/mcp`.
         url: String,
@@ -196,6 +196,10 @@ enum McpCommand {
         /// Server name for the Tool ids (default: the server's `serverInfo.name`).
         #[arg(long)]
         name: Option<String>,
+        /// Within one remote session, compare the remote tool with the pin again once the last check is this
+        /// many seconds old; 0 checks before every call (one more request each). Every new session is checked.
+        #[arg(long, value_name = "SECS", default_value_t = toolgate_sdk::mcp::DEFAULT_VERIFY_EVERY_SECS)]
+        verify_every: u64,
         /// Where to write the component.
         #[arg(short, long)]
         output: PathBuf,
@@ -354,8 +358,8 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             }
             Ok(exit::OUTPUT)
         }
-        Command::Mcp { command: McpCommand::Import { url, credential, name, output } } => {
-            mcp_import(&cli.config, url, credential.as_deref(), name.as_deref(), output).await
+        Command::Mcp { command: McpCommand::Import { url, credential, name, verify_every, output } } => {
+            mcp_import(&cli.config, url, credential.as_deref(), name.as_deref(), *verify_every, output).await
         }
         Command::Keygen { output, purpose } => {
             let (secret, public) = toolgate::keys::keygen().map_err(anyhow::Error::msg)?;
@@ -545,6 +549,7 @@ async fn mcp_import(
     url: &str,
     credential: Option<&str>,
     name: Option<&str>,
+    verify_every: u64,
     output: &Path,
 ) -> Result<u8> {
     use toolgate_author::mcp_import as mcp_adapter;
@@ -562,7 +567,8 @@ async fn mcp_import(
         }
     };
     let discovered = mcp_adapter::discover(url, spec.as_deref()).await?;
-    let pinned = mcp_adapter::pin(url, &discovered, name, credential)?;
+    let mut pinned = mcp_adapter::pin(url, &discovered, name, credential)?;
+    pinned.verify_every_secs = verify_every;
     let (packed, tools) = mcp_adapter::assemble(&pinned).await?;
     std::fs::write(output, &packed).with_context(|| format!("cannot write {}", output.display()))?;
     eprintln!("pinned {} tool(s) into {} ({})", tools.len(), output.display(), toolgate::Digest::of(&packed));

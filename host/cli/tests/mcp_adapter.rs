@@ -27,10 +27,16 @@ struct Remote {
 
 impl Remote {
     fn start(root: &Path) -> Remote {
+        Remote::start_with(root, &[])
+    }
+
+    /// With `remote_server.py`'s flags (`--port N`, `--evolved`).
+    fn start_with(root: &Path, args: &[&str]) -> Remote {
         let python = root.join(".venv/bin/python");
         assert!(python.exists(), "{} is missing: run scripts/test, which creates the venv", python.display());
         let mut child = Command::new(python)
             .arg(root.join("tests/mcp/remote_server.py"))
+            .args(args)
             .env("REMOTE_TOKEN", TOKEN)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -96,14 +102,23 @@ default = "allow"
 }
 
 fn import(dir: &Path, url: &str, credential: Option<&str>) -> std::process::Output {
+    import_with(dir, url, credential, &[])
+}
+
+fn import_with(dir: &Path, url: &str, credential: Option<&str>, args: &[&str]) -> std::process::Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_toolgate"));
     // No Rust toolchain: the import only writes data into the shipped adapter.
     toolgate_tests::without_toolchain(&mut cmd);
-    cmd.current_dir(dir).args(["mcp", "import", url, "-o", "plugins/calc.wasm"]).env(TOKEN_VAR, TOKEN);
+    cmd.current_dir(dir).args(["mcp", "import", url, "-o", "plugins/calc.wasm"]).args(args).env(TOKEN_VAR, TOKEN);
     if let Some(c) = credential {
         cmd.args(["--credential", c]);
     }
     cmd.output().unwrap()
+}
+
+/// Requests the remote accepted so far.
+fn requests(remote: &Remote) -> u64 {
+    remote.stats()["authorized"].as_u64().unwrap_or_default()
 }
 
 fn tool_error(r: &StepResult) -> &str {
@@ -168,13 +183,33 @@ async fn an_imported_mcp_server_is_called_through_the_boundary_and_drift_is_refu
     assert_eq!(stats["unauthorized"], json!(1), "only the credential-less import was refused");
     assert_eq!(stats["credential_reference_seen"], json!(false), "the reference header never leaves the host");
 
-    // The remote changes the tool's schema: the adapter refuses before calling it.
-    remote.admin("POST", "/admin/evolve");
+    // Steady state: one request per call. The session and the verified pin
+    // stay in the Tool's state (a cache key), so neither `initialize` nor
+    // `tools/list` is repeated.
+    let before = requests(&remote);
+    for a in 0..3 {
+        let r = run.call("mcp__calc__add", json!({"a": a, "b": 1})).await.unwrap();
+        assert!(matches!(&r, StepResult::Output { content: Content::Json(v), .. } if v["result"] == a + 1), "{r:?}");
+    }
+    assert_eq!(requests(&remote) - before, 3, "one request per call in the steady state");
+    let state = rt.store().tool_state("default", "mcp__calc__add").await.unwrap();
+    let cached: Value = serde_json::from_str(&state["cache/mcp"]).unwrap();
+    assert!(cached["session"].is_string() && cached["verified_at"].is_u64(), "{cached}");
+
+    // The remote is redeployed with a changed schema: the cached session is
+    // gone (404), and the new session is verified before anything is called.
+    let port = remote.port.to_string();
+    drop(remote);
+    let remote = Remote::start_with(&root(), &["--port", &port, "--evolved"]);
     let r = run.call("mcp__calc__add", json!({"a": 2, "b": 3})).await.unwrap();
     let m = tool_error(&r);
     assert!(m.contains("changed since it was imported") && m.contains("inputSchema"), "{m}");
     assert!(m.contains("toolgate mcp import"), "says how to accept the change: {m}");
-    assert_eq!(remote.stats()["tool_calls"], json!(["add", "fail"]), "the changed tool was not called");
+    assert_eq!(remote.stats()["tool_calls"], json!([]), "the changed tool was not called");
+    // And stays refused: a refusal caches nothing.
+    let r = run.call("mcp__calc__add", json!({"a": 2, "b": 3})).await.unwrap();
+    assert!(tool_error(&r).contains("changed since it was imported"), "{r:?}");
+    assert_eq!(remote.stats()["tool_calls"], json!([]), "the changed tool was not called");
 
     // The remote goes away: an executor error naming the destination, committed as such.
     drop(remote);
@@ -192,7 +227,7 @@ async fn an_imported_mcp_server_is_called_through_the_boundary_and_drift_is_refu
         "executor" => OutcomeKind::ExecutorError,
         _ => OutcomeKind::ToolError,
     };
-    assert_eq!(kinds, ["tool", "output", "tool", "tool", "executor"].map(o));
+    assert_eq!(kinds, ["tool", "output", "tool", "output", "output", "output", "tool", "tool", "executor"].map(o));
     let journal = std::fs::read(dir.path().join("journal.db")).unwrap();
     assert!(!journal.windows(TOKEN.len()).any(|w| w == TOKEN.as_bytes()), "no secret in the journal");
 }
@@ -229,6 +264,50 @@ async fn an_ungranted_remote_is_refused() {
     let r = run.call("mcp__calc__add", json!({"a": 1, "b": 2})).await;
     assert!(matches!(&r, Ok(StepResult::Blocked { reason, .. }) if reason.contains("calc")), "{r:?}");
     assert_eq!(remote.stats()["authorized"], before, "no request reached the remote");
+}
+
+/// A definition that changes *within* a live session: `--verify-every 0`
+/// refuses it at the next call (one `tools/list` before every call); the
+/// default interval refuses it once the last check is that old.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_change_within_a_session_is_refused_when_the_pin_is_next_verified() {
+    unsafe { std::env::set_var(TOKEN_VAR, TOKEN) };
+    let remote = Remote::start(&root());
+    let origin = format!("http://127.0.0.1:{}", remote.port);
+    let granted = format!("[[grants]]\ntools = \"mcp__calc__*\"\nhosts = [\"{origin}\"]\ncredentials = [\"calc\"]\n");
+    let setup = |every: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("plugins")).unwrap();
+        config(dir.path(), remote.port, &granted);
+        let out = import_with(dir.path(), &remote.url(), Some("calc"), &["--verify-every", every]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let rt = runtime_for(&Config::load(&dir.path().join("toolgate.toml")).unwrap(), "default");
+        (dir, rt)
+    };
+    let ((_d0, rt0), (_d1, rt1)) = (setup("0"), setup("1"));
+    let runs = [
+        rt0.start_run(None, ToolCapabilityNarrowing::Configured).await.unwrap(),
+        rt1.start_run(None, ToolCapabilityNarrowing::Configured).await.unwrap(),
+    ];
+    for run in &runs {
+        let r = run.call("mcp__calc__add", json!({"a": 1, "b": 1})).await.unwrap();
+        assert!(matches!(r, StepResult::Output { .. }), "{r:?}");
+    }
+    let verified = std::time::Instant::now();
+    // Every call checks: a list and a call each.
+    let before = requests(&remote);
+    runs[0].call("mcp__calc__add", json!({"a": 1, "b": 1})).await.unwrap();
+    assert_eq!(requests(&remote) - before, 2, "--verify-every 0 lists before every call");
+
+    remote.admin("POST", "/admin/evolve");
+    let r = runs[0].call("mcp__calc__add", json!({"a": 2, "b": 3})).await.unwrap();
+    assert!(tool_error(&r).contains("changed since it was imported"), "{r:?}");
+    // The other session was verified under a second ago; once the check is
+    // a second old, the change is refused there too.
+    std::thread::sleep(std::time::Duration::from_millis(1100).saturating_sub(verified.elapsed()));
+    let r = runs[1].call("mcp__calc__add", json!({"a": 2, "b": 3})).await.unwrap();
+    assert!(tool_error(&r).contains("changed since it was imported"), "{r:?}");
+    assert_eq!(remote.stats()["tool_calls"], json!(["add", "add", "add"]), "the changed tool was never called");
 }
 
 #[tokio::test]

@@ -296,8 +296,22 @@ pub struct NewStep<'a> {
     /// exactly this, so a concurrent call of the same Tool — in this process
     /// or another host — is never overwritten with changes computed from
     /// what it replaced; otherwise [`CommitError::StateChanged`] and nothing
-    /// is written.
+    /// is written. Cache keys ([`CACHE_KEY_PREFIX`]) take no part in the
+    /// comparison.
     pub state_read: Option<&'a BTreeMap<String, String>>,
+}
+
+/// Tool-state keys under this prefix are a cache: values a Tool can recompute
+/// (a remote session id, the time it last verified something). They commit
+/// with the step like every other key, but last writer wins: neither reading
+/// nor writing them makes a concurrent call's commit conflict — a Tool with
+/// an outbound effect would otherwise be told to "make the call again" after
+/// its effect happened, for a value nobody needed to keep.
+pub const CACHE_KEY_PREFIX: &str = "cache/";
+
+/// Whether `key` is a cache key ([`CACHE_KEY_PREFIX`]).
+pub fn is_cache_key(key: &str) -> bool {
+    key.starts_with(CACHE_KEY_PREFIX)
 }
 
 /// A run as the journal records it.

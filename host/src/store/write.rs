@@ -53,17 +53,27 @@ impl Written {
     }
 }
 
-/// Whether the Tool state a step's call read is what `current` holds now;
-/// a step without Commands (or without a recorded read) always passes.
+/// Whether the Tool state a step's call read is what `current` holds now,
+/// cache keys aside ([`super::is_cache_key`]); a step that changes no
+/// non-cache key (or has no recorded read) always passes.
 pub(crate) fn state_unchanged(
     step: &NewStep<'_>,
     changes: &[StateChange],
     current: impl FnOnce() -> std::collections::BTreeMap<String, String>,
 ) -> bool {
     match step.state_read {
-        Some(read) if !changes.is_empty() => *read == current(),
+        Some(read) if needs_state_check(step, changes) => {
+            let kept = |(k, _): &(&String, &String)| !super::is_cache_key(k);
+            read.iter().filter(kept).eq(current().iter().filter(kept))
+        }
         _ => true,
     }
+}
+
+/// Whether committing `changes` must first compare the state (see
+/// [`state_unchanged`]): only when one of them is not a cache key.
+pub(crate) fn needs_state_check(step: &NewStep<'_>, changes: &[StateChange]) -> bool {
+    step.state_read.is_some() && changes.iter().any(|c| !super::is_cache_key(&c.key))
 }
 
 /// [`NewStep`], owned, to cross to the committer thread.

@@ -559,7 +559,7 @@ async fn apply(c: &Tx<'_>, write: &Write) -> R<Written> {
 /// on it (held to the end of the transaction) before they look, so two
 /// hosts cannot both find the old state and both write.
 async fn state_is_as_read(c: &Tx<'_>, step: &OwnedStep, changes: &[StateChange]) -> R<bool> {
-    if step.state_read.is_none() || changes.is_empty() {
+    if !super::write::needs_state_check(&step.borrow(), changes) {
         return Ok(true);
     }
     let lock = c.prepare_cached("SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(1) || $2, 0))").await?;
