@@ -153,7 +153,10 @@ impl<'a> Context<'a> {
         self.state.keys()
     }
 
-    /// Set `key` to `value` when the call's result commits.
+    /// Set `key` to `value` when the call's result commits. Commands commit
+    /// only if the state this call read is unchanged, except keys beginning
+    /// `cache/`: values the Tool can recompute (a session id), last writer
+    /// wins, never a conflict.
     pub fn set(&mut self, key: &str, value: &impl Serialize) -> Result<(), ToolError> {
         let json = serde_json::to_string(value)
             .map_err(|e| ToolError::failed(format!("cannot serialize state `{key}`: {e}")))?;

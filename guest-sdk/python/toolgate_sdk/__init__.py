@@ -209,7 +209,10 @@ class Context:
         return list(self._state.keys())
 
     def set(self, key: str, value: Any) -> None:
-        """Set ``key`` to ``value`` when the call's result commits."""
+        """Set ``key`` to ``value`` when the call's result commits.
+
+        Keys beginning ``cache/`` hold values the Tool can recompute: last
+        writer wins, and they never make a concurrent call conflict."""
         try:
             text = json.dumps(_schema.encode(value), ensure_ascii=False)
         except (TypeError, ValueError) as e:
