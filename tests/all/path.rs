@@ -2,6 +2,7 @@
 //! before any effect; only Allow executes; blocked calls are committed results.
 
 use serde_json::json;
+use toolgate::sandbox::executor::Content;
 use toolgate::store::OutcomeKind;
 use toolgate::{CallError, StepResult, ToolCapabilityNarrowing};
 use toolgate_tests::{TestHost, guests, packed};
@@ -98,12 +99,45 @@ async fn components_compile_lazily_once_and_then_come_from_the_disk_cache() {
     assert_eq!(host.runtime.executor().compilations(), 0, "loading compiles nothing");
     call(&host, "text.upper", json!({"text": "a"})).await;
     call(&host, "text.count", json!({"text": "a"})).await;
-    assert_eq!(host.runtime.executor().compilations(), 1, "one component, compiled once");
+    let executor = host.runtime.executor();
+    executor.settle().await;
+    assert_eq!(executor.compilations(), 1, "one component, compiled once by Cranelift");
+    assert_eq!(executor.baseline_counts().0, 1, "and once by Winch, for the first call");
     assert_eq!(host.instantiations(), 2, "a fresh instance per call");
     let host = host.restart();
     let r = call(&host, "text.upper", json!({"text": "b"})).await;
     assert!(matches!(r, StepResult::Output { .. }));
-    assert_eq!(host.runtime.executor().compilations(), 0, "a restarted host loads the cached artifact");
+    let executor = host.runtime.executor();
+    assert_eq!(executor.compilations(), 0, "a restarted host loads the cached artifact");
+    assert_eq!(executor.baseline_counts(), (0, 0), "and runs Cranelift's code from the start");
+}
+
+/// A component never compiled runs its first call on the baseline tier
+/// (Winch) without waiting for Cranelift; Cranelift compiles it behind
+/// that call, and once its code is ready the next calls run on it. Both
+/// tiers run the same sandbox: the same grant, limits and deadline.
+#[tokio::test]
+async fn a_first_call_runs_on_the_baseline_tier_while_cranelift_compiles_behind_it() {
+    let host = text_and_notes("");
+    let r = call(&host, "text.upper", json!({"text": "tiered"})).await;
+    assert!(matches!(&r, StepResult::Output { content: Content::Json(v), .. } if v == "TIERED"), "{r:?}");
+    let executor = host.runtime.executor();
+    assert_eq!(executor.baseline_counts(), (1, 1), "compiled by Winch and run on its code");
+    executor.settle().await;
+    assert_eq!(executor.compilations(), 1, "Cranelift compiled it behind the call");
+    let r = call(&host, "text.upper", json!({"text": "again"})).await;
+    assert!(matches!(&r, StepResult::Output { content: Content::Json(v), .. } if v == "AGAIN"), "{r:?}");
+    assert_eq!(executor.baseline_counts(), (1, 1), "the next call ran on Cranelift's code");
+    assert_eq!(host.instantiations(), 2);
+    // The baseline tier's sandbox is the same sandbox: a guest that spins
+    // still meets the deadline on Winch's code.
+    let host = TestHost::new(
+        "[limits]\ntimeout_ms = 200\n[agents.default]\nvisible = [\"*\"]\ndefault = \"allow\"\n",
+        &[("hostile.wasm", packed(guests::HOSTILE))],
+    );
+    let r = call(&host, "hostile.loop", json!({})).await;
+    assert!(matches!(&r, StepResult::ToolError { message, .. } if message.contains("200 ms deadline")), "{r:?}");
+    assert_eq!(host.runtime.executor().baseline_counts(), (1, 1), "the loop ran on Winch's code");
 }
 
 /// `toolgate lock`'s precompile compiles the pinned components into the

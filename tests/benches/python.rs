@@ -4,7 +4,9 @@
 //!
 //! Prints a Markdown table (the one in BENCHMARKS.md): pack time, listing
 //! (metadata only: nothing compiles), the first call of a never-compiled
-//! component, the first call from the disk cache (a new executor), warm call
+//! component (on the baseline tier, Winch, as a host runs it; and waiting for
+//! Cranelift, the tier turned off), the first call from the disk cache (a new
+//! executor), warm call
 //! median and p99, and resident memory with 10 Python components loaded.
 //! Not criterion: first calls and resident memory are one-shot figures; each
 //! is the median of several fresh hosts.
@@ -33,6 +35,7 @@ struct Figures {
     pack: Duration,
     list: Duration,
     never_compiled: Duration,
+    never_compiled_cranelift: Duration,
     disk_cached: Duration,
     warm_p50: Duration,
     warm_p99: Duration,
@@ -55,9 +58,14 @@ fn config(dir: &Path, plugins: &[(&str, &[u8])]) -> Config {
 }
 
 fn runtime(config: &Config, cache: &Path) -> Runtime {
+    runtime_tiered(config, cache, true)
+}
+
+fn runtime_tiered(config: &Config, cache: &Path, baseline_tier: bool) -> Runtime {
     let catalog = Arc::new(toolgate::host::catalog(config).unwrap());
     let snapshot = ExecutableAgentSnapshot::build(config, "default", catalog).unwrap();
-    let settings = ExecutorSettings::new(config.limits.clone(), Some(cache.to_owned()));
+    let mut settings = ExecutorSettings::new(config.limits.clone(), Some(cache.to_owned()));
+    settings.baseline_tier = baseline_tier;
     Runtime::new(
         snapshot,
         Arc::new(Executor::new(settings).unwrap()),
@@ -91,11 +99,18 @@ fn measure(rt: &tokio::runtime::Runtime, lang: &str, unpacked: &[u8], dir: &Path
             })
             .collect(),
     );
-    let (mut never, mut cached, mut warm) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut never, mut never_cranelift, mut cached, mut warm) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..3 {
+        let cache = dir.join(format!("cranelift-{i}"));
+        let r = runtime_tiered(&config, &cache, false);
+        never_cranelift.push(rt.block_on(upper(&r)));
+        assert_eq!((r.executor().compilations(), r.executor().baseline_counts()), (1, (0, 0)));
         let cache = dir.join(format!("cache-{i}"));
         let r = runtime(&config, &cache);
         never.push(rt.block_on(upper(&r)));
+        assert_eq!(r.executor().baseline_counts(), (1, 1), "{lang}: the first call ran on Winch's code");
+        // Cranelift's compile behind it fills the disk cache.
+        rt.block_on(r.executor().settle());
         assert_eq!(r.executor().compilations(), 1);
         let r = runtime(&config, &cache);
         cached.push(rt.block_on(upper(&r)));
@@ -112,6 +127,7 @@ fn measure(rt: &tokio::runtime::Runtime, lang: &str, unpacked: &[u8], dir: &Path
         pack,
         list,
         never_compiled: median(never),
+        never_compiled_cranelift: median(never_cranelift),
         disk_cached: median(cached),
         warm_p50: pct(&warm, 0.5),
         warm_p99: pct(&warm, 0.99),
@@ -172,7 +188,13 @@ fn main() {
     row("component size (unpacked)", rust.size_mib, python.size_mib, "MiB");
     row("pack (`describe`, compiles once)", ms(rust.pack), ms(python.pack), "ms");
     row("list (catalog + snapshot, metadata only)", ms(rust.list), ms(python.list), "ms");
-    row("first call, never compiled", ms(rust.never_compiled), ms(python.never_compiled), "ms");
+    row("first call, never compiled (baseline tier: Winch)", ms(rust.never_compiled), ms(python.never_compiled), "ms");
+    row(
+        "first call, never compiled, waiting for Cranelift (tier off)",
+        ms(rust.never_compiled_cranelift),
+        ms(python.never_compiled_cranelift),
+        "ms",
+    );
     row("first call from the disk cache", ms(rust.disk_cached), ms(python.disk_cached), "ms");
     row("warm call, median", ms(rust.warm_p50), ms(python.warm_p50), "ms");
     row("warm call, p99", ms(rust.warm_p99), ms(python.warm_p99), "ms");

@@ -2,7 +2,10 @@
 //!
 //! Owns the engine (component model, WASI p2, pooling allocator, epoch
 //! interruption), the lazily compiled `InstancePre` per component, the on-disk
-//! cache of compiled components, and one fresh `Store` per call holding
+//! cache of compiled components (Cranelift's code), the baseline tier (a
+//! second engine, same settings, compiled by Winch: a component never
+//! compiled before runs its first calls on Winch's code, in milliseconds,
+//! while Cranelift compiles it behind them — both are wasmtime Tier 1), and one fresh `Store` per call holding
 //! exactly the call's authority: no preopens, no environment, no network, no
 //! inherited stdio (stdout, stderr and log are captured, bounded), a memory
 //! limit, a deadline and an output limit. A trap, a timeout or an
@@ -63,6 +66,10 @@ const TABLES_PER_COMPONENT: u32 = 16;
 /// Components compiled at once (Cranelift uses every core for one).
 const COMPILES_AT_ONCE: usize = 2;
 
+/// Cranelift compiles of components already running on the baseline tier,
+/// at once: background work, kept off the second core's calls.
+const OPTIMIZING_AT_ONCE: usize = 1;
+
 /// Feeds [`Hash`] input into SHA-256, for stable cache keys (unlike
 /// `DefaultHasher`, whose output may change between Rust releases).
 #[derive(Default)]
@@ -90,12 +97,15 @@ pub struct ExecutorSettings {
     pub limits: Limits,
     /// Compiled-component cache directory; `None` disables the disk cache.
     pub cache_dir: Option<PathBuf>,
+    /// Run a component's first calls on Winch's code while Cranelift
+    /// compiles it (default); `false` waits for Cranelift.
+    pub baseline_tier: bool,
 }
 
 impl ExecutorSettings {
     /// Defaults with the given limits and cache.
     pub fn new(limits: Limits, cache_dir: Option<PathBuf>) -> Self {
-        ExecutorSettings { limits, cache_dir }
+        ExecutorSettings { limits, cache_dir, baseline_tier: true }
     }
 }
 
@@ -312,20 +322,44 @@ impl wit_state::Host for CallState {
 
 type Pre = bindings::AdapterPre<CallState>;
 
-/// The sandbox.
-pub struct Executor {
+/// One compiler's engine and its linker (the same host functions).
+#[derive(Clone)]
+struct Tier {
     engine: Engine,
     linker: Linker<CallState>,
+}
+
+/// A component's code: Cranelift's (from the disk cache or compiled), and
+/// Winch's for the calls that come before Cranelift's is ready.
+#[derive(Default)]
+struct Prepared {
+    optimized: OnceCell<Pre>,
+    baseline: OnceCell<Pre>,
+    /// Cranelift's compile was started behind the baseline.
+    optimizing: AtomicBool,
+}
+
+/// The sandbox.
+pub struct Executor {
+    optimized: Tier,
+    /// `None` where Winch does not run (not x86_64) or when turned off.
+    baseline: Option<Tier>,
     settings: ExecutorSettings,
     cache_key: String,
-    prepared: Mutex<HashMap<Digest, Arc<OnceCell<Pre>>>>,
+    prepared: Mutex<HashMap<Digest, Arc<Prepared>>>,
     unhealthy: Mutex<HashMap<Digest, String>>,
     instantiations: AtomicU64,
-    compilations: AtomicU64,
+    baseline_instantiations: AtomicU64,
+    compilations: Arc<AtomicU64>,
+    baseline_compilations: Arc<AtomicU64>,
     stop_ticker: Arc<AtomicBool>,
     admission: Admission,
     /// Compilations running at once; a compile waits for one, under its own time limit.
     compiles: Arc<tokio::sync::Semaphore>,
+    /// Cranelift compiles behind the baseline tier, at once.
+    optimizing: Arc<tokio::sync::Semaphore>,
+    /// Those compiles, until [`Executor::settle`] awaits them.
+    behind: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Outbound requests in flight in the whole host.
     http_slots: Arc<tokio::sync::Semaphore>,
     /// Why the cache directory is not used, if it is not trusted (said once).
@@ -413,54 +447,43 @@ impl Drop for Executor {
 impl Executor {
     /// An engine with `settings`. Starts the epoch ticker thread.
     pub fn new(settings: ExecutorSettings) -> Result<Self, ExecutorError> {
-        let mut pool = PoolingAllocationConfig::new();
-        // One pooling slot per admitted instance: the admission semaphore below
-        // guarantees the pool is never exhausted, so saturation waits, never fails.
-        // Per-component caps equal each slot's share of the totals, so one
-        // component cannot drain what other calls' instances then fail on.
         let n = u32::try_from(settings.limits.max_instances).unwrap_or(u32::MAX).max(1);
-        pool.total_component_instances(n)
-            .total_core_instances(n.saturating_mul(CORE_INSTANCES_PER_COMPONENT))
-            .total_memories(n.saturating_mul(MEMORIES_PER_COMPONENT))
-            .total_tables(n.saturating_mul(TABLES_PER_COMPONENT))
-            .total_stacks(n)
-            .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
-            .max_memories_per_component(MEMORIES_PER_COMPONENT)
-            .max_tables_per_component(TABLES_PER_COMPONENT)
-            .max_memory_size((settings.limits.memory_mib as usize) << 20);
-        let mut config = Config::new();
-        config
-            .wasm_component_model(true)
-            .epoch_interruption(true)
-            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        let engine = Engine::new(&config).map_err(ExecutorError::Engine)?;
-        let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(ExecutorError::Engine)?;
-        refuse_special_files(&mut linker).map_err(ExecutorError::Engine)?;
-        // The only network a guest gets: HTTP through the outbound policy.
-        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(ExecutorError::Engine)?;
-        bindings::Adapter::add_to_linker::<CallState, wasmtime::component::HasSelf<CallState>>(&mut linker, |s| s)
-            .map_err(ExecutorError::Engine)?;
+        let optimized = tier(&settings, n, wasmtime::Strategy::Cranelift).map_err(ExecutorError::Engine)?;
+        // Winch where wasmtime supports it; without it every first call waits for Cranelift.
+        let baseline = if settings.baseline_tier && cfg!(target_arch = "x86_64") {
+            match tier(&settings, n, wasmtime::Strategy::Winch) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    tracing::warn!("no baseline compiler ({e:#}); first calls wait for Cranelift");
+                    None
+                }
+            }
+        } else {
+            None
+        };
 
         // The compiled-code cache is keyed by everything a compiled artifact
         // depends on: the engine's own compatibility hash (wasmtime version,
-        // target, settings) and ours, as SHA-256.
+        // target, settings) and ours, as SHA-256. Only Cranelift's code is cached.
         let mut h = Sha256Hasher::default();
-        engine.precompile_compatibility_hash().hash(&mut h);
+        optimized.engine.precompile_compatibility_hash().hash(&mut h);
         (env!("CARGO_PKG_VERSION"), settings.limits.memory_mib, n).hash(&mut h);
         (CORE_INSTANCES_PER_COMPONENT, MEMORIES_PER_COMPONENT, TABLES_PER_COMPONENT).hash(&mut h);
         let cache_key = h.hex()[..32].to_owned();
 
         let stop_ticker = Arc::new(AtomicBool::new(false));
-        let (weak, stop) = (engine.weak(), stop_ticker.clone());
+        let engines: Vec<_> = std::iter::once(&optimized).chain(&baseline).map(|t| t.engine.weak()).collect();
+        let stop = stop_ticker.clone();
         std::thread::Builder::new()
             .name("toolgate-epoch".into())
             .spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     std::thread::sleep(EPOCH_TICK);
-                    match weak.upgrade() {
-                        Some(e) => e.increment_epoch(),
-                        None => break,
+                    for weak in &engines {
+                        match weak.upgrade() {
+                            Some(e) => e.increment_epoch(),
+                            None => return,
+                        }
                     }
                 }
             })
@@ -470,17 +493,21 @@ impl Executor {
         let http_in_flight = usize::try_from(settings.limits.http_requests_in_flight_host).unwrap_or(usize::MAX).max(1);
         let admission = Admission::new(n as usize, per_tool);
         Ok(Executor {
-            engine,
-            linker,
+            optimized,
+            baseline,
             settings,
             cache_key,
             prepared: Mutex::new(HashMap::new()),
             unhealthy: Mutex::new(HashMap::new()),
             instantiations: AtomicU64::new(0),
-            compilations: AtomicU64::new(0),
+            baseline_instantiations: AtomicU64::new(0),
+            compilations: Arc::new(AtomicU64::new(0)),
+            baseline_compilations: Arc::new(AtomicU64::new(0)),
             stop_ticker,
             admission,
             compiles: Arc::new(tokio::sync::Semaphore::new(COMPILES_AT_ONCE)),
+            optimizing: Arc::new(tokio::sync::Semaphore::new(OPTIMIZING_AT_ONCE)),
+            behind: Mutex::new(Vec::new()),
             http_slots: Arc::new(tokio::sync::Semaphore::new(http_in_flight)),
             cache_distrust: std::sync::OnceLock::new(),
         })
@@ -502,6 +529,26 @@ impl Executor {
     /// How many components this executor compiled (cache misses).
     pub fn compilations(&self) -> u64 {
         self.compilations.load(Ordering::SeqCst)
+    }
+
+    /// Components compiled by the baseline tier (Winch), and instances made
+    /// from that code.
+    pub fn baseline_counts(&self) -> (u64, u64) {
+        (self.baseline_compilations.load(Ordering::SeqCst), self.baseline_instantiations.load(Ordering::SeqCst))
+    }
+
+    /// Wait for the Cranelift compiles running behind the baseline tier (and
+    /// their writes to the disk cache): before a host exits, or in a test.
+    pub async fn settle(&self) {
+        loop {
+            let handles = std::mem::take(&mut *self.behind.lock().unwrap_or_else(|p| p.into_inner()));
+            if handles.is_empty() {
+                return;
+            }
+            for h in handles {
+                let _ = h.await;
+            }
+        }
     }
 
     /// Why `digest`'s component cannot run, if it failed to load before.
@@ -562,7 +609,7 @@ impl Executor {
             log: log.clone(),
             pinned: component.pinned.clone(),
         };
-        let mut store = Store::new(&self.engine, state);
+        let mut store = Store::new(pre.engine(), state);
         store.limiter(|s| &mut s.limits);
         // Yield to the async runtime at every epoch tick: a guest that spins
         // cannot starve other calls on this thread, and the deadline below
@@ -583,6 +630,9 @@ impl Executor {
         let deadline = Duration::from_millis(limits.timeout_ms);
         let run = async {
             self.instantiations.fetch_add(1, Ordering::SeqCst);
+            if !Engine::same(pre.engine(), &self.optimized.engine) {
+                self.baseline_instantiations.fetch_add(1, Ordering::SeqCst);
+            }
             let plugin = pre.instantiate_async(&mut store).await?;
             plugin.toolgate_plugin_tool().call_call(&mut store, &c.tool_id, &arguments).await
         };
@@ -699,19 +749,47 @@ impl Executor {
     /// disk cache now, instead of on its first allowed call. Only for
     /// components an operator pinned: see `host::precompile`.
     pub async fn precompile(&self, path: &Path, digest: Digest) -> Result<(), ExecutorError> {
-        self.prepare(path, digest).await.map(|_| ())
+        let entry = self.entry(digest);
+        self.optimized_pre(&entry, path, digest).await.map(|_| ())
     }
 
-    /// The `InstancePre` of a component: compiled once, lazily, on the first
-    /// allowed call; from the disk cache when present.
+    fn entry(&self, digest: Digest) -> Arc<Prepared> {
+        self.prepared.lock().unwrap_or_else(|p| p.into_inner()).entry(digest).or_default().clone()
+    }
+
+    /// The `InstancePre` a call runs: Cranelift's code when it is ready or in
+    /// the disk cache; otherwise Winch's (compiled once, on the first allowed
+    /// call) while Cranelift compiles behind it. A component Winch cannot
+    /// compile (a proposal it lacks) waits for Cranelift.
     async fn prepare(&self, path: &Path, digest: Digest) -> Result<Pre, ExecutorError> {
-        let cell = {
-            let mut map = self.prepared.lock().unwrap_or_else(|p| p.into_inner());
-            map.entry(digest).or_default().clone()
-        };
-        let pre = cell
+        let entry = self.entry(digest);
+        if let Some(pre) = entry.optimized.get() {
+            return Ok(pre.clone());
+        }
+        let cached = self.cache_file(digest).is_some_and(|c| trusted_cache_file(&c));
+        if let (Some(baseline), false) = (&self.baseline, cached) {
+            let loader = self.loader(baseline, None, &self.compiles, &self.baseline_compilations);
+            match entry.baseline.get_or_try_init(|| loader.load(path.to_owned(), digest)).await {
+                Ok(pre) => {
+                    self.optimize_behind(&entry, path, digest);
+                    return Ok(pre.clone());
+                }
+                // Cranelift decides, and its error is the one reported.
+                Err(ExecutorError::Load { reason, .. }) => {
+                    tracing::debug!("{}: the baseline compiler cannot compile it ({reason})", path.display())
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.optimized_pre(&entry, path, digest).await
+    }
+
+    async fn optimized_pre(&self, entry: &Prepared, path: &Path, digest: Digest) -> Result<Pre, ExecutorError> {
+        let loader = self.loader(&self.optimized, self.cache_file(digest), &self.compiles, &self.compilations);
+        let pre = entry
+            .optimized
             .get_or_try_init(|| async {
-                let r = self.load(path, digest).await;
+                let r = loader.load(path.to_owned(), digest).await;
                 if let Err(e @ ExecutorError::Load { .. }) = &r {
                     self.unhealthy.lock().unwrap_or_else(|p| p.into_inner()).insert(digest, e.to_string());
                 }
@@ -721,73 +799,48 @@ impl Executor {
         Ok(pre.clone())
     }
 
-    async fn load(&self, path: &Path, digest: Digest) -> Result<Pre, ExecutorError> {
-        let cached = self.trusted_cache_dir().map(|d| d.join(format!("{}-{}.cwasm", digest.hex(), self.cache_key)));
-        let engine = self.engine.clone();
-        let path_owned = path.to_owned();
-        let cached_path = cached.clone();
-        let memory_mib = self.settings.limits.memory_mib;
-        // Compiling is CPU the host shares: a few at a time, under a time limit.
-        let _slot = self
-            .compiles
-            .acquire()
-            .await
-            .map_err(|_| ExecutorError::Load { path: path.to_owned(), reason: "the host is shutting down".into() })?;
-        let compile = tokio::task::spawn_blocking(move || -> Result<(Component, bool), ExecutorError> {
-            if let Some(c) = cached_path.as_ref().filter(|c| trusted_cache_file(c)) {
-                // SAFETY: the file is a regular file owned by this user with
-                // no group or other access, in a directory with the same
-                // checks, written only by this host (atomic renames) and keyed
-                // by a SHA-256 of the engine settings: as trusted as the host
-                // binary. A failed load falls back to compiling from the
-                // verified source.
-                if let Ok(comp) = unsafe { Component::deserialize_file(&engine, c) } {
-                    return Ok((comp, false));
-                }
-            }
-            let bytes = catalog::read_bounded(&path_owned)
-                .map_err(|reason| ExecutorError::Read { path: path_owned.clone(), reason })?;
-            if Digest::of(&bytes) != digest {
-                return Err(ExecutorError::Changed { path: path_owned.clone(), was: digest });
-            }
-            let comp = Component::new(&engine, &bytes).map_err(|e| ExecutorError::Load {
-                path: path_owned.clone(),
-                reason: compile_failure(&e, memory_mib),
-            })?;
-            if let Some(c) = &cached_path {
-                write_cache(c, &comp);
-            }
-            Ok((comp, true))
-        });
-        let limit = Duration::from_millis(self.settings.limits.compile_timeout_ms);
-        let (component, compiled) = match tokio::time::timeout(limit, compile).await {
-            Ok(joined) => joined.map_err(|e| ExecutorError::Load {
-                path: path.to_owned(),
-                reason: format!("compile task failed: {e}"),
-            })??,
-            // Cranelift cannot be interrupted: the compile finishes in the
-            // background and is dropped; the component is marked unhealthy.
-            Err(_) => {
-                return Err(ExecutorError::Load {
-                    path: path.to_owned(),
-                    reason: format!(
-                        "compiling it took longer than `limits.compile_timeout_ms` ({} ms); raise the limit if the component is trusted",
-                        limit.as_millis()
-                    ),
-                });
-            }
-        };
-        if compiled {
-            self.compilations.fetch_add(1, Ordering::SeqCst);
+    /// Start Cranelift's compile of a component that runs on Winch's code
+    /// (once); later calls take Cranelift's code when it is ready. A failure
+    /// keeps the component on Winch's code.
+    fn optimize_behind(&self, entry: &Arc<Prepared>, path: &Path, digest: Digest) {
+        if entry.optimizing.swap(true, Ordering::SeqCst) {
+            return;
         }
-        let pre = self.linker.instantiate_pre(&component).map_err(|e| ExecutorError::Load {
-            path: path.to_owned(),
-            reason: format!("{e:#}; the component imports something this host does not provide"),
-        })?;
-        bindings::AdapterPre::new(pre).map_err(|e| ExecutorError::Load {
-            path: path.to_owned(),
-            reason: format!("{e:#}; build it with toolgate-sdk's `export_tools!`"),
-        })
+        let loader = self.loader(&self.optimized, self.cache_file(digest), &self.optimizing, &self.compilations);
+        let (entry, path) = (entry.clone(), path.to_owned());
+        let handle = tokio::spawn(async move {
+            if let Err(e) = entry.optimized.get_or_try_init(|| loader.load(path.clone(), digest)).await {
+                tracing::warn!(
+                    "{}: compiling it with Cranelift failed ({e}); it keeps running on Winch's code",
+                    path.display()
+                );
+            }
+        });
+        let mut behind = self.behind.lock().unwrap_or_else(|p| p.into_inner());
+        behind.retain(|h| !h.is_finished());
+        behind.push(handle);
+    }
+
+    /// Where Cranelift's code for `digest` is cached, if the cache is trusted.
+    fn cache_file(&self, digest: Digest) -> Option<PathBuf> {
+        self.trusted_cache_dir().map(|d| d.join(format!("{}-{}.cwasm", digest.hex(), self.cache_key)))
+    }
+
+    fn loader(
+        &self,
+        tier: &Tier,
+        cache_file: Option<PathBuf>,
+        slots: &Arc<tokio::sync::Semaphore>,
+        counter: &Arc<AtomicU64>,
+    ) -> Loader {
+        Loader {
+            tier: tier.clone(),
+            cache_file,
+            slots: slots.clone(),
+            counter: counter.clone(),
+            timeout: Duration::from_millis(self.settings.limits.compile_timeout_ms),
+            memory_mib: self.settings.limits.memory_mib,
+        }
     }
 
     /// The cache directory, if it may be trusted: created owner-only, and
@@ -810,9 +863,17 @@ impl Executor {
     /// Used by `toolgate pack` only; a host never calls it.
     pub async fn describe(&self, bytes: &[u8]) -> Result<String, ExecutorError> {
         let path = PathBuf::from("<pack input>");
-        let component = Component::new(&self.engine, bytes)
-            .map_err(|e| ExecutorError::Load { path: path.clone(), reason: format!("{e:#}") })?;
-        let pre = self
+        // Compiled once, run once: the baseline compiler's job, where it can.
+        let baseline = self.baseline.as_ref().and_then(|t| Component::new(&t.engine, bytes).ok().map(|c| (t, c)));
+        let (tier, component) = match baseline {
+            Some(b) => b,
+            None => (
+                &self.optimized,
+                Component::new(&self.optimized.engine, bytes)
+                    .map_err(|e| ExecutorError::Load { path: path.clone(), reason: format!("{e:#}") })?,
+            ),
+        };
+        let pre = tier
             .linker
             .instantiate_pre(&component)
             .map_err(|e| ExecutorError::Load { path: path.clone(), reason: format!("{e:#}") })?;
@@ -850,7 +911,7 @@ impl Executor {
             log: Capture::new(0),
             pinned,
         };
-        let mut store = Store::new(&self.engine, state);
+        let mut store = Store::new(&tier.engine, state);
         store.limiter(|s| &mut s.limits);
         store.set_epoch_deadline(limits.timeout_ms.div_ceil(EPOCH_TICK.as_millis() as u64).max(1));
         store.epoch_deadline_trap();
@@ -863,6 +924,119 @@ impl Executor {
             .call_describe(&mut store)
             .await
             .map_err(|e| ExecutorError::Instantiate { path, reason: format!("describe failed: {e:#}") })
+    }
+}
+
+/// An engine with the host's settings and `strategy`, and its linker.
+fn tier(settings: &ExecutorSettings, n: u32, strategy: wasmtime::Strategy) -> wasmtime::Result<Tier> {
+    let mut pool = PoolingAllocationConfig::new();
+    // One pooling slot per admitted instance: the admission semaphore
+    // guarantees the pool is never exhausted, so saturation waits, never fails.
+    // Per-component caps equal each slot's share of the totals, so one
+    // component cannot drain what other calls' instances then fail on.
+    pool.total_component_instances(n)
+        .total_core_instances(n.saturating_mul(CORE_INSTANCES_PER_COMPONENT))
+        .total_memories(n.saturating_mul(MEMORIES_PER_COMPONENT))
+        .total_tables(n.saturating_mul(TABLES_PER_COMPONENT))
+        .total_stacks(n)
+        .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
+        .max_memories_per_component(MEMORIES_PER_COMPONENT)
+        .max_tables_per_component(TABLES_PER_COMPONENT)
+        .max_memory_size((settings.limits.memory_mib as usize) << 20);
+    let mut config = Config::new();
+    config
+        .strategy(strategy)
+        .wasm_component_model(true)
+        .epoch_interruption(true)
+        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    let engine = Engine::new(&config)?;
+    let mut linker = Linker::new(&engine);
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+    refuse_special_files(&mut linker)?;
+    // The only network a guest gets: HTTP through the outbound policy.
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
+    bindings::Adapter::add_to_linker::<CallState, wasmtime::component::HasSelf<CallState>>(&mut linker, |s| s)?;
+    Ok(Tier { engine, linker })
+}
+
+/// What compiling one component needs, owned: a compile behind the baseline
+/// outlives the call that started it.
+struct Loader {
+    tier: Tier,
+    /// Read first, written after a compile (Cranelift's code only).
+    cache_file: Option<PathBuf>,
+    /// Compiles at once (a compile waits for a slot, outside its time limit).
+    slots: Arc<tokio::sync::Semaphore>,
+    /// Counts the compiles this loader does.
+    counter: Arc<AtomicU64>,
+    timeout: Duration,
+    memory_mib: u64,
+}
+
+impl Loader {
+    async fn load(self, path: PathBuf, digest: Digest) -> Result<Pre, ExecutorError> {
+        let Loader { tier, cache_file, slots, counter, timeout, memory_mib } = self;
+        // Compiling is CPU the host shares: a few at a time, under a time limit.
+        let _slot = slots
+            .acquire()
+            .await
+            .map_err(|_| ExecutorError::Load { path: path.clone(), reason: "the host is shutting down".into() })?;
+        let engine = tier.engine.clone();
+        let path_owned = path.clone();
+        let compile = tokio::task::spawn_blocking(move || -> Result<(Component, bool), ExecutorError> {
+            if let Some(c) = cache_file.as_ref().filter(|c| trusted_cache_file(c)) {
+                // SAFETY: the file is a regular file owned by this user with
+                // no group or other access, in a directory with the same
+                // checks, written only by this host (atomic renames) and keyed
+                // by a SHA-256 of the engine settings: as trusted as the host
+                // binary. A failed load falls back to compiling from the
+                // verified source.
+                if let Ok(comp) = unsafe { Component::deserialize_file(&engine, c) } {
+                    return Ok((comp, false));
+                }
+            }
+            let bytes = catalog::read_bounded(&path_owned)
+                .map_err(|reason| ExecutorError::Read { path: path_owned.clone(), reason })?;
+            if Digest::of(&bytes) != digest {
+                return Err(ExecutorError::Changed { path: path_owned.clone(), was: digest });
+            }
+            let comp = Component::new(&engine, &bytes).map_err(|e| ExecutorError::Load {
+                path: path_owned.clone(),
+                reason: compile_failure(&e, memory_mib),
+            })?;
+            if let Some(c) = &cache_file {
+                write_cache(c, &comp);
+            }
+            Ok((comp, true))
+        });
+        let (component, compiled) = match tokio::time::timeout(timeout, compile).await {
+            Ok(joined) => joined.map_err(|e| ExecutorError::Load {
+                path: path.clone(),
+                reason: format!("compile task failed: {e}"),
+            })??,
+            // A compiler cannot be interrupted: the compile finishes in the
+            // background and is dropped; the component is marked unhealthy.
+            Err(_) => {
+                return Err(ExecutorError::Load {
+                    path,
+                    reason: format!(
+                        "compiling it took longer than `limits.compile_timeout_ms` ({} ms); raise the limit if the component is trusted",
+                        timeout.as_millis()
+                    ),
+                });
+            }
+        };
+        if compiled {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }
+        let pre = tier.linker.instantiate_pre(&component).map_err(|e| ExecutorError::Load {
+            path: path.clone(),
+            reason: format!("{e:#}; the component imports something this host does not provide"),
+        })?;
+        bindings::AdapterPre::new(pre).map_err(|e| ExecutorError::Load {
+            path,
+            reason: format!("{e:#}; build it with toolgate-sdk's `export_tools!`"),
+        })
     }
 }
 
