@@ -205,6 +205,10 @@ fn configured() -> ToolCapabilityNarrowing {
     ToolCapabilityNarrowing::Configured
 }
 
+fn yes() -> bool {
+    true
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
@@ -212,6 +216,8 @@ struct RawConfig {
     store: Option<String>,
     #[serde(default)]
     durability: Durability,
+    #[serde(default = "yes")]
+    baseline_compiler: bool,
     #[serde(default)]
     postgres: Option<PostgresOptions>,
     cache: Option<PathBuf>,
@@ -386,6 +392,9 @@ pub struct Config {
     pub store: StoreLocation,
     /// What an acknowledged step survives (SQLite journal).
     pub durability: Durability,
+    /// A component never compiled runs its first calls on the baseline
+    /// compiler's code (Winch) while Cranelift compiles it (default `true`).
+    pub baseline_compiler: bool,
     /// Compiled-component cache directory.
     pub cache: PathBuf,
     /// `toolgate.lock`: when it exists, only pinned plugin digests load.
@@ -643,6 +652,7 @@ impl Config {
             plugins,
             store,
             durability: raw.durability,
+            baseline_compiler: raw.baseline_compiler,
             cache,
             lock,
             limits: raw.limits,
@@ -841,6 +851,14 @@ mod tests {
             "[agents.bot]\nrules = [{ pattern = \"ok\", behavior = \"allow\" }, { pattern = \"x(\", behavior = \"deny\" }]\n",
         );
         assert!(s.contains("rule 1") && s.contains("x("), "{s}");
+    }
+
+    #[test]
+    fn the_baseline_compiler_is_on_unless_turned_off() {
+        assert!(parse("").unwrap().baseline_compiler);
+        assert!(!parse("baseline_compiler = false\n").unwrap().baseline_compiler);
+        let e = parse("baseline_compiler = \"winch\"\n").unwrap_err().to_string();
+        assert!(e.contains("baseline_compiler"), "{e}");
     }
 
     #[test]

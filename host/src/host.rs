@@ -82,7 +82,9 @@ pub async fn store(config: &Config) -> Result<Arc<dyn StepStore>, CommitError> {
 
 /// The executor the config describes: its limits, its compiled-code cache.
 pub fn executor(config: &Config) -> Result<Executor, ExecutorError> {
-    Executor::new(ExecutorSettings::new(config.limits.clone(), Some(config.cache.clone())))
+    let mut settings = ExecutorSettings::new(config.limits.clone(), Some(config.cache.clone()));
+    settings.baseline_tier = config.baseline_compiler;
+    Executor::new(settings)
 }
 
 /// Compile every component of `catalog` into the config's compiled-code

@@ -346,7 +346,7 @@ pub struct Executor {
     baseline: Option<Tier>,
     settings: ExecutorSettings,
     cache_key: String,
-    prepared: Mutex<HashMap<Digest, Arc<Prepared>>>,
+    prepared: Arc<Mutex<HashMap<Digest, Arc<Prepared>>>>,
     unhealthy: Mutex<HashMap<Digest, String>>,
     instantiations: AtomicU64,
     baseline_instantiations: AtomicU64,
@@ -497,7 +497,7 @@ impl Executor {
             baseline,
             settings,
             cache_key,
-            prepared: Mutex::new(HashMap::new()),
+            prepared: Arc::default(),
             unhealthy: Mutex::new(HashMap::new()),
             instantiations: AtomicU64::new(0),
             baseline_instantiations: AtomicU64::new(0),
@@ -577,7 +577,11 @@ impl Executor {
     ) -> Result<Execution, ExecutorError> {
         tokio::pin!(cancel);
         let component = &call.candidate().installed.component;
-        let pre = self.prepare(&component.path, component.digest).await?;
+        let (pre, baseline) = self.prepare(&component.path, component.digest).await?;
+        // Cranelift's compile starts once this call is over: until then
+        // the call has the CPU Winch saved it.
+        let _optimize =
+            OptimizeAfter { executor: self, entry: baseline, path: &component.path, digest: component.digest };
         let limits = &self.settings.limits;
         let capture = (limits.capture_kib as usize) << 10;
         let (stdout, stderr, log) = (Capture::new(capture), Capture::new(capture), Capture::new(capture));
@@ -759,21 +763,19 @@ impl Executor {
 
     /// The `InstancePre` a call runs: Cranelift's code when it is ready or in
     /// the disk cache; otherwise Winch's (compiled once, on the first allowed
-    /// call) while Cranelift compiles behind it. A component Winch cannot
-    /// compile (a proposal it lacks) waits for Cranelift.
-    async fn prepare(&self, path: &Path, digest: Digest) -> Result<Pre, ExecutorError> {
+    /// call), with the entry that Cranelift's compile should fill behind it.
+    /// A component Winch cannot compile (a proposal it lacks) waits for
+    /// Cranelift.
+    async fn prepare(&self, path: &Path, digest: Digest) -> Result<(Pre, Option<Arc<Prepared>>), ExecutorError> {
         let entry = self.entry(digest);
         if let Some(pre) = entry.optimized.get() {
-            return Ok(pre.clone());
+            return Ok((pre.clone(), None));
         }
         let cached = self.cache_file(digest).is_some_and(|c| trusted_cache_file(&c));
         if let (Some(baseline), false) = (&self.baseline, cached) {
             let loader = self.loader(baseline, None, &self.compiles, &self.baseline_compilations);
             match entry.baseline.get_or_try_init(|| loader.load(path.to_owned(), digest)).await {
-                Ok(pre) => {
-                    self.optimize_behind(&entry, path, digest);
-                    return Ok(pre.clone());
-                }
+                Ok(pre) => return Ok((pre.clone(), Some(entry.clone()))),
                 // Cranelift decides, and its error is the one reported.
                 Err(ExecutorError::Load { reason, .. }) => {
                     tracing::debug!("{}: the baseline compiler cannot compile it ({reason})", path.display())
@@ -781,7 +783,7 @@ impl Executor {
                 Err(e) => return Err(e),
             }
         }
-        self.optimized_pre(&entry, path, digest).await
+        self.optimized_pre(&entry, path, digest).await.map(|pre| (pre, None))
     }
 
     async fn optimized_pre(&self, entry: &Prepared, path: &Path, digest: Digest) -> Result<Pre, ExecutorError> {
@@ -800,20 +802,30 @@ impl Executor {
     }
 
     /// Start Cranelift's compile of a component that runs on Winch's code
-    /// (once); later calls take Cranelift's code when it is ready. A failure
-    /// keeps the component on Winch's code.
+    /// (once); later calls take Cranelift's code when it is ready, and Winch's
+    /// is dropped with the last call using it. A failure keeps the component
+    /// on Winch's code.
     fn optimize_behind(&self, entry: &Arc<Prepared>, path: &Path, digest: Digest) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         if entry.optimizing.swap(true, Ordering::SeqCst) {
             return;
         }
         let loader = self.loader(&self.optimized, self.cache_file(digest), &self.optimizing, &self.compilations);
-        let (entry, path) = (entry.clone(), path.to_owned());
-        let handle = tokio::spawn(async move {
-            if let Err(e) = entry.optimized.get_or_try_init(|| loader.load(path.clone(), digest)).await {
-                tracing::warn!(
+        let (entry, path, prepared) = (entry.clone(), path.to_owned(), self.prepared.clone());
+        let handle = runtime.spawn(async move {
+            match loader.load(path.clone(), digest).await {
+                Ok(pre) => {
+                    let optimized = Prepared { optimized: OnceCell::new_with(Some(pre)), ..Prepared::default() };
+                    let mut map = prepared.lock().unwrap_or_else(|p| p.into_inner());
+                    // Unless a reload replaced the entry meanwhile.
+                    if map.get(&digest).is_some_and(|e| Arc::ptr_eq(e, &entry)) {
+                        map.insert(digest, Arc::new(optimized));
+                    }
+                }
+                Err(e) => tracing::warn!(
                     "{}: compiling it with Cranelift failed ({e}); it keeps running on Winch's code",
                     path.display()
-                );
+                ),
             }
         });
         let mut behind = self.behind.lock().unwrap_or_else(|p| p.into_inner());
@@ -924,6 +936,23 @@ impl Executor {
             .call_describe(&mut store)
             .await
             .map_err(|e| ExecutorError::Instantiate { path, reason: format!("describe failed: {e:#}") })
+    }
+}
+
+/// Starts Cranelift's compile behind a call that ran on Winch's code, when
+/// the call is over (or dropped).
+struct OptimizeAfter<'a> {
+    executor: &'a Executor,
+    entry: Option<Arc<Prepared>>,
+    path: &'a Path,
+    digest: Digest,
+}
+
+impl Drop for OptimizeAfter<'_> {
+    fn drop(&mut self) {
+        if let Some(entry) = &self.entry {
+            self.executor.optimize_behind(entry, self.path, self.digest);
+        }
     }
 }
 
