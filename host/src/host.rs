@@ -18,6 +18,7 @@ use crate::config::{Config, ConfigError, StoreLocation};
 use crate::runtime::{CallError, Runtime, RuntimeSettings};
 use crate::sandbox::executor::{Executor, ExecutorError, ExecutorSettings};
 use crate::snapshot::ExecutableAgentSnapshot;
+use crate::store::memory::MemoryJournal;
 use crate::store::sqlite::SqliteJournal;
 use crate::store::{CommitError, StepStore};
 
@@ -52,7 +53,7 @@ pub fn catalog(config: &Config) -> Result<Catalog, CatalogError> {
 /// The journal the config's `store` names.
 pub async fn store(config: &Config) -> Result<Arc<dyn StepStore>, CommitError> {
     match &config.store {
-        StoreLocation::Memory => Ok(Arc::new(SqliteJournal::in_memory()?)),
+        StoreLocation::Memory => Ok(Arc::new(MemoryJournal::new())),
         StoreLocation::Sqlite(path) => Ok(Arc::new(SqliteJournal::open_with(path, config.durability)?)),
         #[cfg(feature = "postgres")]
         StoreLocation::Postgres(pg) => {

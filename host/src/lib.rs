@@ -77,4 +77,4 @@ pub use policy::gate::{AllowedCall, GateOutcome, ToolPermissionVerdict};
 pub use runtime::{CallError, Run, Runtime, RuntimeSettings, StepResult};
 pub use sandbox::executor::{Executor, ExecutorSettings};
 pub use snapshot::ExecutableAgentSnapshot;
-pub use store::{StepStore, sqlite::SqliteJournal};
+pub use store::{StepStore, memory::MemoryJournal, sqlite::SqliteJournal};

@@ -9,6 +9,11 @@ mod sqlite_memory {
     toolgate_tests::conformance_suite!(toolgate_tests::conformance::SqliteMemory);
 }
 
+/// `store = ":memory:"`.
+mod memory {
+    toolgate_tests::conformance_suite!(toolgate_tests::conformance::Memory);
+}
+
 /// Against the PostgreSQL server `TOOLGATE_TEST_PG` names (`scripts/test`
 /// starts one); skipped, saying so, without it.
 mod postgres {

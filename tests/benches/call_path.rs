@@ -12,8 +12,9 @@
 //!   `call("text.upper", …)`.
 //! - `toolgate/full_path_*`: `Run::call` through snapshot, filter, argument
 //!   validation, gate, executor and the Step commit, on the same component;
-//!   with an in-memory journal (no fsync) and with the durable one (WAL,
-//!   `synchronous=FULL`).
+//!   with the in-memory journal of `store = ":memory:"` (`MemoryJournal`),
+//!   SQLite in memory (the same SQL as the file journal, no fsync) and the
+//!   durable journal (WAL, `synchronous=FULL`).
 //! - `gate/*`: the permission decision with 100 rules.
 //! - `steps/*`: the sub-steps of the full path, to see where its time goes.
 
@@ -189,11 +190,12 @@ fn benches(c: &mut Criterion) {
         g.finish();
     }
 
-    // The full toolgate path, with an in-memory and a durable journal.
+    // The full toolgate path, with the in-memory journals and a durable one.
     {
         let mut g = c.benchmark_group("toolgate");
         for (name, store) in [
-            ("full_path_in_memory_commit", Arc::new(SqliteJournal::in_memory().unwrap()) as Arc<dyn StepStore>),
+            ("full_path_in_memory_commit", Arc::new(toolgate::MemoryJournal::new()) as Arc<dyn StepStore>),
+            ("full_path_sqlite_in_memory_commit", Arc::new(SqliteJournal::in_memory().unwrap())),
             ("full_path_durable_commit", host.durable_journal("durable.db")),
         ] {
             let runtime = host.runtime("default", store);
@@ -249,7 +251,7 @@ fn benches(c: &mut Criterion) {
 }
 
 fn steps(c: &mut Criterion, rt: &tokio::runtime::Runtime, host: &Host) {
-    let memory: Arc<dyn StepStore> = Arc::new(SqliteJournal::in_memory().unwrap());
+    let memory: Arc<dyn StepStore> = Arc::new(toolgate::MemoryJournal::new());
     let runtime = host.runtime("default", memory.clone());
     let snapshot = runtime.snapshot().clone();
     let executor = runtime.executor().clone();

@@ -21,8 +21,7 @@ use common::{median, ms, pct, rss_kib};
 use serde_json::json;
 use toolgate::catalog::descriptor::{embed_metadata, read_metadata};
 use toolgate::{
-    Config, ExecutableAgentSnapshot, Executor, ExecutorSettings, Runtime, SqliteJournal, StepResult,
-    ToolCapabilityNarrowing,
+    Config, ExecutableAgentSnapshot, Executor, ExecutorSettings, Runtime, StepResult, ToolCapabilityNarrowing,
 };
 use toolgate_sdk::ComponentMetadata;
 use toolgate_tests::{guests, raw};
@@ -69,7 +68,7 @@ fn runtime_tiered(config: &Config, cache: &Path, baseline_tier: bool) -> Runtime
     Runtime::new(
         snapshot,
         Arc::new(Executor::new(settings).unwrap()),
-        Arc::new(SqliteJournal::in_memory().unwrap()),
+        Arc::new(toolgate::MemoryJournal::new()),
         toolgate::RuntimeSettings::of(config),
     )
 }

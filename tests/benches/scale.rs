@@ -117,14 +117,14 @@ fn first_calls(rt: &tokio::runtime::Runtime, host: &Host) -> FirstCalls {
     let (mut never, mut cached, mut warm) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..5 {
         let cache = host.dir.path().join(format!("fresh-cache-{i}"));
-        let r = runtime(&host.config, Arc::new(SqliteJournal::in_memory().unwrap()), &cache);
+        let r = runtime(&host.config, Arc::new(toolgate::MemoryJournal::new()), &cache);
         let run = rt.block_on(r.start_run(None, ToolCapabilityNarrowing::Configured)).unwrap();
         let t = Instant::now();
         assert_upper(&rt.block_on(run.call(TOOL, args.clone())).unwrap());
         never.push(t.elapsed());
         // The first call ran on Winch's code; Cranelift's, compiled behind it, fills the cache.
         rt.block_on(r.executor().settle());
-        let r = runtime(&host.config, Arc::new(SqliteJournal::in_memory().unwrap()), &cache);
+        let r = runtime(&host.config, Arc::new(toolgate::MemoryJournal::new()), &cache);
         let run = rt.block_on(r.start_run(None, ToolCapabilityNarrowing::Configured)).unwrap();
         let t = Instant::now();
         assert_upper(&rt.block_on(run.call(TOOL, args.clone())).unwrap());
@@ -312,7 +312,7 @@ fn main() {
     // Latency distribution, sequential, against bare wasmtime on the same component.
     let bare = Arc::new(Bare::new(&packed(guests::TEXT), host.dir.path()));
     let bare_lat = sequential(&rt, 5000, &bare_task(bare.clone()));
-    let mem = Arc::new(host.runtime("default", Arc::new(SqliteJournal::in_memory().unwrap())));
+    let mem = Arc::new(host.runtime("default", Arc::new(toolgate::MemoryJournal::new())));
     let full_lat = sequential(&rt, 5000, &toolgate_task(mem));
 
     // Throughput against concurrency: bare, in-memory commit, durable commit.
@@ -324,7 +324,7 @@ fn main() {
     let mut groups = Vec::new();
     for c in CONCURRENCY {
         bare_points.push(concurrent(c, 8192, bare_task(bare.clone()), None));
-        let r = Arc::new(host.runtime("default", Arc::new(SqliteJournal::in_memory().unwrap())));
+        let r = Arc::new(host.runtime("default", Arc::new(toolgate::MemoryJournal::new())));
         mem_points.push(concurrent(c, 8192, toolgate_task(r), (c == 64).then_some(&rss_64)));
         let journal = Arc::new(SqliteJournal::open(&host.dir.path().join(format!("durable-{c}.db"))).unwrap());
         let r = Arc::new(host.runtime("default", journal.clone()));

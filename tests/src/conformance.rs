@@ -685,6 +685,22 @@ impl Backend for SqliteMemory {
     }
 }
 
+/// The in-process journal of `store = ":memory:"` ([`toolgate::MemoryJournal`]).
+pub struct Memory;
+
+#[async_trait::async_trait]
+impl Backend for Memory {
+    async fn create(&self) -> Journal {
+        Journal { store: Arc::new(toolgate::MemoryJournal::new()), locator: None, keep: Box::new(()) }
+    }
+    async fn open(&self, locator: &str) -> Arc<dyn StepStore> {
+        unreachable!("an in-memory journal has no locator ({locator})")
+    }
+    async fn previous_version(&self) -> Option<Legacy> {
+        None
+    }
+}
+
 /// The environment variable naming a PostgreSQL server for the suite: a
 /// libpq `key=value` string whose role may create databases (e.g.
 /// `host=/tmp/pg user=postgres`). `scripts/test` starts a server and sets it.

@@ -177,7 +177,7 @@ pub fn runtime_for(config: &Config, agent: &str) -> Runtime {
     let executor =
         Arc::new(Executor::new(ExecutorSettings::new(config.limits.clone(), Some(config.cache.clone()))).unwrap());
     let store: Arc<dyn StepStore> = match &config.store {
-        toolgate::config::StoreLocation::Memory => Arc::new(SqliteJournal::in_memory().unwrap()),
+        toolgate::config::StoreLocation::Memory => Arc::new(toolgate::MemoryJournal::new()),
         toolgate::config::StoreLocation::Sqlite(path) => Arc::new(SqliteJournal::open(path).unwrap()),
         toolgate::config::StoreLocation::Postgres(_) => panic!("runtime_for opens SQLite stores; use host::open"),
     };

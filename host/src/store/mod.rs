@@ -36,6 +36,7 @@ pub enum Durability {
     Process,
 }
 
+pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod sqlite;
@@ -66,6 +67,15 @@ pub enum CommitError {
         /// User, hosts and database: never the password.
         store: String,
         /// Why.
+        message: String,
+    },
+    /// A record with this key is already written (a ticket or a call that
+    /// already has an Awaiting record): nothing of the write was kept.
+    #[error("journal {store}: {message}")]
+    Duplicate {
+        /// The store.
+        store: String,
+        /// What was duplicated.
         message: String,
     },
     /// This build cannot open the configured store.

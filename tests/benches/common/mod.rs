@@ -196,7 +196,7 @@ impl Host {
         std::fs::write(dir.path().join("toolgate.toml"), toml).unwrap();
         let config = Config::load(&dir.path().join("toolgate.toml")).unwrap();
         let host = Host { dir, config };
-        let warm = host.runtime("default", Arc::new(SqliteJournal::in_memory().unwrap()));
+        let warm = host.runtime("default", Arc::new(toolgate::MemoryJournal::new()));
         let run = rt.block_on(warm.start_run(None, ToolCapabilityNarrowing::Configured)).unwrap();
         assert_upper(&rt.block_on(run.call(TOOL, json!({"text": "hello"}))).unwrap());
         // Cranelift's compile behind the first (baseline) call fills the disk cache.

@@ -1,0 +1,344 @@
+//! `MemoryJournal`: the journal of `store = ":memory:"`, kept in this
+//! process's memory and gone when it exits (demos, tests, benchmarks).
+//!
+//! Owns the same records as the SQLite journal — runs, steps, Awaiting
+//! records with their tickets, Tool state, host heartbeats — with the same
+//! semantics, proven by the same conformance suite (`tests/src/conformance.rs`):
+//! a write checks everything it depends on (stale Tool state, a duplicate
+//! ticket or call id, a ticket's state and holder) before it changes
+//! anything, all under one lock, so a refused write changes nothing.
+//!
+//! Architecture invariant: it is a [`StepStore`] like the others, reached only
+//! through the runtime's Step commit; it must never be a second store beside
+//! the configured one, and never outlive its process.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::{Mutex, MutexGuard};
+
+use super::{
+    AskScope, AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, PriorAsk, RunInfo, RunRecord,
+    StateChange, StepRecord, StepStore, TicketError,
+};
+
+/// What the journal is called in errors.
+const NAME: &str = ":memory:";
+
+/// The in-process journal.
+#[derive(Default)]
+pub struct MemoryJournal {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    runs: HashMap<String, RunInfo>,
+    /// Every step; a step's `seq` is its index + 1.
+    steps: Vec<StepRecord>,
+    /// Indices into `steps`, per run.
+    by_run: HashMap<String, Vec<usize>>,
+    /// Indices into `steps`, per ticket.
+    by_ticket: HashMap<String, Vec<usize>>,
+    /// Awaiting records in the order they were written.
+    awaiting: Vec<Awaiting>,
+    /// Index into `awaiting`, per ticket.
+    tickets: HashMap<String, usize>,
+    /// Call ids that have an Awaiting record (unique, as in the SQL schema).
+    asked_calls: HashSet<String>,
+    state: HashMap<(String, String), BTreeMap<String, String>>,
+    /// Host instance → last heartbeat.
+    hosts: HashMap<String, i64>,
+}
+
+struct Awaiting {
+    record: AwaitingRecord,
+    delivered: bool,
+    claimed_at: Option<i64>,
+    holder: Option<String>,
+}
+
+impl MemoryJournal {
+    /// An empty journal.
+    pub fn new() -> Self {
+        MemoryJournal::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A poisoned lock only means another thread panicked while holding
+        // it; every write below checks before it changes anything, so the
+        // records are consistent.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Inner {
+    fn state_of(&self, agent: &str, tool: &str) -> BTreeMap<String, String> {
+        self.state.get(&(agent.to_owned(), tool.to_owned())).cloned().unwrap_or_default()
+    }
+
+    fn stale(&self, step: &NewStep<'_>, changes: &[StateChange]) -> bool {
+        !super::write::state_unchanged(step, changes, || self.state_of(step.agent, step.tool_id))
+    }
+
+    fn insert_step(&mut self, s: &NewStep<'_>, ticket: Option<&str>) -> i64 {
+        let index = self.steps.len();
+        let seq = i64::try_from(index).unwrap_or(i64::MAX).saturating_add(1);
+        self.steps.push(StepRecord {
+            seq,
+            run_id: s.run_id.to_owned(),
+            call_id: s.call_id.to_owned(),
+            tool_id: s.tool_id.to_owned(),
+            arguments: s.arguments.to_owned(),
+            verdict: s.verdict.as_str().to_owned(),
+            outcome: s.outcome,
+            result: s.result.to_owned(),
+            captured: s.captured.to_owned(),
+            ticket_id: ticket.map(str::to_owned),
+            structured: s.structured,
+            approved_by: s.approved_by.cloned(),
+        });
+        self.by_run.entry(s.run_id.to_owned()).or_default().push(index);
+        if let Some(t) = ticket {
+            self.by_ticket.entry(t.to_owned()).or_default().push(index);
+        }
+        seq
+    }
+
+    fn apply(&mut self, agent: &str, tool: &str, changes: &[StateChange]) {
+        if changes.is_empty() {
+            return;
+        }
+        let state = self.state.entry((agent.to_owned(), tool.to_owned())).or_default();
+        for c in changes {
+            match &c.value {
+                Some(v) => {
+                    state.insert(c.key.clone(), v.clone());
+                }
+                None => {
+                    state.remove(&c.key);
+                }
+            }
+        }
+    }
+
+    fn beat(&mut self, holder: &str, now: i64) {
+        let at = self.hosts.entry(holder.to_owned()).or_insert(now);
+        *at = (*at).max(now);
+    }
+
+    fn ticket_mut(&mut self, ticket_id: &str) -> Option<&mut Awaiting> {
+        let i = *self.tickets.get(ticket_id)?;
+        self.awaiting.get_mut(i)
+    }
+}
+
+#[async_trait::async_trait]
+impl StepStore for MemoryJournal {
+    async fn begin_run(&self, run: &RunRecord<'_>) -> Result<(), CommitError> {
+        self.lock().runs.entry(run.run_id.to_owned()).or_insert_with(|| RunInfo {
+            agent: run.agent.to_owned(),
+            narrowing: run.narrowing.to_owned(),
+            restriction: run.restriction.map(str::to_owned),
+        });
+        Ok(())
+    }
+
+    async fn run(&self, run_id: &str) -> Result<Option<RunInfo>, CommitError> {
+        Ok(self.lock().runs.get(run_id).cloned())
+    }
+
+    async fn commit_step(
+        &self,
+        step: &NewStep<'_>,
+        changes: &[StateChange],
+        awaiting: Option<&AwaitingRecord>,
+    ) -> Result<i64, CommitError> {
+        let mut j = self.lock();
+        if j.stale(step, changes) {
+            return Err(CommitError::StateChanged { agent: step.agent.to_owned(), tool: step.tool_id.to_owned() });
+        }
+        if let Some(a) = awaiting {
+            // The SQL schema's keys: one record per ticket and per call.
+            if j.tickets.contains_key(&a.ticket_id) || j.asked_calls.contains(&a.call_id) {
+                return Err(CommitError::Duplicate {
+                    store: NAME.into(),
+                    message: format!(
+                        "an Awaiting record for ticket `{}` or call `{}` is already written; nothing of step `{}` was kept",
+                        a.ticket_id, a.call_id, step.call_id
+                    ),
+                });
+            }
+        }
+        let seq = j.insert_step(step, step.ticket.or(awaiting.map(|a| a.ticket_id.as_str())));
+        j.apply(step.agent, step.tool_id, changes);
+        if let Some(a) = awaiting {
+            let mut record = a.clone();
+            record.state = "pending".into();
+            let index = j.awaiting.len();
+            j.tickets.insert(record.ticket_id.clone(), index);
+            j.asked_calls.insert(record.call_id.clone());
+            j.awaiting.push(Awaiting { record, delivered: false, claimed_at: None, holder: None });
+        }
+        Ok(seq)
+    }
+
+    async fn claim_ticket(
+        &self,
+        ticket_id: &str,
+        now: i64,
+        holder: &str,
+    ) -> Result<Result<ClaimedTicket, TicketError>, CommitError> {
+        let mut j = self.lock();
+        let Some(a) = j.ticket_mut(ticket_id) else { return Ok(Err(TicketError::Unknown(ticket_id.to_owned()))) };
+        if a.record.state != "pending" {
+            return Ok(Err(TicketError::Used(ticket_id.to_owned())));
+        }
+        if a.record.expires_at <= now {
+            return Ok(Err(TicketError::Expired(ticket_id.to_owned())));
+        }
+        a.record.state = "claimed".into();
+        a.claimed_at = Some(now);
+        a.holder = Some(holder.to_owned());
+        let record = a.record.clone();
+        j.beat(holder, now);
+        Ok(Ok(ClaimedTicket::new(record, holder.to_owned())))
+    }
+
+    async fn heartbeat(&self, holder: &str, now: i64) -> Result<(), CommitError> {
+        self.lock().beat(holder, now);
+        Ok(())
+    }
+
+    async fn resolve_ticket(
+        &self,
+        ticket: ClaimedTicket,
+        step: &NewStep<'_>,
+        changes: &[StateChange],
+        delivered: bool,
+    ) -> Result<Result<i64, TicketError>, CommitError> {
+        let mut j = self.lock();
+        if j.stale(step, changes) {
+            return Err(CommitError::StateChanged { agent: step.agent.to_owned(), tool: step.tool_id.to_owned() });
+        }
+        let ticket_id = ticket.ticket_id();
+        match j.ticket_mut(ticket_id) {
+            Some(a) if a.record.state == "claimed" && a.holder.as_deref() == Some(ticket.holder()) => {
+                a.record.state = "resolved".into();
+                a.delivered = delivered;
+            }
+            _ => return Ok(Err(TicketError::Settled(ticket_id.to_owned()))),
+        }
+        let seq = j.insert_step(step, Some(ticket_id));
+        j.apply(step.agent, step.tool_id, changes);
+        Ok(Ok(seq))
+    }
+
+    async fn take_over_stale_claims(
+        &self,
+        holder: &str,
+        now: i64,
+        lease_secs: i64,
+    ) -> Result<Vec<ClaimedTicket>, CommitError> {
+        let cutoff = now.saturating_sub(lease_secs);
+        let mut j = self.lock();
+        let hosts = j.hosts.clone();
+        let mut stale: Vec<usize> = j
+            .awaiting
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.record.state == "claimed" && a.holder.as_deref() != Some(holder))
+            .filter(|(_, a)| {
+                let seen = a.holder.as_ref().and_then(|h| hosts.get(h).copied()).or(a.claimed_at).unwrap_or(0);
+                seen < cutoff
+            })
+            .map(|(i, _)| i)
+            .collect();
+        stale.sort_by(|x, y| j.awaiting[*x].record.ticket_id.cmp(&j.awaiting[*y].record.ticket_id));
+        let mut taken = Vec::with_capacity(stale.len());
+        for i in stale {
+            let a = &mut j.awaiting[i];
+            a.holder = Some(holder.to_owned());
+            a.claimed_at = Some(now);
+            taken.push(ClaimedTicket::new(a.record.clone(), holder.to_owned()));
+        }
+        if !taken.is_empty() {
+            j.beat(holder, now);
+        }
+        // Hosts long gone and holding nothing need no entry.
+        let holding: BTreeSet<String> =
+            j.awaiting.iter().filter(|a| a.record.state == "claimed").filter_map(|a| a.holder.clone()).collect();
+        j.hosts.retain(|h, at| *at >= cutoff || holding.contains(h));
+        Ok(taken)
+    }
+
+    async fn prior_ask(
+        &self,
+        scope: AskScope<'_>,
+        tool_id: &str,
+        argument_digest: &str,
+    ) -> Result<Option<PriorAsk>, CommitError> {
+        let j = self.lock();
+        let found = j.awaiting.iter().rev().find(|a| {
+            let r = &a.record;
+            let in_scope = match scope {
+                AskScope::Run(run) => r.run_id == run,
+                AskScope::Agent(agent) => r.agent == agent,
+            };
+            in_scope && r.tool_id == tool_id && r.argument_digest == argument_digest
+        });
+        let Some(a) = found else { return Ok(None) };
+        let resolution = if a.record.state == "resolved" {
+            j.by_ticket
+                .get(&a.record.ticket_id)
+                .and_then(|steps| steps.iter().map(|i| &j.steps[*i]).find(|s| s.outcome != OutcomeKind::Awaiting))
+                .cloned()
+        } else {
+            None
+        };
+        Ok(Some(PriorAsk { record: a.record.clone(), delivered: a.delivered, resolution }))
+    }
+
+    async fn deliver(&self, ticket_id: &str, step: &NewStep<'_>) -> Result<Option<i64>, CommitError> {
+        let mut j = self.lock();
+        match j.ticket_mut(ticket_id) {
+            Some(a) if a.record.state == "resolved" && !a.delivered => a.delivered = true,
+            _ => return Ok(None),
+        }
+        Ok(Some(j.insert_step(step, Some(ticket_id))))
+    }
+
+    async fn output_tools(&self, run_id: &str) -> Result<Vec<String>, CommitError> {
+        let j = self.lock();
+        let tools: BTreeSet<&str> = j
+            .by_run
+            .get(run_id)
+            .into_iter()
+            .flatten()
+            .map(|i| &j.steps[*i])
+            .filter(|s| s.outcome == OutcomeKind::Output)
+            .map(|s| s.tool_id.as_str())
+            .collect();
+        Ok(tools.into_iter().map(str::to_owned).collect())
+    }
+
+    async fn tool_state(&self, agent: &str, tool_id: &str) -> Result<BTreeMap<String, String>, CommitError> {
+        Ok(self.lock().state_of(agent, tool_id))
+    }
+
+    async fn steps(&self, run_id: Option<&str>) -> Result<Vec<StepRecord>, CommitError> {
+        let j = self.lock();
+        Ok(match run_id {
+            None => j.steps.clone(),
+            Some(run) => j.by_run.get(run).into_iter().flatten().map(|i| j.steps[*i].clone()).collect(),
+        })
+    }
+
+    async fn awaiting(&self, ticket_id: &str) -> Result<Option<AwaitingRecord>, CommitError> {
+        let j = self.lock();
+        Ok(j.tickets.get(ticket_id).map(|i| j.awaiting[*i].record.clone()))
+    }
+
+    async fn pending(&self) -> Result<Vec<AwaitingRecord>, CommitError> {
+        let j = self.lock();
+        Ok(j.awaiting.iter().filter(|a| a.record.state == "pending").map(|a| a.record.clone()).collect())
+    }
+}
