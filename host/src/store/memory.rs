@@ -23,6 +23,9 @@ use super::{
 /// What the journal is called in errors.
 const NAME: &str = ":memory:";
 
+/// Steps per chunk of [`Inner::steps`].
+const CHUNK: usize = 4096;
+
 /// The in-process journal.
 #[derive(Default)]
 pub struct MemoryJournal {
@@ -32,8 +35,11 @@ pub struct MemoryJournal {
 #[derive(Default)]
 struct Inner {
     runs: HashMap<String, RunInfo>,
-    /// Every step; a step's `seq` is its index + 1.
-    steps: Vec<StepRecord>,
+    /// Every step, in chunks of [`CHUNK`] (growing never moves a step); a
+    /// step's `seq` is its index + 1.
+    steps: Vec<Vec<StepRecord>>,
+    /// Steps written.
+    len: usize,
     /// Indices into `steps`, per run.
     by_run: HashMap<String, Vec<usize>>,
     /// Indices into `steps`, per ticket.
@@ -79,10 +85,18 @@ impl Inner {
         !super::write::state_unchanged(step, changes, || self.state_of(step.agent, step.tool_id))
     }
 
+    fn step(&self, index: usize) -> &StepRecord {
+        &self.steps[index / CHUNK][index % CHUNK]
+    }
+
+    fn all_steps(&self) -> impl Iterator<Item = &StepRecord> {
+        self.steps.iter().flatten()
+    }
+
     fn insert_step(&mut self, s: &NewStep<'_>, ticket: Option<&str>) -> i64 {
-        let index = self.steps.len();
+        let index = self.len;
         let seq = i64::try_from(index).unwrap_or(i64::MAX).saturating_add(1);
-        self.steps.push(StepRecord {
+        let record = StepRecord {
             seq,
             run_id: s.run_id.to_owned(),
             call_id: s.call_id.to_owned(),
@@ -95,8 +109,22 @@ impl Inner {
             ticket_id: ticket.map(str::to_owned),
             structured: s.structured,
             approved_by: s.approved_by.cloned(),
-        });
-        self.by_run.entry(s.run_id.to_owned()).or_default().push(index);
+        };
+        match self.steps.last_mut() {
+            Some(chunk) if chunk.len() < CHUNK => chunk.push(record),
+            _ => {
+                let mut chunk = Vec::with_capacity(CHUNK);
+                chunk.push(record);
+                self.steps.push(chunk);
+            }
+        }
+        self.len += 1;
+        match self.by_run.get_mut(s.run_id) {
+            Some(steps) => steps.push(index),
+            None => {
+                self.by_run.insert(s.run_id.to_owned(), vec![index]);
+            }
+        }
         if let Some(t) = ticket {
             self.by_ticket.entry(t.to_owned()).or_default().push(index);
         }
@@ -289,7 +317,7 @@ impl StepStore for MemoryJournal {
         let resolution = if a.record.state == "resolved" {
             j.by_ticket
                 .get(&a.record.ticket_id)
-                .and_then(|steps| steps.iter().map(|i| &j.steps[*i]).find(|s| s.outcome != OutcomeKind::Awaiting))
+                .and_then(|steps| steps.iter().map(|i| j.step(*i)).find(|s| s.outcome != OutcomeKind::Awaiting))
                 .cloned()
         } else {
             None
@@ -313,7 +341,7 @@ impl StepStore for MemoryJournal {
             .get(run_id)
             .into_iter()
             .flatten()
-            .map(|i| &j.steps[*i])
+            .map(|i| j.step(*i))
             .filter(|s| s.outcome == OutcomeKind::Output)
             .map(|s| s.tool_id.as_str())
             .collect();
@@ -327,8 +355,8 @@ impl StepStore for MemoryJournal {
     async fn steps(&self, run_id: Option<&str>) -> Result<Vec<StepRecord>, CommitError> {
         let j = self.lock();
         Ok(match run_id {
-            None => j.steps.clone(),
-            Some(run) => j.by_run.get(run).into_iter().flatten().map(|i| j.steps[*i].clone()).collect(),
+            None => j.all_steps().cloned().collect(),
+            Some(run) => j.by_run.get(run).into_iter().flatten().map(|i| j.step(*i).clone()).collect(),
         })
     }
 
