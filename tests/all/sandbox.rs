@@ -127,6 +127,33 @@ async fn output_that_breaks_the_declared_output_schema_is_refused() {
     assert!(s[0].result.starts_with("the Tool returned malformed output"), "{}", s[0].result);
 }
 
+fn output_count(r: &StepResult) -> u64 {
+    match r {
+        StepResult::Output { content: toolgate::sandbox::executor::Content::Json(v), .. } => {
+            v.as_u64().unwrap_or_else(|| panic!("a count: {v}"))
+        }
+        other => panic!("expected output, got {other:?}"),
+    }
+}
+
+/// Memory slots are reused between calls (the pooling allocator, pages kept
+/// resident): whatever a call left in static data, on the heap or in pages it
+/// grew must be gone before the next call's instance runs.
+#[tokio::test]
+async fn a_call_never_sees_memory_an_earlier_call_left_behind() {
+    let host = hostile("");
+    for round in 0..4 {
+        let marker = format!("residue-{round}-7f3a9c1e5b");
+        let reversed: String = marker.chars().rev().collect();
+        let planted = output_count(&call(&host, "hostile.residue", json!({"plant": marker})).await);
+        // 256 heap copies, 16 grown pages, static data: the scan sees them.
+        assert!(planted >= 256 + 16 + 1, "round {round}: the planting call finds its own marker {planted} times");
+        let seen = output_count(&call(&host, "hostile.residue", json!({"seek_reversed": reversed})).await);
+        assert_eq!(seen, 0, "round {round}: the next call's instance saw an earlier call's memory");
+    }
+    assert_eq!(host.instantiations(), 8, "a fresh instance per call");
+}
+
 /// A component that imports an interface no toolgate host provides, with
 /// valid metadata: it loads as a file, and fails to link at its first call.
 fn imports_a_backdoor() -> Vec<u8> {

@@ -127,6 +127,8 @@ impl Bare {
             .total_tables(n * 8)
             .total_stacks(n)
             .max_memory_size(MEMORY_MIB << 20);
+        // The executor's slot reuse: the same engine settings on both sides.
+        toolgate::sandbox::executor::slot_reuse(&mut pool);
         let mut config = wasmtime::Config::new();
         config
             .wasm_component_model(true)
