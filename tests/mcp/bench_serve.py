@@ -222,4 +222,5 @@ async def main() -> None:
           f"{fsyncs_process:.2f} | below one |")
 
 
-asyncio.run(main())
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -137,6 +137,11 @@ impl CheckedTool {
 
 /// Up to five validation errors, each with where it is, or `None`.
 fn problems(validator: &jsonschema::Validator, instance: &serde_json::Value) -> Option<String> {
+    // The common case first: `is_valid` stops at the first failure and builds
+    // no error values (the full walk below collects them for the message).
+    if validator.is_valid(instance) {
+        return None;
+    }
     {
         let problems: Vec<String> = validator
             .iter_errors(instance)

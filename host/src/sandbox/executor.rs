@@ -392,7 +392,8 @@ pub struct Executor {
 struct Admission {
     total: Arc<tokio::sync::Semaphore>,
     per_tool_limit: usize,
-    tools: Mutex<HashMap<String, Arc<ToolSlots>>>,
+    /// Read on every call, written once per Tool: concurrent calls share the read lock.
+    tools: std::sync::RwLock<HashMap<String, Arc<ToolSlots>>>,
     in_flight: AtomicUsize,
     peak: AtomicUsize,
 }
@@ -417,14 +418,17 @@ impl Admission {
         Admission {
             total: Arc::new(tokio::sync::Semaphore::new(total)),
             per_tool_limit: per_tool,
-            tools: Mutex::new(HashMap::new()),
+            tools: std::sync::RwLock::new(HashMap::new()),
             in_flight: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
         }
     }
 
     fn slots(&self, tool: &str) -> Arc<ToolSlots> {
-        let mut tools = self.tools.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = self.tools.read().unwrap_or_else(|p| p.into_inner()).get(tool) {
+            return t.clone();
+        }
+        let mut tools = self.tools.write().unwrap_or_else(|p| p.into_inner());
         if let Some(t) = tools.get(tool) {
             return t.clone();
         }
@@ -536,7 +540,7 @@ impl Executor {
     /// The most instances that were alive at once: in total, and of `tool`.
     pub fn peak_instances(&self, tool: &str) -> (usize, usize) {
         let total = self.admission.peak.load(Ordering::Relaxed);
-        let tools = self.admission.tools.lock().unwrap_or_else(|p| p.into_inner());
+        let tools = self.admission.tools.read().unwrap_or_else(|p| p.into_inner());
         (total, tools.get(tool).map_or(0, |t| t.peak.load(Ordering::Relaxed)))
     }
 
