@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use tokio::sync::OnceCell;
@@ -366,8 +366,10 @@ pub struct Executor {
     baseline: Option<Tier>,
     settings: ExecutorSettings,
     cache_key: String,
-    prepared: Arc<Mutex<HashMap<Digest, Arc<Prepared>>>>,
-    unhealthy: Mutex<HashMap<Digest, String>>,
+    /// Read on every call; written once per component (and when Cranelift's code replaces Winch's).
+    prepared: Arc<RwLock<HashMap<Digest, Arc<Prepared>>>>,
+    /// Read on every call (availability); written when a component fails to load.
+    unhealthy: RwLock<HashMap<Digest, String>>,
     instantiations: AtomicU64,
     baseline_instantiations: AtomicU64,
     compilations: Arc<AtomicU64>,
@@ -393,7 +395,7 @@ struct Admission {
     total: Arc<tokio::sync::Semaphore>,
     per_tool_limit: usize,
     /// Read on every call, written once per Tool: concurrent calls share the read lock.
-    tools: std::sync::RwLock<HashMap<String, Arc<ToolSlots>>>,
+    tools: RwLock<HashMap<String, Arc<ToolSlots>>>,
     in_flight: AtomicUsize,
     peak: AtomicUsize,
 }
@@ -418,7 +420,7 @@ impl Admission {
         Admission {
             total: Arc::new(tokio::sync::Semaphore::new(total)),
             per_tool_limit: per_tool,
-            tools: std::sync::RwLock::new(HashMap::new()),
+            tools: RwLock::new(HashMap::new()),
             in_flight: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
         }
@@ -522,7 +524,7 @@ impl Executor {
             settings,
             cache_key,
             prepared: Arc::default(),
-            unhealthy: Mutex::new(HashMap::new()),
+            unhealthy: RwLock::new(HashMap::new()),
             instantiations: AtomicU64::new(0),
             baseline_instantiations: AtomicU64::new(0),
             compilations: Arc::new(AtomicU64::new(0)),
@@ -577,7 +579,7 @@ impl Executor {
 
     /// Why `digest`'s component cannot run, if it failed to load before.
     pub fn unhealthy(&self, digest: &Digest) -> Option<String> {
-        self.unhealthy.lock().unwrap_or_else(|p| p.into_inner()).get(digest).cloned()
+        self.unhealthy.read().unwrap_or_else(|p| p.into_inner()).get(digest).cloned()
     }
 
     /// Run an allowed call with the Tool's committed `state` visible read-only.
@@ -782,7 +784,10 @@ impl Executor {
     }
 
     fn entry(&self, digest: Digest) -> Arc<Prepared> {
-        self.prepared.lock().unwrap_or_else(|p| p.into_inner()).entry(digest).or_default().clone()
+        if let Some(e) = self.prepared.read().unwrap_or_else(|p| p.into_inner()).get(&digest) {
+            return e.clone();
+        }
+        self.prepared.write().unwrap_or_else(|p| p.into_inner()).entry(digest).or_default().clone()
     }
 
     /// The `InstancePre` a call runs: Cranelift's code when it is ready or in
@@ -817,7 +822,7 @@ impl Executor {
             .get_or_try_init(|| async {
                 let r = loader.load(path.to_owned(), digest).await;
                 if let Err(e @ ExecutorError::Load { .. }) = &r {
-                    self.unhealthy.lock().unwrap_or_else(|p| p.into_inner()).insert(digest, e.to_string());
+                    self.unhealthy.write().unwrap_or_else(|p| p.into_inner()).insert(digest, e.to_string());
                 }
                 r
             })
@@ -840,7 +845,7 @@ impl Executor {
             match loader.load(path.clone(), digest).await {
                 Ok(pre) => {
                     let optimized = Prepared { optimized: OnceCell::new_with(Some(pre)), ..Prepared::default() };
-                    let mut map = prepared.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut map = prepared.write().unwrap_or_else(|p| p.into_inner());
                     // Unless a reload replaced the entry meanwhile.
                     if map.get(&digest).is_some_and(|e| Arc::ptr_eq(e, &entry)) {
                         map.insert(digest, Arc::new(optimized));
