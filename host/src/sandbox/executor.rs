@@ -1008,6 +1008,14 @@ fn tier(settings: &ExecutorSettings, n: u32, strategy: wasmtime::Strategy) -> wa
         .wasm_component_model(true)
         .epoch_interruption(true)
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    if matches!(strategy, wasmtime::Strategy::Winch) {
+        // Winch compiles the function bodies; Cranelift still compiles a
+        // trampoline per escaping function (thousands in CPython), which cost
+        // more than Winch itself. Unoptimized trampolines and no address map
+        // (wasm offsets in backtraces; trap codes stay) cut ~15% of a
+        // baseline compile; the code lives minutes and is never cached.
+        config.cranelift_opt_level(wasmtime::OptLevel::None).generate_address_map(false);
+    }
     let engine = Engine::new(&config)?;
     let mut linker = Linker::new(&engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
