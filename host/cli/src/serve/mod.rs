@@ -349,7 +349,7 @@ impl McpServer {
         if let Some(state) = &request.request_state {
             return self.answered(&runtime, &agent, &name, &arguments, state, &request, context).await;
         }
-        let descriptor = described(&runtime, &name);
+        let structured = structured_output(&runtime, &name);
         let mut run = self.session_run(generation, &runtime).await?;
         if stateless(context) {
             run = run.stateless();
@@ -369,7 +369,7 @@ impl McpServer {
                 let (ticket, correlation) = (ticket.clone(), correlation.clone());
                 self.ask(&runtime, &name, &arguments, &ticket, &correlation, result, context).await
             }
-            other => Ok(to_mcp_result(&other, descriptor.as_ref()).into()),
+            other => Ok(to_mcp_result(&other, structured).into()),
         }
     }
 
@@ -427,7 +427,7 @@ impl McpServer {
             Err(why) => runtime.deny(ticket, &why, &approval).await,
         };
         let step = step.map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
-        Ok(to_mcp_result(&step, described(runtime, name).as_ref()).into())
+        Ok(to_mcp_result(&step, structured_output(runtime, name)).into())
     }
 
     /// The retry of a 2026-07-28 call that was asked: verify the sealed state
@@ -484,14 +484,19 @@ impl McpServer {
             Err(why) => runtime.deny(&ticket, &why, &approval).await,
         };
         let step = step.map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
-        Ok(to_mcp_result(&step, described(runtime, name).as_ref()).into())
+        Ok(to_mcp_result(&step, structured_output(runtime, name)).into())
     }
 }
 
 /// The descriptor `name` has in `runtime`'s snapshot: a result carries
 /// structured content only when the listed tool declared an output schema.
-fn described(runtime: &Runtime, name: &str) -> Option<ToolDescriptor> {
-    runtime.snapshot().candidate(name, &|d| runtime.executor().unhealthy(d)).ok().map(|c| c.descriptor().clone())
+/// Whether `name` declares an object output schema, so its output also goes
+/// out as `structuredContent` (looked up, not cloned: this runs every call).
+fn structured_output(runtime: &Runtime, name: &str) -> bool {
+    runtime
+        .snapshot()
+        .candidate(name, &|d| runtime.executor().unhealthy(d))
+        .is_ok_and(|c| has_object_schema(c.descriptor()))
 }
 
 /// `version-traceid-parentid-flags`, lowercase hex (W3C Trace Context):
@@ -611,19 +616,20 @@ pub fn to_mcp_tool(d: &ToolDescriptor) -> Tool {
     tool
 }
 
-fn object_schema(d: &ToolDescriptor) -> Option<serde_json::Map<String, serde_json::Value>> {
-    let out = d.output_schema.as_ref()?;
-    (out.get("type").and_then(|t| t.as_str()) == Some("object")).then(|| out.as_object().cloned()).flatten()
+fn has_object_schema(d: &ToolDescriptor) -> bool {
+    d.output_schema.as_ref().is_some_and(|out| out.get("type").and_then(|t| t.as_str()) == Some("object"))
 }
 
-fn to_mcp_result(result: &StepResult, descriptor: Option<&ToolDescriptor>) -> CallToolResult {
+fn object_schema(d: &ToolDescriptor) -> Option<serde_json::Map<String, serde_json::Value>> {
+    has_object_schema(d).then(|| d.output_schema.as_ref().and_then(|out| out.as_object().cloned())).flatten()
+}
+
+fn to_mcp_result(result: &StepResult, structured: bool) -> CallToolResult {
     match result {
         StepResult::Output { content, .. } => {
             let text = result.model_text();
             let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
-            if let (Content::Json(v), Some(d)) = (content, descriptor)
-                && object_schema(d).is_some()
-            {
+            if let (Content::Json(v), true) = (content, structured) {
                 r.structured_content = Some(v.clone());
             }
             r
