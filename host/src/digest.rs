@@ -37,3 +37,26 @@ impl std::fmt::Display for Digest {
         write!(f, "sha256:{}", self.hex())
     }
 }
+
+/// A map keyed by digests. A digest is already uniformly distributed, so
+/// its first eight bytes are the hash: looked up on every call, it needs no
+/// SipHash round over 32 bytes. (Keys are digests of files an operator
+/// installed, few, so nobody can flood it with colliding keys.)
+pub type DigestMap<V> = std::collections::HashMap<Digest, V, std::hash::BuildHasherDefault<DigestHasher>>;
+
+/// The hasher of [`DigestMap`].
+#[derive(Default)]
+pub struct DigestHasher(u64);
+
+impl std::hash::Hasher for DigestHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        // A digest hashes as its length, then its 32 bytes.
+        let mut first = [0u8; 8];
+        let n = bytes.len().min(8);
+        first[..n].copy_from_slice(&bytes[..n]);
+        self.0 = self.0.rotate_left(17) ^ u64::from_le_bytes(first);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}

@@ -211,7 +211,11 @@ fn call_id() -> String {
     static PREFIX: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let prefix = PREFIX.get_or_init(|| new_id("call"));
-    format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+    let mut id = String::with_capacity(prefix.len() + 21);
+    id.push_str(prefix);
+    // Writing into a String with room cannot fail or allocate.
+    let _ = std::fmt::Write::write_fmt(&mut id, format_args!("-{}", NEXT.fetch_add(1, Ordering::Relaxed)));
+    id
 }
 
 /// Keeps a claim's holder alive in the journal while it runs the call.
@@ -246,7 +250,7 @@ impl Runtime {
         for ticket in taken {
             let r = ticket.record().clone();
             let call = stored_call(&r);
-            let step = Step { run_id: &r.run_id, agent: &r.agent, call: &call };
+            let step = Step::new(&r.run_id, &r.agent, &call);
             let text = format!(
                 "interrupted: the host that approved request {} stopped before committing the result; the call \
                  may have run and will not run again — check its effects, then make the call again if needed",
@@ -422,8 +426,8 @@ impl Runtime {
         let ticket = self.store.claim_ticket(ticket_id, now, &self.holder).await??;
         let _alive = self.heartbeat_while_held();
         let r = ticket.record().clone();
-        let call = stored_call(&r);
-        let step = Step { run_id: &r.run_id, agent: &r.agent, call: &call };
+        let call = Arc::new(stored_call(&r));
+        let step = Step::new(&r.run_id, &r.agent, &call);
         let by = Some(&approved_by);
         if let Decision::Deny { reason } = &decision {
             let reason = format!("a human denied `{}`: {reason}", call.tool_id);
@@ -455,6 +459,7 @@ impl Runtime {
         let verdict = gate::decide_resumed(&snapshot, &candidate, &call, &ticket);
         match GateOutcome::from_verdict(verdict, candidate, call.clone()) {
             GateOutcome::Execute(allowed) => {
+                let _ = step.args.set(allowed.arguments_json().clone());
                 let state = Arc::new(self.store.tool_state(&r.agent, &call.tool_id).await?);
                 let exec = self.executor.execute(&allowed, state.clone()).await;
                 step.finish(self, Some((ticket, approved_by, in_conversation)), exec, &state, false).await
@@ -544,8 +549,9 @@ impl Run<'_> {
         cancel: impl Future<Output = ()> + Send,
     ) -> Result<StepResult, CallError> {
         let rt = self.runtime;
-        let call = ToolCall { call_id: call_id(), tool_id: tool_id.to_owned(), arguments: normalize(arguments) };
-        let step = Step { run_id: &self.id, agent: snapshot.agent(), call: &call };
+        let call =
+            Arc::new(ToolCall { call_id: call_id(), tool_id: tool_id.to_owned(), arguments: normalize(arguments) });
+        let step = Step::new(&self.id, snapshot.agent(), &call);
 
         // 1. Visibility and availability: can only remove.
         let candidate = match snapshot.candidate(tool_id, &|d| rt.executor.unhealthy(d)) {
@@ -581,6 +587,7 @@ impl Run<'_> {
         match GateOutcome::from_verdict(verdict, candidate.clone(), call.clone()) {
             // 5. Effect and durable result.
             GateOutcome::Execute(allowed) => {
+                let _ = step.args.set(allowed.arguments_json().clone());
                 // A Tool with no effect beyond its state (no outbound host, no
                 // writable directory) is a function of its arguments and state:
                 // if a concurrent call changed the state under it, running it
@@ -698,6 +705,9 @@ struct Step<'a> {
     run_id: &'a str,
     agent: &'a str,
     call: &'a ToolCall,
+    /// The call's arguments as JSON text, serialized once (the executor's
+    /// when the call ran).
+    args: std::sync::OnceLock<Arc<str>>,
 }
 
 /// What a step ended as: the plain data the Step commit writes.
@@ -716,6 +726,17 @@ struct Ending<'a> {
 }
 
 static NOTHING_CAPTURED: std::sync::LazyLock<Captured> = std::sync::LazyLock::new(Captured::default);
+
+/// A step's captured output as the journal keeps it (a JSON object); most
+/// calls capture nothing, and that text is made once.
+fn captured_json(captured: &Captured) -> std::borrow::Cow<'static, str> {
+    static NOTHING: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| serde_json::to_string(&*NOTHING_CAPTURED).unwrap_or_default());
+    if *captured == *NOTHING_CAPTURED {
+        return std::borrow::Cow::Borrowed(NOTHING.as_str());
+    }
+    std::borrow::Cow::Owned(serde_json::to_string(captured).unwrap_or_default())
+}
 
 impl<'a> Ending<'a> {
     /// A result that ran nothing: blocked by `verdict` (or, with another
@@ -742,7 +763,15 @@ const STATE_ATTEMPTS: u32 = 16;
 /// the conversation.
 type Resolving = Option<(ClaimedTicket, ApprovedBy, bool)>;
 
-impl Step<'_> {
+impl<'a> Step<'a> {
+    fn new(run_id: &'a str, agent: &'a str, call: &'a ToolCall) -> Self {
+        Step { run_id, agent, call, args: std::sync::OnceLock::new() }
+    }
+
+    fn args(&self) -> &str {
+        self.args.get_or_init(|| self.call.arguments.to_string().into())
+    }
+
     fn record<'s>(
         &'s self,
         ending: &Ending<'s>,
@@ -775,10 +804,9 @@ impl Step<'_> {
         ending: Ending<'_>,
         awaiting: Option<&AwaitingRecord>,
     ) -> Result<i64, CommitError> {
-        let args = self.call.arguments.to_string();
-        let captured = serde_json::to_string(ending.captured).unwrap_or_default();
+        let captured = captured_json(ending.captured);
         let ticket = awaiting.map(|a| a.ticket_id.as_str());
-        rt.store.commit_step(&self.record(&ending, &args, &captured, ticket, None), ending.changes, awaiting).await
+        rt.store.commit_step(&self.record(&ending, self.args(), &captured, ticket, None), ending.changes, awaiting).await
     }
 
     /// Commit the step that resolves `ticket`; refused (and reported) if the
@@ -791,10 +819,9 @@ impl Step<'_> {
         approved_by: Option<&ApprovedBy>,
         delivered: bool,
     ) -> Result<i64, CallError> {
-        let args = self.call.arguments.to_string();
-        let captured = serde_json::to_string(ending.captured).unwrap_or_default();
+        let captured = captured_json(ending.captured);
         let id = ticket.ticket_id().to_owned();
-        let record = self.record(&ending, &args, &captured, Some(&id), approved_by);
+        let record = self.record(&ending, self.args(), &captured, Some(&id), approved_by);
         match rt.store.resolve_ticket(ticket, &record, ending.changes, delivered).await? {
             Ok(seq) => Ok(seq),
             Err(e) => {
@@ -826,9 +853,8 @@ impl Step<'_> {
         if undecided {
             let text = awaiting_text(&r.call_id);
             let ending = Ending { outcome: OutcomeKind::Awaiting, ..Ending::blocked(Verdict::Ask, &text) };
-            let args = self.call.arguments.to_string();
-            let captured = serde_json::to_string(ending.captured).unwrap_or_default();
-            let step = self.record(&ending, &args, &captured, Some(&r.ticket_id), None);
+            let captured = captured_json(ending.captured);
+            let step = self.record(&ending, self.args(), &captured, Some(&r.ticket_id), None);
             let seq = rt.store.commit_step(&step, &[], None).await?;
             return Ok(Some(StepResult::Awaiting {
                 seq,
@@ -838,13 +864,12 @@ impl Step<'_> {
             }));
         }
         let (Some(decided), false) = (&prior.resolution, prior.delivered) else { return Ok(None) };
-        let args = self.call.arguments.to_string();
         let step = NewStep {
             run_id: self.run_id,
             agent: self.agent,
             call_id: &self.call.call_id,
             tool_id: &self.call.tool_id,
-            arguments: &args,
+            arguments: self.args(),
             verdict: Verdict::parse(&decided.verdict),
             outcome: decided.outcome,
             result: &decided.result,

@@ -11,9 +11,9 @@
 //! [`Candidate`], is not permission: only the gate turns a candidate into an
 //! executable call, and only on Allow.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use toolgate_sdk::{DeclaredCapabilities, ToolDescriptor};
@@ -23,7 +23,7 @@ use crate::authority::destination::Destination;
 use crate::authority::narrowing::{Access, CapabilitySet, ToolCapabilityNarrowing};
 use crate::catalog::{Availability, Catalog, InstalledTool};
 use crate::config::{AgentConfig, Config, ConfigError, Grant, Restriction};
-use crate::policy::Policy;
+use crate::policy::{Policy, ToolRules};
 
 /// Why a Tool is not a candidate for a call.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -63,6 +63,9 @@ pub struct Candidate {
     pub authority: CapabilitySet,
     /// The concrete grants behind `authority`.
     pub grant: EffectiveGrant,
+    /// The agent's rules that can decide a call of this Tool, found once
+    /// (the gate then matches only their argument parts).
+    pub(crate) rules: ToolRules,
 }
 
 /// The concrete authority of one Tool: what the executor hands the sandbox.
@@ -71,9 +74,9 @@ pub struct EffectiveGrant {
     /// Host directories mounted at guest paths, with the effective access.
     pub mounts: Vec<Mount>,
     /// Outbound HTTP destinations (exact grants).
-    pub hosts: Vec<Destination>,
+    pub hosts: Arc<[Destination]>,
     /// Credentials the Tool may ask for by reference.
-    pub credentials: Vec<Arc<CredentialSpec>>,
+    pub credentials: Arc<[Arc<CredentialSpec>]>,
     /// Environment variables (literal, non-secret values).
     pub env: Vec<(String, String)>,
     /// Every configured credential — not authority: what comes back to the
@@ -135,6 +138,12 @@ pub struct ExecutableAgentSnapshot {
     /// Every configured credential, for checking responses (built once).
     watched: Arc<[Arc<CredentialSpec>]>,
     catalog: Arc<Catalog>,
+    /// The filter's result per installed Tool id, computed on its first call:
+    /// it depends only on the fields above, so it holds until a derived view
+    /// changes one of them (`restricted` starts afresh). Health is not in it:
+    /// it is checked on every call. Only ids in the catalog are kept, so a
+    /// client sending made-up ids cannot grow it.
+    filtered: Arc<RwLock<HashMap<String, Result<Arc<Candidate>, Removal>>>>,
 }
 
 fn glob(pattern: &str) -> Result<globset::Glob, globset::Error> {
@@ -173,6 +182,7 @@ impl ExecutableAgentSnapshot {
             credentials: Arc::new(config.credentials.clone()),
             watched: config.credentials.values().cloned().collect(),
             catalog,
+            filtered: Arc::default(),
         })
     }
 
@@ -187,7 +197,11 @@ impl ExecutableAgentSnapshot {
     /// run's): intersected with every restriction already in force.
     pub fn restricted(&self, run: Restriction) -> Self {
         let mut s = self.clone();
-        s.restrictions.push(run);
+        // The default restriction removes nothing: the filter's results still hold.
+        if run != Restriction::default() {
+            s.restrictions.push(run);
+            s.filtered = Arc::default();
+        }
         s
     }
 
@@ -242,7 +256,27 @@ impl ExecutableAgentSnapshot {
         &self,
         id: &str,
         unhealthy: &dyn Fn(&crate::digest::Digest) -> Option<String>,
-    ) -> Result<Candidate, Removal> {
+    ) -> Result<Arc<Candidate>, Removal> {
+        let candidate = self.filtered(id)?;
+        if let Some(reason) = unhealthy(&candidate.installed.component.digest) {
+            return Err(Removal::Unhealthy(reason));
+        }
+        Ok(candidate)
+    }
+
+    /// The filter without health, kept per installed id.
+    fn filtered(&self, id: &str) -> Result<Arc<Candidate>, Removal> {
+        if let Some(kept) = self.filtered.read().unwrap_or_else(|p| p.into_inner()).get(id) {
+            return kept.clone();
+        }
+        let result = self.filter(id);
+        if self.catalog.get(id).is_some() {
+            self.filtered.write().unwrap_or_else(|p| p.into_inner()).insert(id.to_owned(), result.clone());
+        }
+        result
+    }
+
+    fn filter(&self, id: &str) -> Result<Arc<Candidate>, Removal> {
         if !self.is_visible(id) {
             return Err(Removal::NotVisible);
         }
@@ -251,14 +285,12 @@ impl ExecutableAgentSnapshot {
             Some(Availability::Ambiguous(files)) => return Err(Removal::Ambiguous(files.clone())),
             Some(Availability::Installed(t)) => t,
         };
-        if let Some(reason) = unhealthy(&installed.component.digest) {
-            return Err(Removal::Unhealthy(reason));
-        }
         let (mut authority, mut grant) = self.authority_for(id, &installed.tool.metadata.capabilities)?;
         for r in &self.restrictions {
             restrict(&mut authority, &mut grant, r);
         }
-        Ok(Candidate { installed: installed.clone(), authority, grant })
+        let rules = self.policy.rules_for(id);
+        Ok(Arc::new(Candidate { installed: installed.clone(), authority, grant, rules }))
     }
 
     /// Declared ∩ granted, or the first declared need the host does not grant.
@@ -313,7 +345,7 @@ impl ExecutableAgentSnapshot {
         }
         let authority = wanted.intersect(&granted);
 
-        let mut grant = EffectiveGrant { hosts, watched: self.watched.clone(), ..Default::default() };
+        let mut grant = EffectiveGrant { hosts: hosts.into(), watched: self.watched.clone(), ..Default::default() };
         for g in &matching {
             for d in &g.directories {
                 if let Some(a) = authority.directories.get(&d.path)
@@ -332,12 +364,8 @@ impl ExecutableAgentSnapshot {
                 }
             }
         }
-        for name in &authority.credentials {
-            // Config checks that every granted credential is defined.
-            if let Some(spec) = self.credentials.get(name) {
-                grant.credentials.push(spec.clone());
-            }
-        }
+        // Config checks that every granted credential is defined.
+        grant.credentials = authority.credentials.iter().filter_map(|name| self.credentials.get(name).cloned()).collect();
         Ok((authority, grant))
     }
 
@@ -375,11 +403,11 @@ fn restrict(authority: &mut CapabilitySet, grant: &mut EffectiveGrant, r: &Restr
     }
     if let Some(hosts) = &r.hosts {
         let allowed: Vec<Destination> = hosts.iter().filter_map(|h| Destination::parse(h, true).ok()).collect();
-        grant.hosts.retain(|h| allowed.iter().any(|a| a.covers(h)));
+        grant.hosts = grant.hosts.iter().filter(|h| allowed.iter().any(|a| a.covers(h))).cloned().collect();
         authority.hosts = grant.hosts.iter().map(ToString::to_string).collect();
     }
     if let Some(creds) = &r.credentials {
-        grant.credentials.retain(|c| creds.contains(&c.name));
+        grant.credentials = grant.credentials.iter().filter(|c| creds.contains(&c.name)).cloned().collect();
         authority.credentials.retain(|c| creds.contains(c));
     }
 }

@@ -273,7 +273,7 @@ fn steps(c: &mut Criterion, rt: &tokio::runtime::Runtime, host: &Host) {
     // The executor alone (instantiate + call + output conversion).
     let allowed = || {
         let call = ToolCall { call_id: "call-1".into(), tool_id: TOOL.into(), arguments: args.clone() };
-        match GateOutcome::from_verdict(ToolPermissionVerdict::Allow, candidate.clone(), call) {
+        match GateOutcome::from_verdict(ToolPermissionVerdict::Allow, candidate.clone(), Arc::new(call)) {
             GateOutcome::Execute(a) => a,
             _ => unreachable!(),
         }

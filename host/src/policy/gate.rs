@@ -14,12 +14,14 @@
 //! ```compile_fail,E0451
 //! // Forging an AllowedCall outside the gate does not compile: its fields are private.
 //! fn forge(
-//!     candidate: toolgate::snapshot::Candidate,
-//!     call: toolgate::gate::ToolCall,
+//!     candidate: std::sync::Arc<toolgate::snapshot::Candidate>,
+//!     call: std::sync::Arc<toolgate::gate::ToolCall>,
 //! ) -> toolgate::gate::AllowedCall {
 //!     toolgate::gate::AllowedCall { candidate, call }
 //! }
 //! ```
+
+use std::sync::Arc;
 
 use serde_json::Value;
 
@@ -67,16 +69,23 @@ pub fn decide(snapshot: &ExecutableAgentSnapshot, candidate: &Candidate, call: &
         };
     }
     let d = candidate.descriptor();
-    let decision = snapshot.policy().evaluate(&call.tool_id, d.primary_argument.as_deref(), &call.arguments);
-    let by = match &decision.rule {
-        Some(rule) => format!("rule `{rule}`"),
-        None => "the agent's default".to_owned(),
-    };
-    match decision.behavior {
+    let (behavior, rule) = snapshot.policy().decide(
+        &call.tool_id,
+        &candidate.rules,
+        d.primary_argument.as_deref(),
+        &call.arguments,
+    );
+    match behavior {
         Behavior::Allow => ToolPermissionVerdict::Allow,
-        Behavior::Deny => ToolPermissionVerdict::Deny {
-            reason: format!("`{}` is denied by {by} of agent `{}`", call.tool_id, snapshot.agent()),
-        },
+        Behavior::Deny => {
+            let by = match rule {
+                Some(rule) => format!("rule `{rule}`"),
+                None => "the agent's default".to_owned(),
+            };
+            ToolPermissionVerdict::Deny {
+                reason: format!("`{}` is denied by {by} of agent `{}`", call.tool_id, snapshot.agent()),
+            }
+        }
         Behavior::Ask => ToolPermissionVerdict::RequireConfirmation { correlation_id: call.call_id.clone() },
     }
 }
@@ -108,8 +117,10 @@ pub fn decide_resumed(
 /// A call the gate allowed. Only [`GateOutcome::from_verdict`] builds one.
 #[derive(Debug)]
 pub struct AllowedCall {
-    candidate: Candidate,
-    call: ToolCall,
+    candidate: Arc<Candidate>,
+    call: Arc<ToolCall>,
+    /// `call.arguments` as JSON text, as the guest receives them and the journal keeps them.
+    arguments_json: Arc<str>,
 }
 
 impl AllowedCall {
@@ -120,6 +131,10 @@ impl AllowedCall {
     /// The Tool and the authority it may hold.
     pub fn candidate(&self) -> &Candidate {
         &self.candidate
+    }
+    /// The call's arguments as JSON text.
+    pub fn arguments_json(&self) -> &Arc<str> {
+        &self.arguments_json
     }
 }
 
@@ -142,9 +157,12 @@ pub enum GateOutcome {
 
 impl GateOutcome {
     /// The only place an [`AllowedCall`] is made: from `Allow`.
-    pub fn from_verdict(verdict: ToolPermissionVerdict, candidate: Candidate, call: ToolCall) -> Self {
+    pub fn from_verdict(verdict: ToolPermissionVerdict, candidate: Arc<Candidate>, call: Arc<ToolCall>) -> Self {
         match verdict {
-            ToolPermissionVerdict::Allow => GateOutcome::Execute(AllowedCall { candidate, call }),
+            ToolPermissionVerdict::Allow => {
+                let arguments_json = call.arguments.to_string().into();
+                GateOutcome::Execute(AllowedCall { candidate, call, arguments_json })
+            }
             ToolPermissionVerdict::Deny { reason } => GateOutcome::Blocked { reason },
             ToolPermissionVerdict::RequireConfirmation { correlation_id } => {
                 GateOutcome::AwaitConfirmation { correlation_id }

@@ -56,8 +56,9 @@
 //!   glob, then more literal characters in the id pattern — then the earlier
 //!   rule (for deny rules, simply the earlier rule).
 
-use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use globset::{GlobMatcher, GlobSet, GlobSetBuilder};
 use serde_json::Value;
@@ -200,6 +201,8 @@ pub struct Policy {
     /// Glob index in `globs` → index into `rules` (ascending).
     glob_rules: Vec<usize>,
     default: Behavior,
+    /// Unique per `Policy::new` (clones share it): whose [`ToolRules`] these are.
+    id: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -263,11 +266,6 @@ impl Quantifier {
     }
 }
 
-thread_local! {
-    /// Scratch buffer for id-glob matches, so `evaluate` does not allocate per call.
-    static GLOB_HITS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
-}
-
 impl Policy {
     /// Parse all rules; the error names the rule index (0-based, "rule N"), the pattern
     /// text, the column and what is wrong.
@@ -312,57 +310,63 @@ impl Policy {
                 reason: format!("{} (while combining all tool-id globs; use fewer or simpler id globs)", e.kind()),
             }
         })?;
-        Ok(Policy { rules: ordered, exact, globs, glob_rules, default })
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        Ok(Policy { rules: ordered, exact, globs, glob_rules, default, id })
     }
 
     /// Evaluate the exact call. `primary_argument` is the name of the top-level argument
     /// field that primary-argument globs match, if the tool declares one.
     pub fn evaluate(&self, tool_id: &str, primary_argument: Option<&str>, arguments: &Value) -> Decision {
-        let exact = self.exact.get(tool_id).map_or(&[][..], Vec::as_slice);
-        let decided = GLOB_HITS.with(|hits| match hits.try_borrow_mut() {
-            Ok(mut hits) => self.first_match(exact, &mut hits, tool_id, primary_argument, arguments),
-            // Unreachable in practice (no re-entrancy); fall back rather than panic.
-            Err(_) => self.first_match(exact, &mut Vec::new(), tool_id, primary_argument, arguments),
-        });
-        match decided {
-            Some(rule) => Decision { behavior: rule.behavior, rule: Some(rule.pattern.clone()) },
-            None => Decision { behavior: self.default, rule: None },
-        }
+        let (behavior, rule) = self.decide(tool_id, &self.rules_for(tool_id), primary_argument, arguments);
+        Decision { behavior, rule: rule.map(str::to_owned) }
     }
 
-    /// Walk the exact-id and id-glob candidates merged in decision order and return
-    /// the first rule whose argument part matches.
-    fn first_match(
+    /// The rules that can decide a call of `tool_id` (its exact-id rules and
+    /// the id globs that match it), in decision order: found once per Tool,
+    /// so a call only matches their argument parts.
+    pub fn rules_for(&self, tool_id: &str) -> ToolRules {
+        let mut indices: Vec<usize> = self.exact.get(tool_id).cloned().unwrap_or_default();
+        if !self.glob_rules.is_empty() {
+            indices.extend(self.globs.matches(tool_id).into_iter().filter_map(|g| self.glob_rules.get(g).copied()));
+        }
+        // Positions in `rules` are decision order.
+        indices.sort_unstable();
+        ToolRules { policy: self.id, indices: indices.into() }
+    }
+
+    /// Decide a call of `tool_id`, whose rules `rules` are: its behavior and
+    /// the pattern of the deciding rule (`None`: the default decided). Rules
+    /// found by another policy are found again here rather than trusted.
+    pub fn decide(
         &self,
-        exact: &[usize],
-        hits: &mut Vec<usize>,
         tool_id: &str,
+        rules: &ToolRules,
         primary_argument: Option<&str>,
         arguments: &Value,
-    ) -> Option<&Rule> {
-        if self.glob_rules.is_empty() {
-            hits.clear();
-        } else {
-            // Sorted ascending by globset; glob order is decision order.
-            self.globs.matches_into(tool_id, hits);
+    ) -> (Behavior, Option<&str>) {
+        if rules.policy != self.id {
+            return self.decide(tool_id, &self.rules_for(tool_id), primary_argument, arguments);
         }
-        let mut from_glob = hits.iter().filter_map(|&g| self.glob_rules.get(g).copied()).peekable();
-        let mut from_exact = exact.iter().copied().peekable();
-        loop {
-            let next = match (from_exact.peek(), from_glob.peek()) {
-                (Some(&e), Some(&g)) if e < g => from_exact.next(),
-                (Some(_) | None, Some(_)) => from_glob.next(),
-                (Some(_), None) => from_exact.next(),
-                (None, None) => return None,
-            };
-            let Some(rule) = next.and_then(|i| self.rules.get(i)) else {
-                continue;
-            };
-            if rule.args_match(primary_argument, arguments) {
-                return Some(rule);
-            }
+        let rule = rules
+            .indices
+            .iter()
+            .filter_map(|&i| self.rules.get(i))
+            .find(|rule| rule.args_match(primary_argument, arguments));
+        match rule {
+            Some(rule) => (rule.behavior, Some(&rule.pattern)),
+            None => (self.default, None),
         }
     }
+}
+
+/// The rules of one [`Policy`] that name one Tool id, in decision order
+/// ([`Policy::rules_for`]).
+#[derive(Debug, Clone)]
+pub struct ToolRules {
+    /// Which policy found them.
+    policy: u64,
+    indices: Arc<[usize]>,
 }
 
 impl Rule {

@@ -19,37 +19,81 @@ struct Inner {
     dropped: u64,
 }
 
+/// A call's three streams (stdout, stderr, log) behind one allocation.
+#[derive(Debug)]
+struct Streams {
+    cap: usize,
+    streams: Mutex<[Inner; 3]>,
+}
+
 /// A bounded capture buffer; clones share the buffer.
 #[derive(Debug, Clone)]
 pub struct Capture {
-    cap: usize,
-    inner: Arc<Mutex<Inner>>,
+    streams: Arc<Streams>,
+    which: usize,
+}
+
+/// What a call's captures kept, and the bytes they dropped over their bound, all streams.
+#[derive(Debug, Default)]
+pub struct Kept {
+    /// stdout, as lossy UTF-8.
+    pub stdout: String,
+    /// stderr, as lossy UTF-8.
+    pub stderr: String,
+    /// log, as lossy UTF-8.
+    pub log: String,
+    /// Bytes dropped over the bound.
+    pub dropped: u64,
 }
 
 impl Capture {
     /// A capture keeping at most `cap` bytes.
     pub fn new(cap: usize) -> Self {
-        Capture { cap, inner: Arc::default() }
+        Capture::three(cap).0
+    }
+
+    /// A call's stdout, stderr and log captures, each keeping at most `cap` bytes.
+    pub fn three(cap: usize) -> (Capture, Capture, Capture) {
+        let streams = Arc::new(Streams { cap, streams: Mutex::default() });
+        let at = |which| Capture { streams: streams.clone(), which };
+        (at(0), at(1), at(2))
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut Inner, usize) -> R) -> R {
+        let mut all = self.streams.streams.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut all[self.which], self.streams.cap)
     }
 
     /// Append, keeping what fits.
     pub fn write(&self, bytes: &[u8]) {
-        let mut i = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let room = self.cap.saturating_sub(i.buf.len());
-        let take = room.min(bytes.len());
-        i.buf.extend_from_slice(&bytes[..take]);
-        i.dropped += (bytes.len() - take) as u64;
+        self.with(|i, cap| {
+            let room = cap.saturating_sub(i.buf.len());
+            let take = room.min(bytes.len());
+            i.buf.extend_from_slice(&bytes[..take]);
+            i.dropped += (bytes.len() - take) as u64;
+        })
     }
 
     /// What was kept, as lossy UTF-8.
     pub fn text(&self) -> String {
-        let i = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        String::from_utf8_lossy(&i.buf).into_owned()
+        self.with(|i, _| String::from_utf8_lossy(&i.buf).into_owned())
     }
 
     /// Bytes dropped over the bound.
     pub fn dropped(&self) -> u64 {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).dropped
+        self.with(|i, _| i.dropped)
+    }
+
+    /// Everything the three captures of [`Capture::three`] kept, taken at once.
+    pub fn take_all(&self) -> Kept {
+        let mut all = self.streams.streams.lock().unwrap_or_else(|p| p.into_inner());
+        let text = |i: &mut Inner| match String::from_utf8(std::mem::take(&mut i.buf)) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        };
+        let dropped = all.iter().map(|i| i.dropped).sum();
+        let [out, err, log] = &mut *all;
+        Kept { stdout: text(out), stderr: text(err), log: text(log), dropped }
     }
 }
 

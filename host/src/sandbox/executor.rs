@@ -21,6 +21,7 @@ use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use tokio::sync::OnceCell;
@@ -32,13 +33,13 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::authority::narrowing::Access;
-use crate::sandbox::outbound::{HostRecords, HttpLimits, OutboundPolicy, SecretWatch, Traffic};
+use crate::sandbox::outbound::{HttpLimits, OutboundPolicy};
 use crate::snapshot::EffectiveGrant;
 
 use crate::catalog::descriptor::CheckedTool;
 use crate::catalog::{self};
 use crate::config::Limits;
-use crate::digest::Digest;
+use crate::digest::{Digest, DigestMap};
 use crate::policy::gate::AllowedCall;
 use crate::sandbox::capture::Capture;
 
@@ -367,9 +368,9 @@ pub struct Executor {
     settings: ExecutorSettings,
     cache_key: String,
     /// Read on every call; written once per component (and when Cranelift's code replaces Winch's).
-    prepared: Arc<RwLock<HashMap<Digest, Arc<Prepared>>>>,
+    prepared: Arc<RwLock<DigestMap<Arc<Prepared>>>>,
     /// Read on every call (availability); written when a component fails to load.
-    unhealthy: RwLock<HashMap<Digest, String>>,
+    unhealthy: RwLock<DigestMap<String>>,
     instantiations: AtomicU64,
     baseline_instantiations: AtomicU64,
     compilations: Arc<AtomicU64>,
@@ -446,14 +447,23 @@ impl Admission {
     async fn admit(&self, tool: &str) -> Admitted<'_> {
         let slots = self.slots(tool);
         // Tool slot first: a call waiting on its own Tool holds no executor slot.
-        // The semaphores are never closed, so acquiring cannot fail.
-        let tool_permit = slots.slots.clone().acquire_owned().await.unwrap_or_else(|_| unreachable!("never closed"));
-        let total_permit = self.total.clone().acquire_owned().await.unwrap_or_else(|_| unreachable!("never closed"));
+        let tool_permit = permit(&slots.slots).await;
+        let total_permit = permit(&self.total).await;
         let n = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         self.peak.fetch_max(n, Ordering::Relaxed);
         let n = slots.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         slots.peak.fetch_max(n, Ordering::Relaxed);
         Admitted { admission: self, tool: slots, _tool: tool_permit, _total: total_permit }
+    }
+}
+
+/// A permit of `semaphore`: taken at once when one is free (no waiter
+/// queued: tokio hands released permits to waiters first), else in turn.
+async fn permit(semaphore: &Arc<tokio::sync::Semaphore>) -> tokio::sync::OwnedSemaphorePermit {
+    match semaphore.clone().try_acquire_owned() {
+        Ok(p) => p,
+        // The semaphores are never closed, so acquiring cannot fail.
+        Err(_) => semaphore.clone().acquire_owned().await.unwrap_or_else(|_| unreachable!("never closed")),
     }
 }
 
@@ -524,7 +534,7 @@ impl Executor {
             settings,
             cache_key,
             prepared: Arc::default(),
-            unhealthy: RwLock::new(HashMap::new()),
+            unhealthy: RwLock::default(),
             instantiations: AtomicU64::new(0),
             baseline_instantiations: AtomicU64::new(0),
             compilations: Arc::new(AtomicU64::new(0)),
@@ -610,22 +620,18 @@ impl Executor {
             OptimizeAfter { executor: self, entry: baseline, path: &component.path, digest: component.digest };
         let limits = &self.settings.limits;
         let capture = (limits.capture_kib as usize) << 10;
-        let (stdout, stderr, log) = (Capture::new(capture), Capture::new(capture), Capture::new(capture));
+        let (stdout, stderr, log) = Capture::three(capture);
 
         let grant = &call.candidate().grant;
         let wasi = sandbox(grant, &stdout, &stderr)
             .map_err(|reason| ExecutorError::Instantiate { path: component.path.clone(), reason })?;
-        let http_limits = self.http_limits();
-        let records = HostRecords::default();
         let outbound = OutboundPolicy::new(
-            Arc::new(grant.hosts.clone()),
-            Arc::new(grant.credentials.clone()),
-            http_limits,
-            records.clone(),
-            Arc::new(SecretWatch::new(grant.watched.to_vec())),
-            Traffic::new(&http_limits, self.http_slots.clone()),
+            grant.hosts.clone(),
+            grant.credentials.clone(),
+            self.http_limits(),
+            grant.watched.clone(),
+            self.http_slots.clone(),
         );
-        let transport = outbound.transport_failure();
         let state = CallState {
             wasi,
             http: self.http_ctx(),
@@ -656,23 +662,39 @@ impl Executor {
         };
         let started = Instant::now();
         let c = call.call();
-        let arguments = c.arguments.to_string();
+        let arguments = call.arguments_json();
         let deadline = Duration::from_millis(limits.timeout_ms);
-        let run = async {
-            self.instantiations.fetch_add(1, Ordering::SeqCst);
-            if !Engine::same(pre.engine(), &self.optimized.engine) {
-                self.baseline_instantiations.fetch_add(1, Ordering::SeqCst);
+        let raw = {
+            let run = async {
+                self.instantiations.fetch_add(1, Ordering::SeqCst);
+                if !Engine::same(pre.engine(), &self.optimized.engine) {
+                    self.baseline_instantiations.fetch_add(1, Ordering::SeqCst);
+                }
+                let plugin = pre.instantiate_async(&mut store).await?;
+                plugin.toolgate_plugin_tool().call_call(&mut store, &c.tool_id, arguments).await
+            };
+            let mut run = std::pin::pin!(run);
+            // Most calls end within their first poll (the guest runs until it
+            // returns, an epoch tick makes it yield, or it waits on the host):
+            // they need no timer. One that does not gets the rest of its deadline,
+            // which only a pending call can overrun.
+            let first = std::future::poll_fn(|cx| match cancel.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(None),
+                Poll::Pending => Poll::Ready(Some(run.as_mut().poll(cx))),
+            })
+            .await;
+            match first {
+                None => None,
+                Some(Poll::Ready(r)) => Some(r),
+                Some(Poll::Pending) => tokio::select! {
+                    biased;
+                    () = &mut cancel => None,
+                    r = tokio::time::timeout_at((started + deadline).into(), run) => Some(match r {
+                        Ok(r) => r,
+                        Err(_) => Err(wasmtime::Error::new(Trap::Interrupt)),
+                    }),
+                },
             }
-            let plugin = pre.instantiate_async(&mut store).await?;
-            plugin.toolgate_plugin_tool().call_call(&mut store, &c.tool_id, &arguments).await
-        };
-        let raw = tokio::select! {
-            biased;
-            () = &mut cancel => None,
-            r = tokio::time::timeout(deadline, run) => Some(match r {
-                Ok(r) => r,
-                Err(_) => Err(wasmtime::Error::new(Trap::Interrupt)),
-            }),
         };
         let Some(raw) = raw else {
             drop(store);
@@ -687,21 +709,24 @@ impl Executor {
             Ok(Err(wit_types::ToolError::Failed(m))) => Err(ToolFailure::Failed(m)),
             Err(e) => Err(classify(&e, limits, &stderr)),
         };
-        drop(store);
-        let dropped = stdout.dropped() + stderr.dropped() + log.dropped();
-        let (host, host_dropped) = records.take();
+        // The instances, then every handle the guest held (requests in
+        // flight among them) go before what the call left is read.
+        let CallState { outbound, table, .. } = store.into_data();
+        drop(table);
+        let (host, host_dropped) = outbound.take_records();
+        let kept = stdout.take_all();
         Ok(Execution {
             result,
             captured: Captured {
-                stdout: stdout.text(),
-                stderr: stderr.text(),
-                log: log.text(),
-                dropped,
+                stdout: kept.stdout,
+                stderr: kept.stderr,
+                log: kept.log,
+                dropped: kept.dropped,
                 host,
                 host_dropped,
             },
             elapsed,
-            transport_failure: transport.get(),
+            transport_failure: outbound.transport_failure(),
         })
     }
 
@@ -939,9 +964,8 @@ impl Executor {
                 Arc::default(),
                 Arc::default(),
                 no_http,
-                HostRecords::default(),
-                Arc::new(SecretWatch::new(Vec::new())),
-                Traffic::new(&no_http, self.http_slots.clone()),
+                Arc::default(),
+                self.http_slots.clone(),
             ),
             table: self.resource_table(),
             limits: StoreLimitsBuilder::new()

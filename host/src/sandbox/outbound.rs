@@ -57,8 +57,8 @@ pub struct HttpLimits {
 /// What the host records about one call, kept apart from everything the
 /// guest writes (stdout, stderr, log): a guest can neither erase these lines
 /// by flooding its own output nor add to them.
-#[derive(Debug, Clone, Default)]
-pub struct HostRecords(Arc<Mutex<(Vec<String>, u64)>>);
+#[derive(Debug, Default)]
+pub struct HostRecords(Mutex<(Vec<String>, u64)>);
 
 /// Most host records kept per call; further ones are counted.
 const MAX_RECORDS: usize = 64;
@@ -75,8 +75,8 @@ impl HostRecords {
     }
     /// The lines kept, and how many more were dropped.
     pub fn take(&self) -> (Vec<String>, u64) {
-        let r = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        (r.0.clone(), r.1)
+        let mut r = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        (std::mem::take(&mut r.0), r.1)
     }
 }
 
@@ -85,20 +85,20 @@ impl HostRecords {
 /// only the one the request carried (a trusted API may store one request
 /// and return it to another).
 pub struct SecretWatch {
-    specs: Vec<Arc<CredentialSpec>>,
+    specs: Arc<[Arc<CredentialSpec>]>,
     scanner: OnceLock<SecretScanner>,
 }
 
 impl SecretWatch {
     /// Watch for the secrets of `specs`.
-    pub fn new(specs: Vec<Arc<CredentialSpec>>) -> Self {
+    pub fn new(specs: Arc<[Arc<CredentialSpec>]>) -> Self {
         SecretWatch { specs, scanner: OnceLock::new() }
     }
 
     fn scanner(&self, records: &HostRecords) -> &SecretScanner {
         self.scanner.get_or_init(|| {
             let mut secrets = Vec::with_capacity(self.specs.len());
-            for spec in &self.specs {
+            for spec in self.specs.iter() {
                 match spec.read_to_check() {
                     Ok(s) => secrets.push((spec.name.clone(), s.expose().as_bytes().to_vec())),
                     // Unreadable now: it was not sent either (every use reads it the same way).
@@ -110,52 +110,25 @@ impl SecretWatch {
     }
 }
 
-/// Outbound traffic of one call, and of the whole host.
-#[derive(Clone)]
-pub struct Traffic {
-    call_slots: Arc<Semaphore>,
-    host_slots: Arc<Semaphore>,
-    buffered: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl Traffic {
-    /// A call's traffic, sharing `host_slots` (requests in flight in the whole host).
-    pub fn new(limits: &HttpLimits, host_slots: Arc<Semaphore>) -> Self {
-        Traffic {
-            call_slots: Arc::new(Semaphore::new(limits.in_flight_per_call.max(1))),
-            host_slots,
-            buffered: Arc::default(),
-        }
-    }
+/// What a call's requests share, in one allocation per call: its records,
+/// its last transport failure, the watch on secrets, its in-flight slots and
+/// the response bytes it holds buffered.
+struct CallTraffic {
+    records: HostRecords,
+    transport: Mutex<Option<String>>,
+    watch: SecretWatch,
+    slots: Semaphore,
+    buffered: std::sync::atomic::AtomicUsize,
 }
 
 /// The outbound authority of one call.
 pub struct OutboundPolicy {
-    hosts: Arc<Vec<Destination>>,
-    credentials: Arc<Vec<Arc<CredentialSpec>>>,
+    hosts: Arc<[Destination]>,
+    credentials: Arc<[Arc<CredentialSpec>]>,
     limits: HttpLimits,
-    records: HostRecords,
-    transport: TransportFailure,
-    watch: Arc<SecretWatch>,
-    traffic: Traffic,
-}
-
-/// The last transport failure (connect, DNS, TLS, timeout, protocol) of a
-/// granted request during one call, as `scheme://host:port: reason`. Denials
-/// and size limits are policy, not transport, and are not recorded.
-#[derive(Debug, Clone, Default)]
-pub struct TransportFailure(Arc<std::sync::Mutex<Option<String>>>);
-
-impl TransportFailure {
-    fn set(&self, what: String) {
-        if let Ok(mut slot) = self.0.lock() {
-            *slot = Some(what);
-        }
-    }
-    /// The recorded failure, if any.
-    pub fn get(&self) -> Option<String> {
-        self.0.lock().ok().and_then(|s| s.clone())
-    }
+    /// Requests in flight in the whole host.
+    host_slots: Arc<Semaphore>,
+    call: Arc<CallTraffic>,
 }
 
 /// What the hook decided about a request before it leaves.
@@ -165,26 +138,39 @@ struct Decided {
 }
 
 impl OutboundPolicy {
-    /// Exactly `hosts` and `credentials`; responses checked against `watch`;
-    /// denials and withheld responses recorded in `records`.
+    /// Exactly `hosts` and `credentials`; responses checked for the secrets
+    /// of `watched`; at most `host_slots` requests in flight in the host.
     pub fn new(
-        hosts: Arc<Vec<Destination>>,
-        credentials: Arc<Vec<Arc<CredentialSpec>>>,
+        hosts: Arc<[Destination]>,
+        credentials: Arc<[Arc<CredentialSpec>]>,
         limits: HttpLimits,
-        records: HostRecords,
-        watch: Arc<SecretWatch>,
-        traffic: Traffic,
+        watched: Arc<[Arc<CredentialSpec>]>,
+        host_slots: Arc<Semaphore>,
     ) -> Self {
-        OutboundPolicy { hosts, credentials, limits, records, transport: TransportFailure::default(), watch, traffic }
+        let call = Arc::new(CallTraffic {
+            records: HostRecords::default(),
+            transport: Mutex::default(),
+            watch: SecretWatch::new(watched),
+            slots: Semaphore::new(limits.in_flight_per_call.max(1)),
+            buffered: Default::default(),
+        });
+        OutboundPolicy { hosts, credentials, limits, host_slots, call }
     }
 
-    /// Where this policy records transport failures.
-    pub fn transport_failure(&self) -> TransportFailure {
-        self.transport.clone()
+    /// The call's last transport failure of a granted request (connect,
+    /// DNS, TLS, timeout, protocol), as `scheme://host:port: reason`.
+    /// Denials and size limits are policy, not transport, and are not recorded.
+    pub fn transport_failure(&self) -> Option<String> {
+        self.call.transport.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// What the host recorded about the call's requests (taken), and how many more lines were dropped.
+    pub fn take_records(&self) -> (Vec<String>, u64) {
+        self.call.records.take()
     }
 
     fn deny(&self, what: &str) -> HttpError {
-        self.records.add(format!("outbound request denied: {what}"));
+        self.call.records.add(format!("outbound request denied: {what}"));
         HttpError::HttpRequestDenied
     }
 
@@ -232,7 +218,7 @@ impl OutboundPolicy {
         match spec.materialize(&scheme, &host, port) {
             Ok(secret) => Ok(Decided { dest, credential: Some((spec.clone(), secret)) }),
             Err(e) => {
-                self.records.add(e.to_string());
+                self.call.records.add(e.to_string());
                 Err(HttpError::InternalError(Some(format!("credential `{name}` is unavailable on this host"))))
             }
         }
@@ -292,13 +278,13 @@ fn percent_encode(s: &str) -> String {
 /// waiting on a response queued behind ones it has not read.)
 struct HeldBody {
     data: Bytes,
-    buffered: Arc<std::sync::atomic::AtomicUsize>,
+    call: Arc<CallTraffic>,
     size: usize,
 }
 
 impl Drop for HeldBody {
     fn drop(&mut self) {
-        self.buffered.fetch_sub(self.size, std::sync::atomic::Ordering::Relaxed);
+        self.call.buffered.fetch_sub(self.size, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -358,9 +344,9 @@ impl WasiHttpHooks for OutboundPolicy {
     ) -> Box<dyn Future<Output = Sent> + Send> {
         let decided = self.authorize(&mut request);
         let limits = self.limits;
-        let (transport, records, watch, traffic) =
-            (self.transport.clone(), self.records.clone(), self.watch.clone(), self.traffic.clone());
+        let (call, host_slots) = (self.call.clone(), self.host_slots.clone());
         Box::new(async move {
+            let records = &call.records;
             let Decided { dest, credential } = decided?;
             if let Some((spec, secret)) = &credential {
                 apply(&mut request, spec, secret)?;
@@ -368,8 +354,8 @@ impl WasiHttpHooks for OutboundPolicy {
             drop(credential);
             // In flight: at most so many of this call, and of the host; more wait their turn.
             let closed = || HttpError::InternalError(Some("the host is shutting down".into()));
-            let call_slot = traffic.call_slots.clone().acquire_owned().await.map_err(|_| closed())?;
-            let host_slot = traffic.host_slots.clone().acquire_owned().await.map_err(|_| closed())?;
+            let call_slot = call.slots.acquire().await.map_err(|_| closed())?;
+            let host_slot = host_slots.acquire().await.map_err(|_| closed())?;
             let (parts, body) = request.into_parts();
             let request_bytes = limits.request_bytes;
             let body = Limited::new(body, request_bytes)
@@ -385,14 +371,14 @@ impl WasiHttpHooks for OutboundPolicy {
             let (response, io) = match wasmtime_wasi_http::default_send_request(request, Some(options)).await {
                 Ok(sent) => sent,
                 Err(e) => {
-                    transport.set(format!("{dest}: {e}"));
+                    *call.transport.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!("{dest}: {e}"));
                     return Err(e);
                 }
             };
             let (mut parts, body) = response.into_parts();
             // Buffer (bounded) so the whole response can be checked before the guest reads it.
             use std::sync::atomic::Ordering;
-            let left = limits.response_bytes_per_call.saturating_sub(traffic.buffered.load(Ordering::Relaxed));
+            let left = limits.response_bytes_per_call.saturating_sub(call.buffered.load(Ordering::Relaxed));
             let limit = limits.response_bytes.min(left);
             let collect = async {
                 Limited::new(body, limit).collect().await.map(|c| c.to_bytes()).map_err(|_| {
@@ -422,7 +408,7 @@ impl WasiHttpHooks for OutboundPolicy {
                 parts.headers.remove(CONTENT_ENCODING);
                 parts.headers.insert(CONTENT_LENGTH, HeaderValue::from(data.len()));
             }
-            let scanner = watch.scanner(&records);
+            let scanner = call.watch.scanner(records);
             let found = parts
                 .headers
                 .iter()
@@ -439,8 +425,8 @@ impl WasiHttpHooks for OutboundPolicy {
                 )));
             }
             let size = data.len();
-            traffic.buffered.fetch_add(size, Ordering::Relaxed);
-            let held = HeldBody { data, buffered: traffic.buffered.clone(), size };
+            call.buffered.fetch_add(size, Ordering::Relaxed);
+            let held = HeldBody { data, call: call.clone(), size };
             let body = held.map_err(|never| match never {}).boxed_unsync();
             let done: Box<dyn Future<Output = Result<(), HttpError>> + Send> = Box::new(async { Ok(()) });
             Ok((http::Response::from_parts(parts, body), done))

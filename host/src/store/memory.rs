@@ -13,11 +13,11 @@
 //! the configured one, and never outlive its process.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
-    AskScope, AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, PriorAsk, RunInfo, RunRecord,
-    StateChange, StepRecord, StepStore, TicketError,
+    ApprovedBy, AskScope, AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, PriorAsk, RunInfo,
+    RunRecord, StateChange, StepRecord, StepStore, TicketError, Verdict,
 };
 
 /// What the journal is called in errors.
@@ -37,11 +37,16 @@ struct Inner {
     runs: HashMap<String, RunInfo>,
     /// Every step, in chunks of [`CHUNK`] (growing never moves a step); a
     /// step's `seq` is its index + 1.
-    steps: Vec<Vec<StepRecord>>,
+    steps: Vec<Vec<Kept>>,
     /// Steps written.
     len: usize,
-    /// Indices into `steps`, per run.
-    by_run: HashMap<String, Vec<usize>>,
+    /// Indices into `steps`, per run (with the run id its steps share).
+    by_run: HashMap<String, (Arc<str>, Vec<usize>)>,
+    /// Tool ids steps name, each kept once.
+    tool_ids: HashSet<Arc<str>>,
+    /// The captured text of the last step, shared by the next ones that
+    /// captured the same (most capture nothing).
+    last_captured: Option<Arc<str>>,
     /// Indices into `steps`, per ticket.
     by_ticket: HashMap<String, Vec<usize>>,
     /// Awaiting records in the order they were written.
@@ -50,9 +55,46 @@ struct Inner {
     tickets: HashMap<String, usize>,
     /// Call ids that have an Awaiting record (unique, as in the SQL schema).
     asked_calls: HashSet<String>,
-    state: HashMap<(String, String), BTreeMap<String, String>>,
+    /// Agent → Tool → state (nested, so a lookup by `&str` allocates nothing).
+    state: HashMap<String, HashMap<String, BTreeMap<String, String>>>,
     /// Host instance → last heartbeat.
     hosts: HashMap<String, i64>,
+}
+
+/// A step as this journal keeps it: what repeats from step to step (run,
+/// Tool, verdict, captured text) is shared rather than copied.
+struct Kept {
+    seq: i64,
+    run_id: Arc<str>,
+    call_id: String,
+    tool_id: Arc<str>,
+    arguments: String,
+    verdict: Verdict,
+    outcome: OutcomeKind,
+    result: String,
+    captured: Arc<str>,
+    ticket_id: Option<String>,
+    structured: bool,
+    approved_by: Option<ApprovedBy>,
+}
+
+impl Kept {
+    fn record(&self) -> StepRecord {
+        StepRecord {
+            seq: self.seq,
+            run_id: self.run_id.to_string(),
+            call_id: self.call_id.clone(),
+            tool_id: self.tool_id.to_string(),
+            arguments: self.arguments.clone(),
+            verdict: self.verdict.as_str().to_owned(),
+            outcome: self.outcome,
+            result: self.result.clone(),
+            captured: self.captured.to_string(),
+            ticket_id: self.ticket_id.clone(),
+            structured: self.structured,
+            approved_by: self.approved_by.clone(),
+        }
+    }
 }
 
 struct Awaiting {
@@ -78,53 +120,74 @@ impl MemoryJournal {
 
 impl Inner {
     fn state_of(&self, agent: &str, tool: &str) -> BTreeMap<String, String> {
-        self.state.get(&(agent.to_owned(), tool.to_owned())).cloned().unwrap_or_default()
+        self.state.get(agent).and_then(|tools| tools.get(tool)).cloned().unwrap_or_default()
     }
 
     fn stale(&self, step: &NewStep<'_>, changes: &[StateChange]) -> bool {
         !super::write::state_unchanged(step, changes, || self.state_of(step.agent, step.tool_id))
     }
 
-    fn step(&self, index: usize) -> &StepRecord {
+    fn step(&self, index: usize) -> &Kept {
         &self.steps[index / CHUNK][index % CHUNK]
     }
 
-    fn all_steps(&self) -> impl Iterator<Item = &StepRecord> {
+    fn all_steps(&self) -> impl Iterator<Item = &Kept> {
         self.steps.iter().flatten()
     }
 
     fn insert_step(&mut self, s: &NewStep<'_>, ticket: Option<&str>) -> i64 {
         let index = self.len;
         let seq = i64::try_from(index).unwrap_or(i64::MAX).saturating_add(1);
-        let record = StepRecord {
+        let run_id = match self.by_run.get_mut(s.run_id) {
+            Some((id, steps)) => {
+                steps.push(index);
+                id.clone()
+            }
+            None => {
+                let id: Arc<str> = s.run_id.into();
+                self.by_run.insert(s.run_id.to_owned(), (id.clone(), vec![index]));
+                id
+            }
+        };
+        let tool_id = match self.tool_ids.get(s.tool_id) {
+            Some(id) => id.clone(),
+            None => {
+                let id: Arc<str> = s.tool_id.into();
+                self.tool_ids.insert(id.clone());
+                id
+            }
+        };
+        let captured = match &self.last_captured {
+            Some(last) if **last == *s.captured => last.clone(),
+            _ => {
+                let c: Arc<str> = s.captured.into();
+                self.last_captured = Some(c.clone());
+                c
+            }
+        };
+        let kept = Kept {
             seq,
-            run_id: s.run_id.to_owned(),
+            run_id,
             call_id: s.call_id.to_owned(),
-            tool_id: s.tool_id.to_owned(),
+            tool_id,
             arguments: s.arguments.to_owned(),
-            verdict: s.verdict.as_str().to_owned(),
+            verdict: s.verdict,
             outcome: s.outcome,
             result: s.result.to_owned(),
-            captured: s.captured.to_owned(),
+            captured,
             ticket_id: ticket.map(str::to_owned),
             structured: s.structured,
             approved_by: s.approved_by.cloned(),
         };
         match self.steps.last_mut() {
-            Some(chunk) if chunk.len() < CHUNK => chunk.push(record),
+            Some(chunk) if chunk.len() < CHUNK => chunk.push(kept),
             _ => {
                 let mut chunk = Vec::with_capacity(CHUNK);
-                chunk.push(record);
+                chunk.push(kept);
                 self.steps.push(chunk);
             }
         }
         self.len += 1;
-        match self.by_run.get_mut(s.run_id) {
-            Some(steps) => steps.push(index),
-            None => {
-                self.by_run.insert(s.run_id.to_owned(), vec![index]);
-            }
-        }
         if let Some(t) = ticket {
             self.by_ticket.entry(t.to_owned()).or_default().push(index);
         }
@@ -135,7 +198,14 @@ impl Inner {
         if changes.is_empty() {
             return;
         }
-        let state = self.state.entry((agent.to_owned(), tool.to_owned())).or_default();
+        let tools = match self.state.get_mut(agent) {
+            Some(tools) => tools,
+            None => self.state.entry(agent.to_owned()).or_default(),
+        };
+        let state = match tools.get_mut(tool) {
+            Some(state) => state,
+            None => tools.entry(tool.to_owned()).or_default(),
+        };
         for c in changes {
             match &c.value {
                 Some(v) => {
@@ -318,7 +388,7 @@ impl StepStore for MemoryJournal {
             j.by_ticket
                 .get(&a.record.ticket_id)
                 .and_then(|steps| steps.iter().map(|i| j.step(*i)).find(|s| s.outcome != OutcomeKind::Awaiting))
-                .cloned()
+                .map(Kept::record)
         } else {
             None
         };
@@ -340,10 +410,10 @@ impl StepStore for MemoryJournal {
             .by_run
             .get(run_id)
             .into_iter()
-            .flatten()
+            .flat_map(|(_, steps)| steps)
             .map(|i| j.step(*i))
             .filter(|s| s.outcome == OutcomeKind::Output)
-            .map(|s| s.tool_id.as_str())
+            .map(|s| &*s.tool_id)
             .collect();
         Ok(tools.into_iter().map(str::to_owned).collect())
     }
@@ -355,8 +425,8 @@ impl StepStore for MemoryJournal {
     async fn steps(&self, run_id: Option<&str>) -> Result<Vec<StepRecord>, CommitError> {
         let j = self.lock();
         Ok(match run_id {
-            None => j.all_steps().cloned().collect(),
-            Some(run) => j.by_run.get(run).into_iter().flatten().map(|i| j.step(*i).clone()).collect(),
+            None => j.all_steps().map(Kept::record).collect(),
+            Some(run) => j.by_run.get(run).into_iter().flat_map(|(_, steps)| steps).map(|i| j.step(*i).record()).collect(),
         })
     }
 
