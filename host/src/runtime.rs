@@ -732,7 +732,7 @@ static NOTHING_CAPTURED: std::sync::LazyLock<Captured> = std::sync::LazyLock::ne
 fn captured_json(captured: &Captured) -> std::borrow::Cow<'static, str> {
     static NOTHING: std::sync::LazyLock<String> =
         std::sync::LazyLock::new(|| serde_json::to_string(&*NOTHING_CAPTURED).unwrap_or_default());
-    if *captured == *NOTHING_CAPTURED {
+    if captured.is_empty() {
         return std::borrow::Cow::Borrowed(NOTHING.as_str());
     }
     std::borrow::Cow::Owned(serde_json::to_string(captured).unwrap_or_default())
