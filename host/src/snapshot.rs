@@ -13,6 +13,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+#[cfg(test)]
+use std::path::Path;
 use std::sync::{Arc, RwLock};
 
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
@@ -436,4 +438,20 @@ fn missing(id: &str, wanted: &CapabilitySet, granted: &CapabilitySet) -> String 
         );
     }
     format!("`{id}` declares authority the host does not grant")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn made_up_tool_ids_are_not_kept() {
+        let text = "[agents.default]\nvisible = [\"*\"]\nrules = [{ pattern = \"*\", behavior = \"allow\" }]\n";
+        let config = Config::parse(text, Path::new("toolgate.toml"), Path::new(".")).unwrap();
+        let snapshot = ExecutableAgentSnapshot::build(&config, "default", Arc::new(Catalog::default())).unwrap();
+        for i in 0..1000 {
+            assert_eq!(snapshot.candidate(&format!("made.up{i}"), &|_| None).unwrap_err(), Removal::NotInstalled);
+        }
+        assert_eq!(snapshot.filtered.read().unwrap().len(), 0, "a client's made-up ids grew the filter's memory");
+    }
 }

@@ -353,6 +353,29 @@ async fn a_run_can_only_narrow_the_granted_authority() {
     assert!(w.api.requests().len() == 1 && w.other.requests().len() == 1);
 }
 
+/// The filter's result is kept per view: a restricted run's view is its
+/// own, so neither what ran before it nor what runs after it changes what
+/// it may do, and its restriction never reaches another run.
+#[tokio::test]
+async fn a_run_restriction_holds_whatever_ran_before_it_and_stays_with_its_run() {
+    use toolgate::config::Restriction;
+    let w = world();
+    let rt = &w.host.runtime;
+    let configured = toolgate::ToolCapabilityNarrowing::Configured;
+    let open = rt.start_run(None, configured).await.unwrap();
+    assert!(thief_in(&open, "http", &w.other.url("/echo"), false).await.starts_with("ok: 200"));
+    let closed = rt
+        .start_restricted_run(None, configured, Restriction { hosts: Some(vec![]), ..Default::default() })
+        .await
+        .unwrap();
+    assert_err(&thief_in(&closed, "http", &w.other.url("/echo"), false).await, "denied");
+    assert!(thief_in(&open, "http", &w.other.url("/echo"), false).await.starts_with("ok: 200"));
+    let after = rt.start_run(None, configured).await.unwrap();
+    assert!(thief_in(&after, "http", &w.other.url("/echo"), false).await.starts_with("ok: 200"));
+    assert_err(&thief_in(&closed, "http", &w.other.url("/echo"), false).await, "denied");
+    assert_eq!(w.other.requests().len(), 3);
+}
+
 #[tokio::test]
 async fn an_agent_can_narrow_the_hosts_grants() {
     let w = world();

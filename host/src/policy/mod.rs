@@ -1224,4 +1224,15 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn rules_found_by_another_policy_are_found_again() {
+        let a = policy(&[("x.y", Allow)], Deny);
+        // In decision order: `z` (deny) first, then `x.*` (ask).
+        let b = policy(&[("x.*", Ask), ("z", Deny)], Allow);
+        let foreign = a.rules_for("x.y");
+        assert_eq!(b.decide("x.y", &foreign, None, &json!({})), (Ask, Some("x.*")));
+        assert_eq!(b.decide("x.y", &b.rules_for("x.y"), None, &json!({})), (Ask, Some("x.*")));
+        assert_eq!(a.decide("x.y", &foreign, None, &json!({})), (Allow, Some("x.y")));
+    }
 }

@@ -621,7 +621,12 @@ impl Executor {
     ) -> Result<Execution, ExecutorError> {
         tokio::pin!(cancel);
         let component = &call.candidate().installed.component;
-        let (pre, baseline) = self.prepare(&component.path, component.digest).await?;
+        let (pre, baseline) = match self.entry(component.digest).optimized.get() {
+            Some(pre) => (pre.clone(), None),
+            // Loading or compiling: boxed, so the future of every later call
+            // does not carry the space of a compile's.
+            None => Box::pin(self.prepare(&component.path, component.digest)).await?,
+        };
         // Cranelift's compile starts once this call is over: until then
         // the call has the CPU Winch saved it.
         let _optimize =
