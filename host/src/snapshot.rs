@@ -65,9 +65,10 @@ pub struct Candidate {
     pub authority: CapabilitySet,
     /// The concrete grants behind `authority`.
     pub grant: EffectiveGrant,
-    /// The agent's rules that can decide a call of this Tool, found once
-    /// (the gate then matches only their argument parts).
-    pub(crate) rules: ToolRules,
+    /// The agent's rules that can decide a call of this Tool, found on the
+    /// first call (the gate then matches only their argument parts; a
+    /// listing never looks for them).
+    rules: std::sync::OnceLock<ToolRules>,
 }
 
 /// The concrete authority of one Tool: what the executor hands the sandbox.
@@ -109,6 +110,11 @@ impl Candidate {
     /// The descriptor.
     pub fn descriptor(&self) -> &ToolDescriptor {
         &self.installed.tool.metadata.descriptor
+    }
+
+    /// The rules of `policy` that can decide a call of this Tool.
+    pub(crate) fn rules(&self, policy: &Policy) -> &ToolRules {
+        self.rules.get_or_init(|| policy.rules_for(self.installed.tool.id()))
     }
 }
 
@@ -259,11 +265,19 @@ impl ExecutableAgentSnapshot {
         id: &str,
         unhealthy: &dyn Fn(&crate::digest::Digest) -> Option<String>,
     ) -> Result<Arc<Candidate>, Removal> {
-        let candidate = self.filtered(id)?;
-        if let Some(reason) = unhealthy(&candidate.installed.component.digest) {
-            return Err(Removal::Unhealthy(reason));
-        }
-        Ok(candidate)
+        healthy(self.filtered(id)?, unhealthy)
+    }
+
+    /// [`Self::candidate`] without keeping the result: a listing visits
+    /// every Tool once and is not a call, so it leaves the per-call cache to
+    /// the Tools that are called.
+    fn listed(
+        &self,
+        id: &str,
+        unhealthy: &dyn Fn(&crate::digest::Digest) -> Option<String>,
+    ) -> Result<Arc<Candidate>, Removal> {
+        let kept = self.filtered.read().unwrap_or_else(|p| p.into_inner()).get(id).cloned();
+        healthy(kept.unwrap_or_else(|| self.filter(id))?, unhealthy)
     }
 
     /// The filter without health, kept per installed id.
@@ -291,8 +305,7 @@ impl ExecutableAgentSnapshot {
         for r in &self.restrictions {
             restrict(&mut authority, &mut grant, r);
         }
-        let rules = self.policy.rules_for(id);
-        Ok(Arc::new(Candidate { installed: installed.clone(), authority, grant, rules }))
+        Ok(Arc::new(Candidate { installed: installed.clone(), authority, grant, rules: Default::default() }))
     }
 
     /// Declared ∩ granted, or the first declared need the host does not grant.
@@ -375,7 +388,7 @@ impl ExecutableAgentSnapshot {
     pub fn list(&self, unhealthy: &dyn Fn(&crate::digest::Digest) -> Option<String>) -> Vec<ToolDescriptor> {
         self.catalog
             .tools()
-            .filter_map(|(id, _)| self.candidate(id, unhealthy).ok())
+            .filter_map(|(id, _)| self.listed(id, unhealthy).ok())
             .map(|c| c.descriptor().clone())
             .collect()
     }
@@ -391,9 +404,20 @@ impl ExecutableAgentSnapshot {
                     }
                     Availability::Ambiguous(files) => (None, files.clone()),
                 };
-                Listing { id: id.to_owned(), descriptor, files, removed: self.candidate(id, unhealthy).err() }
+                Listing { id: id.to_owned(), descriptor, files, removed: self.listed(id, unhealthy).err() }
             })
             .collect()
+    }
+}
+
+/// `candidate`, unless the executor could not load its component.
+fn healthy(
+    candidate: Arc<Candidate>,
+    unhealthy: &dyn Fn(&crate::digest::Digest) -> Option<String>,
+) -> Result<Arc<Candidate>, Removal> {
+    match unhealthy(&candidate.installed.component.digest) {
+        Some(reason) => Err(Removal::Unhealthy(reason)),
+        None => Ok(candidate),
     }
 }
 

@@ -69,9 +69,10 @@ pub fn decide(snapshot: &ExecutableAgentSnapshot, candidate: &Candidate, call: &
         };
     }
     let d = candidate.descriptor();
-    let (behavior, rule) = snapshot.policy().decide(
+    let policy = snapshot.policy();
+    let (behavior, rule) = policy.decide(
         &call.tool_id,
-        &candidate.rules,
+        candidate.rules(policy),
         d.primary_argument.as_deref(),
         &call.arguments,
     );
