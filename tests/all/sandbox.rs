@@ -34,6 +34,17 @@ async fn an_infinite_loop_is_stopped_at_the_deadline() {
     still_serving(&host).await;
 }
 
+/// A call that waits on the host (no guest code runs, so no epoch tick can
+/// interrupt it) is stopped by the wall-clock deadline all the same.
+#[tokio::test]
+async fn a_guest_waiting_on_the_host_is_stopped_at_the_deadline() {
+    let host = hostile("timeout_ms = 200");
+    // The guest sleeps for an hour: an answer at all means the deadline ended it.
+    let r = call(&host, "hostile.sleep", json!({})).await;
+    assert!(tool_error(&r).contains("200 ms deadline"), "{r:?}");
+    still_serving(&host).await;
+}
+
 #[tokio::test]
 async fn a_memory_bomb_is_stopped_at_the_memory_limit() {
     let host = hostile("memory_mib = 16");
