@@ -806,7 +806,9 @@ impl<'a> Step<'a> {
     ) -> Result<i64, CommitError> {
         let captured = captured_json(ending.captured);
         let ticket = awaiting.map(|a| a.ticket_id.as_str());
-        rt.store.commit_step(&self.record(&ending, self.args(), &captured, ticket, None), ending.changes, awaiting).await
+        rt.store
+            .commit_step(&self.record(&ending, self.args(), &captured, ticket, None), ending.changes, awaiting)
+            .await
     }
 
     /// Commit the step that resolves `ticket`; refused (and reported) if the

@@ -12,9 +12,9 @@
 //! executable call, and only on Allow.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 #[cfg(test)]
 use std::path::Path;
+use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
@@ -380,7 +380,8 @@ impl ExecutableAgentSnapshot {
             }
         }
         // Config checks that every granted credential is defined.
-        grant.credentials = authority.credentials.iter().filter_map(|name| self.credentials.get(name).cloned()).collect();
+        grant.credentials =
+            authority.credentials.iter().filter_map(|name| self.credentials.get(name).cloned()).collect();
         Ok((authority, grant))
     }
 

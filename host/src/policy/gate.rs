@@ -70,12 +70,8 @@ pub fn decide(snapshot: &ExecutableAgentSnapshot, candidate: &Candidate, call: &
     }
     let d = candidate.descriptor();
     let policy = snapshot.policy();
-    let (behavior, rule) = policy.decide(
-        &call.tool_id,
-        candidate.rules(policy),
-        d.primary_argument.as_deref(),
-        &call.arguments,
-    );
+    let (behavior, rule) =
+        policy.decide(&call.tool_id, candidate.rules(policy), d.primary_argument.as_deref(), &call.arguments);
     match behavior {
         Behavior::Allow => ToolPermissionVerdict::Allow,
         Behavior::Deny => {

@@ -295,7 +295,12 @@ impl Captured {
     /// Whether nothing at all was captured (most calls).
     pub fn is_empty(&self) -> bool {
         let Captured { stdout, stderr, log, dropped, host, host_dropped } = self;
-        stdout.is_empty() && stderr.is_empty() && log.is_empty() && *dropped == 0 && host.is_empty() && *host_dropped == 0
+        stdout.is_empty()
+            && stderr.is_empty()
+            && log.is_empty()
+            && *dropped == 0
+            && host.is_empty()
+            && *host_dropped == 0
     }
 }
 

@@ -426,7 +426,9 @@ impl StepStore for MemoryJournal {
         let j = self.lock();
         Ok(match run_id {
             None => j.all_steps().map(Kept::record).collect(),
-            Some(run) => j.by_run.get(run).into_iter().flat_map(|(_, steps)| steps).map(|i| j.step(*i).record()).collect(),
+            Some(run) => {
+                j.by_run.get(run).into_iter().flat_map(|(_, steps)| steps).map(|i| j.step(*i).record()).collect()
+            }
         })
     }
 
