@@ -151,8 +151,11 @@ pub struct ExecutableAgentSnapshot {
     /// changes one of them (`restricted` starts afresh). Health is not in it:
     /// it is checked on every call. Only ids in the catalog are kept, so a
     /// client sending made-up ids cannot grow it.
-    filtered: Arc<RwLock<HashMap<String, Result<Arc<Candidate>, Removal>>>>,
+    filtered: Arc<Filtered>,
 }
+
+/// The filter's results kept by a view, per installed Tool id.
+type Filtered = RwLock<HashMap<String, Result<Arc<Candidate>, Removal>>>;
 
 fn glob(pattern: &str) -> Result<globset::Glob, globset::Error> {
     GlobBuilder::new(pattern).literal_separator(false).build()
