@@ -841,8 +841,8 @@ impl<'a> Step<'a> {
     ) -> Result<i64, CallError> {
         match resolving {
             // Resolving a ticket is the rarer path: boxed, so the future of
-            // every fresh call does not carry its space (copied on each poll
-            // setup, and cold in a server between two calls).
+            // every fresh call does not carry its space (moved with the
+            // future, and cold in a server between two calls).
             Some((t, by, delivered)) => Box::pin(self.resolve(rt, t, ending, Some(&by), delivered)).await,
             None => Ok(self.commit(rt, ending, None).await?),
         }

@@ -279,14 +279,18 @@ impl ExecutableAgentSnapshot {
         id: &str,
         unhealthy: &dyn Fn(&crate::digest::Digest) -> Option<String>,
     ) -> Result<Arc<Candidate>, Removal> {
-        let kept = self.filtered.read().unwrap_or_else(|p| p.into_inner()).get(id).cloned();
-        healthy(kept.unwrap_or_else(|| self.filter(id))?, unhealthy)
+        healthy(self.kept(id).unwrap_or_else(|| self.filter(id))?, unhealthy)
+    }
+
+    /// The filter's result for `id`, if this view kept it.
+    fn kept(&self, id: &str) -> Option<Result<Arc<Candidate>, Removal>> {
+        self.filtered.read().unwrap_or_else(|p| p.into_inner()).get(id).cloned()
     }
 
     /// The filter without health, kept per installed id.
     fn filtered(&self, id: &str) -> Result<Arc<Candidate>, Removal> {
-        if let Some(kept) = self.filtered.read().unwrap_or_else(|p| p.into_inner()).get(id) {
-            return kept.clone();
+        if let Some(kept) = self.kept(id) {
+            return kept;
         }
         let result = self.filter(id);
         if self.catalog.get(id).is_some() {

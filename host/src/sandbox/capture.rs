@@ -79,11 +79,6 @@ impl Capture {
         self.with(|i, _| String::from_utf8_lossy(&i.buf).into_owned())
     }
 
-    /// Bytes dropped over the bound.
-    pub fn dropped(&self) -> u64 {
-        self.with(|i, _| i.dropped)
-    }
-
     /// Everything the three captures of [`Capture::three`] kept, taken at once.
     pub fn take_all(&self) -> Kept {
         let mut all = self.streams.streams.lock().unwrap_or_else(|p| p.into_inner());

@@ -58,14 +58,14 @@ pub struct HttpLimits {
 /// guest writes (stdout, stderr, log): a guest can neither erase these lines
 /// by flooding its own output nor add to them.
 #[derive(Debug, Default)]
-pub struct HostRecords(Mutex<(Vec<String>, u64)>);
+struct HostRecords(Mutex<(Vec<String>, u64)>);
 
 /// Most host records kept per call; further ones are counted.
 const MAX_RECORDS: usize = 64;
 
 impl HostRecords {
     /// Record one line.
-    pub fn add(&self, line: String) {
+    fn add(&self, line: String) {
         let mut r = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if r.0.len() < MAX_RECORDS {
             r.0.push(line);
@@ -74,7 +74,7 @@ impl HostRecords {
         }
     }
     /// The lines kept, and how many more were dropped.
-    pub fn take(&self) -> (Vec<String>, u64) {
+    fn take(&self) -> (Vec<String>, u64) {
         let mut r = self.0.lock().unwrap_or_else(|p| p.into_inner());
         (std::mem::take(&mut r.0), r.1)
     }
@@ -84,14 +84,14 @@ impl HostRecords {
 /// checking: what comes back to any guest is searched for all of them, not
 /// only the one the request carried (a trusted API may store one request
 /// and return it to another).
-pub struct SecretWatch {
+struct SecretWatch {
     specs: Arc<[Arc<CredentialSpec>]>,
     scanner: OnceLock<SecretScanner>,
 }
 
 impl SecretWatch {
     /// Watch for the secrets of `specs`.
-    pub fn new(specs: Arc<[Arc<CredentialSpec>]>) -> Self {
+    fn new(specs: Arc<[Arc<CredentialSpec>]>) -> Self {
         SecretWatch { specs, scanner: OnceLock::new() }
     }
 
