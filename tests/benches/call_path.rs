@@ -37,6 +37,10 @@ use toolgate_tests::{guests, packed};
 
 mod common;
 
+/// The allocator the `toolgate` binary ships with (`host/cli/src/main.rs`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use common::{ARGS, Bare, Host, TOOL, assert_upper, tokio_rt, wit_types};
 
 /// A store that keeps nothing: `steps/full_path_null_store` measures the

@@ -13,6 +13,10 @@
 
 mod common;
 
+/// The allocator the `toolgate` binary ships with (`host/cli/src/main.rs`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -16,6 +16,13 @@ use toolgate::{Catalog, Config, ExecutableAgentSnapshot, Runtime, ToolCapability
 mod approve;
 mod serve;
 
+/// mimalloc, not the system allocator: compiling a component allocates per
+/// instruction, and with glibc's malloc a first call (compiled by Winch then)
+/// took ~40% longer (BENCHMARKS.md, issue #17). A host embedding the library
+/// chooses its own.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Exit codes: callers (scripts, CI) tell outcomes apart without parsing text.
 mod exit {
     pub const OUTPUT: u8 = 0;
