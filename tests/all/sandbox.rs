@@ -34,6 +34,41 @@ async fn an_infinite_loop_is_stopped_at_the_deadline() {
     still_serving(&host).await;
 }
 
+/// An idle host parks its epoch ticker (it does not wake 200 times a
+/// second); a guest that spins after that is still interrupted and stopped
+/// at its deadline, since a call wakes the ticker before any guest code runs.
+#[tokio::test]
+async fn after_the_host_idles_an_infinite_loop_is_still_stopped_at_the_deadline() {
+    let host = hostile("timeout_ms = 200");
+    still_serving(&host).await;
+    let executor = host.runtime.executor();
+    // Parked: no tick in 100 ms (it parks after a second without a guest).
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let before = executor.epoch_ticks();
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        if executor.epoch_ticks() == before {
+            break;
+        }
+        assert!(std::time::Instant::now() < end, "the ticker of an idle host never parked");
+    }
+    // Were the ticker not woken, the spinning guest would never yield and
+    // this call never return: a watchdog fails the test instead of hanging it.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = done.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(60));
+        if !flag.load(std::sync::atomic::Ordering::SeqCst) {
+            eprintln!("a spinning guest was not interrupted after the host idled: the ticker stayed parked");
+            std::process::exit(101);
+        }
+    });
+    let r = call(&host, "hostile.loop", json!({})).await;
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(tool_error(&r).contains("200 ms deadline"), "{r:?}");
+    still_serving(&host).await;
+}
+
 /// A call that waits on the host (no guest code runs, so no epoch tick can
 /// interrupt it) is stopped by the wall-clock deadline all the same.
 #[tokio::test]

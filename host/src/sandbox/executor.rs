@@ -42,6 +42,7 @@ use crate::config::Limits;
 use crate::digest::{Digest, DigestMap};
 use crate::policy::gate::AllowedCall;
 use crate::sandbox::capture::Capture;
+use crate::sandbox::ticker::{PARK_AFTER, Ticker};
 
 mod bindings {
     wasmtime::component::bindgen!({
@@ -388,7 +389,8 @@ pub struct Executor {
     baseline_instantiations: AtomicU64,
     compilations: Arc<AtomicU64>,
     baseline_compilations: Arc<AtomicU64>,
-    stop_ticker: Arc<AtomicBool>,
+    /// Advances the epoch while guests run; parked when the host is idle.
+    ticker: Ticker,
     admission: Admission,
     /// Compilations running at once; a compile waits for one, under its own time limit.
     compiles: Arc<tokio::sync::Semaphore>,
@@ -487,12 +489,6 @@ impl Drop for Admitted<'_> {
     }
 }
 
-impl Drop for Executor {
-    fn drop(&mut self) {
-        self.stop_ticker.store(true, Ordering::Relaxed);
-    }
-}
-
 impl Executor {
     /// An engine with `settings`. Starts the epoch ticker thread.
     pub fn new(settings: ExecutorSettings) -> Result<Self, ExecutorError> {
@@ -520,22 +516,8 @@ impl Executor {
         (CORE_INSTANCES_PER_COMPONENT, MEMORIES_PER_COMPONENT, TABLES_PER_COMPONENT).hash(&mut h);
         let cache_key = h.hex()[..32].to_owned();
 
-        let stop_ticker = Arc::new(AtomicBool::new(false));
-        let engines: Vec<_> = std::iter::once(&optimized).chain(&baseline).map(|t| t.engine.weak()).collect();
-        let stop = stop_ticker.clone();
-        std::thread::Builder::new()
-            .name("toolgate-epoch".into())
-            .spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    std::thread::sleep(EPOCH_TICK);
-                    for weak in &engines {
-                        match weak.upgrade() {
-                            Some(e) => e.increment_epoch(),
-                            None => return,
-                        }
-                    }
-                }
-            })
+        let engines = std::iter::once(&optimized).chain(&baseline).map(|t| t.engine.weak()).collect();
+        let ticker = Ticker::start(engines, EPOCH_TICK, PARK_AFTER)
             .map_err(|e| ExecutorError::Engine(wasmtime::Error::msg(format!("cannot start epoch thread: {e}"))))?;
 
         let per_tool = usize::try_from(settings.limits.max_instances_per_tool).unwrap_or(usize::MAX).max(1);
@@ -552,7 +534,7 @@ impl Executor {
             baseline_instantiations: AtomicU64::new(0),
             compilations: Arc::new(AtomicU64::new(0)),
             baseline_compilations: Arc::new(AtomicU64::new(0)),
-            stop_ticker,
+            ticker,
             admission,
             compiles: Arc::new(tokio::sync::Semaphore::new(COMPILES_AT_ONCE)),
             optimizing: Arc::new(tokio::sync::Semaphore::new(OPTIMIZING_AT_ONCE)),
@@ -598,6 +580,11 @@ impl Executor {
                 let _ = h.await;
             }
         }
+    }
+
+    /// Epoch ticks so far: they stop while the host is idle (see [`Ticker`]).
+    pub fn epoch_ticks(&self) -> u64 {
+        self.ticker.ticks()
     }
 
     /// Why `digest`'s component cannot run, if it failed to load before.
@@ -678,6 +665,8 @@ impl Executor {
             () = &mut cancel => return Ok(Execution::cancelled()),
             admitted = self.admission.admit(&call.call().tool_id) => admitted,
         };
+        // Before any guest code (instantiation runs some): an idle ticker wakes.
+        let _running = self.ticker.hold();
         let started = Instant::now();
         let c = call.call();
         let arguments = call.arguments_json();
@@ -998,6 +987,7 @@ impl Executor {
         store.limiter(|s| &mut s.limits);
         store.set_epoch_deadline(limits.timeout_ms.div_ceil(EPOCH_TICK.as_millis() as u64).max(1));
         store.epoch_deadline_trap();
+        let _running = self.ticker.hold();
         let plugin = pre
             .instantiate_async(&mut store)
             .await

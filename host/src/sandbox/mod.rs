@@ -3,8 +3,9 @@
 //! Owns the wasmtime engine and per-call stores ([`executor`]), the only
 //! network a guest has — `wasi:http` through the outbound boundary
 //! ([`outbound`]), where a credential reference becomes a secret on the way
-//! out and every response is checked on the way back — and the bounded
-//! capture of guest output ([`capture`]).
+//! out and every response is checked on the way back — the bounded
+//! capture of guest output ([`capture`]), and the epoch [`ticker`] that
+//! interrupts running guests.
 //!
 //! Architecture invariant: the sandbox decides nothing. [`executor::Executor::execute`]
 //! takes only a [`crate::policy::gate::AllowedCall`], and a guest reaches the
@@ -14,3 +15,4 @@ pub mod capture;
 pub mod executor;
 pub mod outbound;
 pub mod scan;
+pub mod ticker;
