@@ -5,12 +5,15 @@ by the same client on the same machine, over stdio and Streamable HTTP, with
 the in-memory store and with the durable journal (whose fsyncs per call are
 counted with strace).
 
-Usage: bench_serve.py TOOLGATE_BIN CONFIG CALLS RUST_TRIVIAL_BIN   (run by
-scripts/bench, after the `scale` bench generated target/scale/dir20). Two
-baselines: `host/cli/examples/trivial_mcp_server.rs` (the same Rust SDK as
-toolgate, one in-process tool, the same transport: the stricter comparison,
-used for the target) and `trivial_server.py` (the Python SDK, stdio). Prints
-Markdown table rows and writes JSON next to CONFIG.
+Usage: bench_serve.py TOOLGATE_BIN CONFIG CALLS RUST_TRIVIAL_BIN [FLOOR_BIN COMPONENT]
+(run by scripts/bench, after the `scale` bench generated target/scale/dir20).
+Two baselines: `host/cli/examples/trivial_mcp_server.rs` (the same Rust SDK
+as toolgate, one in-process tool, the same transport: the stricter
+comparison, used for the target) and `trivial_server.py` (the Python SDK,
+stdio). With FLOOR_BIN, also `host/cli/examples/wasm_floor_mcp_server.rs`
+running COMPONENT: the same rmcp server with each call in a fresh wasmtime
+instance and nothing else, the floor of any host that sandboxes every call.
+Prints Markdown table rows and writes JSON next to CONFIG.
 """
 
 import asyncio
@@ -182,6 +185,10 @@ async def main() -> None:
     # call by call, before the HTTP servers below start (their idle processes
     # would share the two cores with the stdio pair).
     pairs = {"stdio": await paired(toolgate, "text.upper", rust, "upper", calls)}
+    if len(sys.argv) > 6:
+        floor = stdio([sys.argv[5], sys.argv[6]])
+        pairs["floor_trivial"] = await paired(floor, "upper", rust, "upper", calls)
+        pairs["toolgate_floor"] = await paired(toolgate, "text.upper", floor, "upper", calls)
 
     http_servers = {
         "toolgate": HttpServer([binary, "--config", memory, "serve", "--http", "127.0.0.1:0"]),
@@ -228,6 +235,9 @@ async def main() -> None:
         result[f"{t}_overhead_unpaired_ms"] = ms[f"{t}_toolgate_call_ms"] - ms[f"{t}_rust_call_ms"]
         result[f"{t}_durable_overhead_ms"] = ms[f"{t}_toolgate_durable_call_ms"] - ms[f"{t}_rust_call_ms"]
     result["overhead_vs_python_ms"] = ms["stdio_toolgate_call_ms"] - ms["stdio_python_call_ms"]
+    if "floor_trivial" in pairs:
+        result["floor_above_trivial_ms"] = med(pairs["floor_trivial"]) * 1e3
+        result["toolgate_above_floor_ms"] = med(pairs["toolgate_floor"]) * 1e3
     with open(os.path.join(os.path.dirname(config), "serve.json"), "w") as f:
         json.dump(result, f, indent=2)
     ok = lambda b: "met" if b else "MISSED"
@@ -244,6 +254,11 @@ async def main() -> None:
               f"≤ 0.05 ms: {ok(result[f'{t}_overhead_ms'] <= 0.05)} |")
         print(f"| {name}, the same from the medians above: in-memory (durable) | "
               f"{result[f'{t}_overhead_unpaired_ms']:+.3f} ms ({result[f'{t}_durable_overhead_ms']:+.3f} ms) | |")
+    if "floor_trivial" in pairs:
+        print(f"| stdio, a fresh wasmtime instance per call (the floor server) above the trivial Rust server: "
+              f"median of {calls} paired differences | {result['floor_above_trivial_ms']:+.3f} ms | the engine's share |")
+        print(f"| stdio, `toolgate serve` in memory above the floor server: median of {calls} paired differences | "
+              f"{result['toolgate_above_floor_ms']:+.3f} ms | toolgate's own share |")
     print(f"| stdio, per call through the trivial Python server | {ms['stdio_python_call_ms']:.3f} ms | "
           f"toolgate {result['overhead_vs_python_ms']:+.3f} ms |")
     print(f"| fsync/fdatasync per call, durable journal, one sequential client (strace, 200 calls) | "
