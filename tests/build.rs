@@ -17,6 +17,7 @@ const GUESTS: &[(&str, &str)] = &[
     ("toolgate-example-files", "FILES"),
     ("toolgate-example-tracker", "TRACKER"),
     ("toolgate-fixture-hostile", "HOSTILE"),
+    ("toolgate-fixture-relaxed", "RELAXED"),
 ];
 
 /// (example directory under `example-tools/`, constant name): Python Tools.

@@ -140,6 +140,27 @@ async fn a_first_call_runs_on_the_baseline_tier_while_cranelift_compiles_behind_
     assert_eq!(host.runtime.executor().baseline_counts(), (1, 1), "the loop ran on Winch's code");
 }
 
+/// A component the baseline compiler cannot compile (relaxed SIMD, which
+/// Winch lacks and Cranelift has) is not failed or marked unhealthy: its
+/// first call waits for Cranelift, and every call runs on Cranelift's code.
+#[tokio::test]
+async fn a_component_winch_cannot_compile_runs_on_cranelift_from_its_first_call() {
+    let host = TestHost::new(
+        "[agents.default]\nvisible = [\"*\"]\ndefault = \"allow\"\n",
+        &[("relaxed.wasm", packed(guests::RELAXED))],
+    );
+    let r = call(&host, "relaxed.madd", json!({"a": 2.0, "b": 3.0, "c": 1.0})).await;
+    assert!(matches!(&r, StepResult::Output { content: Content::Json(v), .. } if v == 7.0), "{r:?}");
+    let executor = host.runtime.executor();
+    assert_eq!(executor.baseline_counts(), (0, 0), "Winch compiled nothing and ran nothing");
+    assert_eq!(executor.compilations(), 1, "Cranelift compiled it for the first call");
+    let digest = host.runtime.snapshot().candidate("relaxed.madd", &|_| None).unwrap().installed.component.digest;
+    assert_eq!(executor.unhealthy(&digest), None, "the baseline's refusal is not a load failure");
+    let r = call(&host, "relaxed.madd", json!({"a": 1.5, "b": 2.0, "c": 0.5})).await;
+    assert!(matches!(&r, StepResult::Output { content: Content::Json(v), .. } if v == 3.5), "{r:?}");
+    assert_eq!((executor.baseline_counts(), executor.compilations()), ((0, 0), 1), "compiled once");
+}
+
 /// `toolgate lock`'s precompile compiles the pinned components into the
 /// cache and instantiates nothing (invariant 3: no component runs before
 /// Allow); a host started after it compiles nothing on a first call.
