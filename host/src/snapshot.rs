@@ -12,8 +12,6 @@
 //! executable call, and only on Allow.
 
 use std::collections::{BTreeMap, HashMap};
-#[cfg(test)]
-use std::path::Path;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
@@ -475,6 +473,7 @@ fn missing(id: &str, wanted: &CapabilitySet, granted: &CapabilitySet) -> String 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn made_up_tool_ids_are_not_kept() {
