@@ -426,7 +426,7 @@ impl Runtime {
         let ticket = self.store.claim_ticket(ticket_id, now, &self.holder).await??;
         let _alive = self.heartbeat_while_held();
         let r = ticket.record().clone();
-        let call = Arc::new(stored_call(&r));
+        let call = stored_call(&r);
         let step = Step::new(&r.run_id, &r.agent, &call);
         let by = Some(&approved_by);
         if let Decision::Deny { reason } = &decision {
@@ -457,7 +457,7 @@ impl Runtime {
             return Err(err.into());
         }
         let verdict = gate::decide_resumed(&snapshot, &candidate, &call, &ticket);
-        match GateOutcome::from_verdict(verdict, candidate, call.clone()) {
+        match GateOutcome::from_verdict(verdict, &candidate, &call) {
             GateOutcome::Execute(allowed) => {
                 let _ = step.args.set(allowed.arguments_json().clone());
                 let state = Arc::new(self.store.tool_state(&r.agent, &call.tool_id).await?);
@@ -549,8 +549,7 @@ impl Run<'_> {
         cancel: impl Future<Output = ()> + Send,
     ) -> Result<StepResult, CallError> {
         let rt = self.runtime;
-        let call =
-            Arc::new(ToolCall { call_id: call_id(), tool_id: tool_id.to_owned(), arguments: normalize(arguments) });
+        let call = ToolCall { call_id: call_id(), tool_id: tool_id.to_owned(), arguments: normalize(arguments) };
         let step = Step::new(&self.id, snapshot.agent(), &call);
 
         // 1. Visibility and availability: can only remove.
@@ -584,7 +583,7 @@ impl Run<'_> {
         // 4. The gate on the exact call.
         let verdict = gate::decide(snapshot, &candidate, &call);
         let verdict_kind = verdict_kind(&verdict);
-        match GateOutcome::from_verdict(verdict, candidate.clone(), call.clone()) {
+        match GateOutcome::from_verdict(verdict, &candidate, &call) {
             // 5. Effect and durable result.
             GateOutcome::Execute(allowed) => {
                 let _ = step.args.set(allowed.arguments_json().clone());
@@ -769,7 +768,7 @@ impl<'a> Step<'a> {
     }
 
     fn args(&self) -> &str {
-        self.args.get_or_init(|| self.call.arguments.to_string().into())
+        self.args.get_or_init(|| gate::with_json(&self.call.arguments, |t| Arc::from(t)))
     }
 
     fn record<'s>(
@@ -920,7 +919,7 @@ impl<'a> Step<'a> {
             Ok(out) => match scope_commands(&self.call.tool_id, out.commands) {
                 Ok(changes) => {
                     let (text, structured) = match &out.content {
-                        Content::Json(v) => (v.to_string(), true),
+                        Content::Json(v) => (gate::with_json(v, str::to_owned), true),
                         Content::Text(t) => (t.clone(), false),
                     };
                     let ending = Ending {

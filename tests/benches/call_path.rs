@@ -275,14 +275,11 @@ fn steps(c: &mut Criterion, rt: &tokio::runtime::Runtime, host: &Host) {
     });
 
     // The executor alone (instantiate + call + output conversion).
-    let allowed = || {
-        let call = ToolCall { call_id: "call-1".into(), tool_id: TOOL.into(), arguments: args.clone() };
-        match GateOutcome::from_verdict(ToolPermissionVerdict::Allow, candidate.clone(), Arc::new(call)) {
-            GateOutcome::Execute(a) => a,
-            _ => unreachable!(),
-        }
+    let call = ToolCall { call_id: "call-1".into(), tool_id: TOOL.into(), arguments: args.clone() };
+    let one = match GateOutcome::from_verdict(ToolPermissionVerdict::Allow, &candidate, &call) {
+        GateOutcome::Execute(a) => a,
+        _ => unreachable!(),
     };
-    let one = allowed();
     let exec = rt.block_on(executor.execute(&one, Default::default())).unwrap();
     assert!(exec.result.is_ok(), "{:?}", exec.result);
     g.bench_function("executor_execute", |b| {

@@ -13,11 +13,11 @@
 //!
 //! ```compile_fail,E0451
 //! // Forging an AllowedCall outside the gate does not compile: its fields are private.
-//! fn forge(
-//!     candidate: std::sync::Arc<toolgate::snapshot::Candidate>,
-//!     call: std::sync::Arc<toolgate::gate::ToolCall>,
-//! ) -> toolgate::gate::AllowedCall {
-//!     toolgate::gate::AllowedCall { candidate, call }
+//! fn forge<'a>(
+//!     candidate: &'a toolgate::snapshot::Candidate,
+//!     call: &'a toolgate::gate::ToolCall,
+//! ) -> toolgate::gate::AllowedCall<'a> {
+//!     toolgate::gate::AllowedCall { candidate, call, arguments_json: "{}".into() }
 //! }
 //! ```
 
@@ -111,23 +111,25 @@ pub fn decide_resumed(
     }
 }
 
-/// A call the gate allowed. Only [`GateOutcome::from_verdict`] builds one.
+/// A call the gate allowed. Only [`GateOutcome::from_verdict`] builds one;
+/// it borrows the call and the Tool it was decided on, so it cannot outlive
+/// either.
 #[derive(Debug)]
-pub struct AllowedCall {
-    candidate: Arc<Candidate>,
-    call: Arc<ToolCall>,
+pub struct AllowedCall<'a> {
+    candidate: &'a Candidate,
+    call: &'a ToolCall,
     /// `call.arguments` as JSON text, as the guest receives them and the journal keeps them.
     arguments_json: Arc<str>,
 }
 
-impl AllowedCall {
+impl<'a> AllowedCall<'a> {
     /// The call.
-    pub fn call(&self) -> &ToolCall {
-        &self.call
+    pub fn call(&self) -> &'a ToolCall {
+        self.call
     }
     /// The Tool and the authority it may hold.
-    pub fn candidate(&self) -> &Candidate {
-        &self.candidate
+    pub fn candidate(&self) -> &'a Candidate {
+        self.candidate
     }
     /// The call's arguments as JSON text.
     pub fn arguments_json(&self) -> &Arc<str> {
@@ -137,9 +139,9 @@ impl AllowedCall {
 
 /// What the runtime does next.
 #[derive(Debug)]
-pub enum GateOutcome {
+pub enum GateOutcome<'a> {
     /// Run it.
-    Execute(AllowedCall),
+    Execute(AllowedCall<'a>),
     /// Commit a blocked result.
     Blocked {
         /// Model-visible reason.
@@ -152,12 +154,12 @@ pub enum GateOutcome {
     },
 }
 
-impl GateOutcome {
+impl<'a> GateOutcome<'a> {
     /// The only place an [`AllowedCall`] is made: from `Allow`.
-    pub fn from_verdict(verdict: ToolPermissionVerdict, candidate: Arc<Candidate>, call: Arc<ToolCall>) -> Self {
+    pub fn from_verdict(verdict: ToolPermissionVerdict, candidate: &'a Candidate, call: &'a ToolCall) -> Self {
         match verdict {
             ToolPermissionVerdict::Allow => {
-                let arguments_json = call.arguments.to_string().into();
+                let arguments_json = with_json(&call.arguments, |t| Arc::from(t));
                 GateOutcome::Execute(AllowedCall { candidate, call, arguments_json })
             }
             ToolPermissionVerdict::Deny { reason } => GateOutcome::Blocked { reason },
@@ -166,6 +168,31 @@ impl GateOutcome {
             }
         }
     }
+}
+
+/// `value` as compact JSON text, handed to `f`: written into a buffer this
+/// thread keeps, so the caller's own copy is the only allocation.
+pub(crate) fn with_json<R>(value: &Value, f: impl FnOnce(&str) -> R) -> R {
+    thread_local! {
+        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    BUF.with(|b| match b.try_borrow_mut() {
+        Ok(mut buf) => {
+            buf.clear();
+            // Writing a `Value` into memory cannot fail, and its text is UTF-8.
+            let _ = serde_json::to_writer(&mut *buf, value);
+            let r = match std::str::from_utf8(&buf) {
+                Ok(text) => f(text),
+                Err(_) => f(&value.to_string()),
+            };
+            if buf.capacity() > 64 << 10 {
+                // A huge value does not stay behind in every thread.
+                *buf = Vec::new();
+            }
+            r
+        }
+        Err(_) => f(&value.to_string()),
+    })
 }
 
 /// sha256 of the canonical JSON of `arguments` (object keys sorted), hex.

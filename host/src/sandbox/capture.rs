@@ -74,11 +74,6 @@ impl Capture {
         })
     }
 
-    /// What was kept, as lossy UTF-8.
-    pub fn text(&self) -> String {
-        self.with(|i, _| String::from_utf8_lossy(&i.buf).into_owned())
-    }
-
     /// Everything the three captures of [`Capture::three`] kept, taken at once.
     pub fn take_all(&self) -> Kept {
         let mut all = self.streams.streams.lock().unwrap_or_else(|p| p.into_inner());

@@ -255,8 +255,6 @@ pub struct Execution {
     pub result: Result<ToolOutput, ToolFailure>,
     /// Captured guest output.
     pub captured: Captured,
-    /// Wall time of instantiate + call.
-    pub elapsed: Duration,
     /// A granted outbound request that failed in transport (`scheme://host:port: reason`).
     pub transport_failure: Option<String>,
 }
@@ -267,7 +265,6 @@ impl Execution {
         Execution {
             result: Err(ToolFailure::Cancelled),
             captured: Captured::default(),
-            elapsed: Duration::ZERO,
             transport_failure: None,
         }
     }
@@ -385,6 +382,9 @@ pub struct Executor {
     prepared: Arc<RwLock<DigestMap<Arc<Prepared>>>>,
     /// Read on every call (availability); written when a component fails to load.
     unhealthy: RwLock<DigestMap<String>>,
+    /// Whether `unhealthy` holds any: most hosts never have one, and their
+    /// calls then skip its lock.
+    any_unhealthy: AtomicBool,
     instantiations: AtomicU64,
     baseline_instantiations: AtomicU64,
     compilations: Arc<AtomicU64>,
@@ -408,36 +408,45 @@ pub struct Executor {
 /// executor before it instantiates, so saturation queues calls instead of
 /// failing them (the pooling allocator has exactly as many slots).
 struct Admission {
-    total: Arc<tokio::sync::Semaphore>,
+    total: tokio::sync::Semaphore,
+    total_limit: usize,
     per_tool_limit: usize,
-    /// Read on every call, written once per Tool: concurrent calls share the read lock.
-    tools: RwLock<HashMap<String, Arc<ToolSlots>>>,
-    in_flight: AtomicUsize,
+    /// Read on every call, written once per Tool: concurrent calls share the
+    /// read lock. Keys are installed Tool ids (only allowed calls get here),
+    /// so a fast hasher does.
+    tools: RwLock<HashMap<String, Arc<ToolSlots>, foldhash::fast::RandomState>>,
     peak: AtomicUsize,
 }
 
-/// One Tool's slots and counts.
+/// One Tool's slots and the most of them held at once.
 struct ToolSlots {
-    slots: Arc<tokio::sync::Semaphore>,
-    in_flight: AtomicUsize,
+    slots: tokio::sync::Semaphore,
     peak: AtomicUsize,
 }
 
-/// Permits of one admitted call; released (and counted down) on drop.
+/// A slot of one Tool, given back on drop (also when the call is dropped
+/// while it waits for the executor's slot).
+struct ToolSlot(Arc<ToolSlots>);
+
+impl Drop for ToolSlot {
+    fn drop(&mut self) {
+        self.0.slots.add_permits(1);
+    }
+}
+
+/// The slots of one admitted call; given back on drop.
 struct Admitted<'a> {
-    admission: &'a Admission,
-    tool: Arc<ToolSlots>,
-    _tool: tokio::sync::OwnedSemaphorePermit,
-    _total: tokio::sync::OwnedSemaphorePermit,
+    _tool: ToolSlot,
+    _total: tokio::sync::SemaphorePermit<'a>,
 }
 
 impl Admission {
     fn new(total: usize, per_tool: usize) -> Self {
         Admission {
-            total: Arc::new(tokio::sync::Semaphore::new(total)),
+            total: tokio::sync::Semaphore::new(total),
+            total_limit: total,
             per_tool_limit: per_tool,
-            tools: RwLock::new(HashMap::new()),
-            in_flight: AtomicUsize::new(0),
+            tools: RwLock::new(HashMap::default()),
             peak: AtomicUsize::new(0),
         }
     }
@@ -451,8 +460,7 @@ impl Admission {
             return t.clone();
         }
         let t = Arc::new(ToolSlots {
-            slots: Arc::new(tokio::sync::Semaphore::new(self.per_tool_limit)),
-            in_flight: AtomicUsize::new(0),
+            slots: tokio::sync::Semaphore::new(self.per_tool_limit),
             peak: AtomicUsize::new(0),
         });
         tools.insert(tool.to_owned(), t.clone());
@@ -462,30 +470,30 @@ impl Admission {
     async fn admit(&self, tool: &str) -> Admitted<'_> {
         let slots = self.slots(tool);
         // Tool slot first: a call waiting on its own Tool holds no executor slot.
-        let tool_permit = permit(&slots.slots).await;
-        let total_permit = permit(&self.total).await;
-        let n = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-        self.peak.fetch_max(n, Ordering::Relaxed);
-        let n = slots.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-        slots.peak.fetch_max(n, Ordering::Relaxed);
-        Admitted { admission: self, tool: slots, _tool: tool_permit, _total: total_permit }
+        permit(&slots.slots).await.forget();
+        let tool_slot = ToolSlot(slots);
+        let total = permit(&self.total).await;
+        // Held now: the limit less what is free (a load, not a count kept beside the semaphore).
+        raise(&self.peak, self.total_limit - self.total.available_permits());
+        raise(&tool_slot.0.peak, self.per_tool_limit - tool_slot.0.slots.available_permits());
+        Admitted { _tool: tool_slot, _total: total }
+    }
+}
+
+/// `peak` raised to `n`; a load when it is not higher.
+fn raise(peak: &AtomicUsize, n: usize) {
+    if n > peak.load(Ordering::Relaxed) {
+        peak.fetch_max(n, Ordering::Relaxed);
     }
 }
 
 /// A permit of `semaphore`: taken at once when one is free (no waiter
 /// queued: tokio hands released permits to waiters first), else in turn.
-async fn permit(semaphore: &Arc<tokio::sync::Semaphore>) -> tokio::sync::OwnedSemaphorePermit {
-    match semaphore.clone().try_acquire_owned() {
+async fn permit(semaphore: &tokio::sync::Semaphore) -> tokio::sync::SemaphorePermit<'_> {
+    match semaphore.try_acquire() {
         Ok(p) => p,
         // The semaphores are never closed, so acquiring cannot fail.
-        Err(_) => semaphore.clone().acquire_owned().await.unwrap_or_else(|_| unreachable!("never closed")),
-    }
-}
-
-impl Drop for Admitted<'_> {
-    fn drop(&mut self) {
-        self.admission.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.tool.in_flight.fetch_sub(1, Ordering::Relaxed);
+        Err(_) => semaphore.acquire().await.unwrap_or_else(|_| unreachable!("never closed")),
     }
 }
 
@@ -530,6 +538,7 @@ impl Executor {
             cache_key,
             prepared: Arc::default(),
             unhealthy: RwLock::default(),
+            any_unhealthy: AtomicBool::new(false),
             instantiations: AtomicU64::new(0),
             baseline_instantiations: AtomicU64::new(0),
             compilations: Arc::new(AtomicU64::new(0)),
@@ -589,13 +598,16 @@ impl Executor {
 
     /// Why `digest`'s component cannot run, if it failed to load before.
     pub fn unhealthy(&self, digest: &Digest) -> Option<String> {
+        if !self.any_unhealthy.load(Ordering::Acquire) {
+            return None;
+        }
         self.unhealthy.read().unwrap_or_else(|p| p.into_inner()).get(digest).cloned()
     }
 
     /// Run an allowed call with the Tool's committed `state` visible read-only.
     pub async fn execute(
         &self,
-        call: &AllowedCall,
+        call: &AllowedCall<'_>,
         state: Arc<BTreeMap<String, String>>,
     ) -> Result<Execution, ExecutorError> {
         self.execute_until(call, state, std::future::pending()).await
@@ -607,7 +619,7 @@ impl Executor {
     /// [`ToolFailure::Cancelled`].
     pub async fn execute_until(
         &self,
-        call: &AllowedCall,
+        call: &AllowedCall<'_>,
         state: Arc<BTreeMap<String, String>>,
         cancel: impl Future<Output = ()> + Send,
     ) -> Result<Execution, ExecutorError> {
@@ -626,9 +638,11 @@ impl Executor {
         let limits = &self.settings.limits;
         let capture = (limits.capture_kib as usize) << 10;
         let (stdout, stderr, log) = Capture::three(capture);
+        // What the call wrote is read through this handle once it is over.
+        let captured = log.clone();
 
         let grant = &call.candidate().grant;
-        let wasi = sandbox(grant, &stdout, &stderr)
+        let wasi = sandbox(grant, stdout, stderr)
             .map_err(|reason| ExecutorError::Instantiate { path: component.path.clone(), reason })?;
         let outbound = OutboundPolicy::new(
             grant.hosts.clone(),
@@ -647,7 +661,7 @@ impl Executor {
                 .trap_on_grow_failure(true)
                 .build(),
             state,
-            log: log.clone(),
+            log,
             pinned: component.pinned.clone(),
         };
         let mut store = Store::new(pre.engine(), state);
@@ -705,23 +719,20 @@ impl Executor {
         };
         let Some(raw) = raw else {
             drop(store);
-            let mut cancelled = Execution::cancelled();
-            cancelled.elapsed = started.elapsed();
-            return Ok(cancelled);
-        };
-        let elapsed = started.elapsed();
-        let result = match raw {
-            Ok(Ok(out)) => self.convert(out, &call.candidate().installed.tool),
-            Ok(Err(wit_types::ToolError::InvalidArguments(m))) => Err(ToolFailure::InvalidArguments(m)),
-            Ok(Err(wit_types::ToolError::Failed(m))) => Err(ToolFailure::Failed(m)),
-            Err(e) => Err(classify(&e, limits, &stderr)),
+            return Ok(Execution::cancelled());
         };
         // The instances, then every handle the guest held (requests in
         // flight among them) go before what the call left is read.
         let CallState { outbound, table, .. } = store.into_data();
         drop(table);
         let (host, host_dropped) = outbound.take_records();
-        let kept = stdout.take_all();
+        let kept = captured.take_all();
+        let result = match raw {
+            Ok(Ok(out)) => self.convert(out, &call.candidate().installed.tool),
+            Ok(Err(wit_types::ToolError::InvalidArguments(m))) => Err(ToolFailure::InvalidArguments(m)),
+            Ok(Err(wit_types::ToolError::Failed(m))) => Err(ToolFailure::Failed(m)),
+            Err(e) => Err(classify(&e, limits, &kept.stderr)),
+        };
         Ok(Execution {
             result,
             captured: Captured {
@@ -732,7 +743,6 @@ impl Executor {
                 host,
                 host_dropped,
             },
-            elapsed,
             transport_failure: outbound.transport_failure(),
         })
     }
@@ -855,6 +865,7 @@ impl Executor {
                 let r = loader.load(path.to_owned(), digest).await;
                 if let Err(e @ ExecutorError::Load { .. }) = &r {
                     self.unhealthy.write().unwrap_or_else(|p| p.into_inner()).insert(digest, e.to_string());
+                    self.any_unhealthy.store(true, Ordering::Release);
                 }
                 r
             })
@@ -1142,12 +1153,14 @@ impl Loader {
 /// The WASI context of one call: exactly the granted mounts and environment,
 /// stdout/stderr into bounded captures, and nothing else — no inherited stdio,
 /// no arguments, no sockets, no name lookup. (wasmtime-wasi 48 defaults to
-/// that; it is said here so a changed default cannot widen it.)
-fn sandbox(grant: &EffectiveGrant, stdout: &Capture, stderr: &Capture) -> Result<WasiCtx, String> {
+/// that; the switches are said here so a changed default cannot widen it.
+/// Its default address check refuses every address; setting our own would
+/// cost an allocation per call, and `sockets_and_name_lookup_are_off` tests
+/// the whole.)
+fn sandbox(grant: &EffectiveGrant, stdout: Capture, stderr: Capture) -> Result<WasiCtx, String> {
     let mut b = WasiCtx::builder();
-    b.stdout(stdout.clone()).stderr(stderr.clone());
+    b.stdout(stdout).stderr(stderr);
     b.allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false);
-    b.socket_addr_check(|_, _| Box::pin(async { false }));
     for (k, v) in &grant.env {
         b.env(k, v);
     }
@@ -1312,7 +1325,7 @@ fn compile_failure(e: &wasmtime::Error, memory_mib: u64) -> String {
 }
 
 /// Turn a wasmtime error into the model-visible failure.
-fn classify(e: &wasmtime::Error, limits: &Limits, stderr: &Capture) -> ToolFailure {
+fn classify(e: &wasmtime::Error, limits: &Limits, stderr: &str) -> ToolFailure {
     if let Some(trap) = e.downcast_ref::<Trap>() {
         return match trap {
             Trap::Interrupt => ToolFailure::Timeout(limits.timeout_ms),
@@ -1320,11 +1333,10 @@ fn classify(e: &wasmtime::Error, limits: &Limits, stderr: &Capture) -> ToolFailu
             Trap::UnreachableCodeReached => {
                 // A Rust guest panics (or aborts on allocation failure) by
                 // reaching `unreachable`; its stderr says which.
-                let text = stderr.text();
-                if text.contains("memory allocation") {
+                if stderr.contains("memory allocation") {
                     ToolFailure::OutOfMemory(limits.memory_mib)
                 } else {
-                    ToolFailure::Trapped(format!("panic or abort ({})", truncate(&panic_message(&text), 300)))
+                    ToolFailure::Trapped(format!("panic or abort ({})", truncate(&panic_message(stderr), 300)))
                 }
             }
             other => ToolFailure::Trapped(other.to_string()),

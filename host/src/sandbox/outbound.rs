@@ -110,9 +110,10 @@ impl SecretWatch {
     }
 }
 
-/// What a call's requests share, in one allocation per call: its records,
-/// its last transport failure, the watch on secrets, its in-flight slots and
-/// the response bytes it holds buffered.
+/// What a call's requests share, in one allocation made at its first
+/// request (most calls make none): its records, its last transport failure,
+/// the watch on secrets, its in-flight slots and the response bytes it holds
+/// buffered.
 struct CallTraffic {
     records: HostRecords,
     transport: Mutex<Option<String>>,
@@ -128,7 +129,8 @@ pub struct OutboundPolicy {
     limits: HttpLimits,
     /// Requests in flight in the whole host.
     host_slots: Arc<Semaphore>,
-    call: Arc<CallTraffic>,
+    watched: Arc<[Arc<CredentialSpec>]>,
+    call: OnceLock<Arc<CallTraffic>>,
 }
 
 /// What the hook decided about a request before it leaves.
@@ -147,30 +149,36 @@ impl OutboundPolicy {
         watched: Arc<[Arc<CredentialSpec>]>,
         host_slots: Arc<Semaphore>,
     ) -> Self {
-        let call = Arc::new(CallTraffic {
-            records: HostRecords::default(),
-            transport: Mutex::default(),
-            watch: SecretWatch::new(watched),
-            slots: Semaphore::new(limits.in_flight_per_call.max(1)),
-            buffered: Default::default(),
-        });
-        OutboundPolicy { hosts, credentials, limits, host_slots, call }
+        OutboundPolicy { hosts, credentials, limits, host_slots, watched, call: OnceLock::new() }
+    }
+
+    /// The call's traffic, made at its first request.
+    fn traffic(&self) -> &Arc<CallTraffic> {
+        self.call.get_or_init(|| {
+            Arc::new(CallTraffic {
+                records: HostRecords::default(),
+                transport: Mutex::default(),
+                watch: SecretWatch::new(self.watched.clone()),
+                slots: Semaphore::new(self.limits.in_flight_per_call.max(1)),
+                buffered: Default::default(),
+            })
+        })
     }
 
     /// The call's last transport failure of a granted request (connect,
     /// DNS, TLS, timeout, protocol), as `scheme://host:port: reason`.
     /// Denials and size limits are policy, not transport, and are not recorded.
     pub fn transport_failure(&self) -> Option<String> {
-        self.call.transport.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.call.get()?.transport.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// What the host recorded about the call's requests (taken), and how many more lines were dropped.
     pub fn take_records(&self) -> (Vec<String>, u64) {
-        self.call.records.take()
+        self.call.get().map(|c| c.records.take()).unwrap_or_default()
     }
 
     fn deny(&self, what: &str) -> HttpError {
-        self.call.records.add(format!("outbound request denied: {what}"));
+        self.traffic().records.add(format!("outbound request denied: {what}"));
         HttpError::HttpRequestDenied
     }
 
@@ -218,7 +226,7 @@ impl OutboundPolicy {
         match spec.materialize(&scheme, &host, port) {
             Ok(secret) => Ok(Decided { dest, credential: Some((spec.clone(), secret)) }),
             Err(e) => {
-                self.call.records.add(e.to_string());
+                self.traffic().records.add(e.to_string());
                 Err(HttpError::InternalError(Some(format!("credential `{name}` is unavailable on this host"))))
             }
         }
@@ -344,7 +352,7 @@ impl WasiHttpHooks for OutboundPolicy {
     ) -> Box<dyn Future<Output = Sent> + Send> {
         let decided = self.authorize(&mut request);
         let limits = self.limits;
-        let (call, host_slots) = (self.call.clone(), self.host_slots.clone());
+        let (call, host_slots) = (self.traffic().clone(), self.host_slots.clone());
         Box::new(async move {
             let records = &call.records;
             let Decided { dest, credential } = decided?;

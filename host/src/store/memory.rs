@@ -23,6 +23,9 @@ use super::{
 /// What the journal is called in errors.
 const NAME: &str = ":memory:";
 
+/// The hasher of the maps every step reads (ids this host made or installed).
+type Fast = foldhash::fast::RandomState;
+
 /// Steps per chunk of [`Inner::steps`].
 const CHUNK: usize = 4096;
 
@@ -41,9 +44,9 @@ struct Inner {
     /// Steps written.
     len: usize,
     /// Indices into `steps`, per run (with the run id its steps share).
-    by_run: HashMap<String, (Arc<str>, Vec<usize>)>,
+    by_run: HashMap<String, (Arc<str>, Vec<usize>), Fast>,
     /// Tool ids steps name, each kept once.
-    tool_ids: HashSet<Arc<str>>,
+    tool_ids: HashSet<Arc<str>, Fast>,
     /// The captured text of the last step, shared by the next ones that
     /// captured the same (most capture nothing).
     last_captured: Option<Arc<str>>,
@@ -62,37 +65,46 @@ struct Inner {
 }
 
 /// A step as this journal keeps it: what repeats from step to step (run,
-/// Tool, verdict, captured text) is shared rather than copied.
+/// Tool, captured text) is shared rather than copied, and the step's own
+/// text (call id, arguments, result) is one allocation — every step stays
+/// in memory, so its footprint is the journal's cost per call.
 struct Kept {
     seq: i64,
     run_id: Arc<str>,
-    call_id: String,
     tool_id: Arc<str>,
-    arguments: String,
+    captured: Arc<str>,
+    /// Call id, arguments and result, one after the other.
+    text: Box<str>,
+    /// Where the arguments and the result start in `text`.
+    at: [u32; 2],
     verdict: Verdict,
     outcome: OutcomeKind,
-    result: String,
-    captured: Arc<str>,
-    ticket_id: Option<String>,
     structured: bool,
-    approved_by: Option<ApprovedBy>,
+    /// The rarer parts: the ticket and who approved it.
+    ticket: Option<Box<(Option<String>, Option<ApprovedBy>)>>,
 }
 
 impl Kept {
+    fn part(&self, i: usize) -> &str {
+        let [a, r] = self.at.map(|n| n as usize);
+        let (from, to) = [(0, a), (a, r), (r, self.text.len())][i];
+        self.text.get(from..to).unwrap_or_default()
+    }
+
     fn record(&self) -> StepRecord {
         StepRecord {
             seq: self.seq,
             run_id: self.run_id.to_string(),
-            call_id: self.call_id.clone(),
+            call_id: self.part(0).to_owned(),
             tool_id: self.tool_id.to_string(),
-            arguments: self.arguments.clone(),
+            arguments: self.part(1).to_owned(),
             verdict: self.verdict.as_str().to_owned(),
             outcome: self.outcome,
-            result: self.result.clone(),
+            result: self.part(2).to_owned(),
             captured: self.captured.to_string(),
-            ticket_id: self.ticket_id.clone(),
+            ticket_id: self.ticket.as_ref().and_then(|t| t.0.clone()),
             structured: self.structured,
-            approved_by: self.approved_by.clone(),
+            approved_by: self.ticket.as_ref().and_then(|t| t.1.clone()),
         }
     }
 }
@@ -165,19 +177,29 @@ impl Inner {
                 c
             }
         };
+        let mut text = String::with_capacity(s.call_id.len() + s.arguments.len() + s.result.len());
+        text.push_str(s.call_id);
+        let a = text.len();
+        text.push_str(s.arguments);
+        let r = text.len();
+        text.push_str(s.result);
+        // Offsets past u32 would need a 4 GiB step; the host's limits keep steps far below.
+        let at = [a, r].map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+        let rare = match (ticket, s.approved_by) {
+            (None, None) => None,
+            (t, by) => Some(Box::new((t.map(str::to_owned), by.cloned()))),
+        };
         let kept = Kept {
             seq,
             run_id,
-            call_id: s.call_id.to_owned(),
             tool_id,
-            arguments: s.arguments.to_owned(),
+            captured,
+            text: text.into_boxed_str(),
+            at,
             verdict: s.verdict,
             outcome: s.outcome,
-            result: s.result.to_owned(),
-            captured,
-            ticket_id: ticket.map(str::to_owned),
             structured: s.structured,
-            approved_by: s.approved_by.cloned(),
+            ticket: rare,
         };
         match self.steps.last_mut() {
             Some(chunk) if chunk.len() < CHUNK => chunk.push(kept),
