@@ -262,11 +262,7 @@ pub struct Execution {
 impl Execution {
     /// A call withdrawn before or while it ran.
     fn cancelled() -> Self {
-        Execution {
-            result: Err(ToolFailure::Cancelled),
-            captured: Captured::default(),
-            transport_failure: None,
-        }
+        Execution { result: Err(ToolFailure::Cancelled), captured: Captured::default(), transport_failure: None }
     }
 }
 
@@ -459,10 +455,8 @@ impl Admission {
         if let Some(t) = tools.get(tool) {
             return t.clone();
         }
-        let t = Arc::new(ToolSlots {
-            slots: tokio::sync::Semaphore::new(self.per_tool_limit),
-            peak: AtomicUsize::new(0),
-        });
+        let t =
+            Arc::new(ToolSlots { slots: tokio::sync::Semaphore::new(self.per_tool_limit), peak: AtomicUsize::new(0) });
         tools.insert(tool.to_owned(), t.clone());
         t
     }
