@@ -211,11 +211,27 @@ fn call_id() -> String {
     static PREFIX: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let prefix = PREFIX.get_or_init(|| new_id("call"));
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let mut id = String::with_capacity(prefix.len() + 21);
     id.push_str(prefix);
-    // Writing into a String with room cannot fail or allocate.
-    let _ = std::fmt::Write::write_fmt(&mut id, format_args!("-{}", NEXT.fetch_add(1, Ordering::Relaxed)));
+    id.push('-');
+    push_decimal(&mut id, n);
     id
+}
+
+/// `n` in decimal, without the formatting machinery (it is on every call's path).
+fn push_decimal(s: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    s.extend(digits[at..].iter().map(|&d| char::from(d)));
 }
 
 /// Keeps a claim's holder alive in the journal while it runs the call.
@@ -1027,4 +1043,28 @@ fn scope_commands(tool_id: &str, commands: Vec<GuestCommand>) -> Result<Vec<Stat
         out.push(StateChange { key: c.key, value: c.value });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::call_id;
+
+    #[test]
+    fn call_ids_are_one_prefix_and_a_rising_decimal_counter() {
+        let split = |id: &str| {
+            let (prefix, n) = id.rsplit_once('-').expect("a counter after the prefix");
+            (prefix.to_owned(), n.parse::<u64>().expect("decimal"))
+        };
+        let (p1, n1) = split(&call_id());
+        let (p2, n2) = split(&call_id());
+        assert!(p1.starts_with("call-") && p1.len() == "call-".len() + 32, "{p1}");
+        assert_eq!(p1, p2);
+        // Other tests of this binary may take ids in between.
+        assert!(n2 > n1, "{n1} then {n2}");
+        for n in [0u64, 7, 9, 10, 99, 100, 1234567890, u64::MAX] {
+            let mut s = String::from("x");
+            super::push_decimal(&mut s, n);
+            assert_eq!(s, format!("x{n}"));
+        }
+    }
 }

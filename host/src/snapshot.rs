@@ -153,7 +153,9 @@ pub struct ExecutableAgentSnapshot {
 }
 
 /// The filter's results kept by a view, per installed Tool id.
-type Filtered = RwLock<HashMap<String, Result<Arc<Candidate>, Removal>>>;
+/// Keys are installed Tool ids only (a client's made-up ids are not kept),
+/// so a fast hasher does.
+type Filtered = RwLock<HashMap<String, Result<Arc<Candidate>, Removal>, foldhash::fast::RandomState>>;
 
 fn glob(pattern: &str) -> Result<globset::Glob, globset::Error> {
     GlobBuilder::new(pattern).literal_separator(false).build()

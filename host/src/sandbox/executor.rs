@@ -619,11 +619,18 @@ impl Executor {
     ) -> Result<Execution, ExecutorError> {
         tokio::pin!(cancel);
         let component = &call.candidate().installed.component;
-        let (pre, baseline) = match self.entry(component.digest).optimized.get() {
-            Some(pre) => (pre.clone(), None),
+        let entry = self.entry(component.digest);
+        let prepared;
+        let (pre, baseline) = match entry.optimized.get() {
+            // Borrowed from the entry: a clone would be three reference counts per call.
+            Some(pre) => (pre, None),
             // Loading or compiling: boxed, so the future of every later call
             // does not carry the space of a compile's.
-            None => Box::pin(self.prepare(&component.path, component.digest)).await?,
+            None => {
+                let (pre, baseline) = Box::pin(self.prepare(&component.path, component.digest)).await?;
+                prepared = pre;
+                (&prepared, baseline)
+            }
         };
         // Cranelift's compile starts once this call is over: until then
         // the call has the CPU Winch saved it.

@@ -23,7 +23,8 @@ use super::{
 /// What the journal is called in errors.
 const NAME: &str = ":memory:";
 
-/// The hasher of the maps every step reads (ids this host made or installed).
+/// The hasher of the maps every step reads (ids this host made, agents it
+/// configured, Tools it installed).
 type Fast = foldhash::fast::RandomState;
 
 /// Steps per chunk of [`Inner::steps`].
@@ -59,7 +60,7 @@ struct Inner {
     /// Call ids that have an Awaiting record (unique, as in the SQL schema).
     asked_calls: HashSet<String>,
     /// Agent → Tool → state (nested, so a lookup by `&str` allocates nothing).
-    state: HashMap<String, HashMap<String, BTreeMap<String, String>>>,
+    state: HashMap<String, HashMap<String, BTreeMap<String, String>, Fast>, Fast>,
     /// Host instance → last heartbeat.
     hosts: HashMap<String, i64>,
 }
