@@ -290,6 +290,24 @@ async fn saturation_queues_calls_instead_of_failing_them() {
     assert_eq!(steps(&host).await.len(), 24);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tools_peak_counts_only_the_calls_that_run() {
+    // The Tool may hold 16 slots but the executor has 2: calls holding their
+    // Tool's slot while they queue for the executor's run nothing, and the
+    // Tool's peak must not count them.
+    let host = std::sync::Arc::new(hostile("timeout_ms = 300\nmax_instances = 2\nmax_instances_per_tool = 16"));
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..6 {
+        let h = host.clone();
+        calls.spawn(async move { call(&h, "hostile.loop", json!({})).await });
+    }
+    while let Some(r) = calls.join_next().await {
+        assert!(tool_error(&r.unwrap()).contains("deadline"));
+    }
+    let (total, per_tool) = host.runtime.executor().peak_instances("hostile.loop");
+    assert_eq!((total, per_tool), (2, 2), "peak {total} in total, {per_tool} of the Tool");
+}
+
 /// A Tool in either SDK under tight limits: a component whose memory does not
 /// fit the limit is refused before it runs, naming what it needs and the
 /// setting (a Python component starts with ~13 MiB, a Rust one with ~1 MiB);

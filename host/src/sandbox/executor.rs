@@ -414,9 +414,12 @@ struct Admission {
     peak: AtomicUsize,
 }
 
-/// One Tool's slots and the most of them held at once.
+/// One Tool's slots, its calls admitted to run, and the most of those at once.
 struct ToolSlots {
     slots: tokio::sync::Semaphore,
+    /// Calls of this Tool holding both slots (a call holding only its Tool's
+    /// slot still queues for the executor's and runs nothing).
+    running: AtomicUsize,
     peak: AtomicUsize,
 }
 
@@ -432,8 +435,14 @@ impl Drop for ToolSlot {
 
 /// The slots of one admitted call; given back on drop.
 struct Admitted<'a> {
-    _tool: ToolSlot,
+    tool: ToolSlot,
     _total: tokio::sync::SemaphorePermit<'a>,
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        self.tool.0.running.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Admission {
@@ -455,8 +464,11 @@ impl Admission {
         if let Some(t) = tools.get(tool) {
             return t.clone();
         }
-        let t =
-            Arc::new(ToolSlots { slots: tokio::sync::Semaphore::new(self.per_tool_limit), peak: AtomicUsize::new(0) });
+        let t = Arc::new(ToolSlots {
+            slots: tokio::sync::Semaphore::new(self.per_tool_limit),
+            running: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+        });
         tools.insert(tool.to_owned(), t.clone());
         t
     }
@@ -467,10 +479,11 @@ impl Admission {
         permit(&slots.slots).await.forget();
         let tool_slot = ToolSlot(slots);
         let total = permit(&self.total).await;
-        // Held now: the limit less what is free (a load, not a count kept beside the semaphore).
+        // Held now: the limit less what is free (the executor's slot is taken
+        // last, so every holder of one runs).
         raise(&self.peak, self.total_limit - self.total.available_permits());
-        raise(&tool_slot.0.peak, self.per_tool_limit - tool_slot.0.slots.available_permits());
-        Admitted { _tool: tool_slot, _total: total }
+        raise(&tool_slot.0.peak, tool_slot.0.running.fetch_add(1, Ordering::Relaxed) + 1);
+        Admitted { tool: tool_slot, _total: total }
     }
 }
 

@@ -77,7 +77,7 @@ struct Kept {
     /// Call id, arguments and result, one after the other.
     text: Box<str>,
     /// Where the arguments and the result start in `text`.
-    at: [u32; 2],
+    at: [usize; 2],
     verdict: Verdict,
     outcome: OutcomeKind,
     structured: bool,
@@ -87,7 +87,7 @@ struct Kept {
 
 impl Kept {
     fn part(&self, i: usize) -> &str {
-        let [a, r] = self.at.map(|n| n as usize);
+        let [a, r] = self.at;
         let (from, to) = [(0, a), (a, r), (r, self.text.len())][i];
         self.text.get(from..to).unwrap_or_default()
     }
@@ -184,8 +184,7 @@ impl Inner {
         text.push_str(s.arguments);
         let r = text.len();
         text.push_str(s.result);
-        // Offsets past u32 would need a 4 GiB step; the host's limits keep steps far below.
-        let at = [a, r].map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+        let at = [a, r];
         let rare = match (ticket, s.approved_by) {
             (None, None) => None,
             (t, by) => Some(Box::new((t.map(str::to_owned), by.cloned()))),
