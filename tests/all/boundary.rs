@@ -168,6 +168,19 @@ async fn the_guest_cannot_negotiate_what_the_host_cannot_check() {
     let seen = thief(&w.host, json!({"op": "http", "target": w.api.url("/recall?coding=br")})).await;
     assert!(seen.starts_with("err: "), "{seen}");
     assert!(host_records(&w.host).await.iter().any(|r| r.contains("content coding `br`")));
+    // The coding's name is the server's text: a secret in it (in any form)
+    // is caught in the head, and an unknown name is never repeated back.
+    for form in ["raw", "hex", "b64"] {
+        let coding = encode(form, OTHER);
+        let target = format!("{}?coding={coding}", w.api.url("/recall"));
+        let seen = thief(&w.host, json!({"op": "http", "target": target})).await;
+        assert!(seen.starts_with("err: "), "{form}: {seen}");
+        assert_clean(&seen, form);
+        assert!(host_records(&w.host).await.iter().any(|r| r.contains("a header held credential `other`")), "{form}");
+    }
+    let seen = thief(&w.host, json!({"op": "http", "target": w.api.url("/recall?coding=x-mine-42")})).await;
+    assert!(seen.starts_with("err: ") && !seen.contains("x-mine-42"), "{seen}");
+    assert!(host_records(&w.host).await.iter().all(|r| !r.contains("x-mine-42")));
     // A partial response could carry a secret in pieces: Range is refused before anything is sent.
     let before = w.api.requests().len();
     let headers = json!([["range", "bytes=0-3"]]);
