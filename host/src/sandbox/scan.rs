@@ -83,11 +83,15 @@ impl SecretScanner {
             if secret.is_empty() {
                 continue;
             }
-            exact.push(secret.clone());
-            exact_meta.push((i, "raw"));
             if secret.len() < MIN_SECRET {
+                exact.push(secret.clone());
+                exact_meta.push((i, "raw"));
                 continue;
             }
+            // In any letter case: servers normalize ids and hex keys (a
+            // lowercase key or UUID echoed upper-case is the same secret).
+            folded.push(secret.clone());
+            folded_meta.push((i, "raw"));
             for offset in 0..3 {
                 for (engine, form) in [(&std, "base64"), (&url, "base64url")] {
                     if let Some(core) = base64_core(secret, offset, engine)
@@ -435,6 +439,19 @@ mod tests {
         let f = s.find(SECRET.as_bytes()).unwrap();
         assert_eq!((f.form, f.view), ("raw", "as sent"));
         assert!(!format!("{f:?}{s:?}").contains("Zq8v"), "no secret in findings or Debug");
+    }
+
+    #[test]
+    fn a_secret_echoed_in_another_letter_case_is_found() {
+        let key = "3f9a1c7e-55aa-4b2e-9d10-aa44bb66cc88";
+        let s = SecretScanner::new(&[("key".into(), key.as_bytes().to_vec())]);
+        for echoed in [key.to_ascii_uppercase(), format!("{{\"id\":\"{}\"}}", key.to_ascii_uppercase())] {
+            let f = s.find(echoed.as_bytes());
+            assert_eq!(f.map(|f| f.form), Some("raw"), "{echoed}");
+        }
+        // Base64 is case-sensitive: its needles stay exact.
+        let upper_b64 = STANDARD.encode(key).to_ascii_uppercase();
+        assert_eq!(s.find(upper_b64.as_bytes()), None);
     }
 
     #[test]
