@@ -324,6 +324,8 @@ impl http_body::Body for HeldBody {
 /// The body with its content coding removed, at most `limit` bytes; `Err`
 /// names a coding the host cannot check.
 fn decode(coding: &str, data: Bytes, limit: usize) -> Result<Bytes, String> {
+    // Errors name the coding as the host spells it, never as the server did.
+    let coding = coding.trim().to_ascii_lowercase();
     let mut out = Vec::new();
     let take = |r: &mut dyn std::io::Read, out: &mut Vec<u8>| -> Result<(), String> {
         r.take(limit as u64 + 1).read_to_end(out).map_err(|e| format!("undecodable {coding} body: {e}"))?;
@@ -332,7 +334,7 @@ fn decode(coding: &str, data: Bytes, limit: usize) -> Result<Bytes, String> {
         }
         Ok(())
     };
-    match coding.trim().to_ascii_lowercase().as_str() {
+    match coding.as_str() {
         "" | "identity" => return Ok(data),
         "gzip" | "x-gzip" => take(&mut flate2::read::MultiGzDecoder::new(&data[..]), &mut out)?,
         "deflate" => take(&mut flate2::read::ZlibDecoder::new(&data[..]), &mut out)?,

@@ -2,7 +2,8 @@
 //! encodings servers and HTTP libraries commonly produce.
 //!
 //! Owns the check behind DESIGN.md invariant 13. For every secret it builds
-//! needles — the raw bytes; base64 and base64url of the secret at each of
+//! needles — the raw bytes (in any ASCII letter case, for secrets of
+//! [`MIN_SECRET`] bytes or more: servers normalize ids); base64 and base64url of the secret at each of
 //! the three byte alignments (so a secret inside a larger value encoded
 //! whole, like `user:pass` or `Bearer …`, is found; padding does not
 //! matter); hex in either case — and searches them with one multi-pattern
