@@ -80,33 +80,69 @@ impl HostRecords {
     }
 }
 
-/// Every configured credential, read the first time a response needs
-/// checking: what comes back to any guest is searched for all of them, not
-/// only the one the request carried (a trusted API may store one request
-/// and return it to another).
+/// Every configured credential, watched for in what comes back to the
+/// guest: all of them, not only the one a request carried (a trusted API
+/// may store one request and return it to another). Each response is
+/// checked against every value the call has seen — each secret as read at
+/// that response, and the exact value applied to its request — so a
+/// credential rewritten during the call (a token refresh) is watched in its
+/// old and its new value.
 struct SecretWatch {
     specs: Arc<[Arc<CredentialSpec>]>,
-    scanner: OnceLock<SecretScanner>,
+    seen: Mutex<Seen>,
+}
+
+#[derive(Default)]
+struct Seen {
+    /// (credential, value): every value read or applied during the call.
+    values: Vec<(String, Vec<u8>)>,
+    /// Built from `values`; rebuilt when a new value shows up.
+    scanner: Option<Arc<SecretScanner>>,
+    /// Credentials already reported unreadable (reported once per call).
+    unreadable: Vec<String>,
 }
 
 impl SecretWatch {
     /// Watch for the secrets of `specs`.
     fn new(specs: Arc<[Arc<CredentialSpec>]>) -> Self {
-        SecretWatch { specs, scanner: OnceLock::new() }
+        SecretWatch { specs, seen: Mutex::default() }
     }
 
-    fn scanner(&self, records: &HostRecords) -> &SecretScanner {
-        self.scanner.get_or_init(|| {
-            let mut secrets = Vec::with_capacity(self.specs.len());
-            for spec in self.specs.iter() {
-                match spec.read_to_check() {
-                    Ok(s) => secrets.push((spec.name.clone(), s.expose().as_bytes().to_vec())),
-                    // Unreadable now: it was not sent either (every use reads it the same way).
-                    Err(e) => records.add(format!("response check: {e}")),
-                }
+    /// The scanner for a response to a request that carried `applied`.
+    fn scanner(&self, records: &HostRecords, applied: Option<&(String, Secret)>) -> Arc<SecretScanner> {
+        let mut current = Vec::with_capacity(self.specs.len() + 1);
+        let mut unreadable = Vec::new();
+        for spec in self.specs.iter() {
+            match spec.read_to_check() {
+                Ok(s) => current.push((spec.name.clone(), s.expose().as_bytes().to_vec())),
+                // Unreadable now: it was not sent either (every use reads it the same way).
+                Err(e) => unreadable.push((spec.name.clone(), e.to_string())),
             }
-            SecretScanner::new(&secrets)
-        })
+        }
+        if let Some((name, secret)) = applied {
+            current.push((name.clone(), secret.expose().as_bytes().to_vec()));
+        }
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        for (name, why) in unreadable {
+            if !seen.unreadable.contains(&name) {
+                records.add(format!("response check: {why}"));
+                seen.unreadable.push(name);
+            }
+        }
+        let before = seen.values.len();
+        for value in current {
+            if !seen.values.contains(&value) {
+                seen.values.push(value);
+            }
+        }
+        match &seen.scanner {
+            Some(scanner) if seen.values.len() == before => scanner.clone(),
+            _ => {
+                let scanner = Arc::new(SecretScanner::new(&seen.values));
+                seen.scanner = Some(scanner.clone());
+                scanner
+            }
+        }
     }
 }
 
@@ -349,9 +385,109 @@ fn decode(coding: &str, data: Bytes, limit: usize) -> Result<Bytes, String> {
     Ok(Bytes::from(out))
 }
 
+/// Most content codings a response may stack.
+const MAX_CODINGS: usize = 3;
+
+/// The content codings a response declares, in the order they were
+/// applied, over every `Content-Encoding` line and any `Transfer-Encoding`
+/// coding but `chunked` (which the HTTP client has already undone): each
+/// line counts, not only the first, or a second layer would pass
+/// unchecked.
+fn codings(headers: &http::HeaderMap) -> Result<Vec<String>, String> {
+    let mut codings = Vec::new();
+    for header in [CONTENT_ENCODING, http::header::TRANSFER_ENCODING] {
+        for value in headers.get_all(&header) {
+            for token in String::from_utf8_lossy(value.as_bytes()).split(',') {
+                let token = token.trim().to_ascii_lowercase();
+                if !matches!(token.as_str(), "" | "identity" | "chunked") {
+                    codings.push(token);
+                }
+            }
+        }
+    }
+    if codings.len() > MAX_CODINGS {
+        return Err(format!(
+            "the response stacks {} content codings; the host decodes at most {MAX_CODINGS}",
+            codings.len()
+        ));
+    }
+    // Applied in the order listed, content codings before transfer codings: undone in reverse.
+    codings.reverse();
+    Ok(codings)
+}
+
+/// Most compressed streams the check inflates in one response body.
+const MAX_INFLATED: usize = 16;
+
+/// How deep the check looks into compressed streams inside compressed streams.
+const MAX_NESTING: usize = 2;
+
+/// Check a (decoded) body for secrets, and inside it every gzip stream and
+/// a body that is a zlib stream — compressed bytes whatever the headers
+/// said, which a guest could inflate itself — down to [`MAX_NESTING`]
+/// levels. `Err` when a stream inflates past `limit` or there are too many
+/// to check: the host cannot vouch for what it did not see.
+fn check_body(
+    scanner: &SecretScanner,
+    data: &[u8],
+    limit: usize,
+    depth: usize,
+) -> Result<Option<super::scan::Finding>, String> {
+    if let Some(f) = scanner.find(data) {
+        return Ok(Some(f));
+    }
+    let gzip: Vec<usize> = memchr::memmem::find_iter(data, &[0x1f, 0x8b, 0x08]).take(MAX_INFLATED + 1).collect();
+    // RFC 1950: deflate, a window of at most 32 KiB, a header checksum.
+    let zlib =
+        data.len() >= 2 && data[0] & 0x0f == 8 && data[0] >> 4 <= 7 && u16::from_be_bytes([data[0], data[1]]) % 31 == 0;
+    if gzip.is_empty() && !zlib {
+        return Ok(None);
+    }
+    if gzip.len() > MAX_INFLATED || depth >= MAX_NESTING {
+        return Err("it holds compressed streams nested or numerous beyond what the host checks".to_owned());
+    }
+    let streams = gzip.into_iter().map(|at| (at, true)).chain(zlib.then_some((0, false)));
+    for (at, is_gzip) in streams {
+        let mut out = Vec::new();
+        let stream = &data[at..];
+        let reader: &mut dyn std::io::Read = if is_gzip {
+            &mut flate2::read::MultiGzDecoder::new(stream)
+        } else {
+            &mut flate2::read::ZlibDecoder::new(stream)
+        };
+        // Bytes that only look like a stream fail to inflate; what came out is checked either way.
+        let _ = reader.take(limit as u64 + 1).read_to_end(&mut out);
+        if out.len() > limit {
+            return Err(format!("a compressed stream in it inflates past the {limit}-byte limit"));
+        }
+        if let Some(mut f) = check_body(scanner, &out, limit, depth + 1)? {
+            f.view = if is_gzip { "inflated from a gzip stream" } else { "inflated from a zlib stream" };
+            return Ok(Some(f));
+        }
+    }
+    Ok(None)
+}
+
 type Sent = Result<(http::Response<WasiBody>, Box<dyn Future<Output = Result<(), HttpError>> + Send>), HttpError>;
 
+/// The wasi-http error codes for transport failures, as the defaults give
+/// them, without their logging of the error's text: that text can carry
+/// the server's bytes, and the host records it only after checking it.
+type P2Code = wasmtime_wasi_http::p2::bindings::http::types::ErrorCode;
+
 impl WasiHttpHooks for OutboundPolicy {
+    fn p2_error_from_hyper(&mut self, _: &hyper::Error) -> P2Code {
+        P2Code::HttpProtocolError
+    }
+
+    fn p2_error_from_connect(&mut self, _: &std::io::Error) -> P2Code {
+        P2Code::ConnectionRefused
+    }
+
+    fn p2_error_from_tls(&mut self, _: &std::io::Error) -> P2Code {
+        P2Code::TlsProtocolError
+    }
+
     fn send_request(
         &mut self,
         mut request: http::Request<WasiBody>,
@@ -367,7 +503,8 @@ impl WasiHttpHooks for OutboundPolicy {
             if let Some((spec, secret)) = &credential {
                 apply(&mut request, spec, secret)?;
             }
-            drop(credential);
+            // The value sent is watched for in the response, whatever the source holds by then.
+            let applied = credential.map(|(spec, secret)| (spec.name.clone(), secret));
             // In flight: at most so many of this call, and of the host; more wait their turn.
             let closed = || HttpError::InternalError(Some("the host is shutting down".into()));
             let call_slot = call.slots.acquire().await.map_err(|_| closed())?;
@@ -387,7 +524,17 @@ impl WasiHttpHooks for OutboundPolicy {
             let (response, io) = match wasmtime_wasi_http::default_send_request(request, Some(options)).await {
                 Ok(sent) => sent,
                 Err(e) => {
-                    *call.transport.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!("{dest}: {e}"));
+                    // The text can carry the server's bytes (a certificate's
+                    // names, a peer's message): checked before it is recorded.
+                    let text = format!("{e}");
+                    let line = match call.watch.scanner(records, applied.as_ref()).find(text.as_bytes()) {
+                        None => format!("{dest}: {text}"),
+                        Some(f) => format!(
+                            "{dest}: a transport error whose text held credential `{}` ({}, {}); its text is withheld",
+                            f.credential, f.form, f.view
+                        ),
+                    };
+                    *call.transport.lock().unwrap_or_else(|p| p.into_inner()) = Some(line);
                     return Err(e);
                 }
             };
@@ -413,7 +560,8 @@ impl WasiHttpHooks for OutboundPolicy {
             let data = collected?;
             // The head is checked as the server sent it, before anything
             // (decoding among them) can end the exchange with an error.
-            let scanner = call.watch.scanner(records);
+            let scanner = call.watch.scanner(records, applied.as_ref());
+            drop(applied);
             let in_head = parts
                 .headers
                 .iter()
@@ -421,29 +569,44 @@ impl WasiHttpHooks for OutboundPolicy {
                 .map(|f| (f, "a header"));
             let mut data = data;
             if in_head.is_none() {
-                let coding =
-                    parts.headers.get(CONTENT_ENCODING).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-                data = match decode(coding.as_deref().unwrap_or(""), data, limits.response_bytes) {
-                    Ok(d) => d,
+                let decoded = codings(&parts.headers).and_then(|codings| {
+                    let decoded = codings.iter().try_fold(data, |d, c| decode(c, d, limits.response_bytes))?;
+                    Ok((codings, decoded))
+                });
+                data = match decoded {
+                    Ok((codings, d)) => {
+                        if !codings.is_empty() {
+                            parts.headers.remove(CONTENT_ENCODING);
+                            parts.headers.remove(http::header::TRANSFER_ENCODING);
+                            parts.headers.insert(CONTENT_LENGTH, HeaderValue::from(d.len()));
+                        }
+                        d
+                    }
                     Err(why) => {
                         records.add(format!("response from {dest} withheld: {why}"));
                         return Err(HttpError::HttpResponseContentCoding(Some(why)));
                     }
                 };
-                if coding.is_some() {
-                    parts.headers.remove(CONTENT_ENCODING);
-                    parts.headers.insert(CONTENT_LENGTH, HeaderValue::from(data.len()));
-                }
             }
-            let found = in_head.or_else(|| scanner.find(&data).map(|f| (f, "the body")));
-            if let Some((f, place)) = found {
-                records.add(format!(
-                    "response from {dest} withheld: {place} held credential `{}` ({}, {})",
-                    f.credential, f.form, f.view
-                ));
-                return Err(HttpError::InternalError(Some(
-                    "the host withheld the response: it held a configured credential".into(),
-                )));
+            let found = match in_head {
+                Some(found) => Ok(Some(found)),
+                None => check_body(&scanner, &data, limits.response_bytes, 0).map(|f| f.map(|f| (f, "the body"))),
+            };
+            match found {
+                Ok(None) => {}
+                Ok(Some((f, place))) => {
+                    records.add(format!(
+                        "response from {dest} withheld: {place} held credential `{}` ({}, {})",
+                        f.credential, f.form, f.view
+                    ));
+                    return Err(HttpError::InternalError(Some(
+                        "the host withheld the response: it held a configured credential".into(),
+                    )));
+                }
+                Err(why) => {
+                    records.add(format!("response from {dest} withheld: {why}"));
+                    return Err(HttpError::InternalError(Some(format!("the host withheld the response: {why}"))));
+                }
             }
             let size = data.len();
             call.buffered.fetch_add(size, Ordering::Relaxed);
@@ -481,6 +644,88 @@ mod tests {
         }
         assert!(decode("gzip", Bytes::from_static(b"not gzip"), 10).is_err());
         assert_eq!(decode("identity", Bytes::from_static(b"as is"), 1).unwrap(), Bytes::from_static(b"as is"));
+    }
+
+    fn gzip(data: &[u8]) -> Vec<u8> {
+        use std::io::Write as _;
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(data).unwrap();
+        gz.finish().unwrap()
+    }
+
+    #[test]
+    fn every_declared_coding_counts_on_every_line() {
+        let mut h = http::HeaderMap::new();
+        assert_eq!(codings(&h).unwrap(), Vec::<String>::new());
+        h.append(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        h.append(CONTENT_ENCODING, HeaderValue::from_static(" Deflate , identity"));
+        h.append(http::header::TRANSFER_ENCODING, HeaderValue::from_static("x-gzip, chunked"));
+        // Undone last-applied first: the transfer coding, then the content codings in reverse.
+        assert_eq!(codings(&h).unwrap(), ["x-gzip", "deflate", "gzip"]);
+        h.append(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        assert!(codings(&h).unwrap_err().contains("stacks 4"));
+    }
+
+    #[test]
+    fn compressed_bytes_are_inflated_for_the_check_whatever_the_headers_say() {
+        use std::io::Write as _;
+        let secret = "s3cr3t/t0ken+v4lue";
+        let s = SecretScanner::new(&[("tracker".into(), secret.as_bytes().to_vec())]);
+        let limit = 1 << 20;
+        let body = format!("{{\"echo\":\"{secret}\"}}");
+        // A whole body, a stream after other bytes, a stream inside a stream.
+        let mut after = b"--boundary\r\n".to_vec();
+        after.extend(gzip(body.as_bytes()));
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        z.write_all(body.as_bytes()).unwrap();
+        for data in [gzip(body.as_bytes()), after, gzip(&gzip(body.as_bytes())), z.finish().unwrap()] {
+            let f = check_body(&s, &data, limit, 0).unwrap().expect("found");
+            assert!(f.view.starts_with("inflated from"), "{f:?}");
+        }
+        // A bomb is not inflated past the limit: the response cannot be vouched for.
+        let bomb = gzip(&vec![b'a'; 4 * limit]);
+        assert!(check_body(&s, &bomb, limit, 0).unwrap_err().contains("inflates past"));
+        // Too deep or too many: refused, not passed.
+        assert!(check_body(&s, &gzip(&gzip(&gzip(b"x"))), limit, 0).is_err());
+        let many: Vec<u8> = (0..=MAX_INFLATED).flat_map(|_| gzip(b"x")).collect();
+        assert!(check_body(&s, &many, limit, 0).is_err());
+        // Ordinary bytes that only look like a header are checked and pass.
+        assert_eq!(check_body(&s, b"\x1f\x8b\x08 not a stream", limit, 0), Ok(None));
+        assert_eq!(check_body(&s, b"x\x9c plain text", limit, 0), Ok(None));
+    }
+
+    #[test]
+    fn a_credential_rewritten_during_a_call_is_watched_in_both_values() {
+        use crate::authority::credentials::{CredentialConfig, Source};
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        let write = |v: &str| {
+            std::fs::write(&file, v).unwrap();
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        };
+        write("first-value-1111");
+        let config = CredentialConfig {
+            source: Source::File(file.clone()),
+            destinations: vec!["http://127.0.0.1:8080".into()],
+            apply: Apply::Header { name: "authorization".into(), format: "Bearer {}".into() },
+        };
+        let spec = Arc::new(CredentialSpec::new("tracker", &config, dir.path()).unwrap());
+        let watch = SecretWatch::new(Arc::from([spec.clone()]));
+        let records = HostRecords::default();
+        let first = spec.materialize("http", "127.0.0.1", 8080).unwrap();
+        assert!(watch.scanner(&records, None).find(b"first-value-1111").is_some());
+        // A token refresh rewrites the file mid-call: the next response is checked for the new value...
+        write("second-value-2222");
+        let s = watch.scanner(&records, None);
+        assert!(s.find(b"second-value-2222").is_some() && s.find(b"first-value-1111").is_some());
+        // ...and for the exact value a request carried, even when the source no longer holds it.
+        write("third-value-33333");
+        let s = watch.scanner(&records, Some(&("tracker".to_owned(), first)));
+        for v in ["first-value-1111", "second-value-2222", "third-value-33333"] {
+            assert!(s.find(v.as_bytes()).is_some(), "{v}");
+        }
+        assert!(records.take().0.is_empty());
     }
 
     #[test]

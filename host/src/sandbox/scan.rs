@@ -2,51 +2,69 @@
 //! encodings servers and HTTP libraries commonly produce.
 //!
 //! Owns the check behind DESIGN.md invariant 13. For every secret it builds
-//! needles — the raw bytes (in any ASCII letter case, for secrets of
-//! [`MIN_SECRET`] bytes or more: servers normalize ids); base64 and base64url of the secret at each of
-//! the three byte alignments (so a secret inside a larger value encoded
-//! whole, like `user:pass` or `Bearer …`, is found; padding does not
-//! matter); hex in either case — and searches them with one multi-pattern
-//! automaton (aho-corasick, linear in the input) over several *views* of
-//! the data: as it is, with JSON string escapes decoded (`\/`, `\uXXXX` of
-//! any character, surrogate pairs), with HTML/XML character references
-//! decoded (numeric and the named ones for ASCII punctuation), and
-//! percent-decoded (`%XX` in either case, with and without `+` as a space).
-//! A view is built only when the data holds its escape character, so plain
-//! data is scanned once.
+//! *needles*, the secret as an encoder would write it: raw (in any ASCII
+//! letter case, for secrets of [`MIN_SECRET`] bytes or more: servers
+//! normalize ids); base64 and base64url at each of the three byte
+//! alignments (so a secret inside a larger value encoded whole, like
+//! `user:pass` or `Bearer …`, is found; padding does not matter), and base64
+//! of that base64; base32; hex in either case, plain and with `:`, `-` or
+//! space between bytes; a list of decimal byte values (a Node `Buffer` as
+//! JSON); UTF-16 in either byte order. It searches them with one
+//! multi-pattern automaton per case rule (aho-corasick, linear in the
+//! input) over *views* of the data, each built only when the data holds its
+//! escape character:
+//!
+//! - as sent;
+//! - one escape kind undone: JSON/JavaScript backslash escapes (`\/`,
+//!   `\uXXXX` with surrogate pairs, `\xHH`), HTML/XML character references,
+//!   percent-encoding (with and without `+` as a space), quoted-printable;
+//! - every kind undone at once, repeatedly (up to [`MAX_PASSES`] times):
+//!   escapes inside escapes, such as percent-encoding twice or an HTML
+//!   reference inside a JSON escape (`\u0026#x2F;`), each pass scanned;
+//! - as sent and after each repeated pass, with line breaks and blanks
+//!   removed (base64 wrapped at 64 or 76 columns, PEM).
 //!
 //! What it cannot find is written down in SECURITY.md ("Known limits"): a
-//! secret split across responses, reversed, encrypted, compressed inside a
-//! field, or wrapped in two encodings beyond one decoded view plus one
-//! encoded needle.
+//! secret split across responses, reversed, encrypted, hashed, compressed
+//! inside a field, or in an encoding not listed.
 //!
 //! Architecture invariant: a finding names the credential, the encoding and
 //! the view — never the secret. Secrets shorter than [`MIN_SECRET`] bytes
 //! cannot be told apart from ordinary text; the credentials layer refuses
 //! to apply them.
 
+use std::borrow::Cow;
+
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use base64::Engine as _;
 
 pub use crate::authority::credentials::MIN_SECRET;
+
+/// How many times the all-kinds view undoes escapes: enough for the
+/// layering libraries produce by accident (a value escaped for a URL, then
+/// for JSON, then for HTML), bounded so a hostile response costs at most a
+/// fixed number of passes over it.
+pub const MAX_PASSES: usize = 4;
 
 /// Where a secret was found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finding {
     /// The credential's name.
     pub credential: String,
-    /// How the secret was encoded: `raw`, `base64`, `base64url`, `hex`.
+    /// How the secret was encoded: `raw`, `base64`, `base64url`,
+    /// `base64 twice`, `base32`, `hex`, `hex with separators`, `byte list`,
+    /// `UTF-16`.
     pub form: &'static str,
-    /// Which view found it: `as sent`, `JSON-unescaped`, `HTML-unescaped`,
-    /// `percent-decoded`, `form-decoded`.
+    /// Which view found it, e.g. `as sent`, `JSON-unescaped`,
+    /// `decoded repeatedly`.
     pub view: &'static str,
 }
 
 /// Every configured secret, ready to be searched for.
 pub struct SecretScanner {
-    /// Case-sensitive needles (raw, base64 forms).
+    /// Case-sensitive needles (base64 forms, byte lists, short secrets).
     exact: Option<AhoCorasick>,
-    /// ASCII-case-insensitive needles (hex).
+    /// ASCII-case-insensitive needles (raw, hex, base32, UTF-16).
     folded: Option<AhoCorasick>,
     /// Per pattern of `exact`, then of `folded`: (credential index, form).
     exact_meta: Vec<(usize, &'static str)>,
@@ -61,65 +79,106 @@ impl std::fmt::Debug for SecretScanner {
     }
 }
 
-/// The base64 characters of `secret` that do not depend on the bytes around
-/// it, when it starts `offset` (0, 1 or 2) bytes into a 3-byte group.
-fn base64_core(secret: &[u8], offset: usize, engine: &base64::engine::GeneralPurpose) -> Option<Vec<u8>> {
+/// The characters of `encode(secret)` that do not depend on the bytes
+/// around it, when it starts `offset` bytes into a group of an encoding of
+/// `bits` bits per character (6 for base64, 5 for base32).
+fn core(secret: &[u8], offset: usize, bits: usize, encode: impl Fn(&[u8]) -> String) -> Option<Vec<u8>> {
     let mut padded = vec![0u8; offset];
     padded.extend_from_slice(secret);
-    let encoded = engine.encode(&padded).into_bytes();
-    // Character i covers bits [6i, 6i+6) of `padded`; keep those inside the secret.
-    let first = (8 * offset).div_ceil(6);
-    let end = (8 * (offset + secret.len())) / 6;
+    let encoded = encode(&padded).into_bytes();
+    // Character i covers bits [bits·i, bits·(i+1)) of `padded`; keep those inside the secret.
+    let first = (8 * offset).div_ceil(bits);
+    let end = (8 * (offset + secret.len())) / bits;
     (end > first + 3).then(|| encoded.get(first..end).map(<[u8]>::to_vec)).flatten()
+}
+
+/// Collects needles, once each.
+#[derive(Default)]
+struct Needles {
+    patterns: Vec<Vec<u8>>,
+    meta: Vec<(usize, &'static str)>,
+}
+
+impl Needles {
+    fn add(&mut self, needle: Vec<u8>, credential: usize, form: &'static str) {
+        if !needle.is_empty() && !self.patterns.contains(&needle) {
+            self.patterns.push(needle);
+            self.meta.push((credential, form));
+        }
+    }
+
+    fn build(self, fold: bool) -> (Option<AhoCorasick>, Vec<(usize, &'static str)>) {
+        let ac = (!self.patterns.is_empty())
+            .then(|| {
+                AhoCorasickBuilder::new()
+                    .match_kind(MatchKind::Standard)
+                    .ascii_case_insensitive(fold)
+                    .build(&self.patterns)
+                    .ok()
+            })
+            .flatten();
+        (ac, self.meta)
+    }
 }
 
 impl SecretScanner {
     /// A scanner for `secrets` (credential name, secret bytes). Secrets
     /// shorter than [`MIN_SECRET`] are searched for raw only.
     pub fn new(secrets: &[(String, Vec<u8>)]) -> Self {
-        let std = base64::engine::general_purpose::STANDARD_NO_PAD;
-        let url = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-        let (mut exact, mut exact_meta, mut folded, mut folded_meta) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let b64 = |e: &'static base64::engine::GeneralPurpose| move |d: &[u8]| e.encode(d);
+        let std = b64(&base64::engine::general_purpose::STANDARD_NO_PAD);
+        let url = b64(&base64::engine::general_purpose::URL_SAFE_NO_PAD);
+        let b32 = |d: &[u8]| data_encoding::BASE32_NOPAD.encode(d);
+        let (mut exact, mut folded) = (Needles::default(), Needles::default());
         for (i, (_, secret)) in secrets.iter().enumerate() {
-            if secret.is_empty() {
-                continue;
-            }
             if secret.len() < MIN_SECRET {
-                exact.push(secret.clone());
-                exact_meta.push((i, "raw"));
+                exact.add(secret.clone(), i, "raw");
                 continue;
             }
             // In any letter case: servers normalize ids and hex keys (a
             // lowercase key or UUID echoed upper-case is the same secret).
-            folded.push(secret.clone());
-            folded_meta.push((i, "raw"));
+            folded.add(secret.clone(), i, "raw");
             for offset in 0..3 {
-                for (engine, form) in [(&std, "base64"), (&url, "base64url")] {
-                    if let Some(core) = base64_core(secret, offset, engine)
-                        && !exact.contains(&core)
-                    {
-                        exact.push(core);
-                        exact_meta.push((i, form));
+                for (encode, form) in [(&std as &dyn Fn(&[u8]) -> String, "base64"), (&url, "base64url")] {
+                    if let Some(c) = core(secret, offset, 6, encode) {
+                        exact.add(c, i, form);
+                    }
+                }
+                // base64 of a base64 value that holds the secret.
+                if let Some(inner) = core(secret, offset, 6, &std) {
+                    for outer in 0..3 {
+                        if let Some(c) = core(&inner, outer, 6, &std) {
+                            exact.add(c, i, "base64 twice");
+                        }
                     }
                 }
             }
-            folded.push(hex::encode(secret).into_bytes());
-            folded_meta.push((i, "hex"));
+            for offset in 0..5 {
+                if let Some(c) = core(secret, offset, 5, b32) {
+                    folded.add(c, i, "base32");
+                }
+            }
+            let hex = hex::encode(secret);
+            folded.add(hex.clone().into_bytes(), i, "hex");
+            let pairs: Vec<&str> = hex.as_bytes().chunks(2).filter_map(|p| std::str::from_utf8(p).ok()).collect();
+            for sep in [":", "-", " "] {
+                folded.add(pairs.join(sep).into_bytes(), i, "hex with separators");
+            }
+            let decimal: Vec<String> = secret.iter().map(u8::to_string).collect();
+            for sep in [",", ", "] {
+                exact.add(decimal.join(sep).into_bytes(), i, "byte list");
+            }
+            if let Ok(text) = std::str::from_utf8(secret) {
+                let units: Vec<u16> = text.encode_utf16().collect();
+                folded.add(units.iter().flat_map(|u| u.to_le_bytes()).collect(), i, "UTF-16");
+                folded.add(units.iter().flat_map(|u| u.to_be_bytes()).collect(), i, "UTF-16");
+            }
         }
-        let build = |patterns: &[Vec<u8>], fold: bool| {
-            (!patterns.is_empty())
-                .then(|| {
-                    AhoCorasickBuilder::new()
-                        .match_kind(MatchKind::Standard)
-                        .ascii_case_insensitive(fold)
-                        .build(patterns)
-                        .ok()
-                })
-                .flatten()
-        };
+        let (exact, exact_meta) = exact.build(false);
+        let (folded, folded_meta) = folded.build(true);
         SecretScanner {
-            exact: build(&exact, false),
-            folded: build(&folded, true),
+            exact,
+            folded,
             exact_meta,
             folded_meta,
             names: secrets.iter().map(|(n, _)| n.clone()).collect(),
@@ -136,30 +195,64 @@ impl SecretScanner {
         if self.is_empty() {
             return None;
         }
-        if let Some(f) = self.find_in(data, "as sent") {
-            return Some(f);
-        }
-        if data.contains(&b'\\')
-            && let Some(f) = self.find_in(&json_unescape(data), "JSON-unescaped")
-        {
-            return Some(f);
-        }
-        if data.contains(&b'&')
-            && let Some(f) = self.find_in(&html_unescape(data), "HTML-unescaped")
-        {
-            return Some(f);
-        }
-        if data.contains(&b'%')
-            && let Some(f) = self.find_in(&percent_decode(data, false), "percent-decoded")
-        {
-            return Some(f);
-        }
-        if data.contains(&b'+')
-            && let Some(f) = self.find_in(&percent_decode(data, true), "form-decoded")
-        {
-            return Some(f);
+        self.find_in(data, "as sent")
+            .or_else(|| self.find_unwrapped(data, "as sent, line breaks removed"))
+            .or_else(|| {
+                // One kind at a time: a secret that holds another kind's
+                // escape character (a `%` or `\` of its own) stays whole.
+                SINGLE.iter().find_map(|(trigger, kinds, name)| {
+                    if !data.contains(trigger) {
+                        return None;
+                    }
+                    let view = unescape(data, *kinds);
+                    (view != data).then(|| self.find_in(&view, name)).flatten()
+                })
+            })
+            .or_else(|| self.find_repeated(data))
+    }
+
+    /// Every kind undone at once, pass after pass, each pass scanned; then
+    /// the same with `+` as a space, if a `+` showed up on the way.
+    fn find_repeated(&self, data: &[u8]) -> Option<Finding> {
+        let mut saw_plus = data.contains(&b'+');
+        for plus in [false, true] {
+            if plus && !saw_plus {
+                break;
+            }
+            let kinds = Kinds { plus, ..ALL };
+            let mut current = Cow::Borrowed(data);
+            for _ in 0..MAX_PASSES {
+                if !current.iter().any(|b| kinds.triggers(*b)) {
+                    break;
+                }
+                let next = unescape(&current, kinds);
+                if next[..] == current[..] {
+                    break;
+                }
+                saw_plus |= next.contains(&b'+');
+                let name = if plus { "form-decoded repeatedly" } else { "decoded repeatedly" };
+                let wrapped = if plus {
+                    "form-decoded repeatedly, line breaks removed"
+                } else {
+                    "decoded repeatedly, line breaks removed"
+                };
+                if let Some(f) = self.find_in(&next, name).or_else(|| self.find_unwrapped(&next, wrapped)) {
+                    return Some(f);
+                }
+                current = Cow::Owned(next);
+            }
         }
         None
+    }
+
+    /// `data` without blanks, if it has line breaks: base64 and hex
+    /// wrapped at a fixed width (MIME, PEM) are contiguous again.
+    fn find_unwrapped(&self, data: &[u8], name: &'static str) -> Option<Finding> {
+        if !data.iter().any(|b| matches!(b, b'\n' | b'\r')) {
+            return None;
+        }
+        let joined: Vec<u8> = data.iter().copied().filter(|b| !matches!(b, b'\n' | b'\r' | b' ' | b'\t')).collect();
+        self.find_in(&joined, name)
     }
 
     fn find_in(&self, view: &[u8], name: &'static str) -> Option<Finding> {
@@ -172,60 +265,125 @@ impl SecretScanner {
     }
 }
 
-/// Decode JSON string escapes wherever they appear (`\"`, `\\`, `\/`,
-/// `\b\f\n\r\t`, `\uXXXX` with surrogate pairs); anything else stays as is.
-fn json_unescape(data: &[u8]) -> Vec<u8> {
+/// Which escape kinds one decoding pass undoes.
+#[derive(Debug, Clone, Copy)]
+struct Kinds {
+    backslash: bool,
+    html: bool,
+    percent: bool,
+    plus: bool,
+    quoted_printable: bool,
+}
+
+const NONE: Kinds = Kinds { backslash: false, html: false, percent: false, plus: false, quoted_printable: false };
+/// The kinds undone together, repeatedly. Quoted-printable is not among
+/// them: `=` followed by two hex digits is everyday text in URLs
+/// (`?key=de…`), and undoing it would break the secret that follows.
+const ALL: Kinds = Kinds { backslash: true, html: true, percent: true, ..NONE };
+
+/// The one-kind views: the byte that triggers each, its kinds, its name.
+const SINGLE: &[(u8, Kinds, &str)] = &[
+    (b'\\', Kinds { backslash: true, ..NONE }, "JSON-unescaped"),
+    (b'&', Kinds { html: true, ..NONE }, "HTML-unescaped"),
+    (b'%', Kinds { percent: true, ..NONE }, "percent-decoded"),
+    (b'+', Kinds { percent: true, plus: true, ..NONE }, "form-decoded"),
+    (b'=', Kinds { quoted_printable: true, ..NONE }, "quoted-printable-decoded"),
+];
+
+impl Kinds {
+    fn triggers(self, b: u8) -> bool {
+        match b {
+            b'\\' => self.backslash,
+            b'&' => self.html,
+            b'%' => self.percent,
+            b'+' => self.plus,
+            b'=' => self.quoted_printable,
+            _ => false,
+        }
+    }
+}
+
+/// `data` with the escapes of `kinds` undone in one left-to-right pass
+/// (what a pass produces is not decoded again in the same pass); anything
+/// that is not a well-formed escape stays as it is.
+fn unescape(data: &[u8], kinds: Kinds) -> Vec<u8> {
     let mut out = Vec::with_capacity(data.len());
     let mut i = 0;
-    let hex4 = |at: usize| -> Option<u32> {
-        let s = std::str::from_utf8(data.get(at..at + 4)?).ok()?;
-        u32::from_str_radix(s, 16).ok()
-    };
     while i < data.len() {
-        if data[i] != b'\\' || i + 1 >= data.len() {
-            out.push(data[i]);
-            i += 1;
-            continue;
-        }
-        let simple = match data[i + 1] {
-            b'"' => Some(b'"'),
-            b'\\' => Some(b'\\'),
-            b'/' => Some(b'/'),
-            b'b' => Some(8),
-            b'f' => Some(12),
-            b'n' => Some(b'\n'),
-            b'r' => Some(b'\r'),
-            b't' => Some(b'\t'),
+        let b = data[i];
+        let used = match b {
+            b'\\' if kinds.backslash => backslash_at(&data[i..], &mut out),
+            b'&' if kinds.html => reference_at(&data[i..], &mut out),
+            b'%' if kinds.percent => percent_at(&data[i..], &mut out),
+            b'=' if kinds.quoted_printable => quoted_printable_at(&data[i..], &mut out),
+            b'+' if kinds.plus => {
+                out.push(b' ');
+                Some(1)
+            }
             _ => None,
         };
-        if let Some(b) = simple {
-            out.push(b);
-            i += 2;
-            continue;
-        }
-        if data[i + 1] == b'u'
-            && let Some(hi) = hex4(i + 2)
-        {
-            let (code, used) = if (0xD800..0xDC00).contains(&hi)
-                && data.get(i + 6..i + 8) == Some(b"\\u")
-                && let Some(lo) = hex4(i + 8)
-                && (0xDC00..0xE000).contains(&lo)
-            {
-                (0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00), 12)
-            } else {
-                (hi, 6)
-            };
-            if let Some(c) = char::from_u32(code) {
-                let mut buf = [0u8; 4];
-                out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
-                i += used;
-                continue;
+        match used {
+            Some(n) => i += n,
+            None => {
+                out.push(b);
+                i += 1;
             }
         }
-        out.push(data[i]);
-        i += 1;
     }
     out
+}
+
+fn hex_digit(b: u8) -> Option<u8> {
+    (b as char).to_digit(16).map(|d| d as u8)
+}
+
+fn push_char(code: u32, out: &mut Vec<u8>) -> bool {
+    match char::from_u32(code) {
+        Some(c) => {
+            let mut buf = [0u8; 4];
+            out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+            true
+        }
+        None => false,
+    }
+}
+
+/// A JSON or JavaScript escape at the start of `s` (`\"`, `\\`, `\/`,
+/// `\b\f\n\r\t`, `\uXXXX` with surrogate pairs, `\xHH`): decoded into
+/// `out`, and how many bytes it took.
+fn backslash_at(s: &[u8], out: &mut Vec<u8>) -> Option<usize> {
+    let hex4 =
+        |at: usize| -> Option<u32> { u32::from_str_radix(std::str::from_utf8(s.get(at..at + 4)?).ok()?, 16).ok() };
+    let simple = match *s.get(1)? {
+        b'"' => b'"',
+        b'\\' => b'\\',
+        b'/' => b'/',
+        b'\'' => b'\'',
+        b'b' => 8,
+        b'f' => 12,
+        b'n' => b'\n',
+        b'r' => b'\r',
+        b't' => b'\t',
+        b'x' => {
+            let byte = hex_digit(*s.get(2)?)? << 4 | hex_digit(*s.get(3)?)?;
+            out.push(byte);
+            return Some(4);
+        }
+        b'u' => {
+            let hi = hex4(2)?;
+            if (0xD800..0xDC00).contains(&hi)
+                && s.get(6..8) == Some(b"\\u")
+                && let Some(lo) = hex4(8)
+                && (0xDC00..0xE000).contains(&lo)
+            {
+                return push_char(0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00), out).then_some(12);
+            }
+            return push_char(hi, out).then_some(6);
+        }
+        _ => return None,
+    };
+    out.push(simple);
+    Some(2)
 }
 
 /// HTML5 named references for ASCII punctuation, plus the XML five.
@@ -275,75 +433,40 @@ const NAMED: &[(&str, u8)] = &[
     ("NewLine", b'\n'),
 ];
 
-/// Decode character references: `&#NN;`, `&#xHH;` (the `;` optional, as
-/// browsers accept) and the named ones above.
-fn html_unescape(data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(data.len());
-    let mut i = 0;
-    while i < data.len() {
-        if data[i] != b'&' {
-            out.push(data[i]);
-            i += 1;
-            continue;
+/// A character reference at the start of `s` (`&#NN;`, `&#xHH;` — the `;`
+/// optional, as browsers accept — or a named one above).
+fn reference_at(s: &[u8], out: &mut Vec<u8>) -> Option<usize> {
+    let rest = s.get(1..)?;
+    if rest.first() == Some(&b'#') {
+        let (radix, start) = if matches!(rest.get(1), Some(b'x' | b'X')) { (16, 2) } else { (10, 1) };
+        let tail = rest.get(start..)?;
+        let digits = tail.iter().take_while(|b| b.is_ascii_hexdigit() && (radix == 16 || b.is_ascii_digit())).count();
+        if digits == 0 || digits > 8 {
+            return None;
         }
-        let rest = &data[i + 1..];
-        if rest.first() == Some(&b'#') {
-            let (radix, start) = if matches!(rest.get(1), Some(b'x' | b'X')) { (16, 2) } else { (10, 1) };
-            let digits = rest[start..]
-                .iter()
-                .take_while(|b| b.is_ascii_hexdigit() && (radix == 16 || b.is_ascii_digit()))
-                .count();
-            if digits > 0 && digits <= 8 {
-                let text = std::str::from_utf8(&rest[start..start + digits]).unwrap_or("");
-                if let Some(c) = u32::from_str_radix(text, radix).ok().and_then(char::from_u32) {
-                    let mut buf = [0u8; 4];
-                    out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
-                    let semi = usize::from(rest.get(start + digits) == Some(&b';'));
-                    i += 1 + start + digits + semi;
-                    continue;
-                }
-            }
-        } else if let Some((name, b)) =
-            NAMED.iter().find(|(n, _)| rest.starts_with(n.as_bytes()) && rest.get(n.len()) == Some(&b';'))
-        {
-            out.push(*b);
-            i += 1 + name.len() + 1;
-            continue;
-        }
-        out.push(b'&');
-        i += 1;
+        let code = u32::from_str_radix(std::str::from_utf8(&tail[..digits]).ok()?, radix).ok()?;
+        let semi = usize::from(tail.get(digits) == Some(&b';'));
+        return push_char(code, out).then_some(1 + start + digits + semi);
     }
-    out
+    let (name, b) = NAMED.iter().find(|(n, _)| rest.starts_with(n.as_bytes()) && rest.get(n.len()) == Some(&b';'))?;
+    out.push(*b);
+    Some(1 + name.len() + 1)
 }
 
-/// Decode `%XX` (either case); with `plus`, `+` is a space too.
-fn percent_decode(data: &[u8], plus: bool) -> Vec<u8> {
-    let mut out = Vec::with_capacity(data.len());
-    let mut i = 0;
-    let val = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
-    while i < data.len() {
-        match data[i] {
-            b'%' if i + 2 < data.len() => match (val(data[i + 1]), val(data[i + 2])) {
-                (Some(h), Some(l)) => {
-                    out.push(h << 4 | l);
-                    i += 3;
-                }
-                _ => {
-                    out.push(b'%');
-                    i += 1;
-                }
-            },
-            b'+' if plus => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
+/// `%XX` (either case) at the start of `s`.
+fn percent_at(s: &[u8], out: &mut Vec<u8>) -> Option<usize> {
+    out.push(hex_digit(*s.get(1)?)? << 4 | hex_digit(*s.get(2)?)?);
+    Some(3)
+}
+
+/// Quoted-printable at the start of `s`: `=XX`, or a soft line break
+/// (`=` before a line end), which stands for nothing.
+fn quoted_printable_at(s: &[u8], out: &mut Vec<u8>) -> Option<usize> {
+    match (s.get(1), s.get(2)) {
+        (Some(b'\r'), Some(b'\n')) => Some(3),
+        (Some(b'\n'), _) => Some(2),
+        _ => percent_at(s, out),
     }
-    out
 }
 
 #[cfg(test)]
@@ -394,6 +517,53 @@ mod tests {
             ("hex lower", hex::encode(secret)),
             ("hex upper", hex::encode_upper(secret)),
         ];
+        let pct = |s: &str| s.bytes().map(|b| format!("%{b:02X}")).collect::<String>();
+        let b64 = STANDARD.encode(secret);
+        v.extend([
+            // Escapes inside escapes.
+            ("percent twice", pct(secret).replace('%', "%25")),
+            ("percent three times", pct(secret).replace('%', "%25").replace('%', "%25")),
+            (
+                "HTML reference inside a JSON escape",
+                secret.chars().map(|c| format!("\\u0026#x{:X};", c as u32)).collect(),
+            ),
+            ("JSON escape inside percent-encoding", json_escape_all(secret).replace('\\', "%5C")),
+            ("percent, then JSON, then HTML", pct(secret).replace('%', "\\u0025").replace('\\', "&#92;")),
+            ("base64 percent-encoded twice", b64.replace('+', "%252B").replace('/', "%252F").replace('=', "%253D")),
+            ("JavaScript \\x", secret.bytes().map(|b| format!("\\x{b:02x}")).collect()),
+            ("quoted-printable", secret.bytes().map(|b| format!("={b:02X}")).collect()),
+            ("quoted-printable, soft line breaks", secret.bytes().map(|b| format!("={b:02X}=\r\n")).collect()),
+            // Other encoders.
+            ("base32", data_encoding::BASE32.encode(secret.as_bytes())),
+            ("base32 lower", data_encoding::BASE32.encode(secret.as_bytes()).to_lowercase()),
+            ("base64 twice", STANDARD.encode(&b64)),
+            (
+                "hex with colons",
+                hex::encode(secret)
+                    .as_bytes()
+                    .chunks(2)
+                    .map(|p| String::from_utf8_lossy(p))
+                    .collect::<Vec<_>>()
+                    .join(":"),
+            ),
+            (
+                "hex with spaces, upper",
+                hex::encode_upper(secret)
+                    .as_bytes()
+                    .chunks(2)
+                    .map(|p| String::from_utf8_lossy(p))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ),
+            ("byte list (Node Buffer as JSON)", secret.bytes().map(|b| b.to_string()).collect::<Vec<_>>().join(",")),
+            // Wrapped at a fixed width.
+            ("base64 wrapped at 8 columns (CRLF)", wrap(&b64, 8, "\r\n")),
+            ("base64 wrapped, JSON-escaped", wrap(&b64, 8, "\\n")),
+            (
+                "base64 wrapped, JSON-escaped, percent-encoded",
+                wrap(&b64, 8, "\\n").replace('\\', "%5C").replace('+', "%2B"),
+            ),
+        ]);
         for prefix in ["", "a", "ab", "Bearer ", "user:"] {
             let whole = format!("{prefix}{secret}");
             v.push(("base64", STANDARD.encode(&whole)));
@@ -409,6 +579,10 @@ mod tests {
     }
 
     use base64::engine::general_purpose::STANDARD_NO_PAD as STANDARD_NO_PAD_ENC;
+
+    fn wrap(s: &str, width: usize, line_end: &str) -> String {
+        s.as_bytes().chunks(width).map(|c| String::from_utf8_lossy(c).into_owned()).collect::<Vec<_>>().join(line_end)
+    }
 
     #[test]
     fn every_common_form_is_found_wherever_it_sits() {
@@ -456,12 +630,43 @@ mod tests {
     }
 
     #[test]
+    fn a_secret_in_utf16_is_found_in_either_byte_order() {
+        let s = scanner();
+        for le in [true, false] {
+            let mut data = b"{\"echo\":\"".to_vec();
+            for u in SECRET.encode_utf16() {
+                data.extend(if le { u.to_le_bytes() } else { u.to_be_bytes() });
+            }
+            data.extend(b"\"}");
+            assert_eq!(s.find(&data).map(|f| f.form), Some("UTF-16"), "little-endian: {le}");
+        }
+    }
+
+    #[test]
     fn decoders_never_panic_on_truncated_escapes() {
-        for data in
-            ["\\", "\\u", "\\u12", "\\ud800", "\\ud800\\u", "&", "&#", "&#x", "&#99999999999;", "%", "%4", "%zz", "+"]
-        {
-            let _ =
-                (json_unescape(data.as_bytes()), html_unescape(data.as_bytes()), percent_decode(data.as_bytes(), true));
+        for data in [
+            "\\",
+            "\\x",
+            "\\x4",
+            "=",
+            "=\r",
+            "\\u",
+            "\\u12",
+            "\\ud800",
+            "\\ud800\\u",
+            "&",
+            "&#",
+            "&#x",
+            "&#99999999999;",
+            "%",
+            "%4",
+            "%zz",
+            "+",
+        ] {
+            for (_, kinds, _) in SINGLE {
+                let _ = unescape(data.as_bytes(), *kinds);
+            }
+            let _ = unescape(data.as_bytes(), Kinds { plus: true, quoted_printable: true, ..ALL });
         }
     }
 
