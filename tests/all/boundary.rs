@@ -98,9 +98,13 @@ fn assert_clean(seen: &str, what: &str) {
 async fn a_reflected_secret_never_reaches_the_guest_in_any_common_form() {
     let w = world();
     let mut checked = 0;
+    // Compressed as declared, on several lines, and with nothing declared at all.
+    const BODY_CODINGS: &[&str] =
+        &["identity", "gzip", "deflate", "gzip-deflate-lines", "gzip-unlabeled", "zlib-unlabeled", "gzip-part"];
     for form in FORMS {
         for place in ["body", "header"] {
-            for coding in ["identity", "gzip", "deflate"] {
+            let codings = if place == "body" { BODY_CODINGS } else { &BODY_CODINGS[..2] };
+            for &coding in codings {
                 let url = w.api.url(&format!("/reflect?form={form}&in={place}&coding={coding}"));
                 let seen = thief(&w.host, json!({"op": "http", "target": url, "credential": true})).await;
                 let what = format!("{form} in the {place}, {coding}");
@@ -115,7 +119,7 @@ async fn a_reflected_secret_never_reaches_the_guest_in_any_common_form() {
             }
         }
     }
-    assert_eq!(checked, FORMS.len() * 6);
+    assert_eq!(checked, FORMS.len() * (BODY_CODINGS.len() + 2));
     // Each request did carry the credential: the server saw it and reflected it.
     assert!(w.api.requests().iter().all(|r| r.header("authorization") == Some(&format!("Bearer {SECRET}"))));
     // Nothing in the journal either (the guest's output is committed there).
@@ -138,6 +142,28 @@ async fn a_secret_returned_later_without_the_credential_is_withheld() {
             assert_clean(&seen, form);
         }
     }
+}
+
+#[tokio::test]
+async fn a_credential_refreshed_during_a_call_is_watched_in_its_new_value() {
+    let w = world();
+    const REFRESHED: &str = "n3w/t0k3n=after+refresh";
+    w.api.on_rotate(&w.host.dir.path().join("tracker.secret"), REFRESHED);
+    // One call: a clean answer (its check reads the secret), a token
+    // refresh, then a request carrying the new token, which the server reflects.
+    let then = [w.api.url("/rotate"), w.api.url("/reflect?form=b64")];
+    let args = json!({"op": "http", "target": w.api.url("/issues?state=open"), "then": then, "credential": true});
+    let seen = thief(&w.host, args).await;
+    let lines: Vec<&str> = seen.lines().filter(|l| l.starts_with("ok: ") || l.starts_with("err: ")).collect();
+    assert!(lines.len() == 3 && lines[0].starts_with("ok: 200") && lines[1].starts_with("ok: 200"), "{seen}");
+    assert!(lines[2].contains("withheld"), "{seen}");
+    for form in FORMS {
+        assert!(!seen.contains(&encode(form, REFRESHED)), "the guest saw the refreshed token as {form}: {seen}");
+    }
+    assert!(host_records(&w.host).await.iter().any(|r| r.contains("withheld") && r.contains("credential `tracker`")));
+    // The server did get the new token: the refresh was real.
+    let last = w.api.requests().pop().unwrap();
+    assert_eq!(last.header("authorization"), Some(format!("Bearer {REFRESHED}").as_str()));
 }
 
 #[tokio::test]

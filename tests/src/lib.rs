@@ -213,12 +213,14 @@ impl Recorded {
 /// headers), `/redirect` (302 to the configured location), `/slow` (never
 /// answers), `/big` (64 KiB), `/bytes?kib=N` (N KiB), `/reflect?form=F&in=body|header&coding=C`
 /// (reflects the token it received in encoding `F` — see [`encode`] — and
-/// stores it), `/recall?form=F&in=…&coding=…` (the stored token, asked for
+/// stores it), `/rotate` (writes the value given to [`TestServer::on_rotate`]
+/// to its file), `/recall?form=F&in=…&coding=…` (the stored token, asked for
 /// without any credential), else 404.
 pub struct TestServer {
     /// The port it listens on.
     pub port: u16,
     requests: Arc<Mutex<Vec<Recorded>>>,
+    rotation: Arc<Mutex<Option<(std::path::PathBuf, String)>>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -281,6 +283,18 @@ pub const FORMS: &[&str] = &[
     "b64-pct",
     "hex",
     "hex-upper",
+    "pct-twice",
+    "html-in-json",
+    "json-in-pct",
+    "b64-pct-twice",
+    "b64-wrapped-json",
+    "b64-twice",
+    "base32",
+    "base32-lower",
+    "hex-colons",
+    "byte-list",
+    "qp",
+    "js-x",
 ];
 
 /// `secret` in encoding `form` (one of [`FORMS`]), as servers and HTTP
@@ -320,6 +334,21 @@ pub fn encode(form: &str, secret: &str) -> String {
         "b64-offset2" => std.encode(format!("xy{secret}z")),
         "b64-json" => std.encode(format!("u:{secret}")).replace('/', "\\/"),
         "b64-pct" => std.encode(format!("u:{secret}")).replace('+', "%2B").replace('/', "%2f").replace('=', "%3D"),
+        "pct-twice" => secret.bytes().map(|b| format!("%25{b:02X}")).collect(),
+        "html-in-json" => secret.chars().map(|c| format!("\\u0026#x{:x};", c as u32)).collect(),
+        "json-in-pct" => json_u.replace('\\', "%5C"),
+        "b64-pct-twice" => std.encode(secret).replace('+', "%252B").replace('/', "%252F").replace('=', "%253D"),
+        "b64-wrapped-json" => {
+            let b = std.encode(format!("u:{secret}"));
+            b.as_bytes().chunks(8).map(|c| String::from_utf8_lossy(c).into_owned()).collect::<Vec<_>>().join("\\r\\n")
+        }
+        "b64-twice" => std.encode(std.encode(secret)),
+        "base32" => data_encoding::BASE32.encode(secret.as_bytes()),
+        "base32-lower" => data_encoding::BASE32.encode(secret.as_bytes()).to_lowercase(),
+        "hex-colons" => secret.bytes().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":"),
+        "byte-list" => secret.bytes().map(|b| b.to_string()).collect::<Vec<_>>().join(","),
+        "qp" => secret.bytes().map(|b| format!("={b:02X}")).collect(),
+        "js-x" => secret.bytes().map(|b| format!("\\x{b:02x}")).collect(),
         "hex" => hex_encode(secret, false),
         "hex-upper" => hex_encode(secret, true),
         other => panic!("unknown form {other}"),
@@ -344,23 +373,35 @@ fn reflect(value: &str, target: &str) -> (String, String, Vec<u8>) {
     } else {
         (String::new(), format!("{{\"echo\":\"{value}\"}}").into_bytes())
     };
-    let body = match coding {
-        "gzip" => {
-            let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-            e.write_all(&body).unwrap();
-            e.finish().unwrap()
-        }
-        "deflate" => {
-            let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
-            e.write_all(&body).unwrap();
-            e.finish().unwrap()
-        }
-        "identity" => body,
-        // A coding the host cannot decode: the bytes are just the body.
-        _ => body,
+    let gzip = |b: &[u8]| {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(b).unwrap();
+        e.finish().unwrap()
     };
-    if coding != "identity" {
-        extra.push_str(&format!("content-encoding: {coding}\r\n"));
+    let zlib = |b: &[u8]| {
+        let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(b).unwrap();
+        e.finish().unwrap()
+    };
+    let (body, declared): (Vec<u8>, &[&str]) = match coding {
+        "gzip" => (gzip(&body), &["content-encoding: gzip"]),
+        "deflate" => (zlib(&body), &["content-encoding: deflate"]),
+        // Compressed, and the headers do not say so.
+        "gzip-unlabeled" => (gzip(&body), &[]),
+        "zlib-unlabeled" => (zlib(&body), &[]),
+        // Two layers declared on two lines (a server may list codings either way).
+        "gzip-deflate-lines" => (zlib(&gzip(&body)), &["content-encoding: gzip", "content-encoding: deflate"]),
+        // A compressed multipart part, after other bytes.
+        "gzip-part" => ([b"--part\r\ncontent-type: application/gzip\r\n\r\n".as_slice(), &gzip(&body)].concat(), &[]),
+        "identity" => (body, &[]),
+        // A coding the host cannot decode: the bytes are just the body.
+        _ => {
+            extra.push_str(&format!("content-encoding: {coding}\r\n"));
+            (body, &[])
+        }
+    };
+    for line in declared {
+        extra.push_str(&format!("{line}\r\n"));
     }
     ("200 OK".into(), extra, body)
 }
@@ -373,9 +414,10 @@ impl TestServer {
         let port = listener.local_addr().unwrap().port();
         let requests: Arc<Mutex<Vec<Recorded>>> = Arc::default();
         let stored: Arc<Mutex<Option<String>>> = Arc::default();
+        let rotation: Arc<Mutex<Option<(std::path::PathBuf, String)>>> = Arc::default();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (token, location) = (token.to_owned(), location.to_owned());
-        let (reqs, stopping) = (requests.clone(), stop.clone());
+        let (reqs, stopping, rotating) = (requests.clone(), stop.clone(), rotation.clone());
         let thread = std::thread::spawn(move || {
             for stream in listener.incoming() {
                 if stopping.load(std::sync::atomic::Ordering::SeqCst) {
@@ -383,6 +425,7 @@ impl TestServer {
                 }
                 let Ok(mut stream) = stream else { continue };
                 let (token, location, reqs, stored) = (token.clone(), location.clone(), reqs.clone(), stored.clone());
+                let rotating = rotating.clone();
                 std::thread::spawn(move || {
                     stream.set_read_timeout(Some(std::time::Duration::from_secs(5))).ok();
                     let mut reader = BufReader::new(stream.try_clone().unwrap());
@@ -440,6 +483,12 @@ impl TestServer {
                     } else if target.starts_with("/recall") {
                         let t = stored.lock().unwrap().clone().unwrap_or_default();
                         reflect(&encode(query_param(&target, "form").unwrap_or("raw"), &t), &target)
+                    } else if target.starts_with("/rotate") {
+                        // A token refresh: the credential's file gets a new value.
+                        if let Some((path, value)) = rotating.lock().unwrap().clone() {
+                            std::fs::write(path, value).unwrap();
+                        }
+                        ("200 OK".into(), String::new(), b"{\"rotated\":true}".to_vec())
                     } else if target.starts_with("/slow") {
                         // Never answers in time: hold the connection, then give up.
                         std::thread::sleep(std::time::Duration::from_secs(3));
@@ -462,12 +511,17 @@ impl TestServer {
                 });
             }
         });
-        TestServer { port, requests, stop, thread: Some(thread) }
+        TestServer { port, requests, rotation, stop, thread: Some(thread) }
     }
 
     /// `http://127.0.0.1:PORT{path}`.
     pub fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// Have `/rotate` write `value` to `path` (a credential's file).
+    pub fn on_rotate(&self, path: &std::path::Path, value: &str) {
+        *self.rotation.lock().unwrap() = Some((path.to_owned(), value.to_owned()));
     }
 
     /// `http://127.0.0.1:PORT`.
