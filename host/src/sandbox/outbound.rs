@@ -10,11 +10,14 @@
 //! cannot negotiate what the host could not check: `Accept-Encoding` is
 //! pinned to `identity`, `TE` is dropped and `Range` requests are refused.
 //! On the way back, the response is buffered (bounded per request, per call
-//! and in number in flight), a content coding the host can decode (gzip,
-//! deflate) is decoded, any other is refused, and the body and every header
-//! are checked for every configured secret (not only the one applied) in
-//! the encodings of [`super::scan`]; a response holding one is withheld from
-//! the guest. Redirects are not followed: a guest that follows one makes a
+//! and in number in flight); its head is checked first; the codings it
+//! declares on every `Content-Encoding` line and in `Transfer-Encoding` are
+//! undone if the host can (gzip, deflate; at most three), any other is
+//! refused; the body is checked, and so is every gzip or zlib stream in it
+//! that no header declared. Checked for every configured secret (not only
+//! the one applied) as read at that response, and for the exact value each
+//! request of the call carried, in the encodings of [`super::scan`]; a
+//! response holding one is withheld from the guest. Redirects are not followed: a guest that follows one makes a
 //! new request, decided anew.
 //!
 //! Architecture invariant: a denial is `HttpRequestDenied` (a withheld
