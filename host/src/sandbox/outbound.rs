@@ -99,8 +99,8 @@ struct SecretWatch {
 struct Seen {
     /// (credential, value): every value read or applied during the call.
     values: Vec<(String, Vec<u8>)>,
-    /// Built from `values`; rebuilt when a new value shows up.
-    scanner: Option<Arc<SecretScanner>>,
+    /// Built from the first `.1` of `values`; rebuilt when a new value shows up.
+    scanner: Option<(Arc<SecretScanner>, usize)>,
     /// Credentials already reported unreadable (reported once per call).
     unreadable: Vec<String>,
 }
@@ -109,6 +109,17 @@ impl SecretWatch {
     /// Watch for the secrets of `specs`.
     fn new(specs: Arc<[Arc<CredentialSpec>]>) -> Self {
         SecretWatch { specs, seen: Mutex::default() }
+    }
+
+    /// A request of the call carries `secret`: watched from now on, for
+    /// every response of the call (one still in flight, one checked before
+    /// this request's own), whatever the source holds later.
+    fn sent(&self, name: &str, secret: &Secret) {
+        let value = (name.to_owned(), secret.expose().as_bytes().to_vec());
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if !seen.values.contains(&value) {
+            seen.values.push(value);
+        }
     }
 
     /// The scanner for a response to a request that carried `applied`.
@@ -132,17 +143,16 @@ impl SecretWatch {
                 seen.unreadable.push(name);
             }
         }
-        let before = seen.values.len();
         for value in current {
             if !seen.values.contains(&value) {
                 seen.values.push(value);
             }
         }
         match &seen.scanner {
-            Some(scanner) if seen.values.len() == before => scanner.clone(),
+            Some((scanner, built_from)) if *built_from == seen.values.len() => scanner.clone(),
             _ => {
                 let scanner = Arc::new(SecretScanner::new(&seen.values));
-                seen.scanner = Some(scanner.clone());
+                seen.scanner = Some((scanner.clone(), seen.values.len()));
                 scanner
             }
         }
@@ -375,8 +385,12 @@ fn decode(coding: &str, data: Bytes, limit: usize) -> Result<Bytes, String> {
     };
     match coding.as_str() {
         "" | "identity" => return Ok(data),
+        // Nothing to decode (a HEAD, a 204 or 304 that still names its coding).
+        _ if data.is_empty() => return Ok(data),
         "gzip" | "x-gzip" => take(&mut flate2::read::MultiGzDecoder::new(&data[..]), &mut out)?,
-        "deflate" => take(&mut flate2::read::ZlibDecoder::new(&data[..]), &mut out)?,
+        // zlib as the RFC says; raw deflate as some servers send (browsers accept both).
+        "deflate" if is_zlib(&data) => take(&mut flate2::read::ZlibDecoder::new(&data[..]), &mut out)?,
+        "deflate" => take(&mut flate2::read::DeflateDecoder::new(&data[..]), &mut out)?,
         // The server's own bytes never go into the error (it reaches the
         // guest and the journal unchecked): a registered coding is named,
         // anything else is not.
@@ -386,6 +400,20 @@ fn decode(coding: &str, data: Bytes, limit: usize) -> Result<Bytes, String> {
         _ => return Err("a content coding the host does not know cannot be checked".to_owned()),
     }
     Ok(Bytes::from(out))
+}
+
+/// A transport failure as the host records it: `dest: reason`, unless the
+/// reason's text (which can carry the server's bytes — a certificate's
+/// names, a peer's message) holds a secret.
+fn transport_line(dest: &str, error: &HttpError, scanner: &SecretScanner) -> String {
+    let text = error.to_string();
+    match scanner.find(text.as_bytes()) {
+        None => format!("{dest}: {text}"),
+        Some(f) => format!(
+            "{dest}: a transport error whose text held credential `{}` ({}, {}); its text is withheld",
+            f.credential, f.form, f.view
+        ),
+    }
 }
 
 /// Most content codings a response may stack.
@@ -419,56 +447,164 @@ fn codings(headers: &http::HeaderMap) -> Result<Vec<String>, String> {
     Ok(codings)
 }
 
-/// Most compressed streams the check inflates in one response body.
-const MAX_INFLATED: usize = 16;
+/// Why a response is withheld (no server bytes in it), and whether it is
+/// for a content coding the host cannot undo.
+#[derive(Debug)]
+struct Withheld {
+    why: String,
+    coding: bool,
+}
 
-/// How deep the check looks into compressed streams inside compressed streams.
-const MAX_NESTING: usize = 2;
+/// Check a response the way it will reach the guest: the head as the
+/// server sent it, first (before decoding can end the exchange with an
+/// error); then the declared codings undone and the body checked. On
+/// success, the body to hand over (decoded; the head no longer names the
+/// codings).
+fn inspect(
+    parts: &mut http::response::Parts,
+    data: Bytes,
+    scanner: &SecretScanner,
+    limit: usize,
+) -> Result<Bytes, Withheld> {
+    let held = |f: super::scan::Finding, place: &str| Withheld {
+        why: format!("{place} held credential `{}` ({}, {})", f.credential, f.form, f.view),
+        coding: false,
+    };
+    let in_head = parts
+        .headers
+        .iter()
+        .find_map(|(k, v)| scanner.find(k.as_str().as_bytes()).or_else(|| scanner.find(v.as_bytes())));
+    if let Some(f) = in_head {
+        return Err(held(f, "a header"));
+    }
+    let codings = codings(&parts.headers).map_err(|why| Withheld { why, coding: true })?;
+    let data =
+        codings.iter().try_fold(data, |d, c| decode(c, d, limit)).map_err(|why| Withheld { why, coding: true })?;
+    if !codings.is_empty() {
+        parts.headers.remove(CONTENT_ENCODING);
+        parts.headers.remove(http::header::TRANSFER_ENCODING);
+        parts.headers.insert(CONTENT_LENGTH, HeaderValue::from(data.len()));
+    }
+    let mut inflate = Inflate { budget: limit.saturating_mul(INFLATE_FACTOR), attempts: MAX_STREAMS };
+    match check_body(scanner, &data, &mut inflate, 0) {
+        Ok(None) => Ok(data),
+        Ok(Some(f)) => Err(held(f, "the body")),
+        Err(why) => Err(Withheld { why, coding: false }),
+    }
+}
+
+/// Streams the check tries to inflate in one response, at every depth.
+const MAX_STREAMS: usize = 64;
+/// How deep the check inflates streams inside streams.
+const MAX_NESTING: usize = 3;
+/// What all of a response's streams may inflate to, in multiples of the response limit.
+const INFLATE_FACTOR: usize = 4;
+
+/// What the check may still spend inflating one response.
+struct Inflate {
+    /// Bytes of output left, over every stream at every depth.
+    budget: usize,
+    /// Streams left to try.
+    attempts: usize,
+}
+
+/// Whether `data` starts with a zlib header (RFC 1950: deflate, a window
+/// of at most 32 KiB, a header checksum).
+fn is_zlib(data: &[u8]) -> bool {
+    data.len() >= 2
+        && data[0] & 0x0f == 8
+        && data[0] >> 4 <= 7
+        && u16::from_be_bytes([data[0], data[1]]).is_multiple_of(31)
+}
 
 /// Check a (decoded) body for secrets, and inside it every gzip stream and
 /// a body that is a zlib stream — compressed bytes whatever the headers
-/// said, which a guest could inflate itself — down to [`MAX_NESTING`]
-/// levels. `Err` when a stream inflates past `limit` or there are too many
-/// to check: the host cannot vouch for what it did not see.
+/// said, which a guest could inflate itself — and the streams inside those,
+/// down to [`MAX_NESTING`] levels. The members of a multi-member gzip file
+/// are inflated as one stream. `Err` when the streams inflate past the
+/// response's budget, are too many or nest too deep: the host cannot vouch
+/// for what it did not see.
 fn check_body(
     scanner: &SecretScanner,
     data: &[u8],
-    limit: usize,
+    inflate: &mut Inflate,
     depth: usize,
 ) -> Result<Option<super::scan::Finding>, String> {
     if let Some(f) = scanner.find(data) {
         return Ok(Some(f));
     }
-    let gzip: Vec<usize> = memchr::memmem::find_iter(data, &[0x1f, 0x8b, 0x08]).take(MAX_INFLATED + 1).collect();
-    // RFC 1950: deflate, a window of at most 32 KiB, a header checksum.
-    let zlib =
-        data.len() >= 2 && data[0] & 0x0f == 8 && data[0] >> 4 <= 7 && u16::from_be_bytes([data[0], data[1]]) % 31 == 0;
-    if gzip.is_empty() && !zlib {
-        return Ok(None);
-    }
-    if gzip.len() > MAX_INFLATED || depth >= MAX_NESTING {
-        return Err("it holds compressed streams nested or numerous beyond what the host checks".to_owned());
-    }
-    let streams = gzip.into_iter().map(|at| (at, true)).chain(zlib.then_some((0, false)));
-    for (at, is_gzip) in streams {
-        let mut out = Vec::new();
-        let stream = &data[at..];
-        let reader: &mut dyn std::io::Read = if is_gzip {
-            &mut flate2::read::MultiGzDecoder::new(stream)
-        } else {
-            &mut flate2::read::ZlibDecoder::new(stream)
-        };
-        // Bytes that only look like a stream fail to inflate; what came out is checked either way.
-        let _ = reader.take(limit as u64 + 1).read_to_end(&mut out);
-        if out.len() > limit {
-            return Err(format!("a compressed stream in it inflates past the {limit}-byte limit"));
+    let zlib = is_zlib(data).then_some((0, false));
+    let gzip = memchr::memmem::find_iter(data, &[0x1f, 0x8b, 0x08]).map(|at| (at, true));
+    // What the stream being gathered inflated to so far (members that follow
+    // each other are one stream, as a gzip reader reads them), its kind, and
+    // where its input ends.
+    let mut stream: Option<(Vec<u8>, bool)> = None;
+    let mut inflated_to = 0;
+    for (at, is_gzip) in zlib.into_iter().chain(gzip) {
+        if at < inflated_to {
+            continue;
         }
-        if let Some(mut f) = check_body(scanner, &out, limit, depth + 1)? {
-            f.view = if is_gzip { "inflated from a gzip stream" } else { "inflated from a zlib stream" };
+        if at > inflated_to
+            && let Some((out, was_gzip)) = stream.take()
+            && let Some(f) = check_stream(scanner, &out, was_gzip, inflate, depth)?
+        {
             return Ok(Some(f));
         }
+        if stream.is_none() {
+            let Some(left) = inflate.attempts.checked_sub(1) else {
+                return Err(format!("it holds more than {MAX_STREAMS} compressed streams, more than the host checks"));
+            };
+            inflate.attempts = left;
+        }
+        let mut input = &data[at..];
+        let mut out = Vec::new();
+        {
+            // One member at a time, so the input it took is exact.
+            let reader: &mut dyn std::io::Read = if is_gzip {
+                &mut flate2::bufread::GzDecoder::new(&mut input)
+            } else {
+                &mut flate2::bufread::ZlibDecoder::new(&mut input)
+            };
+            // Bytes that only look like a stream inflate to nothing; a
+            // stream cut short yields what it held. What came out is checked either way.
+            let _ = reader.take(inflate.budget as u64 + 1).read_to_end(&mut out);
+        }
+        if out.is_empty() {
+            continue;
+        }
+        let Some(left) = inflate.budget.checked_sub(out.len()) else {
+            return Err(format!(
+                "its compressed streams inflate past {INFLATE_FACTOR}× `limits.http_response_kib`, more than the host checks"
+            ));
+        };
+        inflate.budget = left;
+        inflated_to = data.len() - input.len();
+        match &mut stream {
+            Some((gathered, _)) => gathered.extend_from_slice(&out),
+            None => stream = Some((out, is_gzip)),
+        }
     }
-    Ok(None)
+    match stream {
+        Some((out, is_gzip)) => check_stream(scanner, &out, is_gzip, inflate, depth),
+        None => Ok(None),
+    }
+}
+
+/// Check what one stream inflated to, with the streams inside it.
+fn check_stream(
+    scanner: &SecretScanner,
+    out: &[u8],
+    is_gzip: bool,
+    inflate: &mut Inflate,
+    depth: usize,
+) -> Result<Option<super::scan::Finding>, String> {
+    if depth == MAX_NESTING {
+        return Err(format!("it nests compressed streams more than {MAX_NESTING} deep, more than the host checks"));
+    }
+    Ok(check_body(scanner, out, inflate, depth + 1)?.map(|f| super::scan::Finding {
+        view: if is_gzip { "inflated from a gzip stream" } else { "inflated from a zlib stream" },
+        ..f
+    }))
 }
 
 type Sent = Result<(http::Response<WasiBody>, Box<dyn Future<Output = Result<(), HttpError>> + Send>), HttpError>;
@@ -505,6 +641,7 @@ impl WasiHttpHooks for OutboundPolicy {
             let Decided { dest, credential } = decided?;
             if let Some((spec, secret)) = &credential {
                 apply(&mut request, spec, secret)?;
+                call.watch.sent(&spec.name, secret);
             }
             // The value sent is watched for in the response, whatever the source holds by then.
             let applied = credential.map(|(spec, secret)| (spec.name.clone(), secret));
@@ -527,17 +664,19 @@ impl WasiHttpHooks for OutboundPolicy {
             let (response, io) = match wasmtime_wasi_http::default_send_request(request, Some(options)).await {
                 Ok(sent) => sent,
                 Err(e) => {
-                    // The text can carry the server's bytes (a certificate's
-                    // names, a peer's message): checked before it is recorded.
-                    let text = format!("{e}");
-                    let line = match call.watch.scanner(records, applied.as_ref()).find(text.as_bytes()) {
-                        None => format!("{dest}: {text}"),
-                        Some(f) => format!(
-                            "{dest}: a transport error whose text held credential `{}` ({}, {}); its text is withheld",
-                            f.credential, f.form, f.view
-                        ),
-                    };
-                    *call.transport.lock().unwrap_or_else(|p| p.into_inner()) = Some(line);
+                    // Recorded at once: the guest may see its request fail
+                    // (its body stream closed) before this future returns,
+                    // and the call's outcome is classified by this record.
+                    let set = |line| *call.transport.lock().unwrap_or_else(|p| p.into_inner()) = Some(line);
+                    if matches!(e, HttpError::Tls(_)) {
+                        // Its text can carry the server's bytes (a
+                        // certificate's names): the full text only once checked.
+                        set(format!("{dest}: TLS error"));
+                        set(transport_line(&dest, &e, &call.watch.scanner(records, applied.as_ref())));
+                    } else {
+                        // Connect, DNS, protocol errors: the OS's and hyper's own words.
+                        set(format!("{dest}: {e}"));
+                    }
                     return Err(e);
                 }
             };
@@ -561,56 +700,29 @@ impl WasiHttpHooks for OutboundPolicy {
             // In flight no longer: the next request of the call may go.
             drop((call_slot, host_slot));
             let data = collected?;
-            // The head is checked as the server sent it, before anything
-            // (decoding among them) can end the exchange with an error.
             let scanner = call.watch.scanner(records, applied.as_ref());
             drop(applied);
-            let in_head = parts
-                .headers
-                .iter()
-                .find_map(|(k, v)| scanner.find(k.as_str().as_bytes()).or_else(|| scanner.find(v.as_bytes())))
-                .map(|f| (f, "a header"));
-            let mut data = data;
-            if in_head.is_none() {
-                let decoded = codings(&parts.headers).and_then(|codings| {
-                    let decoded = codings.iter().try_fold(data, |d, c| decode(c, d, limits.response_bytes))?;
-                    Ok((codings, decoded))
-                });
-                data = match decoded {
-                    Ok((codings, d)) => {
-                        if !codings.is_empty() {
-                            parts.headers.remove(CONTENT_ENCODING);
-                            parts.headers.remove(http::header::TRANSFER_ENCODING);
-                            parts.headers.insert(CONTENT_LENGTH, HeaderValue::from(d.len()));
-                        }
-                        d
-                    }
-                    Err(why) => {
-                        records.add(format!("response from {dest} withheld: {why}"));
-                        return Err(HttpError::HttpResponseContentCoding(Some(why)));
-                    }
-                };
-            }
-            let found = match in_head {
-                Some(found) => Ok(Some(found)),
-                None => check_body(&scanner, &data, limits.response_bytes, 0).map(|f| f.map(|f| (f, "the body"))),
+            // Decoding and checking are CPU work proportional to what the
+            // server sent: off the async workers.
+            let inspected = tokio::task::spawn_blocking(move || {
+                let verdict = inspect(&mut parts, data, &scanner, limits.response_bytes);
+                (parts, verdict)
+            })
+            .await;
+            let Ok((parts, verdict)) = inspected else {
+                return Err(HttpError::InternalError(Some("the host could not check the response".into())));
             };
-            match found {
-                Ok(None) => {}
-                Ok(Some((f, place))) => {
-                    records.add(format!(
-                        "response from {dest} withheld: {place} held credential `{}` ({}, {})",
-                        f.credential, f.form, f.view
-                    ));
-                    return Err(HttpError::InternalError(Some(
-                        "the host withheld the response: it held a configured credential".into(),
-                    )));
-                }
-                Err(why) => {
+            let data = match verdict {
+                Ok(data) => data,
+                Err(Withheld { why, coding }) => {
                     records.add(format!("response from {dest} withheld: {why}"));
-                    return Err(HttpError::InternalError(Some(format!("the host withheld the response: {why}"))));
+                    return Err(if coding {
+                        HttpError::HttpResponseContentCoding(Some(why))
+                    } else {
+                        HttpError::InternalError(Some(format!("the host withheld the response: {why}")))
+                    });
                 }
-            }
+            };
             let size = data.len();
             call.buffered.fetch_add(size, Ordering::Relaxed);
             let held = HeldBody { data, call: call.clone(), size };
@@ -669,6 +781,10 @@ mod tests {
         assert!(codings(&h).unwrap_err().contains("stacks 4"));
     }
 
+    fn check(s: &SecretScanner, data: &[u8], limit: usize) -> Result<Option<super::super::scan::Finding>, String> {
+        check_body(s, data, &mut Inflate { budget: limit * INFLATE_FACTOR, attempts: MAX_STREAMS }, 0)
+    }
+
     #[test]
     fn compressed_bytes_are_inflated_for_the_check_whatever_the_headers_say() {
         use std::io::Write as _;
@@ -676,25 +792,51 @@ mod tests {
         let s = SecretScanner::new(&[("tracker".into(), secret.as_bytes().to_vec())]);
         let limit = 1 << 20;
         let body = format!("{{\"echo\":\"{secret}\"}}");
-        // A whole body, a stream after other bytes, a stream inside a stream.
+        // A whole body, a stream after other bytes, streams inside streams, a member after others.
         let mut after = b"--boundary\r\n".to_vec();
         after.extend(gzip(body.as_bytes()));
         let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
         z.write_all(body.as_bytes()).unwrap();
-        for data in [gzip(body.as_bytes()), after, gzip(&gzip(body.as_bytes())), z.finish().unwrap()] {
-            let f = check_body(&s, &data, limit, 0).unwrap().expect("found");
+        let members: Vec<u8> = (0..40).flat_map(|_| gzip(b"ordinary line\n")).chain(gzip(body.as_bytes())).collect();
+        let apart = [gzip(b"first part"), b"--between--".to_vec(), gzip(body.as_bytes())].concat();
+        for data in
+            [gzip(body.as_bytes()), after, apart, gzip(&gzip(&gzip(body.as_bytes()))), z.finish().unwrap(), members]
+        {
+            let f = check(&s, &data, limit).unwrap().expect("found");
             assert!(f.view.starts_with("inflated from"), "{f:?}");
         }
-        // A bomb is not inflated past the limit: the response cannot be vouched for.
-        let bomb = gzip(&vec![b'a'; 4 * limit]);
-        assert!(check_body(&s, &bomb, limit, 0).unwrap_err().contains("inflates past"));
-        // Too deep or too many: refused, not passed.
-        assert!(check_body(&s, &gzip(&gzip(&gzip(b"x"))), limit, 0).is_err());
-        let many: Vec<u8> = (0..=MAX_INFLATED).flat_map(|_| gzip(b"x")).collect();
-        assert!(check_body(&s, &many, limit, 0).is_err());
-        // Ordinary bytes that only look like a header are checked and pass.
-        assert_eq!(check_body(&s, b"\x1f\x8b\x08 not a stream", limit, 0), Ok(None));
-        assert_eq!(check_body(&s, b"x\x9c plain text", limit, 0), Ok(None));
+        // A bomb is not inflated past the budget: the response cannot be vouched for.
+        let bomb = gzip(&vec![b'a'; 5 * limit]);
+        assert!(check(&s, &bomb, limit).unwrap_err().contains("inflate past"));
+        // Nor are streams nested beyond the bound, or more than the bound.
+        let mut deep = b"x".to_vec();
+        for _ in 0..=MAX_NESTING {
+            deep = gzip(&deep);
+        }
+        assert!(check(&s, &deep, limit).unwrap_err().contains("nests"));
+        let many: Vec<u8> =
+            (0..=MAX_STREAMS).flat_map(|i| [format!("part {i}").into_bytes(), gzip(b"x")].concat()).collect();
+        assert!(check(&s, &many, limit).unwrap_err().contains("more than 64"));
+        // Ordinary data passes: a multi-member gzip file (its members are one
+        // stream), bytes that only look like a header, text that starts like zlib.
+        let bgzf: Vec<u8> = (0..500).flat_map(|i| gzip(format!("record {i}\n").as_bytes())).collect();
+        assert_eq!(check(&s, &bgzf, limit), Ok(None));
+        assert_eq!(check(&s, b"\x1f\x8b\x08 not a stream", limit), Ok(None));
+        for text in ["x\u{9c} plain", "80 items", "hb"] {
+            assert_eq!(check(&s, text.as_bytes(), limit), Ok(None), "{text}");
+        }
+    }
+
+    #[test]
+    fn an_empty_body_and_raw_deflate_decode() {
+        use std::io::Write as _;
+        assert_eq!(decode("gzip", Bytes::new(), 10).unwrap(), Bytes::new());
+        let mut raw = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::default());
+        raw.write_all(b"raw deflate").unwrap();
+        assert_eq!(
+            decode("deflate", Bytes::from(raw.finish().unwrap()), 100).unwrap(),
+            Bytes::from_static(b"raw deflate")
+        );
     }
 
     #[test]
@@ -729,6 +871,26 @@ mod tests {
             assert!(s.find(v.as_bytes()).is_some(), "{v}");
         }
         assert!(records.take().0.is_empty());
+        // A value is watched from the moment a request carries it, for every
+        // response of the call — one checked before that request's own.
+        let watch = SecretWatch::new(Arc::from([spec.clone()]));
+        write("fourth-value-4444");
+        let sent = spec.materialize("http", "127.0.0.1", 8080).unwrap();
+        watch.sent("tracker", &sent);
+        write("fifth-value-55555");
+        assert!(watch.scanner(&records, None).find(b"fourth-value-4444").is_some());
+    }
+
+    #[test]
+    fn a_transport_error_is_recorded_only_when_its_text_holds_no_secret() {
+        let s = SecretScanner::new(&[("tracker".into(), b"s3cr3t-in-a-cert-name".to_vec())]);
+        let tls = |text: &str| HttpError::Tls(std::io::Error::other(text.to_owned()));
+        assert_eq!(
+            transport_line("https://a:443", &tls("invalid peer certificate: expired"), &s),
+            "https://a:443: TLS error: invalid peer certificate: expired"
+        );
+        let line = transport_line("https://a:443", &tls("not valid for name: s3cr3t-in-a-cert-name.example"), &s);
+        assert!(line.contains("credential `tracker`") && !line.contains("s3cr3t"), "{line}");
     }
 
     #[test]

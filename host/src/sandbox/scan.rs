@@ -92,6 +92,36 @@ fn core(secret: &[u8], offset: usize, bits: usize, encode: impl Fn(&[u8]) -> Str
     (end > first + 3).then(|| encoded.get(first..end).map(<[u8]>::to_vec)).flatten()
 }
 
+/// The secret as URL and JSON encoders write it, where that differs from
+/// the secret itself: percent-encoded (as the host writes a query
+/// credential, and with `+` for a space), and JSON-escaped (with and
+/// without `\/`).
+fn escapings(secret: &[u8]) -> Vec<Vec<u8>> {
+    let unreserved = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~');
+    let percent: Vec<u8> =
+        secret.iter().flat_map(|&b| if unreserved(b) { vec![b] } else { format!("%{b:02X}").into_bytes() }).collect();
+    let form: Vec<u8> = secret
+        .iter()
+        .flat_map(|&b| match b {
+            b' ' => vec![b'+'],
+            b if unreserved(b) => vec![b],
+            b => format!("%{b:02X}").into_bytes(),
+        })
+        .collect();
+    let mut out = vec![percent, form];
+    if let Ok(text) = std::str::from_utf8(secret)
+        && let Ok(json) = serde_json::to_string(text)
+    {
+        let json = json.trim_matches('"').to_owned();
+        out.push(json.replace('/', "\\/").into_bytes());
+        out.push(json.into_bytes());
+    }
+    out.retain(|e| e.as_slice() != secret);
+    out.sort();
+    out.dedup();
+    out
+}
+
 /// Collects needles, once each.
 #[derive(Default)]
 struct Needles {
@@ -138,16 +168,22 @@ impl SecretScanner {
             // In any letter case: servers normalize ids and hex keys (a
             // lowercase key or UUID echoed upper-case is the same secret).
             folded.add(secret.clone(), i, "raw");
+            // Base64 of the secret as it stands in a URL or a JSON string
+            // too: a query credential comes back inside a base64 cursor or
+            // signed URL, a header value inside base64 of escaped JSON.
+            let escaped = escapings(secret);
             for offset in 0..3 {
                 for (encode, form) in [(&std as &dyn Fn(&[u8]) -> String, "base64"), (&url, "base64url")] {
-                    if let Some(c) = core(secret, offset, 6, encode) {
-                        exact.add(c, i, form);
+                    for text in std::iter::once(secret).chain(&escaped) {
+                        if let Some(c) = core(text, offset, 6, encode) {
+                            exact.add(c, i, form);
+                        }
                     }
                 }
                 // base64 of a base64 value that holds the secret.
-                if let Some(inner) = core(secret, offset, 6, &std) {
+                if let Some(inner) = core(secret, offset, 6, std) {
                     for outer in 0..3 {
-                        if let Some(c) = core(&inner, outer, 6, &std) {
+                        if let Some(c) = core(&inner, outer, 6, std) {
                             exact.add(c, i, "base64 twice");
                         }
                     }
@@ -165,7 +201,8 @@ impl SecretScanner {
                 folded.add(pairs.join(sep).into_bytes(), i, "hex with separators");
             }
             let decimal: Vec<String> = secret.iter().map(u8::to_string).collect();
-            for sep in [",", ", "] {
+            // JSON arrays (`,`, `, `) and Go's `%v` of a byte slice (` `).
+            for sep in [",", ", ", " "] {
                 exact.add(decimal.join(sep).into_bytes(), i, "byte list");
             }
             if let Ok(text) = std::str::from_utf8(secret) {
@@ -209,6 +246,16 @@ impl SecretScanner {
                 })
             })
             .or_else(|| self.find_repeated(data))
+            .or_else(|| {
+                // Text in UTF-16: with its zero bytes gone, ASCII is ASCII
+                // again and every view above applies (a secret's base64 or
+                // hex written in UTF-16).
+                let zeros = data.iter().filter(|&&b| b == 0).count();
+                (zeros > 0 && zeros * 4 >= data.len()).then(|| {
+                    let narrowed: Vec<u8> = data.iter().copied().filter(|&b| b != 0).collect();
+                    self.find(&narrowed).map(|f| Finding { view: "UTF-16 narrowed", ..f })
+                })?
+            })
     }
 
     /// Every kind undone at once, pass after pass, each pass scanned; then
@@ -246,13 +293,25 @@ impl SecretScanner {
     }
 
     /// `data` without blanks, if it has line breaks: base64 and hex
-    /// wrapped at a fixed width (MIME, PEM) are contiguous again.
+    /// wrapped at a fixed width (MIME, PEM) are contiguous again, and so is
+    /// quoted-printable text (its soft line break, `=` at a line's end,
+    /// goes with the break; its `=XX` are undone too).
     fn find_unwrapped(&self, data: &[u8], name: &'static str) -> Option<Finding> {
         if !data.iter().any(|b| matches!(b, b'\n' | b'\r')) {
             return None;
         }
-        let joined: Vec<u8> = data.iter().copied().filter(|b| !matches!(b, b'\n' | b'\r' | b' ' | b'\t')).collect();
-        self.find_in(&joined, name)
+        let blank = |b: Option<&u8>| matches!(b, Some(b'\n' | b'\r' | b' ' | b'\t'));
+        let mut joined = Vec::with_capacity(data.len());
+        for (i, b) in data.iter().enumerate() {
+            let soft_break = *b == b'=' && matches!(data.get(i + 1), Some(b'\r' | b'\n'));
+            if !blank(Some(b)) && !soft_break {
+                joined.push(*b);
+            }
+        }
+        self.find_in(&joined, name).or_else(|| {
+            let decoded = unescape(&joined, Kinds { quoted_printable: true, ..NONE });
+            (decoded != joined).then(|| self.find_in(&decoded, name)).flatten()
+        })
     }
 
     fn find_in(&self, view: &[u8], name: &'static str) -> Option<Finding> {
@@ -556,6 +615,20 @@ mod tests {
                     .join(" "),
             ),
             ("byte list (Node Buffer as JSON)", secret.bytes().map(|b| b.to_string()).collect::<Vec<_>>().join(",")),
+            // Base64 of the secret as a URL or JSON encoder left it.
+            (
+                "base64 of a URL holding it percent-encoded",
+                STANDARD.encode(format!("https://api.example/v1?key={}&page=2", pct_unreserved(secret))),
+            ),
+            ("base64 of JSON with \\/", STANDARD.encode(serde_json::to_string(secret).unwrap().replace('/', "\\/"))),
+            (
+                "Go %v of a byte slice",
+                format!("[{}]", secret.bytes().map(|b| b.to_string()).collect::<Vec<_>>().join(" ")),
+            ),
+            (
+                "quoted-printable with soft line breaks, in a JSON string",
+                secret.bytes().map(|b| format!("={b:02X}=\\r\\n")).collect(),
+            ),
             // Wrapped at a fixed width.
             ("base64 wrapped at 8 columns (CRLF)", wrap(&b64, 8, "\r\n")),
             ("base64 wrapped, JSON-escaped", wrap(&b64, 8, "\\n")),
@@ -579,6 +652,18 @@ mod tests {
     }
 
     use base64::engine::general_purpose::STANDARD_NO_PAD as STANDARD_NO_PAD_ENC;
+
+    fn pct_unreserved(s: &str) -> String {
+        s.bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect()
+    }
 
     fn wrap(s: &str, width: usize, line_end: &str) -> String {
         s.as_bytes().chunks(width).map(|c| String::from_utf8_lossy(c).into_owned()).collect::<Vec<_>>().join(line_end)
@@ -640,6 +725,9 @@ mod tests {
             data.extend(b"\"}");
             assert_eq!(s.find(&data).map(|f| f.form), Some("UTF-16"), "little-endian: {le}");
         }
+        // Another encoding written in UTF-16: found once the zero bytes are gone.
+        let b64: Vec<u8> = STANDARD.encode(SECRET).encode_utf16().flat_map(|u| u.to_le_bytes()).collect();
+        assert_eq!(s.find(&b64).map(|f| (f.form, f.view)), Some(("base64", "UTF-16 narrowed")));
     }
 
     #[test]
