@@ -151,12 +151,33 @@ impl SecretWatch {
         match &seen.scanner {
             Some((scanner, built_from)) if *built_from == seen.values.len() => scanner.clone(),
             _ => {
-                let scanner = Arc::new(SecretScanner::new(&seen.values));
+                let scanner = shared_scanner(&seen.values);
                 seen.scanner = Some((scanner.clone(), seen.values.len()));
                 scanner
             }
         }
     }
+}
+
+/// The scanner for `values`, shared by every call that watches the same
+/// values: building one takes milliseconds (dozens of needles per secret),
+/// and secrets rarely change, so the last one built is kept, by the exact
+/// values it holds.
+type Watched = Vec<(String, Vec<u8>)>;
+
+fn shared_scanner(values: &[(String, Vec<u8>)]) -> Arc<SecretScanner> {
+    static LAST: Mutex<Option<(Watched, Arc<SecretScanner>)>> = Mutex::new(None);
+    let mut key = values.to_vec();
+    key.sort();
+    let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((k, scanner)) = last.as_ref()
+        && *k == key
+    {
+        return scanner.clone();
+    }
+    let scanner = Arc::new(SecretScanner::new(&key));
+    *last = Some((key, scanner.clone()));
+    scanner
 }
 
 /// What a call's requests share, in one allocation made at its first

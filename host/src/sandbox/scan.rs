@@ -62,9 +62,9 @@ pub struct Finding {
 
 /// Every configured secret, ready to be searched for.
 pub struct SecretScanner {
-    /// Case-sensitive needles (base64 forms, byte lists, short secrets).
+    /// Case-sensitive needles (every encoded form, short secrets).
     exact: Option<AhoCorasick>,
-    /// ASCII-case-insensitive needles (raw, hex, base32, UTF-16).
+    /// ASCII-case-insensitive needles (the raw secrets).
     folded: Option<AhoCorasick>,
     /// Per pattern of `exact`, then of `folded`: (credential index, form).
     exact_meta: Vec<(usize, &'static str)>,
@@ -191,14 +191,23 @@ impl SecretScanner {
             }
             for offset in 0..5 {
                 if let Some(c) = core(secret, offset, 5, b32) {
-                    folded.add(c, i, "base32");
+                    // Upper case (RFC 4648) and lower (DNS names, some
+                    // libraries), as exact needles: a case-insensitive
+                    // needle of letters matches everywhere in text and
+                    // makes the search several times slower.
+                    exact.add(c.to_ascii_lowercase(), i, "base32");
+                    exact.add(c, i, "base32");
                 }
             }
             let hex = hex::encode(secret);
-            folded.add(hex.clone().into_bytes(), i, "hex");
+            // Hex in lower and in upper case (exact, for the same reason).
+            exact.add(hex.to_ascii_uppercase().into_bytes(), i, "hex");
+            exact.add(hex.clone().into_bytes(), i, "hex");
             let pairs: Vec<&str> = hex.as_bytes().chunks(2).filter_map(|p| std::str::from_utf8(p).ok()).collect();
             for sep in [":", "-", " "] {
-                folded.add(pairs.join(sep).into_bytes(), i, "hex with separators");
+                let joined = pairs.join(sep);
+                exact.add(joined.to_ascii_uppercase().into_bytes(), i, "hex with separators");
+                exact.add(joined.into_bytes(), i, "hex with separators");
             }
             let decimal: Vec<String> = secret.iter().map(u8::to_string).collect();
             // JSON arrays (`,`, `, `) and Go's `%v` of a byte slice (` `).
@@ -207,8 +216,8 @@ impl SecretScanner {
             }
             if let Ok(text) = std::str::from_utf8(secret) {
                 let units: Vec<u16> = text.encode_utf16().collect();
-                folded.add(units.iter().flat_map(|u| u.to_le_bytes()).collect(), i, "UTF-16");
-                folded.add(units.iter().flat_map(|u| u.to_be_bytes()).collect(), i, "UTF-16");
+                exact.add(units.iter().flat_map(|u| u.to_le_bytes()).collect(), i, "UTF-16");
+                exact.add(units.iter().flat_map(|u| u.to_be_bytes()).collect(), i, "UTF-16");
             }
         }
         let (exact, exact_meta) = exact.build(false);
@@ -241,8 +250,7 @@ impl SecretScanner {
                     if !data.contains(trigger) {
                         return None;
                     }
-                    let view = unescape(data, *kinds);
-                    (view != data).then(|| self.find_in(&view, name)).flatten()
+                    self.find_in(&unescape(data, *kinds)?, name)
                 })
             })
             .or_else(|| self.find_repeated(data))
@@ -250,8 +258,9 @@ impl SecretScanner {
                 // Text in UTF-16: with its zero bytes gone, ASCII is ASCII
                 // again and every view above applies (a secret's base64 or
                 // hex written in UTF-16).
-                let zeros = data.iter().filter(|&&b| b == 0).count();
-                (zeros > 0 && zeros * 4 >= data.len()).then(|| {
+                memchr::memchr(0, data)?;
+                let zeros = memchr::memchr_iter(0, data).count();
+                (zeros * 4 >= data.len()).then(|| {
                     let narrowed: Vec<u8> = data.iter().copied().filter(|&b| b != 0).collect();
                     self.find(&narrowed).map(|f| Finding { view: "UTF-16 narrowed", ..f })
                 })?
@@ -269,13 +278,13 @@ impl SecretScanner {
             let kinds = Kinds { plus, ..ALL };
             let mut current = Cow::Borrowed(data);
             for _ in 0..MAX_PASSES {
-                if !current.iter().any(|b| kinds.triggers(*b)) {
+                let plus_found = plus && memchr::memchr(b'+', &current).is_some();
+                if !plus_found && memchr::memchr3(b'\\', b'&', b'%', &current).is_none() {
                     break;
                 }
-                let next = unescape(&current, kinds);
-                if next[..] == current[..] {
+                let Some(next) = unescape(&current, kinds) else {
                     break;
-                }
+                };
                 saw_plus |= next.contains(&b'+');
                 let name = if plus { "form-decoded repeatedly" } else { "decoded repeatedly" };
                 let wrapped = if plus {
@@ -297,9 +306,7 @@ impl SecretScanner {
     /// quoted-printable text (its soft line break, `=` at a line's end,
     /// goes with the break; its `=XX` are undone too).
     fn find_unwrapped(&self, data: &[u8], name: &'static str) -> Option<Finding> {
-        if !data.iter().any(|b| matches!(b, b'\n' | b'\r')) {
-            return None;
-        }
+        memchr::memchr2(b'\n', b'\r', data)?;
         let blank = |b: Option<&u8>| matches!(b, Some(b'\n' | b'\r' | b' ' | b'\t'));
         let mut joined = Vec::with_capacity(data.len());
         for (i, b) in data.iter().enumerate() {
@@ -308,10 +315,8 @@ impl SecretScanner {
                 joined.push(*b);
             }
         }
-        self.find_in(&joined, name).or_else(|| {
-            let decoded = unescape(&joined, Kinds { quoted_printable: true, ..NONE });
-            (decoded != joined).then(|| self.find_in(&decoded, name)).flatten()
-        })
+        self.find_in(&joined, name)
+            .or_else(|| self.find_in(&unescape(&joined, Kinds { quoted_printable: true, ..NONE })?, name))
     }
 
     fn find_in(&self, view: &[u8], name: &'static str) -> Option<Finding> {
@@ -349,47 +354,60 @@ const SINGLE: &[(u8, Kinds, &str)] = &[
     (b'=', Kinds { quoted_printable: true, ..NONE }, "quoted-printable-decoded"),
 ];
 
-impl Kinds {
-    fn triggers(self, b: u8) -> bool {
-        match b {
-            b'\\' => self.backslash,
-            b'&' => self.html,
-            b'%' => self.percent,
-            b'+' => self.plus,
-            b'=' => self.quoted_printable,
-            _ => false,
-        }
-    }
-}
-
 /// `data` with the escapes of `kinds` undone in one left-to-right pass
 /// (what a pass produces is not decoded again in the same pass); anything
-/// that is not a well-formed escape stays as it is.
-fn unescape(data: &[u8], kinds: Kinds) -> Vec<u8> {
-    let mut out = Vec::with_capacity(data.len());
-    let mut i = 0;
-    while i < data.len() {
-        let b = data[i];
-        let used = match b {
-            b'\\' if kinds.backslash => backslash_at(&data[i..], &mut out),
-            b'&' if kinds.html => reference_at(&data[i..], &mut out),
-            b'%' if kinds.percent => percent_at(&data[i..], &mut out),
-            b'=' if kinds.quoted_printable => quoted_printable_at(&data[i..], &mut out),
-            b'+' if kinds.plus => {
+/// that is not a well-formed escape stays as it is. `None` when there was
+/// nothing to undo: the view would be the data itself.
+fn unescape(data: &[u8], kinds: Kinds) -> Option<Vec<u8>> {
+    let mut special = [false; 256];
+    for (on, b) in [
+        (kinds.backslash, b'\\'),
+        (kinds.html, b'&'),
+        (kinds.percent, b'%'),
+        (kinds.quoted_printable, b'='),
+        (kinds.plus, b'+'),
+    ] {
+        special[usize::from(b)] = on;
+    }
+    let mut out = Vec::new();
+    let mut changed = false;
+    // Input up to `copied` is in `out`.
+    let (mut i, mut copied) = (0, 0);
+    while let Some(at) = data[i..].iter().position(|&b| special[usize::from(b)]) {
+        i += at;
+        if out.capacity() == 0 {
+            out.reserve(data.len());
+        }
+        out.extend_from_slice(&data[copied..i]);
+        let rest = &data[i..];
+        let used = match rest[0] {
+            b'\\' => backslash_at(rest, &mut out),
+            b'&' => reference_at(rest, &mut out),
+            b'%' => percent_at(rest, &mut out),
+            b'=' => quoted_printable_at(rest, &mut out),
+            _ => {
                 out.push(b' ');
                 Some(1)
             }
-            _ => None,
         };
         match used {
-            Some(n) => i += n,
+            Some(n) => {
+                changed = true;
+                i += n;
+            }
+            // Not an escape: the byte stays as it is.
             None => {
-                out.push(b);
+                out.push(rest[0]);
                 i += 1;
             }
         }
+        copied = i;
     }
-    out
+    if !changed {
+        return None;
+    }
+    out.extend_from_slice(&data[copied..]);
+    Some(out)
 }
 
 fn hex_digit(b: u8) -> Option<u8> {
@@ -507,9 +525,12 @@ fn reference_at(s: &[u8], out: &mut Vec<u8>) -> Option<usize> {
         let semi = usize::from(tail.get(digits) == Some(&b';'));
         return push_char(code, out).then_some(1 + start + digits + semi);
     }
-    let (name, b) = NAMED.iter().find(|(n, _)| rest.starts_with(n.as_bytes()) && rest.get(n.len()) == Some(&b';'))?;
+    // The longest name is 16 bytes: look for its `;` no further.
+    let semi = rest.iter().take(17).position(|&b| b == b';')?;
+    let name = &rest[..semi];
+    let (_, b) = NAMED.iter().find(|(n, _)| n.as_bytes() == name)?;
     out.push(*b);
-    Some(1 + name.len() + 1)
+    Some(1 + semi + 1)
 }
 
 /// `%XX` (either case) at the start of `s`.
