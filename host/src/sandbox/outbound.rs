@@ -163,19 +163,29 @@ impl SecretWatch {
 /// values: building one takes milliseconds (dozens of needles per secret),
 /// and secrets rarely change, so the last one built is kept, by the exact
 /// values it holds.
-type Watched = Vec<(String, Vec<u8>)>;
-
+/// (It is keyed by a SHA-256 of the values, not by the values: the
+/// scanner's needles hold them, but no second plaintext copy is kept.)
 fn shared_scanner(values: &[(String, Vec<u8>)]) -> Arc<SecretScanner> {
-    static LAST: Mutex<Option<(Watched, Arc<SecretScanner>)>> = Mutex::new(None);
-    let mut key = values.to_vec();
-    key.sort();
+    use sha2::Digest as _;
+    static LAST: Mutex<Option<([u8; 32], Arc<SecretScanner>)>> = Mutex::new(None);
+    let mut sorted: Vec<&(String, Vec<u8>)> = values.iter().collect();
+    sorted.sort();
+    let mut hash = sha2::Sha256::new();
+    for (name, value) in &sorted {
+        // Length-prefixed, so no two sets hash the same bytes.
+        for part in [name.as_bytes(), value.as_slice()] {
+            hash.update((part.len() as u64).to_le_bytes());
+            hash.update(part);
+        }
+    }
+    let key: [u8; 32] = hash.finalize().into();
     let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((k, scanner)) = last.as_ref()
         && *k == key
     {
         return scanner.clone();
     }
-    let scanner = Arc::new(SecretScanner::new(&key));
+    let scanner = Arc::new(SecretScanner::new(values));
     *last = Some((key, scanner.clone()));
     scanner
 }
@@ -356,11 +366,48 @@ fn percent_encode(s: &str) -> String {
 /// waiting on a response queued behind ones it has not read.)
 struct HeldBody {
     data: Bytes,
+    _charge: Charge,
+}
+
+/// One of a call's in-flight slots, owned (it can outlive the request's
+/// future: the check of its response keeps it).
+struct CallSlot(Arc<CallTraffic>);
+
+impl CallSlot {
+    async fn acquire(call: &Arc<CallTraffic>) -> Result<Self, tokio::sync::AcquireError> {
+        call.slots.acquire().await?.forget();
+        Ok(CallSlot(call.clone()))
+    }
+}
+
+impl Drop for CallSlot {
+    fn drop(&mut self) {
+        self.0.slots.add_permits(1);
+    }
+}
+
+/// Response bytes a call holds (being checked, or waiting for the guest to
+/// read them), counted against its budget until dropped.
+struct Charge {
     call: Arc<CallTraffic>,
     size: usize,
 }
 
-impl Drop for HeldBody {
+impl Charge {
+    fn new(call: &Arc<CallTraffic>, size: usize) -> Self {
+        call.buffered.fetch_add(size, std::sync::atomic::Ordering::Relaxed);
+        Charge { call: call.clone(), size }
+    }
+
+    /// Count `size` bytes instead (the body decoded).
+    fn resize(&mut self, size: usize) {
+        self.call.buffered.fetch_add(size, std::sync::atomic::Ordering::Relaxed);
+        self.call.buffered.fetch_sub(self.size, std::sync::atomic::Ordering::Relaxed);
+        self.size = size;
+    }
+}
+
+impl Drop for Charge {
     fn drop(&mut self) {
         self.call.buffered.fetch_sub(self.size, std::sync::atomic::Ordering::Relaxed);
     }
@@ -506,7 +553,8 @@ fn inspect(
         parts.headers.remove(http::header::TRANSFER_ENCODING);
         parts.headers.insert(CONTENT_LENGTH, HeaderValue::from(data.len()));
     }
-    let mut inflate = Inflate { budget: limit.saturating_mul(INFLATE_FACTOR), attempts: MAX_STREAMS };
+    let mut inflate =
+        Inflate { budget: limit.saturating_mul(INFLATE_FACTOR), attempts: MAX_STREAMS, members: MAX_MEMBERS };
     match check_body(scanner, &data, &mut inflate, 0) {
         Ok(None) => Ok(data),
         Ok(Some(f)) => Err(held(f, "the body")),
@@ -516,6 +564,9 @@ fn inspect(
 
 /// Streams the check tries to inflate in one response, at every depth.
 const MAX_STREAMS: usize = 64;
+/// Gzip members, over all streams: a multi-member file (BGZF blocks of up
+/// to 64 KiB, concatenated logs) has far fewer in a response of a few MiB.
+const MAX_MEMBERS: usize = 4096;
 /// How deep the check inflates streams inside streams.
 const MAX_NESTING: usize = 3;
 /// What all of a response's streams may inflate to, in multiples of the response limit.
@@ -527,6 +578,8 @@ struct Inflate {
     budget: usize,
     /// Streams left to try.
     attempts: usize,
+    /// Members (of any stream) left to inflate: each costs a decoder.
+    members: usize,
 }
 
 /// Whether `data` starts with a zlib header (RFC 1950: deflate, a window
@@ -562,15 +615,19 @@ fn check_body(
     let mut stream: Option<(Vec<u8>, bool)> = None;
     let mut inflated_to = 0;
     for (at, is_gzip) in zlib.into_iter().chain(gzip) {
-        if at < inflated_to {
-            continue;
-        }
-        if at > inflated_to
+        // Every start is tried, also one inside input a stream already took
+        // (a gzip header's extra field, bytes read as a trailer): only a
+        // member that begins where the last one ended continues its stream.
+        if at != inflated_to
             && let Some((out, was_gzip)) = stream.take()
             && let Some(f) = check_stream(scanner, &out, was_gzip, inflate, depth)?
         {
             return Ok(Some(f));
         }
+        let Some(members) = inflate.members.checked_sub(1) else {
+            return Err(format!("it holds more than {MAX_MEMBERS} gzip members, more than the host checks"));
+        };
+        inflate.members = members;
         if stream.is_none() {
             let Some(left) = inflate.attempts.checked_sub(1) else {
                 return Err(format!("it holds more than {MAX_STREAMS} compressed streams, more than the host checks"));
@@ -668,8 +725,8 @@ impl WasiHttpHooks for OutboundPolicy {
             let applied = credential.map(|(spec, secret)| (spec.name.clone(), secret));
             // In flight: at most so many of this call, and of the host; more wait their turn.
             let closed = || HttpError::InternalError(Some("the host is shutting down".into()));
-            let call_slot = call.slots.acquire().await.map_err(|_| closed())?;
-            let host_slot = host_slots.acquire().await.map_err(|_| closed())?;
+            let call_slot = CallSlot::acquire(&call).await.map_err(|_| closed())?;
+            let host_slot = host_slots.clone().acquire_owned().await.map_err(|_| closed())?;
             let (parts, body) = request.into_parts();
             let request_bytes = limits.request_bytes;
             let body = Limited::new(body, request_bytes)
@@ -718,15 +775,18 @@ impl WasiHttpHooks for OutboundPolicy {
                 })
             };
             let (collected, _) = tokio::join!(collect, io);
-            // In flight no longer: the next request of the call may go.
-            drop((call_slot, host_slot));
             let data = collected?;
+            // Counted against the call's budget from now until the guest has read it.
+            let mut charge = Charge::new(&call, data.len());
             let scanner = call.watch.scanner(records, applied.as_ref());
             drop(applied);
             // Decoding and checking are CPU work proportional to what the
-            // server sent: off the async workers.
+            // server sent: off the async workers. The request's in-flight
+            // slots are held until the check is done (even if the guest gave
+            // up waiting), so a guest cannot queue checks without bound.
             let inspected = tokio::task::spawn_blocking(move || {
                 let verdict = inspect(&mut parts, data, &scanner, limits.response_bytes);
+                drop((call_slot, host_slot));
                 (parts, verdict)
             })
             .await;
@@ -744,9 +804,8 @@ impl WasiHttpHooks for OutboundPolicy {
                     });
                 }
             };
-            let size = data.len();
-            call.buffered.fetch_add(size, Ordering::Relaxed);
-            let held = HeldBody { data, call: call.clone(), size };
+            charge.resize(data.len());
+            let held = HeldBody { data, _charge: charge };
             let body = held.map_err(|never| match never {}).boxed_unsync();
             let done: Box<dyn Future<Output = Result<(), HttpError>> + Send> = Box::new(async { Ok(()) });
             Ok((http::Response::from_parts(parts, body), done))
@@ -803,7 +862,12 @@ mod tests {
     }
 
     fn check(s: &SecretScanner, data: &[u8], limit: usize) -> Result<Option<super::super::scan::Finding>, String> {
-        check_body(s, data, &mut Inflate { budget: limit * INFLATE_FACTOR, attempts: MAX_STREAMS }, 0)
+        check_body(
+            s,
+            data,
+            &mut Inflate { budget: limit * INFLATE_FACTOR, attempts: MAX_STREAMS, members: MAX_MEMBERS },
+            0,
+        )
     }
 
     #[test]
@@ -820,9 +884,24 @@ mod tests {
         z.write_all(body.as_bytes()).unwrap();
         let members: Vec<u8> = (0..40).flat_map(|_| gzip(b"ordinary line\n")).chain(gzip(body.as_bytes())).collect();
         let apart = [gzip(b"first part"), b"--between--".to_vec(), gzip(body.as_bytes())].concat();
-        for data in
-            [gzip(body.as_bytes()), after, apart, gzip(&gzip(&gzip(body.as_bytes()))), z.finish().unwrap(), members]
-        {
+        // A stream hidden in input another stream took: in a header's extra
+        // field, and where a member cut short of its trailer reads the next one's bytes as its trailer.
+        let mut in_extra =
+            flate2::GzBuilder::new().extra(gzip(body.as_bytes())).write(Vec::new(), flate2::Compression::default());
+        in_extra.write_all(b"x").unwrap();
+        let in_extra = in_extra.finish().unwrap();
+        let cut = gzip(b"x");
+        let as_trailer = [&cut[..cut.len() - 8], &gzip(body.as_bytes())].concat();
+        for data in [
+            gzip(body.as_bytes()),
+            after,
+            apart,
+            in_extra,
+            as_trailer,
+            gzip(&gzip(&gzip(body.as_bytes()))),
+            z.finish().unwrap(),
+            members,
+        ] {
             let f = check(&s, &data, limit).unwrap().expect("found");
             assert!(f.view.starts_with("inflated from"), "{f:?}");
         }
