@@ -617,24 +617,8 @@ mod tests {
             ("base32", data_encoding::BASE32.encode(secret.as_bytes())),
             ("base32 lower", data_encoding::BASE32.encode(secret.as_bytes()).to_lowercase()),
             ("base64 twice", STANDARD.encode(&b64)),
-            (
-                "hex with colons",
-                hex::encode(secret)
-                    .as_bytes()
-                    .chunks(2)
-                    .map(|p| String::from_utf8_lossy(p))
-                    .collect::<Vec<_>>()
-                    .join(":"),
-            ),
-            (
-                "hex with spaces, upper",
-                hex::encode_upper(secret)
-                    .as_bytes()
-                    .chunks(2)
-                    .map(|p| String::from_utf8_lossy(p))
-                    .collect::<Vec<_>>()
-                    .join(" "),
-            ),
+            ("hex with colons", wrap(&hex::encode(secret), 2, ":")),
+            ("hex with spaces, upper", wrap(&hex::encode_upper(secret), 2, " ")),
             ("byte list (Node Buffer as JSON)", secret.bytes().map(|b| b.to_string()).collect::<Vec<_>>().join(",")),
             // Base64 of the secret as a URL or JSON encoder left it.
             (
