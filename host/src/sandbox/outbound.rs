@@ -369,6 +369,31 @@ struct HeldBody {
     _charge: Charge,
 }
 
+/// A request body shared with the request's future, which closes it (by
+/// dropping its handle) only once the host has recorded the outcome.
+struct KeptOpen<B>(Arc<Mutex<B>>);
+
+impl<B: http_body::Body + Unpin> http_body::Body for KeptOpen<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        let mut body = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        std::pin::Pin::new(&mut *body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).size_hint()
+    }
+}
+
 /// One of a call's in-flight slots, owned (it can outlive the request's
 /// future: the check of its response keeps it).
 struct CallSlot(Arc<CallTraffic>);
@@ -732,7 +757,13 @@ impl WasiHttpHooks for OutboundPolicy {
             let body = Limited::new(body, request_bytes)
                 .map_err(move |_| HttpError::HttpRequestBodySize(Some(request_bytes as u64)))
                 .boxed_unsync();
-            let request = http::Request::from_parts(parts, body);
+            // The guest's body stays open until the host has recorded how
+            // the request ended: a guest learns of a failed send when its
+            // body stream closes, and returns; the call is classified by
+            // the record, which must be there by then.
+            let body = KeptOpen(Arc::new(Mutex::new(body)));
+            let open_until_recorded = body.0.clone();
+            let request = http::Request::from_parts(parts, body.boxed_unsync());
             let cap = |t: Option<Duration>| Some(t.map_or(limits.timeout, |t| t.min(limits.timeout)));
             let options = RequestOptions {
                 connect_timeout: cap(options.and_then(|o| o.connect_timeout)),
@@ -755,6 +786,7 @@ impl WasiHttpHooks for OutboundPolicy {
                         // Connect, DNS, protocol errors: the OS's and hyper's own words.
                         set(format!("{dest}: {e}"));
                     }
+                    drop(open_until_recorded);
                     return Err(e);
                 }
             };
