@@ -610,6 +610,9 @@ impl Config {
             ("the plugin directory".into(), plugins.clone(), true),
             ("the compiled-code cache".into(), cache.clone(), true),
             ("the lock file".into(), lock.clone(), false),
+            // Guests run inside the host's process: `/proc/self/environ` holds
+            // every secret read from the environment, `/proc/self/mem` all it read.
+            ("the host process's own files (its environment and memory)".into(), PathBuf::from("/proc"), true),
         ];
         if let Some(file) = store.file() {
             protected.push(("the journal".into(), file.to_owned(), false));
@@ -1015,6 +1018,9 @@ mod tests {
             ("plugins", "the plugin directory"),
             ("plugins/inner", "the plugin directory"),
             ("data/../.toolgate", "the compiled-code cache"),
+            ("/proc", "the host process's own files"),
+            ("/proc/self", "the host process's own files"),
+            ("/proc/1/../self/", "the host process's own files"),
         ];
         for (host, what) in cases {
             for access in ["read", "read-write"] {

@@ -91,7 +91,6 @@ fn endpoint(url: &str) -> Result<(String, String, u16), ImportError> {
 /// List the remote's tools once, applying `credential` as the host would.
 pub async fn discover(url: &str, credential: Option<&CredentialSpec>) -> Result<Discovered, ImportError> {
     let (scheme, host, port) = endpoint(url)?;
-    let remote = |reason: String| ImportError::Remote { url: url.to_owned(), reason };
     let mut target = url.to_owned();
     let mut headers = HashMap::new();
     let mut watch = Vec::new();
@@ -104,9 +103,22 @@ pub async fn discover(url: &str, credential: Option<&CredentialSpec>) -> Result<
         target = request.uri().to_string();
         headers = request.headers().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     }
+    // An error's text can hold the URL the secret was written into (a
+    // query credential) or the server's bytes: it is shown only once checked.
+    let scanner = toolgate::sandbox::scan::SecretScanner::new(&watch);
+    let remote = |reason: String| {
+        let reason = reason.replace(&target, url);
+        let reason = match scanner.find(reason.as_bytes()) {
+            None => reason,
+            Some(f) => {
+                format!("an error whose text held credential `{}` ({}); its text is withheld", f.credential, f.form)
+            }
+        };
+        ImportError::Remote { url: url.to_owned(), reason }
+    };
     // https needs a crypto provider; the first install wins and later ones are no-ops.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let config = StreamableHttpClientTransportConfig::with_uri(target).custom_headers(headers);
+    let config = StreamableHttpClientTransportConfig::with_uri(target.clone()).custom_headers(headers);
     let transport = StreamableHttpClientTransport::from_config(config);
     let client = ().serve(transport).await.map_err(|e| remote(e.to_string()))?;
     let server_name = client.peer_info().and_then(|i| i.server_info.as_ref().map(|s| s.name.clone()));
@@ -134,7 +146,7 @@ pub async fn discover(url: &str, credential: Option<&CredentialSpec>) -> Result<
     // A remote that echoes the secret into its tool definitions (in any
     // encoding the host's response check knows) would ship it in the component.
     let text = format!("{discovered:?}");
-    if toolgate::sandbox::scan::SecretScanner::new(&watch).find(text.as_bytes()).is_some() {
+    if scanner.find(text.as_bytes()).is_some() {
         return Err(ImportError::Tools {
             url: url.to_owned(),
             reason: "its tool definitions contain the credential's secret; refusing to write them into a component"
@@ -240,6 +252,26 @@ mod tests {
         let d = Discovered { server_name: Some("s".into()), tools: vec![bad_schema] };
         let e = pin(url, &d, None, None).unwrap_err().to_string();
         assert!(e.contains("mcp__s__x") && e.contains(url), "{e}");
+    }
+
+    /// A remote that cannot be reached: the error names the URL as given,
+    /// never the one the query credential was written into.
+    #[tokio::test]
+    async fn an_unreachable_remote_is_reported_without_the_query_credential() {
+        use toolgate::authority::credentials::{Apply, CredentialConfig, Source};
+        let var = "TOOLGATE_TEST_IMPORT_QUERY_SECRET";
+        unsafe { std::env::set_var(var, "q-s3cr3t/value+42") };
+        let config = CredentialConfig {
+            source: Source::Env(var.into()),
+            destinations: vec!["http://127.0.0.1:1".into()],
+            apply: Apply::Query { param: "api_key".into() },
+        };
+        let spec = CredentialSpec::new("calc", &config, std::path::Path::new("/")).unwrap();
+        let e = discover("http://127.0.0.1:1/mcp", Some(&spec)).await.err().expect("unreachable").to_string();
+        assert!(e.contains("http://127.0.0.1:1/mcp"), "{e}");
+        for form in ["q-s3cr3t", "q-s3cr3t%2Fvalue", "api_key="] {
+            assert!(!e.contains(form), "{form} in {e}");
+        }
     }
 
     /// The example's pins are what an import writes: the generic adapter

@@ -216,10 +216,17 @@ enum McpCommand {
 fn main() -> ExitCode {
     // Warnings (refused plugin files, settled tickets) show by default;
     // `TOOLGATE_LOG` overrides. Plain text when stderr is not a terminal.
-    let filter = tracing_subscriber::EnvFilter::builder()
+    let mut filter = tracing_subscriber::EnvFilter::builder()
         .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
         .with_env_var("TOOLGATE_LOG")
         .from_env_lossy();
+    if std::env::var_os("TOOLGATE_LOG").is_none()
+        && let Ok(quiet) = "rmcp::transport::streamable_http_client=off".parse()
+    {
+        // rmcp logs a failed request with its URL, which for `mcp import`
+        // holds a query credential; toolgate reports the failure itself, checked.
+        filter = filter.add_directive(quiet);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -116,6 +116,7 @@ impl SecretWatch {
     /// this request's own), whatever the source holds later.
     fn sent(&self, name: &str, secret: &Secret) {
         let value = (name.to_owned(), secret.expose().as_bytes().to_vec());
+        history(vec![value.clone()]);
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         if !seen.values.contains(&value) {
             seen.values.push(value);
@@ -136,6 +137,9 @@ impl SecretWatch {
         if let Some((name, secret)) = applied {
             current.push((name.clone(), secret.expose().as_bytes().to_vec()));
         }
+        // Every value the process has seen for these credentials: a value
+        // refreshed away in an earlier call may still be valid, and come back.
+        let current = history(current);
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         for (name, why) in unreadable {
             if !seen.unreadable.contains(&name) {
@@ -157,6 +161,31 @@ impl SecretWatch {
             }
         }
     }
+}
+
+/// Values kept per credential in [`history`].
+const HISTORY: usize = 8;
+
+/// Add `values` to the process's history of credential values (the last
+/// [`HISTORY`] of each credential), and return the whole history: what a
+/// response is checked against, so an old value that is still valid is
+/// found in a later call too, and a credential that cannot be read right
+/// now is still checked for the values it had.
+fn history(values: Vec<(String, Vec<u8>)>) -> Vec<(String, Vec<u8>)> {
+    static KEPT: Mutex<Vec<(String, Vec<u8>)>> = Mutex::new(Vec::new());
+    let mut kept = KEPT.lock().unwrap_or_else(|p| p.into_inner());
+    for value in values {
+        if let Some(at) = kept.iter().position(|v| *v == value) {
+            // Seen again: the newest of its credential.
+            kept.remove(at);
+        } else if kept.iter().filter(|(n, _)| *n == value.0).count() >= HISTORY
+            && let Some(oldest) = kept.iter().position(|(n, _)| *n == value.0)
+        {
+            kept.remove(oldest);
+        }
+        kept.push(value);
+    }
+    kept.clone()
 }
 
 /// The scanner for `values`, shared by every call that watches the same
@@ -298,7 +327,9 @@ impl OutboundPolicy {
             }
         };
         let Some(spec) = self.credentials.iter().find(|c| c.name == name) else {
-            return Err(self.deny(&format!("credential `{name}` is not granted to this Tool")));
+            // The name is the guest's text: quoted and cut short, so it cannot pass for a record of its own.
+            let shown: String = name.chars().take(64).collect();
+            return Err(self.deny(&format!("credential {shown:?} is not granted to this Tool")));
         };
         if !spec.bound_to(&scheme, &host, port) {
             return Err(self.deny(&format!("credential `{name}` is not bound to {dest}")));
@@ -1011,6 +1042,15 @@ mod tests {
         watch.sent("tracker", &sent);
         write("fifth-value-55555");
         assert!(watch.scanner(&records, None).find(b"fourth-value-4444").is_some());
+        // A later call still watches a value an earlier one saw (it may still be valid),
+        // also while the source cannot be read.
+        std::fs::remove_file(&file).unwrap();
+        let later = SecretWatch::new(Arc::from([spec.clone()]));
+        let s = later.scanner(&records, None);
+        for v in ["first-value-1111", "fourth-value-4444", "fifth-value-55555"] {
+            assert!(s.find(v.as_bytes()).is_some(), "{v}");
+        }
+        assert!(records.take().0.iter().any(|r| r.contains("response check")), "the unreadable source is recorded");
     }
 
     #[test]
