@@ -123,19 +123,17 @@ impl SecretWatch {
         }
     }
 
-    /// The scanner for a response to a request that carried `applied`.
-    fn scanner(&self, records: &HostRecords, applied: Option<&(String, Secret)>) -> Arc<SecretScanner> {
+    /// The scanner for a response (the value its request carried is already
+    /// in: [`SecretWatch::sent`] took it before the request left).
+    fn scanner(&self, records: &HostRecords) -> Arc<SecretScanner> {
         let mut current = Vec::with_capacity(self.specs.len() + 1);
         let mut unreadable = Vec::new();
         for spec in self.specs.iter() {
             match spec.read_to_check() {
                 Ok(s) => current.push((spec.name.clone(), s.expose().as_bytes().to_vec())),
-                // Unreadable now: it was not sent either (every use reads it the same way).
+                // Unreadable now: its earlier values are still in the history below.
                 Err(e) => unreadable.push((spec.name.clone(), e.to_string())),
             }
-        }
-        if let Some((name, secret)) = applied {
-            current.push((name.clone(), secret.expose().as_bytes().to_vec()));
         }
         // Every value the process has seen for these credentials: a value
         // refreshed away in an earlier call may still be valid, and come back.
@@ -775,10 +773,10 @@ impl WasiHttpHooks for OutboundPolicy {
             let Decided { dest, credential } = decided?;
             if let Some((spec, secret)) = &credential {
                 apply(&mut request, spec, secret)?;
+                // Watched for in every response of the call from now on, whatever the source holds by then.
                 call.watch.sent(&spec.name, secret);
             }
-            // The value sent is watched for in the response, whatever the source holds by then.
-            let applied = credential.map(|(spec, secret)| (spec.name.clone(), secret));
+            drop(credential);
             // In flight: at most so many of this call, and of the host; more wait their turn.
             let closed = || HttpError::InternalError(Some("the host is shutting down".into()));
             let call_slot = CallSlot::acquire(&call).await.map_err(|_| closed())?;
@@ -812,7 +810,7 @@ impl WasiHttpHooks for OutboundPolicy {
                         // Its text can carry the server's bytes (a
                         // certificate's names): the full text only once checked.
                         set(format!("{dest}: TLS error"));
-                        set(transport_line(&dest, &e, &call.watch.scanner(records, applied.as_ref())));
+                        set(transport_line(&dest, &e, &call.watch.scanner(records)));
                     } else {
                         // Connect, DNS, protocol errors: the OS's and hyper's own words.
                         set(format!("{dest}: {e}"));
@@ -841,8 +839,7 @@ impl WasiHttpHooks for OutboundPolicy {
             let data = collected?;
             // Counted against the call's budget from now until the guest has read it.
             let mut charge = Charge::new(&call, data.len());
-            let scanner = call.watch.scanner(records, applied.as_ref());
-            drop(applied);
+            let scanner = call.watch.scanner(records);
             // Decoding and checking are CPU work proportional to what the
             // server sent: off the async workers. The request's in-flight
             // slots are held until the check is done (even if the guest gave
@@ -1022,14 +1019,15 @@ mod tests {
         let watch = SecretWatch::new(Arc::from([spec.clone()]));
         let records = HostRecords::default();
         let first = spec.materialize("http", "127.0.0.1", 8080).unwrap();
-        assert!(watch.scanner(&records, None).find(b"first-value-1111").is_some());
+        assert!(watch.scanner(&records).find(b"first-value-1111").is_some());
         // A token refresh rewrites the file mid-call: the next response is checked for the new value...
         write("second-value-2222");
-        let s = watch.scanner(&records, None);
+        let s = watch.scanner(&records);
         assert!(s.find(b"second-value-2222").is_some() && s.find(b"first-value-1111").is_some());
         // ...and for the exact value a request carried, even when the source no longer holds it.
         write("third-value-33333");
-        let s = watch.scanner(&records, Some(&("tracker".to_owned(), first)));
+        watch.sent("tracker", &first);
+        let s = watch.scanner(&records);
         for v in ["first-value-1111", "second-value-2222", "third-value-33333"] {
             assert!(s.find(v.as_bytes()).is_some(), "{v}");
         }
@@ -1041,12 +1039,12 @@ mod tests {
         let sent = spec.materialize("http", "127.0.0.1", 8080).unwrap();
         watch.sent("tracker", &sent);
         write("fifth-value-55555");
-        assert!(watch.scanner(&records, None).find(b"fourth-value-4444").is_some());
+        assert!(watch.scanner(&records).find(b"fourth-value-4444").is_some());
         // A later call still watches a value an earlier one saw (it may still be valid),
         // also while the source cannot be read.
         std::fs::remove_file(&file).unwrap();
         let later = SecretWatch::new(Arc::from([spec.clone()]));
-        let s = later.scanner(&records, None);
+        let s = later.scanner(&records);
         for v in ["first-value-1111", "fourth-value-4444", "fifth-value-55555"] {
             assert!(s.find(v.as_bytes()).is_some(), "{v}");
         }
