@@ -134,6 +134,9 @@ pub struct DirectoryGrant {
     pub host: PathBuf,
     /// `read` or `read-write`.
     pub access: toolgate_sdk::Access,
+    /// The directory this entry is bound to at its first use (not configuration).
+    #[serde(skip)]
+    pub bound: crate::sandbox::grant_dir::GrantDir,
 }
 
 /// Authority the host grants to the Tools whose id matches `tools`.
@@ -371,7 +374,15 @@ pub struct ServeAuth {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ApprovalConfig {
-    keys: Vec<String>,
+    /// Approver public keys (`toolgate keygen --for approval`).
+    #[serde(default)]
+    keys: Option<Vec<String>>,
+    /// Whether an answer in an MCP client's own UI (elicitation) decides a
+    /// ticket. Default: `true` without `keys`, `false` with them (an agent
+    /// with a shell can run a client of its own and answer its own ask); set
+    /// `true` to trust the MCP client's UI as well as the key holders.
+    #[serde(default)]
+    mcp_elicitation: Option<bool>,
 }
 
 /// `[signing]`: publishers whose components this host accepts.
@@ -410,8 +421,13 @@ pub struct Config {
     /// With keys, only components signed by one of them load.
     pub trusted_keys: crate::keys::TrustedKeys,
     /// `[approval] keys`: with keys, a ticket is decided by a signature of
-    /// one of them (or in an MCP client's own UI), never on a bare terminal.
+    /// one of them (or in an MCP client's own UI, if `mcp_elicitation`),
+    /// never on a bare terminal.
     pub approvers: crate::keys::TrustedKeys,
+    /// `[approval] mcp_elicitation` in effect: whether an answer in an MCP
+    /// client's own UI decides a ticket (and `toolgate serve` asks there).
+    /// Default: only when no approver keys are configured.
+    pub mcp_elicitation: bool,
     /// `[serve]`: how `toolgate serve` runs.
     pub serve: ServeConfig,
 }
@@ -427,6 +443,11 @@ impl Config {
 
     /// Parse `text` as if read from `path`, resolving relative paths against `base`.
     pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError> {
+        // Relative to the working directory now (`--config toolgate.toml` has
+        // the base ""): every path below is absolute, so a protected path and
+        // a grant are compared as the same kind of path.
+        let base = &if base.as_os_str().is_empty() { std::env::current_dir() } else { std::path::absolute(base) }
+            .unwrap_or_else(|_| base.to_owned());
         let raw: RawConfig = toml::from_str(text)
             .map_err(|e| ConfigError::Parse { path: path.to_owned(), message: e.to_string().trim_end().to_owned() })?;
         let field = |field: &str, message: String| ConfigError::Field {
@@ -465,13 +486,20 @@ impl Config {
             }
             Some(sc) => crate::keys::TrustedKeys::parse(&sc.keys).map_err(|e| field("signing.keys", e))?,
         };
-        let approvers = match &raw.approval {
-            None => crate::keys::TrustedKeys::default(),
-            Some(a) if a.keys.is_empty() => {
+        let approvers = match raw.approval.as_ref().map(|a| (&a.keys, a.mcp_elicitation)) {
+            None | Some((None, Some(_))) => crate::keys::TrustedKeys::default(),
+            Some((None, None)) => {
+                return Err(field("approval.keys", "is missing; list approver keys or remove `[approval]`".into()));
+            }
+            Some((Some(keys), _)) if keys.is_empty() => {
                 return Err(field("approval.keys", "is empty; list approver keys or remove `[approval]`".into()));
             }
-            Some(a) => crate::keys::TrustedKeys::parse(&a.keys).map_err(|e| field("approval.keys", e))?,
+            Some((Some(keys), _)) => crate::keys::TrustedKeys::parse(keys).map_err(|e| field("approval.keys", e))?,
         };
+        let mcp_elicitation = crate::approval::mcp_elicitation_in_effect(
+            raw.approval.as_ref().and_then(|a| a.mcp_elicitation),
+            &approvers,
+        );
         for (i, a) in raw.serve.auth.iter().enumerate() {
             if !raw.agents.contains_key(&a.agent) {
                 return Err(field(
@@ -633,10 +661,13 @@ impl Config {
         if let Some(Source::File(p)) = &serve.state_key {
             protected.push(("the key file of serve.state_key".into(), p.clone(), false));
         }
-        for (i, g) in grants.iter().enumerate() {
-            for (j, d) in g.directories.iter().enumerate() {
-                for (what, p, owned_dir) in &protected {
-                    if let Some(relation) = overlap(&d.host, p, *owned_dir) {
+        let protected: crate::sandbox::grant_dir::Protected = protected.into();
+        for (i, g) in grants.iter_mut().enumerate() {
+            for (j, d) in g.directories.iter_mut().enumerate() {
+                // Checked again on the directory opened at first use: the path may change after load.
+                d.bound = crate::sandbox::grant_dir::GrantDir::new(protected.clone());
+                for (what, p, owned_dir) in protected.iter() {
+                    if let Some(relation) = crate::sandbox::grant_dir::overlap(&d.host, p, *owned_dir) {
                         return Err(field(
                             &format!("grants[{i}].directories[{j}].host"),
                             format!(
@@ -664,6 +695,7 @@ impl Config {
             credentials,
             trusted_keys,
             approvers,
+            mcp_elicitation,
             serve,
         })
     }
@@ -683,45 +715,6 @@ impl Config {
             ),
         })
     }
-}
-
-/// `path` with `.` and `..` removed lexically (it is absolute already).
-fn lexical(path: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in path.components() {
-        match c {
-            std::path::Component::CurDir => {}
-            std::path::Component::ParentDir => {
-                out.pop();
-            }
-            other => out.push(other),
-        }
-    }
-    out
-}
-
-/// How directory grant `grant` overlaps protected `path`: it contains it,
-/// or (`owned_dir`: a directory the host owns) lies inside it. Compared
-/// as written and, where they exist, with symlinks resolved.
-fn overlap(grant: &Path, path: &Path, owned_dir: bool) -> Option<&'static str> {
-    let forms = |p: &Path| {
-        let mut v = vec![lexical(p)];
-        if let Ok(real) = std::fs::canonicalize(p) {
-            v.push(real);
-        }
-        v
-    };
-    for g in forms(grant) {
-        for p in forms(path) {
-            if p.starts_with(&g) {
-                return Some(if p == g { "is" } else { "contains" });
-            }
-            if owned_dir && g.starts_with(&p) {
-                return Some("is inside");
-            }
-        }
-    }
-    None
 }
 
 #[cfg(test)]
@@ -932,6 +925,19 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("PostgreSQL password file"), "{e}");
+    }
+
+    #[test]
+    fn a_config_named_relatively_is_checked_with_absolute_paths() {
+        // `--config toolgate.toml`: the base is "", the journal not created yet.
+        let cwd = std::env::current_dir().unwrap();
+        let text = format!(
+            "store = \"state/journal.db\"\n[[grants]]\ntools = \"*\"\n\
+             directories = [{{ path = \"/d\", host = \"{}\", access = \"read-write\" }}]\n",
+            cwd.join("state").display()
+        );
+        let e = Config::parse(&text, Path::new("toolgate.toml"), Path::new("")).expect_err("must be refused");
+        assert!(e.to_string().contains("the journal"), "{e}");
     }
 
     #[test]

@@ -102,6 +102,8 @@ pub struct Mount {
     pub host: PathBuf,
     /// Declared ∩ granted access.
     pub access: Access,
+    /// The directory the grant is bound to (checked at its first use).
+    pub bound: crate::sandbox::grant_dir::GrantDir,
 }
 
 impl Candidate {
@@ -377,6 +379,7 @@ impl ExecutableAgentSnapshot {
                         guest: d.path.clone(),
                         host: d.host.clone(),
                         access: access(d.access).meet(*a),
+                        bound: d.bound.clone(),
                     });
                 }
             }

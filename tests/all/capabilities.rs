@@ -223,6 +223,37 @@ async fn files_stay_inside_their_grants() {
     assert_err(&thief(h, "hardlink", "/scratch/h=>/data/a.txt", false).await, "");
 }
 
+/// A directory grant is bound to the directory found at its first use: the
+/// path swapped afterwards (the directory renamed away, a symlink to
+/// elsewhere in its place — what a Tool with a writable grant above it could
+/// do) changes nothing a Tool reaches.
+#[tokio::test]
+async fn a_grant_path_swapped_after_its_first_use_still_reaches_only_its_directory() {
+    let w = world();
+    let (h, d) = (&w.host, w.host.dir.path());
+    assert_eq!(thief(h, "read", "/data/a.txt", false).await, "ok: \"alpha\\nbeta needle\\n\"");
+    std::fs::rename(d.join("data"), d.join("data-old")).unwrap();
+    std::os::unix::fs::symlink(d.join("outside"), d.join("data")).unwrap();
+    let seen = thief(h, "read", "/data/secret.txt", false).await;
+    assert!(seen.starts_with("err: ") && !seen.contains(SECRET), "{seen}");
+    assert_eq!(thief(h, "read", "/data/a.txt", false).await, "ok: \"alpha\\nbeta needle\\n\"");
+}
+
+/// A grant whose path leads into the host's own state when it is first
+/// opened (swapped after the config was checked) is refused, naming what it
+/// would reach; the Tool never runs with it.
+#[tokio::test]
+async fn a_grant_path_that_leads_into_the_hosts_state_at_first_use_is_refused() {
+    let w = world();
+    let (h, d) = (&w.host, w.host.dir.path());
+    std::fs::rename(d.join("data"), d.join("data-old")).unwrap();
+    std::os::unix::fs::symlink(d.join("plugins"), d.join("data")).unwrap();
+    let run = h.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+    let r = run.call("hostile.thief", json!({"op": "list", "target": "/data", "credential": false})).await;
+    let e = r.expect_err("the call must not run").to_string();
+    assert!(e.contains("the plugin directory") && e.contains("refused"), "{e}");
+}
+
 each_lang! {
 /// A Tool written in either SDK whose response would carry the secret back
 /// (a server reflecting the Authorization header) gets an error, never the

@@ -1183,8 +1183,10 @@ fn sandbox(grant: &EffectiveGrant, stdout: Capture, stderr: Capture) -> Result<W
             Access::Read => FsPerms::ReadOnly,
             Access::ReadWrite => FsPerms::ReadWrite,
         };
+        // The directory bound at the grant's first use, whatever is at the path now.
+        let dir = m.bound.path(&m.host)?;
         // cap-std underneath: `..`, absolute paths and symlinks cannot leave the directory.
-        b.preopened_dir(&m.host, &m.guest, perms).map_err(|e| {
+        b.preopened_dir(&dir, &m.guest, perms).map_err(|e| {
             format!(
                 "cannot open granted directory {} for {}: {e:#}; check the [[grants]] entry",
                 m.host.display(),

@@ -4,8 +4,9 @@
 //! network a guest has — `wasi:http` through the outbound boundary
 //! ([`outbound`]), where a credential reference becomes a secret on the way
 //! out and every response is checked on the way back — the bounded
-//! capture of guest output ([`capture`]), and the epoch [`ticker`] that
-//! interrupts running guests.
+//! capture of guest output ([`capture`]), each directory grant bound to
+//! the directory checked at its first use ([`grant_dir`]), and the epoch
+//! [`ticker`] that interrupts running guests.
 //!
 //! Architecture invariant: the sandbox decides nothing. [`executor::Executor::execute`]
 //! takes only a [`crate::policy::gate::AllowedCall`], and a guest reaches the
@@ -13,6 +14,7 @@
 
 pub mod capture;
 pub mod executor;
+pub mod grant_dir;
 pub mod outbound;
 pub mod scan;
 pub mod ticker;
