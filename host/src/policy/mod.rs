@@ -42,11 +42,12 @@
 //!   value (`1` equals `1.0`).
 //! - Conservative quantifiers: for `deny` and `ask` rules a condition holds when ANY
 //!   reading of the call satisfies it; for `allow` rules only when EVERY reading does
-//!   (and there is at least one). Readings are the elements selected by `[*]`, and for
-//!   globs the string both as written and with `.` / `..` segments resolved
-//!   lexically — the policy cannot know whether the Tool resolves them, so
-//!   `data/../secret` is neither allowed by `data/**` nor escapes a deny on
-//!   `secret/**`.
+//!   (and there is at least one). Readings are the elements selected by `[*]`; a
+//!   path is compared in one normal form (`.` / `..` segments resolved lexically,
+//!   see [`normalize_path`]), so `data/../secret` is neither allowed by `data/**`
+//!   nor escapes a deny on `secret/**`. Rules see the argument's text, not the
+//!   filesystem: a symlink inside a grant gives one file two names, and only the
+//!   grant (which directory a Tool holds) bounds the objects it reaches.
 //! - Precedence is a floor, not a contest (DESIGN.md invariant 12): any
 //!   matching `deny` rule decides; otherwise any matching `ask` rule decides;
 //!   only then a matching `allow` rule; with no matching rule the default
@@ -447,7 +448,8 @@ fn select(value: &Value, path: &[Step], q: Quantifier, pred: &dyn Fn(&Value) -> 
 }
 
 /// Apply `test` to the one normalized spelling of path `s` (see [`normalize_path`]),
-/// the same normalization rule globs get, so every spelling of a path gets one verdict.
+/// the same normalization rule globs get, so every spelling of a path gets one
+/// verdict. (One reading: the quantifier has nothing to combine.)
 fn path_readings(s: &str, _q: Quantifier, test: impl Fn(&str) -> bool) -> bool {
     test(&normalize_path(s))
 }
