@@ -5,7 +5,8 @@
 //! [`Approval`] — a decision signed with a key listed in `[approval] keys`,
 //! or one made in an approver channel the host vouches for (an interactive
 //! terminal when no keys are configured, the MCP client's own elicitation
-//! UI, an embedding runtime's dialog). A signature covers the ticket, the
+//! UI unless `[approval] mcp_elicitation` is off — by default whenever keys
+//! are configured —, an embedding runtime's dialog). A signature covers the ticket, the
 //! digest of the exact stored call and the decision, so it approves that
 //! call and nothing else. The journal records who decided, through which
 //! channel, and when.
@@ -50,7 +51,9 @@ pub enum Channel {
     /// Confirmed on an interactive terminal — accepted only when no approver
     /// keys are configured.
     Terminal,
-    /// Answered in an MCP client's own UI (elicitation), which the model cannot answer.
+    /// Answered in an MCP client's own UI (elicitation), which the model
+    /// cannot answer — but an agent with a shell can run a client of its own,
+    /// so this counts only where [`mcp_elicitation_in_effect`] allows it.
     McpElicitation,
     /// An embedding agent runtime's own approval UI.
     Embedder,
@@ -89,7 +92,8 @@ impl Approval {
     pub fn on_terminal(os_user: impl Into<String>) -> Self {
         Approval(Proof::Attested { principal: os_user.into(), channel: Channel::Terminal })
     }
-    /// A decision the human made in MCP client `client`'s own UI.
+    /// A decision the human made in MCP client `client`'s own UI. Refused
+    /// unless `[approval] mcp_elicitation` is in effect ([`mcp_elicitation_in_effect`]).
     pub fn by_mcp_client(client: impl Into<String>) -> Self {
         Approval(Proof::Attested { principal: client.into(), channel: Channel::McpElicitation })
     }
@@ -126,6 +130,23 @@ pub enum ApprovalError {
     /// Approver keys are configured, so a terminal confirmation does not count.
     #[error("`[approval] keys` are configured: decide with an approver key (`--key FILE`)")]
     KeyRequired,
+    /// An answer in an MCP client's UI, where `[approval] mcp_elicitation` is
+    /// not in effect (off by default when approver keys are configured).
+    #[error(
+        "an answer in an MCP client's UI does not decide tickets here (`[approval] mcp_elicitation` is off, the \
+         default with `[approval] keys`): decide with `toolgate approve TICKET` (`--key FILE` with an approver key), \
+         or set `[approval] mcp_elicitation = true` to trust the MCP client's UI as well"
+    )]
+    ElicitationNotTrusted,
+}
+
+/// Whether an answer in an MCP client's own UI (elicitation) decides tickets:
+/// `setting` (`[approval] mcp_elicitation`) when given, else only when no
+/// approver keys are configured — keys mean only a key holder decides, since
+/// an agent with a shell can run an MCP client of its own and answer its own
+/// ask; an operator who trusts the client's UI as well opts in.
+pub fn mcp_elicitation_in_effect(setting: Option<bool>, keys: &TrustedKeys) -> bool {
+    setting.unwrap_or_else(|| keys.is_empty())
 }
 
 /// The digest of the exact call a ticket stands for: what an approver signs.
@@ -159,12 +180,15 @@ pub fn sign(key: &SecretKey, record: &AwaitingRecord, decision: &Decision) -> St
 }
 
 /// Check `approval` for `decision` on `record`, with `keys` the host's
-/// `[approval] keys`; returns who decided, as the journal records it.
+/// `[approval] keys` and `mcp_elicitation` whether an MCP client's UI
+/// decides (see [`mcp_elicitation_in_effect`]); returns who decided, as the journal
+/// records it.
 pub fn verify(
     approval: &Approval,
     record: &AwaitingRecord,
     decision: &Decision,
     keys: &TrustedKeys,
+    mcp_elicitation: bool,
     now: i64,
 ) -> Result<ApprovedBy, ApprovalError> {
     let (principal, channel) = match &approval.0 {
@@ -180,6 +204,9 @@ pub fn verify(
         }
         Proof::Attested { channel: Channel::Terminal, .. } if !keys.is_empty() => {
             return Err(ApprovalError::KeyRequired);
+        }
+        Proof::Attested { channel: Channel::McpElicitation, .. } if !mcp_elicitation => {
+            return Err(ApprovalError::ElicitationNotTrusted);
         }
         Proof::Attested { principal, channel } => (principal.clone(), channel.clone()),
     };
@@ -213,11 +240,11 @@ mod tests {
         let keys = TrustedKeys::parse(std::slice::from_ref(&public)).unwrap();
         let r = record();
         let sig = sign(&key, &r, &Decision::Approve);
-        let by = verify(&Approval::signed(&sig), &r, &Decision::Approve, &keys, 7).unwrap();
+        let by = verify(&Approval::signed(&sig), &r, &Decision::Approve, &keys, true, 7).unwrap();
         assert_eq!(by, ApprovedBy { principal: public, channel: "signature".into(), at: 7 });
         // The same signature does not deny, nor approve another call, ticket or component.
         let deny = Decision::Deny { reason: "no".into() };
-        assert_eq!(verify(&Approval::signed(&sig), &r, &deny, &keys, 7), Err(ApprovalError::Untrusted));
+        assert_eq!(verify(&Approval::signed(&sig), &r, &deny, &keys, true, 7), Err(ApprovalError::Untrusted));
         let mut others = Vec::new();
         for change in 0..5 {
             let mut o = record();
@@ -232,19 +259,25 @@ mod tests {
         }
         for o in others {
             assert_eq!(
-                verify(&Approval::signed(&sig), &o, &Decision::Approve, &keys, 7),
+                verify(&Approval::signed(&sig), &o, &Decision::Approve, &keys, true, 7),
                 Err(ApprovalError::Untrusted)
             );
         }
         // A key the host does not list.
         let (other, _) = crate::keys::keygen().unwrap();
         let foreign = sign(&SecretKey::parse(&other).unwrap(), &r, &Decision::Approve);
-        assert_eq!(verify(&Approval::signed(foreign), &r, &Decision::Approve, &keys, 7), Err(ApprovalError::Untrusted));
-        assert_eq!(verify(&Approval::signed("x"), &r, &Decision::Approve, &keys, 7), Err(ApprovalError::Malformed));
+        assert_eq!(
+            verify(&Approval::signed(foreign), &r, &Decision::Approve, &keys, true, 7),
+            Err(ApprovalError::Untrusted)
+        );
+        assert_eq!(
+            verify(&Approval::signed("x"), &r, &Decision::Approve, &keys, true, 7),
+            Err(ApprovalError::Malformed)
+        );
         // No keys configured: a signature cannot be checked, so it is refused.
         let none = TrustedKeys::default();
         assert_eq!(
-            verify(&Approval::signed(&sig), &r, &Decision::Approve, &none, 7),
+            verify(&Approval::signed(&sig), &r, &Decision::Approve, &none, true, 7),
             Err(ApprovalError::NoApproverKeys)
         );
     }
@@ -256,12 +289,41 @@ mod tests {
         let keys = TrustedKeys::parse(&[public]).unwrap();
         let none = TrustedKeys::default();
         let tty = Approval::on_terminal("alice");
-        assert_eq!(verify(&tty, &r, &Decision::Approve, &keys, 1), Err(ApprovalError::KeyRequired));
-        let by = verify(&tty, &r, &Decision::Approve, &none, 1).unwrap();
+        assert_eq!(verify(&tty, &r, &Decision::Approve, &keys, false, 1), Err(ApprovalError::KeyRequired));
+        let by = verify(&tty, &r, &Decision::Approve, &none, true, 1).unwrap();
         assert_eq!((by.principal.as_str(), by.channel.as_str()), ("alice", "terminal"));
-        let by = verify(&Approval::by_mcp_client("Claude Desktop"), &r, &Decision::Approve, &keys, 1).unwrap();
-        assert_eq!((by.principal.as_str(), by.channel.as_str()), ("Claude Desktop", "mcp-elicitation"));
-        let by = verify(&Approval::by_embedder("ui:bob"), &r, &Decision::Approve, &keys, 1).unwrap();
+        let by = verify(&Approval::by_embedder("ui:bob"), &r, &Decision::Approve, &keys, false, 1).unwrap();
         assert_eq!(by.channel, "embedder");
+    }
+
+    #[test]
+    fn with_keys_an_mcp_elicitation_decides_only_when_opted_in() {
+        let r = record();
+        let (_, public) = crate::keys::keygen().unwrap();
+        let keys = TrustedKeys::parse(&[public]).unwrap();
+        let none = TrustedKeys::default();
+        let deny = Decision::Deny { reason: "no".into() };
+        // The effective setting: explicit when given, else on only without keys.
+        assert!(mcp_elicitation_in_effect(None, &none));
+        assert!(!mcp_elicitation_in_effect(None, &keys));
+        assert!(mcp_elicitation_in_effect(Some(true), &keys));
+        assert!(!mcp_elicitation_in_effect(Some(false), &none));
+        // With keys and no opt-in: whatever client answered (an agent can run
+        // its own), neither an approval nor a denial counts.
+        let agent = Approval::by_mcp_client("Claude Desktop");
+        for d in [&Decision::Approve, &deny] {
+            assert_eq!(
+                verify(&agent, &r, d, &keys, mcp_elicitation_in_effect(None, &keys), 1),
+                Err(ApprovalError::ElicitationNotTrusted)
+            );
+            assert_eq!(verify(&agent, &r, d, &none, false, 1), Err(ApprovalError::ElicitationNotTrusted));
+        }
+        // Without keys it decides, and so it does with keys when opted in;
+        // the journal records the channel and the client.
+        for k in [&none, &keys] {
+            let on = mcp_elicitation_in_effect(if k.is_empty() { None } else { Some(true) }, k);
+            let by = verify(&agent, &r, &Decision::Approve, k, on, 1).unwrap();
+            assert_eq!((by.principal.as_str(), by.channel.as_str()), ("Claude Desktop", "mcp-elicitation"));
+        }
     }
 }

@@ -145,6 +145,9 @@ pub struct RuntimeSettings {
     pub claim_lease_secs: u64,
     /// `[approval] keys`: whose signatures decide tickets.
     pub approvers: TrustedKeys,
+    /// `[approval] mcp_elicitation` in effect: whether an answer in an MCP
+    /// client's own UI decides tickets (by default only without keys).
+    pub mcp_elicitation: bool,
 }
 
 impl RuntimeSettings {
@@ -154,6 +157,7 @@ impl RuntimeSettings {
             ticket_ttl_secs: config.limits.ticket_ttl_secs,
             claim_lease_secs: config.limits.claim_lease_secs,
             approvers: config.approvers.clone(),
+            mcp_elicitation: config.mcp_elicitation,
         }
     }
 }
@@ -165,6 +169,7 @@ impl Default for RuntimeSettings {
             ticket_ttl_secs: limits.ticket_ttl_secs,
             claim_lease_secs: limits.claim_lease_secs,
             approvers: TrustedKeys::default(),
+            mcp_elicitation: true,
         }
     }
 }
@@ -437,7 +442,14 @@ impl Runtime {
         if record.expires_at <= now {
             return Err(TicketError::Expired(ticket_id.to_owned()).into());
         }
-        let approved_by = approval::verify(approval, &record, &decision, &self.settings.approvers, now)?;
+        let approved_by = approval::verify(
+            approval,
+            &record,
+            &decision,
+            &self.settings.approvers,
+            self.settings.mcp_elicitation,
+            now,
+        )?;
         let in_conversation = approval.in_conversation();
         let ticket = self.store.claim_ticket(ticket_id, now, &self.holder).await??;
         let _alive = self.heartbeat_while_held();

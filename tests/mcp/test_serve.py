@@ -365,6 +365,92 @@ def test_replicas_sharing_a_state_key_resume_each_others_asks():
             assert s.stop() == 0, "".join(s.stderr)
 
 
+def approval_config(name, elicitation, env_state_key=None):
+    """CONFIG (with `[approval] keys`) with `[approval] mcp_elicitation` as
+    given — None leaves it to its default — and optionally a shared state key."""
+    with open(CONFIG) as f:
+        conf = f.read().replace("mcp_elicitation = true\n", "")
+    if elicitation is not None:
+        conf = conf.replace("[approval]\n", f"[approval]\nmcp_elicitation = {str(elicitation).lower()}\n", 1)
+    if env_state_key:
+        conf = conf.replace("[serve]\n", f'[serve]\nstate_key = {{ env = "{env_state_key}" }}\n', 1)
+    path = os.path.join(os.path.dirname(CONFIG), name)
+    with open(path, "w") as f:
+        f.write(conf)
+    return path
+
+
+def test_with_approver_keys_an_elicitation_answer_approves_nothing():
+    """`[approval] keys` is the setting for an agent with a shell, which can
+    spawn `toolgate serve` itself and answer its own ask. Unless the operator
+    opts in with `mcp_elicitation = true`, the server then never asks in the
+    client's UI and takes no answer from it — on 2025 revisions
+    (`elicitation/create`), on 2026-07-28 (input requests), on a retry that
+    declares elicitation after a first call that did not, and on a retry
+    carrying a sealed state another (opted-in) replica issued. The ask stays
+    pending for a key holder."""
+    env = dict(ENV, TOOLGATE_TEST_ASK_KEY="self-approval-" + "k" * 40)
+    keyed = approval_config("keys-only.toml", None, "TOOLGATE_TEST_ASK_KEY")
+    opted = approval_config("keys-and-elicitation.toml", True, "TOOLGATE_TEST_ASK_KEY")
+    server = HttpServer(keyed, env)
+    asked = []
+
+    async def accept(context, params):
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"confirm": True})
+
+    async def never(context, params):
+        raise AssertionError("driven by hand: the SDK must not answer")
+
+    def stdio(config, mode, **kwargs):
+        return Client(StdioServerParameters(command=BIN, args=["--config", config, "serve"], env=env), mode=mode,
+                      **kwargs)
+
+    def http(**kwargs):
+        client = httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+        return Client(streamable_http_client(server.url, http_client=client), mode="auto", **kwargs)
+
+    def still_pending(r, note):
+        assert isinstance(r, types.CallToolResult) and r.is_error, r
+        assert "awaiting human approval" in text(r) and "--key" in text(r), text(r)
+        (ticket, request), = journal(
+            "SELECT ticket_id, call_id FROM awaiting WHERE state = 'pending' AND arguments LIKE ?", f"%{note}%"
+        )
+        assert request in text(r) and ticket not in json.dumps(r.model_dump()), text(r)
+        return request
+
+    async def body():
+        # The agent's own stdio client declares elicitation and accepts.
+        for mode in ["legacy", "auto"]:
+            note = f"self-{mode}"
+            async with stdio(keyed, mode, elicitation_callback=accept) as c:
+                still_pending(await c.call_tool("notes", {"op": "add", "note": note}), note)
+        # 2026-07-28 over HTTP: first without elicitation, then the retry declares it.
+        args = {"op": "add", "note": "self-retry"}
+        async with http() as plain:
+            first = still_pending(await plain.call_tool("notes", args), "self-retry")
+        async with http(elicitation_callback=accept) as eliciting:
+            assert still_pending(await eliciting.call_tool("notes", args), "self-retry") == first
+        # A sealed state issued by an opted-in replica (same state key) decides nothing here.
+        args = {"op": "add", "note": "self-state"}
+        async with stdio(opted, "auto", elicitation_callback=never) as a:
+            asked_there = await a.session.call_tool("notes", args, allow_input_required=True)
+            assert isinstance(asked_there, types.InputRequiredResult), asked_there
+        confirm = {"confirm": types.ElicitResult(action="accept", content={"confirm": True})}
+        async with stdio(keyed, "auto", elicitation_callback=never) as b:
+            r = await b.session.call_tool("notes", args, input_responses=confirm,
+                                          request_state=asked_there.request_state, allow_input_required=True)
+            still_pending(r, "self-state")
+            assert not any(n.startswith("self-") for n in await notes(b))
+        assert asked == [], "never asked in the client's UI"
+        assert not journal("SELECT 1 FROM steps WHERE approved_via IS NOT NULL AND arguments LIKE '%self-%'")
+
+    try:
+        run(body())
+    finally:
+        assert server.stop() == 0, "".join(server.stderr)
+
+
 def test_guest_output_never_enters_the_protocol_stream(conn):
     async def body():
         async with conn() as c:

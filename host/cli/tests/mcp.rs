@@ -70,6 +70,9 @@ rules = [
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let mut text = std::fs::read_to_string(&config).unwrap();
     text.push_str(&String::from_utf8_lossy(&out.stdout));
+    // Answers in the client's UI count as well (off by default with keys;
+    // test_serve.py's keys-only config drops this line).
+    text.push_str("mcp_elicitation = true\n");
     std::fs::write(&config, text).unwrap();
     // Fresh bearer tokens for this run; the server reads them by reference (env).
     let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();

@@ -15,7 +15,9 @@
 //! carries the answer; the ticket never leaves the host); before, as a
 //! server-initiated `elicitation/create`. A client that cannot ask gets the
 //! pending request named (never its ticket); an approver decides it out of
-//! band and the identical call later returns the result. List changes go
+//! band and the identical call later returns the result. With
+//! `[approval] mcp_elicitation` off (the default with `[approval] keys`),
+//! every client is answered that way and no answer is taken. List changes go
 //! out through `subscriptions/listen` (2026-07-28) or as
 //! `notifications/tools/list_changed` to initialized sessions. A withdrawn
 //! request (`notifications/cancelled`, a closed HTTP request) stops its
@@ -386,6 +388,23 @@ impl McpServer {
         awaiting: StepResult,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        if !self.shared.config.mcp_elicitation {
+            // `[approval] mcp_elicitation` is off (the default with keys): an
+            // answer in a client's UI decides nothing — the agent may run the
+            // client — so none is asked for, on any revision; the request
+            // stays pending for an approver.
+            let how = if self.shared.config.approvers.is_empty() {
+                "on a terminal with `toolgate approve …`"
+            } else {
+                "with `toolgate approve … --key FILE`"
+            };
+            let message = format!(
+                "`{name}` needs human approval, which this server does not take in the client's UI (an approver \
+                 decides it {how}): {}",
+                awaiting.model_text()
+            );
+            return Ok(CallToolResult::error(vec![ContentBlock::text(message)]).into());
+        }
         let can_elicit = context.client_capabilities().is_some_and(|c| c.elicitation.is_some());
         if !can_elicit {
             let message =
@@ -458,6 +477,9 @@ impl McpServer {
             .await
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
         let pending = prior.filter(|p| p.record.call_id == state.request && p.record.state == "pending");
+        // With `[approval] mcp_elicitation` off (e.g. a state another replica
+        // sealed), an answer decides nothing: the ordinary way leaves it pending.
+        let pending = pending.filter(|_| self.shared.config.mcp_elicitation);
         // The session of this retry is the run that asked.
         let session = McpServer {
             shared: self.shared.clone(),
