@@ -623,7 +623,7 @@ impl Run<'_> {
                 tokio::pin!(cancel);
                 let mut attempt = 1;
                 let result = loop {
-                    let state = Arc::new(rt.store.tool_state(snapshot.agent(), tool_id).await?);
+                    let state = shared_state(rt.store.tool_state(snapshot.agent(), tool_id).await?);
                     let exec = rt.executor.execute_until(&allowed, state.clone(), cancel.as_mut()).await;
                     let again = pure && attempt < STATE_ATTEMPTS;
                     match step.finish(rt, None, exec, &state, again).await {
@@ -709,6 +709,13 @@ fn stored_call(r: &AwaitingRecord) -> ToolCall {
         // argument digest, so the gate refuses it.
         arguments: serde_json::from_str(&r.arguments).unwrap_or(Value::Null),
     }
+}
+
+/// A Tool's state as one call reads it, shared with its executor. Most
+/// Tools keep none: they share one empty map (no allocation per call).
+fn shared_state(state: BTreeMap<String, String>) -> Arc<BTreeMap<String, String>> {
+    static EMPTY: std::sync::LazyLock<Arc<BTreeMap<String, String>>> = std::sync::LazyLock::new(Default::default);
+    if state.is_empty() { EMPTY.clone() } else { Arc::new(state) }
 }
 
 /// JSON `null` arguments mean `{}`.
