@@ -451,6 +451,105 @@ def test_with_approver_keys_an_elicitation_answer_approves_nothing():
         assert server.stop() == 0, "".join(server.stderr)
 
 
+def test_an_ask_found_by_a_later_request_is_approved_through_that_requests_state(http_server):
+    """2026-07-28 over HTTP: a second request for the same call finds the
+    first request's pending ask (no second ticket). The state it hands out
+    names the run that holds that ask, so answering it approves that ask —
+    once — instead of asking again forever."""
+    args = {"op": "add", "note": "found-by-a-later-request"}
+    confirm = {"confirm": types.ElicitResult(action="accept", content={"confirm": True})}
+
+    async def never(context, params):
+        raise AssertionError("driven by hand: the SDK must not answer")
+
+    async def body():
+        async with connect("http", "auto", http_server, elicitation_callback=never) as c:
+            s = c.session
+            first = await s.call_tool("notes", args, allow_input_required=True)
+            assert isinstance(first, types.InputRequiredResult), first
+            second = await s.call_tool("notes", args, allow_input_required=True)
+            assert isinstance(second, types.InputRequiredResult), second
+            asks = journal("SELECT ticket_id FROM awaiting WHERE arguments LIKE ?", f'%{args["note"]}%')
+            assert len(asks) == 1, "the second request found the first one's ask"
+            done = await s.call_tool("notes", args, input_responses=confirm, request_state=second.request_state,
+                                     allow_input_required=True)
+            assert isinstance(done, types.CallToolResult) and not done.is_error, done
+            assert args["note"] in text(done), text(done)
+            # Approved once: the first request's state approves nothing more.
+            again = await s.call_tool("notes", args, input_responses=confirm, request_state=first.request_state,
+                                      allow_input_required=True)
+            assert isinstance(again, types.InputRequiredResult), again
+            assert (await notes(c)).count(args["note"]) == 1
+        assert journal("SELECT approved_via FROM steps WHERE arguments LIKE ? AND outcome = 'output'",
+                       f'%{args["note"]}%') == [("mcp-elicitation",)]
+
+    run(body())
+
+
+class Tee(httpx2.AsyncBaseTransport):
+    """An HTTP transport that keeps every header and byte the server sent."""
+
+    def __init__(self):
+        self.inner = httpx2.AsyncHTTPTransport()
+        self.received = bytearray()
+
+    async def handle_async_request(self, request):
+        response = await self.inner.handle_async_request(request)
+        received = self.received
+        received.extend(str(response.status_code).encode() + b" " + str(dict(response.headers)).encode())
+
+        class Recorded(httpx2.AsyncByteStream):
+            async def __aiter__(self):
+                async for chunk in response.stream:
+                    received.extend(chunk)
+                    yield chunk
+
+            async def aclose(self):
+                await response.stream.aclose()
+
+        return httpx2.Response(response.status_code, headers=response.headers, stream=Recorded(),
+                               extensions=response.extensions)
+
+    async def aclose(self):
+        await self.inner.aclose()
+
+
+def test_an_ask_answered_after_it_expired_names_the_request_never_the_ticket():
+    """The human answers the client's elicitation after `ticket_ttl_secs`: the
+    client is told which request expired and what to do — and nothing it
+    receives holds the ticket (invariant 11)."""
+    short = os.path.join(os.path.dirname(CONFIG), "short-ttl.toml")
+    with open(CONFIG) as f:
+        conf = f.read()
+    with open(short, "w") as f:
+        f.write(conf.replace("[limits]\n", "[limits]\nticket_ttl_secs = 1\n", 1))
+    server = HttpServer(short)
+    tee = Tee()
+    note = "answered-too-late"
+
+    async def late(context, params):
+        await asyncio.sleep(2.5)
+        return types.ElicitResult(action="accept", content={"confirm": True})
+
+    async def body():
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60, transport=tee)
+        transport = streamable_http_client(server.url, http_client=http)
+        async with Client(transport, mode="legacy", elicitation_callback=late) as c:
+            with pytest.raises(MCPError) as e:
+                await c.call_tool("notes", {"op": "add", "note": note})
+            message = str(e.value)
+        (ticket, request), = journal("SELECT ticket_id, call_id FROM awaiting WHERE arguments LIKE ?", f"%{note}%")
+        assert request in message and "expired" in message and "again" in message, message
+        assert "tkt-" not in message and ticket not in message, message
+        assert tee.received and b"tkt-" not in tee.received, bytes(tee.received)
+        assert not journal("SELECT 1 FROM steps WHERE arguments LIKE ? AND outcome = 'output'", f"%{note}%")
+
+    try:
+        run(body())
+    finally:
+        assert server.stop() == 0, "".join(server.stderr)
+
+
 def test_guest_output_never_enters_the_protocol_stream(conn):
     async def body():
         async with conn() as c:
@@ -704,6 +803,61 @@ def test_http_refuses_foreign_origins_and_hosts_and_oversized_bodies(http_server
     assert status == 413
     status, _, body = http("POST", http_server.url, INIT, auth)
     assert status == 200, body
+
+
+def test_the_bearer_scheme_is_matched_in_any_letter_case(http_server):
+    # RFC 7235: the auth-scheme is case-insensitive.
+    for scheme in ["bearer", "BEARER", "BeArEr"]:
+        status, _, body = http("POST", http_server.url, INIT, {"Authorization": f"{scheme} {TOKEN}"})
+        assert status == 200, (scheme, status, body)
+
+
+def test_an_empty_allowed_hosts_list_is_refused_at_start():
+    """`serve.allowed_hosts = []` would let any `Host` through (DNS rebinding):
+    HTTP serving refuses to start, naming the field."""
+    empty = os.path.join(os.path.dirname(CONFIG), "no-hosts.toml")
+    with open(CONFIG) as f:
+        conf = f.read()
+    with open(empty, "w") as f:
+        f.write(conf.replace("[serve]\n", "[serve]\nallowed_hosts = []\n", 1))
+    proc = subprocess.Popen([BIN, "--config", empty, "serve", "--http", "127.0.0.1:0"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV, text=True)
+    try:
+        _, err = proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError("served with an empty `allowed_hosts`:\n" + err)
+    assert proc.returncode != 0 and "serve.allowed_hosts" in err, (proc.returncode, err)
+
+
+def test_an_http_session_answers_only_the_token_that_made_it(http_server):
+    """A client of another token that learns a session's id cannot call in it
+    (with its agent's view and policy), read its stream (its elicitations) or
+    end it: to that token the session does not exist (404)."""
+    url = http_server.url
+    mine = {"Authorization": f"Bearer {TOKEN}"}
+    status, h, body = http("POST", url, INIT, mine)
+    assert status == 200, body
+    sid = h.get("Mcp-Session-Id") or h.get("mcp-session-id")
+    session = {"Mcp-Session-Id": sid, "MCP-Protocol-Version": "2025-11-25"}
+    status, _, body = http("POST", url, {"jsonrpc": "2.0", "method": "notifications/initialized"}, {**mine, **session})
+    assert status == 202, (status, body)
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "notes", "arguments": {"op": "list"}}}
+    status, _, body = http("POST", url, call, {**mine, **session})
+    assert status == 200 and '"result"' in body, (status, body)
+    other = {"Authorization": f"Bearer {READER_TOKEN}", **session}
+    for method, message in [("POST", {**call, "id": 3}), ("GET", None), ("DELETE", None)]:
+        status, _, body = http(method, url, message, other)
+        assert status == 404, (method, status, body)
+        assert "notes" not in body, body
+    # Still its maker's, and its maker ends it.
+    status, _, body = http("POST", url, {**call, "id": 4}, {**mine, **session})
+    assert status == 200 and '"result"' in body, (status, body)
+    status, _, body = http("DELETE", url, None, {**mine, **session})
+    assert status == 202, (status, body)
+    status, _, body = http("POST", url, {**call, "id": 5}, {**mine, **session})
+    assert status == 404, (status, body)
 
 
 def test_http_health_and_readiness(http_server):

@@ -6,19 +6,24 @@
 //! configured tokens (read by reference at start, like every secret); the
 //! OAuth protected-resource metadata (RFC 9728) and the `WWW-Authenticate`
 //! challenge on 401 so standard clients discover how to authenticate;
-//! allowed `Host`s and `Origin`s (DNS-rebinding protection: 403), a request
+//! allowed `Host`s and `Origin`s (DNS-rebinding protection: 403; an empty
+//! `serve.allowed_hosts` is refused at start, never "any Host"), a request
 //! body limit, `/healthz` and `/readyz`, and graceful shutdown that drains
-//! calls in flight.
+//! calls in flight. An MCP session (`Mcp-Session-Id`) belongs to the token
+//! that initialized it: a request of any other token naming it gets 404, as
+//! for a session that does not exist.
 //!
 //! Architecture invariant: nothing reaches the MCP service without a valid
-//! token, and the agent a request acts for comes only from its token.
+//! token, the agent a request acts for comes only from its token, and a
+//! session is reached only with the token that made it.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -56,35 +61,99 @@ impl Tokens {
         Ok(Tokens(tokens))
     }
 
-    /// The agent of `presented`, compared in constant time with every token.
-    fn agent(&self, presented: &str) -> Option<&str> {
+    /// The digest and agent of `presented`, compared in constant time with every token.
+    fn agent(&self, presented: &str) -> Option<([u8; 32], &str)> {
         let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
         let mut found = None;
         for (known, agent) in &self.0 {
             if bool::from(known.ct_eq(&digest)) {
-                found = Some(agent.as_str());
+                found = Some((digest, agent.as_str()));
             }
         }
         found
     }
 }
 
+/// The token `credentials` of an `Authorization` value present when its
+/// scheme is `Bearer`, in any letter case (RFC 7235: the scheme is
+/// case-insensitive).
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// Which token (by digest) made each MCP session.
+struct Sessions {
+    owners: Mutex<Owners>,
+    /// rmcp's sessions: bindings of sessions that ended are pruned against it.
+    manager: Arc<LocalSessionManager>,
+}
+
+struct Owners {
+    by_id: HashMap<String, [u8; 32]>,
+    /// Prune ended sessions when the map grows past this (amortized).
+    prune_at: usize,
+}
+
+impl Sessions {
+    const PRUNE_FLOOR: usize = 256;
+
+    fn new(manager: Arc<LocalSessionManager>) -> Self {
+        let owners = Owners { by_id: HashMap::new(), prune_at: Self::PRUNE_FLOOR };
+        Sessions { owners: Mutex::new(owners), manager }
+    }
+
+    fn owners(&self) -> std::sync::MutexGuard<'_, Owners> {
+        self.owners.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether session `id` was made by the token of `digest`.
+    fn belongs_to(&self, id: &str, digest: &[u8; 32]) -> bool {
+        self.owners().by_id.get(id).is_some_and(|owner| bool::from(owner.ct_eq(digest)))
+    }
+
+    async fn bind(&self, id: String, digest: [u8; 32]) {
+        let grown = {
+            let mut o = self.owners();
+            o.by_id.insert(id, digest);
+            o.by_id.len() > o.prune_at
+        };
+        if grown {
+            let live: std::collections::HashSet<String> =
+                self.manager.sessions.read().await.keys().map(|k| k.to_string()).collect();
+            let mut o = self.owners();
+            o.by_id.retain(|id, _| live.contains(id));
+            o.prune_at = (o.by_id.len() * 2).max(Self::PRUNE_FLOOR);
+        }
+    }
+
+    fn unbind(&self, id: &str) {
+        self.owners().by_id.remove(id);
+    }
+}
+
+/// The header naming an MCP session.
+const SESSION_ID: &str = "mcp-session-id";
+
 struct Auth {
     tokens: Tokens,
+    sessions: Sessions,
     /// Where the protected-resource metadata is, for the 401 challenge.
     metadata_url: String,
 }
 
-/// Let through only requests with a valid bearer token; bind its agent.
+/// The answer to a session this token may not reach: the same as rmcp's for
+/// a session that does not exist, so its existence is not revealed.
+fn no_such_session() -> Response {
+    (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response()
+}
+
+/// Let through only requests with a valid bearer token; bind its agent; let
+/// a request name only a session its token made.
 async fn authenticate(State(auth): State<Arc<Auth>>, mut request: Request, next: Next) -> Response {
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    let agent = presented.and_then(|t| auth.tokens.agent(t)).map(str::to_owned);
-    let Some(agent) = agent else {
+    let presented = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer);
+    let found = presented.and_then(|t| auth.tokens.agent(t)).map(|(digest, agent)| (digest, agent.to_owned()));
+    let Some((digest, agent)) = found else {
         let mut challenge = format!("Bearer resource_metadata=\"{}\"", auth.metadata_url);
         if presented.is_some() {
             challenge.push_str(", error=\"invalid_token\"");
@@ -102,8 +171,29 @@ async fn authenticate(State(auth): State<Arc<Auth>>, mut request: Request, next:
         }
         return response;
     };
+    // A session named by the request must be one this token made: anything
+    // else (another token's, an unknown or unreadable id) is not found.
+    let named = match request.headers().get(SESSION_ID) {
+        None => None,
+        Some(v) => match v.to_str() {
+            Ok(id) if auth.sessions.belongs_to(id, &digest) => Some(id.to_owned()),
+            _ => return no_such_session(),
+        },
+    };
+    let deleting = request.method() == Method::DELETE;
     request.extensions_mut().insert(BoundAgent(agent));
-    next.run(request).await
+    let response = next.run(request).await;
+    match named {
+        // A new session (the `initialize` response names it): this token's.
+        None => {
+            if let Some(id) = response.headers().get(SESSION_ID).and_then(|v| v.to_str().ok()) {
+                auth.sessions.bind(id.to_owned(), digest).await;
+            }
+        }
+        Some(id) if deleting && response.status().is_success() => auth.sessions.unbind(&id),
+        Some(_) => {}
+    }
+    response
 }
 
 /// Serve `server` over Streamable HTTP on `addr` until SIGTERM/SIGINT, then
@@ -111,6 +201,12 @@ async fn authenticate(State(auth): State<Arc<Auth>>, mut request: Request, next:
 pub async fn serve(server: McpServer, addr: SocketAddr) -> anyhow::Result<()> {
     let config = server.shared.config.serve.clone();
     let tokens = Tokens::read(&config)?;
+    if config.allowed_hosts.is_empty() {
+        // rmcp reads an empty list as "any Host": DNS rebinding unchecked.
+        anyhow::bail!(
+            "serve.allowed_hosts is empty, which would accept any `Host` (no DNS-rebinding protection): list the names clients use (default: localhost, 127.0.0.1, ::1)"
+        );
+    }
     let listener =
         tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
     // The bound address: a `:0` port resolved.
@@ -118,7 +214,8 @@ pub async fn serve(server: McpServer, addr: SocketAddr) -> anyhow::Result<()> {
     let public = config.public_url.clone().unwrap_or_else(|| format!("http://{bound}{ENDPOINT}"));
     let origin = public.split(ENDPOINT).next().unwrap_or(&public).trim_end_matches('/').to_owned();
     let metadata_url = format!("{origin}/.well-known/oauth-protected-resource{ENDPOINT}");
-    let auth = Arc::new(Auth { tokens, metadata_url });
+    let manager = Arc::new(LocalSessionManager::default());
+    let auth = Arc::new(Auth { tokens, sessions: Sessions::new(manager.clone()), metadata_url });
     let stop = CancellationToken::new();
 
     let mut http = StreamableHttpServerConfig::default()
@@ -135,8 +232,7 @@ pub async fn serve(server: McpServer, addr: SocketAddr) -> anyhow::Result<()> {
         let server = server.clone();
         move || Ok(server.for_new_session())
     };
-    let mcp: StreamableHttpService<McpServer, LocalSessionManager> =
-        StreamableHttpService::new(factory, Default::default(), http);
+    let mcp: StreamableHttpService<McpServer, LocalSessionManager> = StreamableHttpService::new(factory, manager, http);
     let metadata = serde_json::json!({
         "resource": public,
         "authorization_servers": config.authorization_servers,
@@ -188,4 +284,19 @@ pub async fn serve(server: McpServer, addr: SocketAddr) -> anyhow::Result<()> {
     watcher.abort();
     server.drain().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer;
+
+    #[test]
+    fn the_bearer_scheme_is_matched_in_any_letter_case() {
+        for v in ["Bearer t0k", "bearer t0k", "BEARER  t0k ", " BeArEr t0k"] {
+            assert_eq!(bearer(v), Some("t0k"), "{v:?}");
+        }
+        for v in ["Basic t0k", "Bearert0k", "Bearer", "", "Bear t0k"] {
+            assert_eq!(bearer(v), None, "{v:?}");
+        }
+    }
 }

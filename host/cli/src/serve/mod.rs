@@ -106,15 +106,30 @@ struct Runtimes {
     base: Arc<Runtime>,
 }
 
-/// One conversation: its run, and the run's view kept across calls.
+/// One conversation: its run, and the run's view kept across calls — with
+/// the generation and the agent it was built for: a view is reused only for
+/// the same agent (an HTTP session is bound to its token, and this keeps
+/// another agent's request from ever running with this agent's view).
 struct Session {
     run_id: String,
-    view: Mutex<Option<(u64, Arc<ExecutableAgentSnapshot>)>>,
+    /// The agent of its first call; a request of another agent is refused.
+    agent: std::sync::OnceLock<String>,
+    view: Mutex<Option<CachedView>>,
+}
+
+struct CachedView {
+    generation: u64,
+    agent: String,
+    view: Arc<ExecutableAgentSnapshot>,
 }
 
 impl Session {
     fn new() -> Arc<Self> {
-        Arc::new(Session { run_id: new_id("run"), view: Mutex::new(None) })
+        Arc::new(Session::of_run(new_id("run")))
+    }
+
+    fn of_run(run_id: String) -> Self {
+        Session { run_id, agent: std::sync::OnceLock::new(), view: Mutex::new(None) }
     }
 }
 
@@ -203,8 +218,7 @@ impl McpServer {
         }
         let mut r = self.shared.runtimes.write().unwrap_or_else(|p| p.into_inner());
         let catalog = r.base.snapshot().catalog().clone();
-        let snapshot = ExecutableAgentSnapshot::build(&self.shared.config, agent, catalog)
-            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        let snapshot = ExecutableAgentSnapshot::build(&self.shared.config, agent, catalog).map_err(internal)?;
         let rt = Arc::new(Runtime::new(
             snapshot,
             r.base.executor().clone(),
@@ -324,18 +338,28 @@ impl McpServer {
     /// This session's run over `runtime`: its view is kept across calls (no
     /// journal lookup per call), rebuilt once after a reload.
     async fn session_run<'r>(&self, generation: u64, runtime: &'r Runtime) -> Result<toolgate::Run<'r>, ErrorData> {
-        let cached = self.session.view.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let agent = runtime.snapshot().agent();
+        let cached = self
+            .session
+            .view
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .filter(|c| c.generation == generation && c.agent == agent && c.view.agent() == agent)
+            .map(|c| c.view.clone());
         match cached {
-            Some((g, view)) if g == generation => Ok(runtime.continue_run(&self.session.run_id, view)),
-            _ => runtime
+            Some(view) => Ok(runtime.continue_run(&self.session.run_id, view)),
+            None => runtime
                 .start_run(Some(self.session.run_id.clone()), ToolCapabilityNarrowing::Configured)
                 .await
-                .map_err(|e| ErrorData::internal_error(e.to_string(), None)),
+                .map_err(internal),
         }
     }
 
     fn remember(&self, generation: u64, run: &toolgate::Run<'_>) {
-        *self.session.view.lock().unwrap_or_else(|p| p.into_inner()) = Some((generation, run.snapshot()));
+        let view = run.snapshot();
+        let agent = view.agent().to_owned();
+        *self.session.view.lock().unwrap_or_else(|p| p.into_inner()) = Some(CachedView { generation, agent, view });
     }
 
     async fn call(
@@ -347,6 +371,11 @@ impl McpServer {
         let (generation, runtime) = self.runtime(&agent)?;
         let name = request.name.to_string();
         let arguments = request.arguments.clone().map(serde_json::Value::Object).unwrap_or(serde_json::Value::Null);
+        // A session serves the agent it first served (an HTTP session is also
+        // bound to its token, in `http`): never another agent's request.
+        if self.session.agent.get_or_init(|| agent.clone()) != &agent {
+            return Err(ErrorData::invalid_request("this session belongs to another client", None));
+        }
         // The client's answer to an ask this server made (2026-07-28).
         if let Some(state) = &request.request_state {
             return self.answered(&runtime, &agent, &name, &arguments, state, &request, context).await;
@@ -364,7 +393,7 @@ impl McpServer {
             Err(CallError::UnknownTool(id)) => {
                 return Err(ErrorData::invalid_params(format!("unknown tool `{id}`"), None));
             }
-            Err(e) => return Err(ErrorData::internal_error(e.to_string(), None)),
+            Err(e) => return Err(call_error(e, None)),
         };
         match result {
             StepResult::Awaiting { ref ticket, ref correlation, .. } => {
@@ -414,9 +443,18 @@ impl McpServer {
         let question = elicitation(name, arguments);
         let modern = context.protocol_version().is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
         if modern {
-            // Stateless: the client retries with the answer and this sealed state.
+            // Stateless: the client retries with the answer and this sealed
+            // state, naming the run that holds the pending ask: this one, or
+            // — a stateless request that found the agent's identical ask from
+            // an earlier request — that request's run, where the retry's
+            // answer is looked up.
+            let holder = runtime.store().awaiting(ticket).await.map_err(internal)?;
+            let run = match holder {
+                Some(r) if r.call_id == correlation && r.tool_id == name => r.run_id,
+                _ => self.session.run_id.clone(),
+            };
             let state = AskState {
-                run: self.session.run_id.clone(),
+                run,
                 request: correlation.to_owned(),
                 tool: name.to_owned(),
                 digest: toolgate::policy::gate::argument_digest(&normalize(arguments)),
@@ -445,7 +483,7 @@ impl McpServer {
             Ok(()) => runtime.approve(ticket, &approval).await,
             Err(why) => runtime.deny(ticket, &why, &approval).await,
         };
-        let step = step.map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        let step = step.map_err(|e| call_error(e, Some(correlation)))?;
         Ok(to_mcp_result(&step, structured_output(runtime, name)).into())
     }
 
@@ -475,16 +513,13 @@ impl McpServer {
         let prior = store
             .prior_ask(toolgate::store::AskScope::Run(&state.run), &state.tool, &state.digest)
             .await
-            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+            .map_err(internal)?;
         let pending = prior.filter(|p| p.record.call_id == state.request && p.record.state == "pending");
         // With `[approval] mcp_elicitation` off (e.g. a state another replica
         // sealed), an answer decides nothing: the ordinary way leaves it pending.
         let pending = pending.filter(|_| self.shared.config.mcp_elicitation);
         // The session of this retry is the run that asked.
-        let session = McpServer {
-            shared: self.shared.clone(),
-            session: Arc::new(Session { run_id: state.run.clone(), view: Mutex::new(None) }),
-        };
+        let session = McpServer { shared: self.shared.clone(), session: Arc::new(Session::of_run(state.run.clone())) };
         let Some(prior) = pending else {
             let mut plain = request.clone();
             plain.request_state = None;
@@ -505,7 +540,7 @@ impl McpServer {
             Ok(()) => runtime.approve(&ticket, &approval).await,
             Err(why) => runtime.deny(&ticket, &why, &approval).await,
         };
-        let step = step.map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        let step = step.map_err(|e| call_error(e, Some(&prior.record.call_id)))?;
         Ok(to_mcp_result(&step, structured_output(runtime, name)).into())
     }
 }
@@ -534,6 +569,69 @@ fn is_traceparent(t: &str) -> bool {
 fn stateless(context: &RequestContext<RoleServer>) -> bool {
     context.extensions.get::<::http::request::Parts>().is_some()
         && context.protocol_version().is_some_and(|v| v >= ProtocolVersion::V_2026_07_28)
+}
+
+/// An error for the client, its text held to invariant 11 (no ticket).
+fn internal(e: impl std::fmt::Display) -> ErrorData {
+    ErrorData::internal_error(without_tickets(&e.to_string()), None)
+}
+
+/// A call's error as the client reads it. A ticket error names the request
+/// (the correlation id the model already reads: `request`, or the pending
+/// request when not known here), never its ticket, and says what to do.
+fn call_error(e: CallError, request: Option<&str>) -> ErrorData {
+    use toolgate::store::TicketError;
+    let named = request.map_or_else(|| "the pending request".to_owned(), |r| format!("request {r}"));
+    let message = match &e {
+        CallError::Ticket(t) => match t {
+            TicketError::Unknown(_) => format!("{named} is no longer pending; make the call again to be asked anew"),
+            TicketError::Used(_) => format!(
+                "{named} was already decided (an approval runs its call once); make the call again to be asked anew"
+            ),
+            TicketError::Expired(_) => {
+                format!("the approval of {named} expired before it was decided; make the call again to be asked anew")
+            }
+            TicketError::Settled(_) => format!(
+                "{named} was settled as interrupted by another host while this one ran it; its result was not recorded — check the call's effects before making it again"
+            ),
+            TicketError::ComponentChanged { tool, .. } => format!(
+                "the component of `{tool}` changed since {named} was asked; the approval does not carry over, make the call again"
+            ),
+        },
+        other => other.to_string(),
+    };
+    ErrorData::internal_error(without_tickets(&message), None)
+}
+
+/// The last guard of invariant 11 on what the host writes to the client:
+/// any ticket id (`tkt-…`) in `text` is replaced.
+fn without_tickets(text: &str) -> String {
+    const PREFIX: &[u8] = b"tkt-";
+    let lower = text.to_ascii_lowercase();
+    let (bytes, mut out, mut i) = (lower.as_bytes(), String::with_capacity(text.len()), 0);
+    while let Some(at) = bytes[i..].windows(PREFIX.len()).position(|w| w == PREFIX).map(|p| p + i) {
+        let mut end = at + PREFIX.len();
+        while end < bytes.len() && (bytes[end].is_ascii_alphanumeric() || bytes[end] == b'_' || bytes[end] == b'-') {
+            end += 1;
+        }
+        // ASCII bytes only were matched: both ends are char boundaries.
+        out.push_str(&text[i..at]);
+        out.push_str("[ticket withheld]");
+        i = end;
+    }
+    out.push_str(&text[i..]);
+    out
+}
+
+/// [`without_tickets`] on an error going to the client.
+fn scrubbed(mut e: ErrorData) -> ErrorData {
+    if e.message.to_ascii_lowercase().contains("tkt-") {
+        e.message = without_tickets(&e.message).into();
+    }
+    if e.data.as_ref().is_some_and(|d| d.to_string().to_ascii_lowercase().contains("tkt-")) {
+        e.data = None;
+    }
+    e
 }
 
 /// What the seal binds a request state to: the tool and the agent.
@@ -679,8 +777,8 @@ impl ServerHandler for McpServer {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let agent = self.agent(&context.extensions)?;
-        let (_, runtime) = self.runtime(&agent)?;
+        let agent = self.agent(&context.extensions).map_err(scrubbed)?;
+        let (_, runtime) = self.runtime(&agent).map_err(scrubbed)?;
         // Sorted by id: the same order for the same set (clients cache it).
         let tools = runtime.list().iter().map(to_mcp_tool).collect();
         Ok(ListToolsResult::with_all_items(tools))
@@ -699,7 +797,7 @@ impl ServerHandler for McpServer {
         // names the span the call's logs belong to.
         let trace = context.meta.get_traceparent().filter(|t| is_traceparent(t)).unwrap_or("");
         let span = tracing::info_span!("tools/call", tool = %request.name, traceparent = trace);
-        tracing::Instrument::instrument(self.call(request, &context), span).await
+        tracing::Instrument::instrument(self.call(request, &context), span).await.map_err(scrubbed)
     }
 
     fn accepted_subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
@@ -807,6 +905,31 @@ mod tests {
         ] {
             assert!(decision_of(&refused).is_err(), "{refused}");
         }
+    }
+
+    #[test]
+    fn no_ticket_id_reaches_the_client_in_an_error() {
+        use toolgate::store::TicketError;
+        let t = "tkt-99425ace523c3ea239789211b7ec0e5f".to_owned();
+        for e in [
+            TicketError::Unknown(t.clone()),
+            TicketError::Used(t.clone()),
+            TicketError::Expired(t.clone()),
+            TicketError::Settled(t.clone()),
+            TicketError::ComponentChanged { ticket: t.clone(), tool: "notes".into(), was: "a".into(), now: "b".into() },
+        ] {
+            let named = call_error(CallError::Ticket(e.clone()), Some("call-1"));
+            assert!(named.message.contains("request call-1") && !named.message.contains("tkt-"), "{e:?}: {named:?}");
+            let unnamed = call_error(CallError::Ticket(e.clone()), None);
+            assert!(!unnamed.message.contains("tkt-"), "{e:?}: {unnamed:?}");
+            let raw = ErrorData::internal_error(e.to_string(), Some(json!({ "t": t })));
+            assert!(!scrubbed(raw).message.contains("tkt-"));
+        }
+        assert_eq!(
+            without_tickets("ticket `TKT-ab_c-1` and tkt-ff, tkt-; é tkt"),
+            "ticket `[ticket withheld]` and [ticket withheld], [ticket withheld]; é tkt"
+        );
+        assert!(scrubbed(ErrorData::internal_error("x", Some(json!(["tkt-1"])))).data.is_none());
     }
 
     #[test]
