@@ -134,7 +134,7 @@ pub struct DirectoryGrant {
     pub host: PathBuf,
     /// `read` or `read-write`.
     pub access: toolgate_sdk::Access,
-    /// The directory this entry is bound to at its first use (not configuration).
+    /// The directory this entry is bound to at load, or at its first use (not configuration).
     #[serde(skip)]
     pub bound: crate::sandbox::grant_dir::GrantDir,
 }
@@ -634,7 +634,8 @@ impl Config {
         // The host's own state is out of reach (invariant 14): no directory
         // grant may contain it, nor sit inside the directories it owns.
         let mut protected: Vec<(String, PathBuf, bool)> = vec![
-            ("the config file".into(), abs(path.to_owned()), false),
+            // `path` as given: relative to the working directory, not to `base` (its own directory).
+            ("the config file".into(), std::path::absolute(path).unwrap_or_else(|_| path.to_owned()), false),
             ("the plugin directory".into(), plugins.clone(), true),
             ("the compiled-code cache".into(), cache.clone(), true),
             ("the lock file".into(), lock.clone(), false),
@@ -662,9 +663,10 @@ impl Config {
             protected.push(("the key file of serve.state_key".into(), p.clone(), false));
         }
         let protected: crate::sandbox::grant_dir::Protected = protected.into();
+        let grants_before = grants.clone();
         for (i, g) in grants.iter_mut().enumerate() {
             for (j, d) in g.directories.iter_mut().enumerate() {
-                // Checked again on the directory opened at first use: the path may change after load.
+                // Checked again on the directory opened when bound: the path may change.
                 d.bound = crate::sandbox::grant_dir::GrantDir::new(protected.clone());
                 for (what, p, owned_dir) in protected.iter() {
                     if let Some(relation) = crate::sandbox::grant_dir::overlap(&d.host, p, *owned_dir) {
@@ -679,6 +681,30 @@ impl Config {
                         ));
                     }
                 }
+                // A Tool holding a read-write grant above this directory could
+                // rename it away and put a symlink in its place before it is
+                // bound (a later process, a reload): refused, whichever Tools hold them.
+                for (k, outer) in grants_before.iter().enumerate() {
+                    for (l, o) in outer.directories.iter().enumerate() {
+                        if o.access == toolgate_sdk::Access::ReadWrite
+                            && (k, l) != (i, j)
+                            && crate::sandbox::grant_dir::overlap(&o.host, &d.host, false) == Some("contains")
+                        {
+                            return Err(field(
+                                &format!("grants[{i}].directories[{j}].host"),
+                                format!(
+                                    "{} is inside {}, granted read-write by grants[{k}].directories[{l}]; a Tool \
+                                     holding that grant could replace this directory with a link to anywhere — \
+                                     grant directories that do not nest under a read-write one",
+                                    d.host.display(),
+                                    o.host.display()
+                                ),
+                            ));
+                        }
+                    }
+                }
+                // Bound now where it exists, so nothing done after load redirects it.
+                let _ = d.bound.path(&d.host);
             }
         }
         Ok(Config {
@@ -938,6 +964,48 @@ mod tests {
         );
         let e = Config::parse(&text, Path::new("toolgate.toml"), Path::new("")).expect_err("must be refused");
         assert!(e.to_string().contains("the journal"), "{e}");
+    }
+
+    #[test]
+    fn the_config_file_named_relatively_is_protected_where_it_is() {
+        // `--config ../toolgate.toml`: the file is in the working directory's parent.
+        let parent = std::env::current_dir().unwrap().parent().unwrap().to_owned();
+        let text = format!(
+            "plugins = \"/var/tg/plugins\"\nstore = \"/var/tg/j.db\"\ncache = \"/var/tg/cache\"\n\
+             lock = \"/var/tg/toolgate.lock\"\n[[grants]]\ntools = \"*\"\n\
+             directories = [{{ path = \"/d\", host = \"{}\", access = \"read-write\" }}]\n",
+            parent.display()
+        );
+        let e = Config::parse(&text, Path::new("../toolgate.toml"), Path::new("..")).expect_err("must be refused");
+        assert!(e.to_string().contains("the config file"), "{e}");
+    }
+
+    #[test]
+    fn a_directory_under_another_read_write_grant_is_refused() {
+        let e = err(
+            "[[grants]]\ntools = \"a.*\"\ndirectories = [{ path = \"/w\", host = \"/srv/work\", access = \"read-write\" }]\n\
+             [[grants]]\ntools = \"b.*\"\ndirectories = [{ path = \"/r\", host = \"/srv/work/ref\", access = \"read\" }]\n",
+        );
+        assert!(
+            e.contains("grants[1].directories[0].host")
+                && e.contains("grants[0].directories[0]")
+                && e.contains("read-write"),
+            "{e}"
+        );
+        // Within one entry too: the Tool could redirect its own other grant.
+        let e = err(
+            "[[grants]]\ntools = \"a.*\"\ndirectories = [{ path = \"/w\", host = \"/srv/work\", access = \"read-write\" }, \
+             { path = \"/r\", host = \"/srv/work/../work/ref\", access = \"read\" }]\n",
+        );
+        assert!(e.contains("grants[0].directories[1].host"), "{e}");
+        // Under a read-only directory, side by side, or the same directory twice: accepted.
+        parse(
+            "[[grants]]\ntools = \"a.*\"\ndirectories = [{ path = \"/w\", host = \"/srv/work\", access = \"read\" }, \
+             { path = \"/r\", host = \"/srv/work/ref\", access = \"read-write\" }, \
+             { path = \"/o\", host = \"/srv/out\", access = \"read-write\" }]\n\
+             [[grants]]\ntools = \"b.*\"\ndirectories = [{ path = \"/o\", host = \"/srv/out\", access = \"read\" }]\n",
+        )
+        .unwrap();
     }
 
     #[test]

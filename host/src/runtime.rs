@@ -145,9 +145,11 @@ pub struct RuntimeSettings {
     pub claim_lease_secs: u64,
     /// `[approval] keys`: whose signatures decide tickets.
     pub approvers: TrustedKeys,
-    /// `[approval] mcp_elicitation` in effect: whether an answer in an MCP
-    /// client's own UI decides tickets (by default only without keys).
-    pub mcp_elicitation: bool,
+    /// `[approval] mcp_elicitation` as set; `None`: the default for
+    /// `approvers` (an MCP client's UI decides only without keys — see
+    /// [`approval::mcp_elicitation_in_effect`]), so settings built from
+    /// `..Default::default()` with keys never trust it by accident.
+    pub mcp_elicitation: Option<bool>,
 }
 
 impl RuntimeSettings {
@@ -157,7 +159,7 @@ impl RuntimeSettings {
             ticket_ttl_secs: config.limits.ticket_ttl_secs,
             claim_lease_secs: config.limits.claim_lease_secs,
             approvers: config.approvers.clone(),
-            mcp_elicitation: config.mcp_elicitation,
+            mcp_elicitation: Some(config.mcp_elicitation),
         }
     }
 }
@@ -169,7 +171,7 @@ impl Default for RuntimeSettings {
             ticket_ttl_secs: limits.ticket_ttl_secs,
             claim_lease_secs: limits.claim_lease_secs,
             approvers: TrustedKeys::default(),
-            mcp_elicitation: true,
+            mcp_elicitation: None,
         }
     }
 }
@@ -447,7 +449,7 @@ impl Runtime {
             &record,
             &decision,
             &self.settings.approvers,
-            self.settings.mcp_elicitation,
+            approval::mcp_elicitation_in_effect(self.settings.mcp_elicitation, &self.settings.approvers),
             now,
         )?;
         let in_conversation = approval.in_conversation();

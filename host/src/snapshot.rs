@@ -102,7 +102,7 @@ pub struct Mount {
     pub host: PathBuf,
     /// Declared ∩ granted access.
     pub access: Access,
-    /// The directory the grant is bound to (checked at its first use).
+    /// The directory the grant is bound to (checked when bound: at load, or its first use).
     pub bound: crate::sandbox::grant_dir::GrantDir,
 }
 

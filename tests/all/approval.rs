@@ -271,6 +271,25 @@ async fn with_approver_keys_only_a_signature_decides() {
     assert_eq!((by.principal, by.channel.as_str()), (public, "signature"));
 }
 
+/// An embedder that sets approver keys and leaves the rest at its defaults
+/// gets the config's default too: an MCP client's answer decides nothing.
+#[tokio::test]
+async fn runtime_settings_with_keys_do_not_trust_mcp_elicitation_by_default() {
+    let (_, public) = toolgate::keys::keygen().unwrap();
+    let host = text_and_notes("");
+    let ticket = ask(&host, "embedded").await;
+    let settings = toolgate::RuntimeSettings {
+        approvers: toolgate::keys::TrustedKeys::parse(&[public]).unwrap(),
+        ..Default::default()
+    };
+    let r = &host.runtime;
+    let embedded = toolgate::Runtime::new(r.snapshot().clone(), r.executor().clone(), r.store().clone(), settings);
+    let e = embedded.approve(&ticket, &toolgate::Approval::by_mcp_client("self")).await.unwrap_err();
+    assert!(matches!(e, CallError::Approval(toolgate::approval::ApprovalError::ElicitationNotTrusted)), "{e}");
+    assert_eq!(host.instantiations(), 0);
+    assert_eq!(r.store().pending().await.unwrap().len(), 1, "the ticket stays pending");
+}
+
 #[tokio::test]
 async fn the_wrong_agent_leaves_the_ticket_pending() {
     let host = text_and_notes("[agents.other]\nvisible = [\"notes\"]\ndefault = \"allow\"\n");

@@ -239,19 +239,18 @@ async fn a_grant_path_swapped_after_its_first_use_still_reaches_only_its_directo
     assert_eq!(thief(h, "read", "/data/a.txt", false).await, "ok: \"alpha\\nbeta needle\\n\"");
 }
 
-/// A grant whose path leads into the host's own state when it is first
-/// opened (swapped after the config was checked) is refused, naming what it
-/// would reach; the Tool never runs with it.
+/// A grant whose path leads into the host's own state is refused: at load
+/// when it does already (the path is compared where it resolves), and when
+/// it is bound — the directory opened, not the path written, is checked
+/// (`grant_dir` unit tests: a path that appears after load).
 #[tokio::test]
-async fn a_grant_path_that_leads_into_the_hosts_state_at_first_use_is_refused() {
+async fn a_grant_path_that_leads_into_the_hosts_state_is_refused_at_load() {
     let w = world();
-    let (h, d) = (&w.host, w.host.dir.path());
+    let d = w.host.dir.path();
     std::fs::rename(d.join("data"), d.join("data-old")).unwrap();
     std::os::unix::fs::symlink(d.join("plugins"), d.join("data")).unwrap();
-    let run = h.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
-    let r = run.call("hostile.thief", json!({"op": "list", "target": "/data", "credential": false})).await;
-    let e = r.expect_err("the call must not run").to_string();
-    assert!(e.contains("the plugin directory") && e.contains("refused"), "{e}");
+    let e = toolgate::Config::load(&d.join("toolgate.toml")).expect_err("must be refused").to_string();
+    assert!(e.contains("the plugin directory") && e.contains("grants[0].directories[0].host"), "{e}");
 }
 
 each_lang! {

@@ -264,7 +264,10 @@ fn benches(c: &mut Criterion) {
                         left -= n;
                     }
                     if iters >= BLOCK {
-                        ratios.lock().unwrap().push((full_t.as_secs_f64() / bare_t.as_secs_f64(), bare_t / iters as u32));
+                        ratios
+                            .lock()
+                            .unwrap()
+                            .push((full_t.as_secs_f64() / bare_t.as_secs_f64(), bare_t / iters as u32));
                     }
                     full_t
                 }
@@ -410,7 +413,10 @@ fn config_samples() -> usize {
 }
 
 fn config() -> Criterion {
-    Criterion::default().sample_size(config_samples()).warm_up_time(Duration::from_secs(2)).measurement_time(Duration::from_secs(5))
+    Criterion::default()
+        .sample_size(config_samples())
+        .warm_up_time(Duration::from_secs(2))
+        .measurement_time(Duration::from_secs(5))
 }
 
 /// The response check (invariant 13): a 4 MiB response searched for 10

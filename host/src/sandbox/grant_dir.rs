@@ -1,9 +1,10 @@
 //! Grant directories: each directory grant bound to one directory object.
 //!
-//! Owns opening a grant's host directory once, checking that the directory
-//! actually opened — not the path as written in the config — is none of the
-//! host's own state (invariant 14), and handing every later call that same
-//! directory. A path swapped after load (a directory renamed away and a
+//! Owns opening a grant's host directory once (when the config is loaded,
+//! or at its first use if it did not exist then), checking that the
+//! directory actually opened — not the path as written in the config — is
+//! none of the host's own state (invariant 14), and handing every later call
+//! that same directory. A path swapped after load (a directory renamed away and a
 //! symlink put in its place, by another Tool with a writable grant above it or
 //! by anyone else) never changes what a Tool reaches: the sandbox reopens the
 //! bound directory through its descriptor, not through the path.
@@ -19,7 +20,8 @@ use std::sync::{Arc, OnceLock};
 pub type Protected = Arc<[(String, PathBuf, bool)]>;
 
 /// One directory grant's binding; clones share it. Made by the config for
-/// each `[[grants]] directories` entry, so a reload binds afresh.
+/// each `[[grants]] directories` entry: bound for as long as that loaded
+/// config is in use (the process, for `toolgate serve`).
 #[derive(Debug, Clone, Default)]
 pub struct GrantDir(Arc<Bound>);
 
@@ -44,8 +46,9 @@ impl GrantDir {
     }
 
     /// The path the sandbox opens for this grant: the directory found at
-    /// `configured` on first use, checked, then that same directory for
-    /// every call (through `/proc/self/fd`). Where the process cannot name
+    /// `configured` the first time this is asked (the config asks at load),
+    /// checked, then that same directory for every call (through
+    /// `/proc/self/fd`). Where the process cannot name
     /// its descriptors (no `/proc`), the path as configured, checked each
     /// time (SECURITY.md lists the window that leaves).
     pub fn path(&self, configured: &Path) -> Result<PathBuf, String> {
@@ -112,14 +115,15 @@ pub(crate) fn lexical(path: &Path) -> PathBuf {
     out
 }
 
-/// `path` with symlinks resolved as far as it exists: the deepest existing
-/// ancestor canonicalized, the rest appended — a journal not created yet
-/// under a symlinked directory still has its real place.
+/// `path` with symlinks resolved as far as it exists, by the kernel's rules
+/// (a `..` after a symlink leaves the symlink's target, not the link's
+/// directory): the deepest existing ancestor canonicalized, the rest
+/// appended — a journal not created yet under a symlinked directory still
+/// has its real place.
 fn resolved(path: &Path) -> Option<PathBuf> {
-    let path = lexical(path);
     path.ancestors().find_map(|a| {
         let real = std::fs::canonicalize(a).ok()?;
-        Some(real.join(path.strip_prefix(a).ok()?))
+        Some(lexical(&real.join(path.strip_prefix(a).ok()?)))
     })
 }
 
@@ -160,6 +164,14 @@ mod tests {
         assert_eq!(overlap(&d.path().join("link"), &real.join("j.db"), false), Some("contains"));
         assert_eq!(overlap(&real.join("sub"), &d.path().join("link"), true), Some("is inside"));
         assert_eq!(overlap(&d.path().join("other"), &d.path().join("link/j.db"), false), None);
+        // `link/../cache` is where the kernel goes: beside `real`'s target, not beside `link`.
+        let conf = d.path().join("opt/conf");
+        std::fs::create_dir_all(conf.join("tg")).unwrap();
+        std::os::unix::fs::symlink(conf.join("tg"), d.path().join("tg")).unwrap();
+        let cache = conf.join("cache");
+        assert_eq!(overlap(&cache, &d.path().join("tg/../cache"), true), Some("is"));
+        std::fs::create_dir(&cache).unwrap();
+        assert_eq!(overlap(&cache, &d.path().join("tg/../cache"), true), Some("is"));
     }
 
     #[test]
