@@ -226,6 +226,19 @@ fn call_id() -> String {
     id
 }
 
+/// The id of a run that serves one stateless request ([`Run::stateless`]):
+/// marked, so that another stateless request may find its asks and no
+/// conversation's ask is ever found that way.
+pub fn stateless_run_id() -> String {
+    new_id(STATELESS_RUN)
+}
+
+const STATELESS_RUN: &str = "req";
+
+fn is_stateless_run(run_id: &str) -> bool {
+    run_id.strip_prefix(STATELESS_RUN).is_some_and(|rest| rest.starts_with('-'))
+}
+
 /// `n` in decimal, without the formatting machinery (it is on every call's path).
 fn push_decimal(s: &mut String, mut n: u64) {
     let mut digits = [0u8; 20];
@@ -545,10 +558,13 @@ impl Run<'_> {
 
     /// This run serves one stateless request (MCP 2026-07-28 over HTTP): no
     /// conversation spans requests there, so a call the gate would ask
-    /// about first looks for the agent's identical ask from any earlier
-    /// request — still pending (the same request is named, no second
-    /// ticket) or decided (its result, once). Within a run, asks are always
-    /// found; this widens only the ask, to the principal that made it.
+    /// about first looks for the agent's identical ask from an earlier
+    /// stateless request — still pending (the same request is named, no
+    /// second ticket) or decided (its result, once). Within a run, asks are
+    /// always found; this widens only the ask, to the principal that made
+    /// it, and never into a conversation (a session, a `toolgate call` run):
+    /// an ask of one is that conversation's to answer and to read. Such a
+    /// run's id comes from [`stateless_run_id`].
     pub fn stateless(mut self) -> Self {
         self.stateless = true;
         self
@@ -647,6 +663,7 @@ impl Run<'_> {
                     let digest = gate::argument_digest(&call.arguments);
                     let scope = AskScope::Agent(snapshot.agent());
                     if let Some(prior) = rt.store.prior_ask(scope, tool_id, &digest).await?
+                        && is_stateless_run(&prior.record.run_id)
                         && let Some(result) = step.resume(rt, prior).await?
                     {
                         return Ok(result);

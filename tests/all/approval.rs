@@ -169,6 +169,35 @@ async fn ask_in<'r>(run: &toolgate::Run<'r>, note: &str) -> (String, String) {
     }
 }
 
+/// A stateless request (MCP 2026-07-28 over HTTP) finds the identical ask
+/// of an earlier stateless request of its agent, never a conversation's: a
+/// session's (or a `toolgate call` run's) pending ask, and its decided result,
+/// stay that conversation's.
+#[tokio::test]
+async fn a_stateless_request_finds_only_stateless_asks() {
+    let host = text_and_notes("");
+    let rt = &host.runtime;
+    let configured = toolgate::ToolCapabilityNarrowing::Configured;
+    let conversation = rt.start_run(None, configured).await.unwrap();
+    let (ticket, correlation) = ask_in(&conversation, "ours").await;
+    let stateless = || async {
+        rt.start_run(Some(toolgate::runtime::stateless_run_id()), configured).await.unwrap().stateless()
+    };
+    let (own, own_correlation) = ask_in(&stateless().await, "ours").await;
+    assert!(own != ticket && own_correlation != correlation, "a stateless request found a conversation's ask");
+    // Another stateless request finds the first stateless one: the same request, no new ticket.
+    let (again, again_correlation) = ask_in(&stateless().await, "ours").await;
+    assert_eq!((again, again_correlation), (own.clone(), own_correlation));
+    // Decided, the conversation's result is not handed to a stateless request.
+    assert!(matches!(rt.approve(&ticket, &approver()).await.unwrap(), StepResult::Output { .. }));
+    rt.deny(&own, "not this one", &approver()).await.unwrap();
+    let r = stateless().await.call("notes", json!({"op": "add", "note": "ours"})).await.unwrap();
+    let conversations = matches!(&r, StepResult::Output { .. })
+        || matches!(&r, StepResult::Awaiting { ticket: t, .. } if *t == ticket);
+    assert!(!conversations, "a stateless request got the conversation's ask or result: {r:?}");
+    assert_eq!(host.instantiations(), 1, "only the approved call ran");
+}
+
 #[tokio::test]
 async fn the_model_never_reads_a_ticket() {
     let host = text_and_notes("");

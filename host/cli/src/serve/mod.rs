@@ -111,7 +111,9 @@ struct Runtimes {
 /// the same agent (an HTTP session is bound to its token, and this keeps
 /// another agent's request from ever running with this agent's view).
 struct Session {
-    run_id: String,
+    /// Chosen at its first call: a stateless request's run is marked as one
+    /// (`toolgate::runtime::stateless_run_id`), a conversation's is not.
+    run_id: std::sync::OnceLock<String>,
     /// The agent of its first call; a request of another agent is refused.
     agent: std::sync::OnceLock<String>,
     view: Mutex<Option<CachedView>>,
@@ -125,11 +127,20 @@ struct CachedView {
 
 impl Session {
     fn new() -> Arc<Self> {
-        Arc::new(Session::of_run(new_id("run")))
+        Arc::new(Session {
+            run_id: std::sync::OnceLock::new(),
+            agent: std::sync::OnceLock::new(),
+            view: Mutex::new(None),
+        })
     }
 
     fn of_run(run_id: String) -> Self {
-        Session { run_id, agent: std::sync::OnceLock::new(), view: Mutex::new(None) }
+        Session { run_id: run_id.into(), agent: std::sync::OnceLock::new(), view: Mutex::new(None) }
+    }
+
+    /// This conversation's run; `stateless`: it serves one stateless request.
+    fn run_id(&self, stateless: bool) -> &str {
+        self.run_id.get_or_init(|| if stateless { toolgate::runtime::stateless_run_id() } else { new_id("run") })
     }
 }
 
@@ -337,7 +348,13 @@ impl McpServer {
 
     /// This session's run over `runtime`: its view is kept across calls (no
     /// journal lookup per call), rebuilt once after a reload.
-    async fn session_run<'r>(&self, generation: u64, runtime: &'r Runtime) -> Result<toolgate::Run<'r>, ErrorData> {
+    async fn session_run<'r>(
+        &self,
+        generation: u64,
+        runtime: &'r Runtime,
+        stateless: bool,
+    ) -> Result<toolgate::Run<'r>, ErrorData> {
+        let run_id = self.session.run_id(stateless);
         let agent = runtime.snapshot().agent();
         let cached = self
             .session
@@ -348,11 +365,10 @@ impl McpServer {
             .filter(|c| c.generation == generation && c.agent == agent && c.view.agent() == agent)
             .map(|c| c.view.clone());
         match cached {
-            Some(view) => Ok(runtime.continue_run(&self.session.run_id, view)),
-            None => runtime
-                .start_run(Some(self.session.run_id.clone()), ToolCapabilityNarrowing::Configured)
-                .await
-                .map_err(internal),
+            Some(view) => Ok(runtime.continue_run(run_id, view)),
+            None => {
+                runtime.start_run(Some(run_id.to_owned()), ToolCapabilityNarrowing::Configured).await.map_err(internal)
+            }
         }
     }
 
@@ -381,8 +397,9 @@ impl McpServer {
             return self.answered(&runtime, &agent, &name, &arguments, state, &request, context).await;
         }
         let structured = structured_output(&runtime, &name);
-        let mut run = self.session_run(generation, &runtime).await?;
-        if stateless(context) {
+        let stateless = stateless(context);
+        let mut run = self.session_run(generation, &runtime, stateless).await?;
+        if stateless {
             run = run.stateless();
         }
         let cancel = withdrawn(context.ct.clone(), self.shared.stopping.clone());
@@ -451,7 +468,7 @@ impl McpServer {
             let holder = runtime.store().awaiting(ticket).await.map_err(internal)?;
             let run = match holder {
                 Some(r) if r.call_id == correlation && r.tool_id == name => r.run_id,
-                _ => self.session.run_id.clone(),
+                _ => self.session.run_id(stateless(context)).to_owned(),
             };
             let state = AskState {
                 run,
