@@ -496,7 +496,16 @@ impl Runtime {
                 was: ticket.component_digest().to_string(),
                 now: candidate.installed.component.digest.to_string(),
             };
-            step.resolve(self, ticket, Ending::blocked(Verdict::None, &err.to_string()), by, in_conversation).await?;
+            // The step is model-facing: it names the request, not the ticket (invariant 11).
+            let text = format!(
+                "request `{}`: the component of `{}` changed since the call was requested (was {}, now {}); the \
+                 approval does not carry over, make the call again",
+                r.call_id,
+                call.tool_id,
+                ticket.component_digest(),
+                candidate.installed.component.digest
+            );
+            step.resolve(self, ticket, Ending::blocked(Verdict::None, &text), by, in_conversation).await?;
             return Err(err.into());
         }
         let verdict = gate::decide_resumed(&snapshot, &candidate, &call, &ticket);
@@ -876,6 +885,15 @@ impl<'a> Step<'a> {
     ) -> Result<i64, CallError> {
         let captured = captured_json(ending.captured);
         let id = ticket.ticket_id().to_owned();
+        // Whatever a resolving step says is the model's to read, also when it
+        // quotes an error: never with the ticket in it (invariant 11).
+        let withheld;
+        let ending = if ending.text.contains(id.as_str()) {
+            withheld = ending.text.replace(id.as_str(), &format!("request `{}`", ticket.record().call_id));
+            Ending { text: &withheld, ..ending }
+        } else {
+            ending
+        };
         let record = self.record(&ending, self.args(), &captured, Some(&id), approved_by);
         match rt.store.resolve_ticket(ticket, &record, ending.changes, delivered).await? {
             Ok(seq) => Ok(seq),

@@ -98,6 +98,9 @@ async fn a_changed_component_voids_the_ticket(lang: Lang) {
     assert_eq!(host.instantiations(), 0);
     let again = host.runtime.approve(&ticket, &approver()).await.unwrap_err();
     assert!(matches!(again, CallError::Ticket(TicketError::Used(_))), "{again}");
+    // The step resolving the ticket is the model's to read: the request, never the ticket.
+    let last = steps(&host).await.pop().unwrap();
+    assert!(last.result.contains("changed") && !last.result.contains(ticket.as_str()), "{}", last.result);
 }
 }
 
@@ -180,9 +183,8 @@ async fn a_stateless_request_finds_only_stateless_asks() {
     let configured = toolgate::ToolCapabilityNarrowing::Configured;
     let conversation = rt.start_run(None, configured).await.unwrap();
     let (ticket, correlation) = ask_in(&conversation, "ours").await;
-    let stateless = || async {
-        rt.start_run(Some(toolgate::runtime::stateless_run_id()), configured).await.unwrap().stateless()
-    };
+    let stateless =
+        || async { rt.start_run(Some(toolgate::runtime::stateless_run_id()), configured).await.unwrap().stateless() };
     let (own, own_correlation) = ask_in(&stateless().await, "ours").await;
     assert!(own != ticket && own_correlation != correlation, "a stateless request found a conversation's ask");
     // Another stateless request finds the first stateless one: the same request, no new ticket.
@@ -192,8 +194,8 @@ async fn a_stateless_request_finds_only_stateless_asks() {
     assert!(matches!(rt.approve(&ticket, &approver()).await.unwrap(), StepResult::Output { .. }));
     rt.deny(&own, "not this one", &approver()).await.unwrap();
     let r = stateless().await.call("notes", json!({"op": "add", "note": "ours"})).await.unwrap();
-    let conversations = matches!(&r, StepResult::Output { .. })
-        || matches!(&r, StepResult::Awaiting { ticket: t, .. } if *t == ticket);
+    let conversations =
+        matches!(&r, StepResult::Output { .. }) || matches!(&r, StepResult::Awaiting { ticket: t, .. } if *t == ticket);
     assert!(!conversations, "a stateless request got the conversation's ask or result: {r:?}");
     assert_eq!(host.instantiations(), 1, "only the approved call ran");
 }
