@@ -4,7 +4,9 @@
 //! and cache paths, limits, capability grants and agents (visible tools,
 //! permission rules, default, narrowing). Unknown keys are errors; every error
 //! names the file and the field. Relative paths resolve against the config
-//! file's directory.
+//! file's directory. Each directory grant is checked against the host's own
+//! state and bound, where it exists, to the directory found at load
+//! (`sandbox::grant_dir`): parsing opens those directories, nothing else.
 //!
 //! Architecture invariant: configuration is data. Nothing here grants
 //! authority by itself; grants only bound what a Tool may receive.

@@ -230,13 +230,7 @@ fn call_id() -> String {
 /// marked, so that another stateless request may find its asks and no
 /// conversation's ask is ever found that way.
 pub fn stateless_run_id() -> String {
-    new_id(STATELESS_RUN)
-}
-
-const STATELESS_RUN: &str = "req";
-
-fn is_stateless_run(run_id: &str) -> bool {
-    run_id.strip_prefix(STATELESS_RUN).is_some_and(|rest| rest.starts_with('-'))
+    new_id(crate::store::STATELESS_RUN_PREFIX.trim_end_matches('-'))
 }
 
 /// `n` in decimal, without the formatting machinery (it is on every call's path).
@@ -670,9 +664,8 @@ impl Run<'_> {
             GateOutcome::AwaitConfirmation { correlation_id } => {
                 if self.stateless {
                     let digest = gate::argument_digest(&call.arguments);
-                    let scope = AskScope::Agent(snapshot.agent());
+                    let scope = AskScope::StatelessRequests(snapshot.agent());
                     if let Some(prior) = rt.store.prior_ask(scope, tool_id, &digest).await?
-                        && is_stateless_run(&prior.record.run_id)
                         && let Some(result) = step.resume(rt, prior).await?
                     {
                         return Ok(result);

@@ -223,8 +223,8 @@ async fn files_stay_inside_their_grants() {
     assert_err(&thief(h, "hardlink", "/scratch/h=>/data/a.txt", false).await, "");
 }
 
-/// A directory grant is bound to the directory found at its first use: the
-/// path swapped afterwards (the directory renamed away, a symlink to
+/// A directory grant is bound to the directory found when the config is
+/// loaded: the path swapped afterwards (the directory renamed away, a symlink to
 /// elsewhere in its place — what a Tool with a writable grant above it could
 /// do) changes nothing a Tool reaches.
 #[tokio::test]
@@ -239,18 +239,29 @@ async fn a_grant_path_swapped_after_its_first_use_still_reaches_only_its_directo
     assert_eq!(thief(h, "read", "/data/a.txt", false).await, "ok: \"alpha\\nbeta needle\\n\"");
 }
 
-/// A grant whose path leads into the host's own state is refused: at load
-/// when it does already (the path is compared where it resolves), and when
-/// it is bound — the directory opened, not the path written, is checked
-/// (`grant_dir` unit tests: a path that appears after load).
+/// A grant whose directory does not exist at load is bound at its first
+/// use, to the directory opened then — checked there, not where the config
+/// path pointed at load: a symlink into the host's state put in its place
+/// is refused, the Tool never runs with it.
 #[tokio::test]
-async fn a_grant_path_that_leads_into_the_hosts_state_is_refused_at_load() {
+async fn a_grant_path_that_leads_into_the_hosts_state_at_first_use_is_refused() {
+    // The world's host directory again, without `data` when the config is loaded.
     let w = world();
-    let d = w.host.dir.path();
-    std::fs::rename(d.join("data"), d.join("data-old")).unwrap();
+    let (from, dir) = (w.host.dir.path(), tempfile::tempdir().unwrap());
+    let d = dir.path();
+    for sub in ["plugins", "scratch"] {
+        std::fs::create_dir(d.join(sub)).unwrap();
+    }
+    for f in ["toolgate.toml", "tracker.secret", "plugins/hostile.wasm", "plugins/files.wasm", "plugins/tracker.wasm"] {
+        std::fs::copy(from.join(f), d.join(f)).unwrap();
+    }
+    let host = TestHost::open(dir, "default");
+    let d = host.dir.path();
     std::os::unix::fs::symlink(d.join("plugins"), d.join("data")).unwrap();
-    let e = toolgate::Config::load(&d.join("toolgate.toml")).expect_err("must be refused").to_string();
-    assert!(e.contains("the plugin directory") && e.contains("grants[0].directories[0].host"), "{e}");
+    let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+    let r = run.call("hostile.thief", json!({"op": "list", "target": "/data", "credential": false})).await;
+    let e = r.expect_err("the call must not run").to_string();
+    assert!(e.contains("the plugin directory") && e.contains("refused"), "{e}");
 }
 
 each_lang! {

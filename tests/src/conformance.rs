@@ -285,8 +285,8 @@ pub async fn claims_are_taken_over_only_from_a_holder_whose_heartbeat_lapsed(b: 
     assert_eq!(s.claim_ticket("t1", t0, ME).await.unwrap().unwrap_err(), TicketError::Used("t1".into()));
 }
 
-/// The latest ask for an exact call is found by run (or agent), Tool and
-/// argument digest; once decided, its result is delivered to one retry only.
+/// The latest ask for an exact call is found by run (or by the agent's
+/// stateless requests), Tool and argument digest; once decided, its result is delivered to one retry only.
 pub async fn a_decided_result_is_delivered_once(b: &dyn Backend) {
     let j = b.create().await;
     let s = j.store.as_ref();
@@ -297,10 +297,24 @@ pub async fn a_decided_result_is_delivered_once(b: &dyn Backend) {
     assert_eq!((prior.record.ticket_id.as_str(), prior.record.state.as_str()), ("t", "pending"));
     assert!(!prior.delivered && prior.resolution.is_none());
     assert!(s.prior_ask(AskScope::Run("run-2"), "notes.add", &digest).await.unwrap().is_none(), "another run");
-    // By agent (stateless requests): every run of that agent, no other agent's.
-    let by_agent = s.prior_ask(AskScope::Agent("main"), "notes.add", &digest).await.unwrap().expect("by agent");
-    assert_eq!(by_agent.record.ticket_id, "t");
-    assert!(s.prior_ask(AskScope::Agent("other"), "notes.add", &digest).await.unwrap().is_none(), "another agent");
+    // The agent's stateless requests: only runs that serve one, never a conversation's ask,
+    // also when a conversation asked the same call after them; no other agent's.
+    let stateless = |agent| s.prior_ask(AskScope::StatelessRequests(agent), "notes.add", &digest);
+    assert!(stateless("main").await.unwrap().is_none(), "a conversation's ask");
+    let in_run = |run: &'static str, call, ticket: &str| {
+        let mut step = step(call, OutcomeKind::Awaiting);
+        step.run_id = run;
+        let mut record = awaiting(ticket, call, i64::MAX);
+        record.run_id = run.into();
+        (step, record)
+    };
+    for (run, call, ticket) in [("req-1", "s1", "s"), ("run-9", "c9", "t9")] {
+        let (step, record) = in_run(run, call, ticket);
+        s.commit_step(&step, &[], Some(&record)).await.unwrap();
+    }
+    let found = stateless("main").await.unwrap().expect("a stateless request's ask");
+    assert_eq!(found.record.ticket_id, "s");
+    assert!(stateless("other").await.unwrap().is_none(), "another agent");
     assert!(
         s.prior_ask(AskScope::Run("run-1"), "notes.add", &"e".repeat(64)).await.unwrap().is_none(),
         "other arguments"

@@ -337,6 +337,14 @@ async fn dispatch(cli: Cli) -> Result<u8> {
                 serde_json::from_str(args).with_context(|| format!("--args is not JSON: {args}"))?;
             let narrowing =
                 if *no_tools { ToolCapabilityNarrowing::DenyAll } else { ToolCapabilityNarrowing::Configured };
+            if let Some(id) = run.as_deref().filter(|id| id.starts_with(toolgate::store::STATELESS_RUN_PREFIX)) {
+                // Its asks are what stateless requests find; a conversation never continues it.
+                anyhow::bail!(
+                    "--run {id}: a run named `{}…` serves one stateless MCP request and is not continued; \
+                     pass the id of a run `toolgate call` started (`run-…`), or none for a new run",
+                    toolgate::store::STATELESS_RUN_PREFIX
+                );
+            }
             let run = host.runtime.start_run(run.clone(), narrowing).await?;
             // Ctrl-C withdraws the call: the guest stops and the step is journaled as cancelled.
             let interrupted = async {

@@ -323,6 +323,10 @@ fn the_ticket_reaches_only_the_approver_and_the_retry_gets_the_result_once() {
     // A different call in the run is gated as usual.
     let other = tg(d, &["call", "text.upper", "--args", r#"{"text":"x"}"#, "--run", &run]);
     assert_eq!(other.status.code(), Some(0));
+    // A stateless MCP request's run is never continued by a conversation.
+    let stateless = tg(d, &["call", "notes", "--args", args, "--run", "req-0123"]);
+    assert_eq!(stateless.status.code(), Some(1), "{}", text(&stateless.stderr));
+    assert!(text(&stateless.stderr).contains("stateless"), "{}", text(&stateless.stderr));
 }
 
 #[test]

@@ -1183,7 +1183,7 @@ fn sandbox(grant: &EffectiveGrant, stdout: Capture, stderr: Capture) -> Result<W
             Access::Read => FsPerms::ReadOnly,
             Access::ReadWrite => FsPerms::ReadWrite,
         };
-        // The directory bound at the grant's first use, whatever is at the path now.
+        // The directory the grant was bound to (at load), whatever is at the path now.
         let dir = m.bound.path(&m.host)?;
         // cap-std underneath: `..`, absolute paths and symlinks cannot leave the directory.
         b.preopened_dir(&dir, &m.guest, perms).map_err(|e| {

@@ -27,7 +27,9 @@ pub struct GrantDir(Arc<Bound>);
 
 #[derive(Debug, Default)]
 struct Bound {
-    protected: Protected,
+    /// `None`: not made by the config (a default, e.g. a grant built by
+    /// hand): nothing to check against, so it is never opened.
+    protected: Option<Protected>,
     opened: OnceLock<File>,
 }
 
@@ -42,7 +44,7 @@ impl Eq for GrantDir {}
 impl GrantDir {
     /// A binding checked against `protected` when it is first opened.
     pub fn new(protected: Protected) -> Self {
-        GrantDir(Arc::new(Bound { protected, opened: OnceLock::new() }))
+        GrantDir(Arc::new(Bound { protected: Some(protected), opened: OnceLock::new() }))
     }
 
     /// The path the sandbox opens for this grant: the directory found at
@@ -55,12 +57,19 @@ impl GrantDir {
         if let Some(f) = self.0.opened.get() {
             return Ok(fd_path(f));
         }
+        let Some(protected) = &self.0.protected else {
+            return Err(format!(
+                "the directory grant of {} was not checked by a loaded config; build grants with \
+                 `Config::load` / `Config::parse`",
+                configured.display()
+            ));
+        };
         let dir = open_dir(configured).map_err(|e| {
             format!("cannot open granted directory {}: {e}; check the [[grants]] entry", configured.display())
         })?;
         let real = real_path(&dir);
         let checked = real.clone().unwrap_or_else(|| configured.to_owned());
-        for (what, p, owned_dir) in self.0.protected.iter() {
+        for (what, p, owned_dir) in protected.iter() {
             if let Some(relation) = overlap(&checked, p, *owned_dir) {
                 return Err(format!(
                     "granted directory {} is now {} — it {relation} {what} ({}); refused: a Tool must never \
@@ -196,5 +205,7 @@ mod tests {
         let fresh = GrantDir::new(vec![("the journal".to_owned(), host.join("journal.db"), false)].into());
         let e = fresh.path(&data).unwrap_err();
         assert!(e.contains("the journal") && e.contains("refused"), "{e}");
+        // One the config did not make (nothing to check against) is never opened.
+        assert!(GrantDir::default().path(&d.path().join("data-old")).unwrap_err().contains("not checked"));
     }
 }

@@ -5,7 +5,7 @@
 //! ([`outbound`]), where a credential reference becomes a secret on the way
 //! out and every response is checked on the way back — the bounded
 //! capture of guest output ([`capture`]), each directory grant bound to
-//! the directory checked at its first use ([`grant_dir`]), and the epoch
+//! the directory checked when the config was loaded ([`grant_dir`]), and the epoch
 //! [`ticker`] that interrupts running guests.
 //!
 //! Architecture invariant: the sandbox decides nothing. [`executor::Executor::execute`]

@@ -401,7 +401,9 @@ impl StepStore for MemoryJournal {
             let r = &a.record;
             let in_scope = match scope {
                 AskScope::Run(run) => r.run_id == run,
-                AskScope::Agent(agent) => r.agent == agent,
+                AskScope::StatelessRequests(agent) => {
+                    r.agent == agent && r.run_id.starts_with(super::STATELESS_RUN_PREFIX)
+                }
             };
             in_scope && r.tool_id == tool_id && r.argument_digest == argument_digest
         });

@@ -366,11 +366,15 @@ pub struct PriorAsk {
 pub enum AskScope<'a> {
     /// The run (a conversation): asks never cross conversations.
     Run(&'a str),
-    /// Every run of the agent: for stateless requests, where no conversation
-    /// spans requests (MCP 2026-07-28 over HTTP) and the principal is all
-    /// that identifies who asked.
-    Agent(&'a str),
+    /// The agent's stateless requests (runs whose id starts with
+    /// [`STATELESS_RUN_PREFIX`]): no conversation spans requests there (MCP
+    /// 2026-07-28 over HTTP) and the principal is all that identifies who
+    /// asked. Never a conversation's ask: that stays its conversation's.
+    StatelessRequests(&'a str),
 }
+
+/// How the id of a run serving one stateless request starts.
+pub const STATELESS_RUN_PREFIX: &str = "req-";
 
 /// A state change, already checked to be in the called Tool's scope.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -892,15 +892,17 @@ impl StepStore for PostgresJournal {
         tool_id: &str,
         argument_digest: &str,
     ) -> Result<Option<PriorAsk>, CommitError> {
-        let (column, key) = match scope {
-            AskScope::Run(run) => ("run_id", run),
-            AskScope::Agent(agent) => ("agent", agent),
+        let (column, key, only) = match scope {
+            AskScope::Run(run) => ("run_id", run, ""),
+            // The prefix is a constant of ours, not input: no quoting issue.
+            AskScope::StatelessRequests(agent) => ("agent", agent, "AND run_id LIKE 'req-%'"),
         };
+        debug_assert_eq!(super::STATELESS_RUN_PREFIX, "req-");
         let rows = self
             .query(
                 &format!(
                     "SELECT {AWAITING_COLS}, delivered FROM awaiting
-                     WHERE {column} = $1 AND tool_id = $2 AND argument_digest = $3 ORDER BY ordinal DESC LIMIT 1"
+                     WHERE {column} = $1 AND tool_id = $2 AND argument_digest = $3 {only} ORDER BY ordinal DESC LIMIT 1"
                 ),
                 &[&key, &tool_id, &argument_digest],
             )
