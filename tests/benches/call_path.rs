@@ -227,68 +227,41 @@ fn benches(c: &mut Criterion) {
         g.finish();
     }
 
-    // The two side by side: bare and full path alternating in blocks of 16
-    // calls within every sample, so both see the machine at the same moment.
-    // Criterion's medians of the two groups above come from runs seconds
-    // apart; on this VM their ratio moves by ±0.15 between runs, more than
-    // what is being measured. The paired ratio is each sample's full-path
-    // time over its bare time; criterion's figure here is the full path's
-    // per-call time measured while interleaved.
+    // Side by side with bare: the full path (and, to see where its time
+    // goes, the executor alone and the path with a store that keeps
+    // nothing), alternating with bare in blocks of 16 calls within every
+    // sample, so both see the machine at the same moment. Criterion's
+    // medians of the groups above come from runs seconds apart; on this VM
+    // their ratio moves by ±0.1 between runs, more than what is being
+    // measured. A paired ratio is each sample's time over its bare time;
+    // criterion's figure here is the per-call time measured while interleaved.
     {
         let bare = Bare::new(&packed(guests::TEXT), host.dir.path());
         let runtime = host.runtime("default", Arc::new(toolgate::MemoryJournal::new()));
         let run = rt.block_on(runtime.start_run(None, ToolCapabilityNarrowing::Configured)).unwrap();
         assert_upper(&rt.block_on(run.call(TOOL, json!({"text": "hello"}))).unwrap());
-        let ratios = std::sync::Mutex::new(Vec::new());
+        let null = host.runtime("default", Arc::new(NullStore(Default::default())));
+        let null_run = rt.block_on(null.start_run(None, ToolCapabilityNarrowing::Configured)).unwrap();
+        assert_upper(&rt.block_on(null_run.call(TOOL, json!({"text": "hello"}))).unwrap());
+        let executor = runtime.executor().clone();
+        let candidate = runtime.snapshot().candidate(TOOL, &|_| None).unwrap();
+        let call = ToolCall { call_id: "call-1".into(), tool_id: TOOL.into(), arguments: json!({"text": "hello"}) };
+        let GateOutcome::Execute(allowed) = GateOutcome::from_verdict(ToolPermissionVerdict::Allow, &candidate, &call)
+        else {
+            unreachable!()
+        };
         let mut g = c.benchmark_group("paired");
-        g.bench_function("full_path_in_memory_commit_with_bare", |b| {
-            b.to_async(&rt).iter_custom(|iters| {
-                let (bare, run, ratios) = (&bare, &run, &ratios);
-                async move {
-                    const BLOCK: u64 = 16;
-                    let (mut full_t, mut bare_t) = (Duration::ZERO, Duration::ZERO);
-                    let mut left = iters;
-                    while left > 0 {
-                        let n = left.min(BLOCK);
-                        let t = std::time::Instant::now();
-                        for _ in 0..n {
-                            std::hint::black_box(bare.call(TOOL, ARGS).await);
-                        }
-                        bare_t += t.elapsed();
-                        let args: Vec<_> = (0..n).map(|_| json!({"text": "hello"})).collect();
-                        let t = std::time::Instant::now();
-                        for a in args {
-                            std::hint::black_box(run.call(TOOL, a).await.unwrap());
-                        }
-                        full_t += t.elapsed();
-                        left -= n;
-                    }
-                    if iters >= BLOCK {
-                        ratios
-                            .lock()
-                            .unwrap()
-                            .push((full_t.as_secs_f64() / bare_t.as_secs_f64(), bare_t / iters as u32));
-                    }
-                    full_t
-                }
-            })
+        let (run, null_run, allowed, executor) = (&run, &null_run, &allowed, &executor);
+        paired(&mut g, &rt, &bare, "full path", "full_path_in_memory_commit_with_bare", move |a| async move {
+            std::hint::black_box(run.call(TOOL, a).await.unwrap());
+        });
+        paired(&mut g, &rt, &bare, "executor alone", "executor_execute_with_bare", move |_| async move {
+            std::hint::black_box(executor.execute(allowed, Default::default()).await.unwrap());
+        });
+        paired(&mut g, &rt, &bare, "full path, null store", "full_path_null_store_with_bare", move |a| async move {
+            std::hint::black_box(null_run.call(TOOL, a).await.unwrap());
         });
         g.finish();
-        // The warm-up's samples are in too; criterion's are the last ones.
-        let mut all = ratios.into_inner().unwrap();
-        let samples = all.len().min(config_samples());
-        let mut last: Vec<(f64, Duration)> = all.split_off(all.len() - samples);
-        if !last.is_empty() {
-            last.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let (ratio, bare_per_call) = last[last.len() / 2];
-            println!(
-                "paired: full path / bare = {ratio:.3}× (median of {} samples; quartiles {:.3}× – {:.3}×; bare {:.2} µs per call in the median sample)",
-                last.len(),
-                last[last.len() / 4].0,
-                last[last.len() * 3 / 4].0,
-                bare_per_call.as_secs_f64() * 1e6
-            );
-        }
     }
 
     // The gate with 100 rules.
@@ -328,6 +301,68 @@ fn benches(c: &mut Criterion) {
 
     // Sub-steps of the full path.
     steps(c, &rt, &host);
+}
+
+/// Bench `call` (given its arguments, made before the clock starts, as
+/// bare's are a static string) alternating with bare wasmtime in blocks of
+/// 16 calls within every sample; prints the median of the samples' ratios
+/// (`paired: WHAT / bare = …`, which `scripts/bench` reads).
+fn paired<F, Fut>(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    rt: &tokio::runtime::Runtime,
+    bare: &Bare,
+    what: &str,
+    name: &str,
+    call: F,
+) where
+    F: Fn(serde_json::Value) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    const BLOCK: u64 = 16;
+    let ratios = std::sync::Mutex::new(Vec::new());
+    g.bench_function(name, |b| {
+        b.to_async(rt).iter_custom(|iters| {
+            let (call, ratios) = (&call, &ratios);
+            async move {
+                let (mut this_t, mut bare_t) = (Duration::ZERO, Duration::ZERO);
+                let mut left = iters;
+                while left > 0 {
+                    let n = left.min(BLOCK);
+                    let t = std::time::Instant::now();
+                    for _ in 0..n {
+                        std::hint::black_box(bare.call(TOOL, ARGS).await);
+                    }
+                    bare_t += t.elapsed();
+                    let args: Vec<_> = (0..n).map(|_| json!({"text": "hello"})).collect();
+                    let t = std::time::Instant::now();
+                    for a in args {
+                        call(a).await;
+                    }
+                    this_t += t.elapsed();
+                    left -= n;
+                }
+                if iters >= BLOCK {
+                    ratios.lock().unwrap().push((this_t.as_secs_f64() / bare_t.as_secs_f64(), bare_t / iters as u32));
+                }
+                this_t
+            }
+        })
+    });
+    // The warm-up's samples are in too; criterion's are the last ones.
+    let mut all = ratios.into_inner().unwrap();
+    let samples = all.len().min(config_samples());
+    let mut last: Vec<(f64, Duration)> = all.split_off(all.len() - samples);
+    if !last.is_empty() {
+        last.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (ratio, bare_per_call) = last[last.len() / 2];
+        println!(
+            "paired: {what} / bare = {ratio:.3}× (median of {} samples; quartiles {:.3}× – {:.3}×; bare {:.2} µs per call in the median sample)",
+            last.len(),
+            last[last.len() / 4].0,
+            last[last.len() * 3 / 4].0,
+            bare_per_call.as_secs_f64() * 1e6
+        );
+    }
 }
 
 fn steps(c: &mut Criterion, rt: &tokio::runtime::Runtime, host: &Host) {
