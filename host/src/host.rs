@@ -22,6 +22,22 @@ use crate::store::memory::MemoryJournal;
 use crate::store::sqlite::SqliteJournal;
 use crate::store::{CommitError, StepStore};
 
+/// Raise this process's soft limit on open files to its hard limit, and
+/// return both as they are now. Every file a guest holds open in its grant
+/// is one of the host's descriptors (up to `limits.resource_table_entries`
+/// per call); at a soft limit of 1024, one call could take them all from the
+/// journal, outbound connections and other calls. For a host process (the
+/// CLI calls it at start); an embedder decides for its own process.
+pub fn raise_open_file_limit() -> std::io::Result<(u64, u64)> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current != limit.maximum {
+        setrlimit(Resource::Nofile, rustix::process::Rlimit { current: limit.maximum, maximum: limit.maximum })?;
+    }
+    let now = getrlimit(Resource::Nofile);
+    Ok((now.current.unwrap_or(u64::MAX), now.maximum.unwrap_or(u64::MAX)))
+}
+
 /// Why a host could not start. Each names what to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
@@ -120,4 +136,20 @@ pub async fn open(config: &Config, agent: &str) -> Result<Runtime, HostError> {
         tracing::warn!(ticket, "a ticket was interrupted by a host that stopped mid-call; see `toolgate journal`");
     }
     Ok(runtime)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_open_file_limit_is_raised_to_the_hard_limit() {
+        use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+        let before = getrlimit(Resource::Nofile);
+        // One below the hard limit (harmless to the other tests of this process), then raised.
+        if let Some(max) = before.maximum.filter(|m| *m > 1) {
+            setrlimit(Resource::Nofile, Rlimit { current: Some(max - 1), maximum: Some(max) }).unwrap();
+        }
+        let (soft, hard) = super::raise_open_file_limit().unwrap();
+        assert_eq!(soft, hard);
+        assert_eq!(Some(hard), before.maximum.or(Some(u64::MAX)));
+    }
 }

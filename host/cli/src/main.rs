@@ -234,6 +234,10 @@ fn main() -> ExitCode {
         .without_time()
         .with_target(false)
         .init();
+    // A guest's open files are the host's descriptors: as many as the OS allows.
+    if let Err(e) = toolgate::host::raise_open_file_limit() {
+        tracing::warn!("cannot raise the open-file limit to its hard limit: {e}");
+    }
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => ExitCode::from(code),
