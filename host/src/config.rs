@@ -664,50 +664,50 @@ impl Config {
         if let Some(Source::File(p)) = &serve.state_key {
             protected.push(("the key file of serve.state_key".into(), p.clone(), false));
         }
-        let protected: crate::sandbox::grant_dir::Protected = protected.into();
-        let grants_before = grants.clone();
-        for (i, g) in grants.iter_mut().enumerate() {
-            for (j, d) in g.directories.iter_mut().enumerate() {
-                // Checked again on the directory opened when bound: the path may change.
-                d.bound = crate::sandbox::grant_dir::GrantDir::new(protected.clone());
-                for (what, p, owned_dir) in protected.iter() {
-                    if let Some(relation) = crate::sandbox::grant_dir::overlap(&d.host, p, *owned_dir) {
-                        return Err(field(
-                            &format!("grants[{i}].directories[{j}].host"),
-                            format!(
-                                "{} {relation} {what} ({}); a Tool must never reach the host's own state — grant a \
-                                 directory that holds only the Tool's data",
-                                d.host.display(),
-                                p.display()
-                            ),
-                        ));
-                    }
+        use crate::sandbox::grant_dir::{self, GrantDir};
+        let dirs: Vec<(String, &DirectoryGrant)> = grants
+            .iter()
+            .enumerate()
+            .flat_map(|(i, g)| {
+                g.directories.iter().enumerate().map(move |(j, d)| (format!("grants[{i}].directories[{j}]"), d))
+            })
+            .collect();
+        for (at, d) in &dirs {
+            let refuse = |message: String| Err(field(&format!("{at}.host"), message));
+            for (what, p, owned_dir) in &protected {
+                if let Some(relation) = grant_dir::overlap(&d.host, p, *owned_dir) {
+                    return refuse(format!(
+                        "{} {relation} {what} ({}); a Tool must never reach the host's own state — grant a \
+                         directory that holds only the Tool's data",
+                        d.host.display(),
+                        p.display()
+                    ));
                 }
-                // A Tool holding a read-write grant above this directory could
-                // rename it away and put a symlink in its place before it is
-                // bound (a later process, a reload): refused, whichever Tools hold them.
-                for (k, outer) in grants_before.iter().enumerate() {
-                    for (l, o) in outer.directories.iter().enumerate() {
-                        if o.access == toolgate_sdk::Access::ReadWrite
-                            && (k, l) != (i, j)
-                            && crate::sandbox::grant_dir::overlap(&o.host, &d.host, false) == Some("contains")
-                        {
-                            return Err(field(
-                                &format!("grants[{i}].directories[{j}].host"),
-                                format!(
-                                    "{} is inside {}, granted read-write by grants[{k}].directories[{l}]; a Tool \
-                                     holding that grant could replace this directory with a link to anywhere — \
-                                     grant directories that do not nest under a read-write one",
-                                    d.host.display(),
-                                    o.host.display()
-                                ),
-                            ));
-                        }
-                    }
-                }
-                // Bound now where it exists, so nothing done after load redirects it.
-                let _ = d.bound.path(&d.host);
             }
+            // A Tool holding a read-write grant above this directory could
+            // rename it away and put a symlink in its place before it is
+            // bound (a later process): refused, whichever Tools hold them.
+            let outer = dirs.iter().find(|(other, o)| {
+                o.access == toolgate_sdk::Access::ReadWrite
+                    && other != at
+                    && grant_dir::overlap(&o.host, &d.host, false) == Some("contains")
+            });
+            if let Some((other, o)) = outer {
+                return refuse(format!(
+                    "{} is inside {}, granted read-write by {other}; a Tool holding that grant could replace \
+                     this directory with a link to anywhere — grant directories that do not nest under a \
+                     read-write one",
+                    d.host.display(),
+                    o.host.display()
+                ));
+            }
+        }
+        // Each bound now where it exists (checked again on the directory
+        // opened), so nothing done after load redirects it.
+        let protected: grant_dir::Protected = protected.into();
+        for d in grants.iter_mut().flat_map(|g| g.directories.iter_mut()) {
+            d.bound = GrantDir::new(protected.clone());
+            let _ = d.bound.path(&d.host);
         }
         Ok(Config {
             source: Some(path.to_owned()),
