@@ -38,6 +38,9 @@ fn world() -> World {
         r#"{preamble}
 [limits]
 timeout_ms = 5000
+open_files = 16
+file_streams = 16
+directory_listings = 4
 
 [credentials.tracker]
 source = {{ file = "tracker.secret" }}
@@ -248,6 +251,35 @@ async fn the_hosts_records_are_apart_from_what_the_guest_writes() {
         captured["stderr"].as_str().unwrap().contains("outbound request denied: forged"),
         "the imitation stays in the guest's stream"
     );
+}
+
+/// Invariant 14, the host's resources: what one call holds open through its
+/// filesystem — descriptors of the host process, file streams with their host
+/// read buffers, whole directory listings — is bounded live, each by its own
+/// limit, whatever the guest does; opened and dropped one after another, it
+/// is never refused (a search Tool opens thousands of files in turn).
+#[tokio::test]
+async fn what_a_call_holds_open_is_bounded_live_by_its_limits() {
+    let w = world();
+    for (op, target, count, limit, setting) in [
+        ("hold-files", "/data/a.txt", 40, 16, "limits.open_files"),
+        ("hold-streams", "/data/a.txt", 40, 16, "limits.file_streams"),
+        ("hold-listings", "/data", 10, 4, "limits.directory_listings"),
+    ] {
+        let seen = thief(&w.host, json!({"op": op, "target": target, "count": count})).await;
+        assert!(seen.starts_with(&format!("held {limit} of {count} (")), "{op}: {seen}");
+        assert!(
+            seen.contains("insufficient-memory") || seen.contains("Out of memory"),
+            "{op}: the guest gets an error: {seen}"
+        );
+        assert!(seen.ends_with(&format!("one at a time {count} of {count}")), "{op}: {seen}");
+        let records = host_records(&w.host).await;
+        let refused = count - limit;
+        assert!(
+            records.iter().any(|r| r.starts_with(&format!("{refused} opens were refused")) && r.contains(setting)),
+            "{op}: the host records which limit the call met: {records:?}"
+        );
+    }
 }
 
 #[tokio::test]

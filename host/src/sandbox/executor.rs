@@ -42,6 +42,7 @@ use crate::config::Limits;
 use crate::digest::{Digest, DigestMap};
 use crate::policy::gate::AllowedCall;
 use crate::sandbox::capture::Capture;
+use crate::sandbox::filesystem::{self, FilesystemCall, Held};
 use crate::sandbox::ticker::{PARK_AFTER, Ticker};
 
 mod bindings {
@@ -311,6 +312,16 @@ struct CallState {
     log: Capture,
     /// The component's own `toolgate-pinned` section (usually empty).
     pinned: Arc<[u8]>,
+    /// What the call holds open through its filesystem, against its limits.
+    held: Held,
+}
+
+impl FilesystemCall for CallState {
+    fn filesystem_and_held(&mut self) -> (wasmtime_wasi::filesystem::WasiFilesystemCtxView<'_>, &mut Held) {
+        let view =
+            wasmtime_wasi::filesystem::WasiFilesystemCtxView { ctx: self.wasi.filesystem(), table: &mut self.table };
+        (view, &mut self.held)
+    }
 }
 
 impl WasiView for CallState {
@@ -508,6 +519,7 @@ impl Executor {
     /// An engine with `settings`. Starts the epoch ticker thread.
     pub fn new(settings: ExecutorSettings) -> Result<Self, ExecutorError> {
         let n = u32::try_from(settings.limits.max_instances).unwrap_or(u32::MAX).max(1);
+        filesystem::check_open_file_limit(&settings.limits);
         let optimized = tier(&settings, n, wasmtime::Strategy::Cranelift).map_err(ExecutorError::Engine)?;
         // Winch where wasmtime supports it; without it every first call waits for Cranelift.
         let baseline = if settings.baseline_tier && cfg!(target_arch = "x86_64") {
@@ -677,6 +689,7 @@ impl Executor {
             state,
             log,
             pinned: component.pinned.clone(),
+            held: Held::new(limits),
         };
         let mut store = Store::new(pre.engine(), state);
         store.limiter(|s| &mut s.limits);
@@ -737,9 +750,10 @@ impl Executor {
         };
         // The instances, then every handle the guest held (requests in
         // flight among them) go before what the call left is read.
-        let CallState { outbound, table, .. } = store.into_data();
+        let CallState { outbound, table, held, .. } = store.into_data();
         drop(table);
-        let (host, host_dropped) = outbound.take_records();
+        let (mut host, host_dropped) = outbound.take_records();
+        host.extend(held.records());
         let kept = captured.take_all();
         let result = match raw {
             Ok(Ok(out)) => self.convert(out, &call.candidate().installed.tool),
@@ -1007,6 +1021,7 @@ impl Executor {
             state: Arc::default(),
             log: Capture::new(0),
             pinned,
+            held: Held::new(limits),
         };
         let mut store = Store::new(&tier.engine, state);
         store.limiter(|s| &mut s.limits);
@@ -1076,7 +1091,8 @@ fn tier(settings: &ExecutorSettings, n: u32, strategy: wasmtime::Strategy) -> wa
     let engine = Engine::new(&config)?;
     let mut linker = Linker::new(&engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
-    refuse_special_files(&mut linker)?;
+    // Special files refused and what a call holds open counted, in front of wasmtime-wasi's own.
+    filesystem::add_to_linker(&mut linker)?;
     // The only network a guest gets: HTTP through the outbound policy.
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
     bindings::Adapter::add_to_linker::<CallState, wasmtime::component::HasSelf<CallState>>(&mut linker, |s| s)?;
@@ -1195,68 +1211,6 @@ fn sandbox(grant: &EffectiveGrant, stdout: Capture, stderr: Capture) -> Result<W
         })?;
     }
     Ok(b.build())
-}
-
-/// `wasi:filesystem` `open-at`, with one check in front: a FIFO, socket or
-/// device inside a grant is refused before it is opened, since opening one
-/// can block a host thread beyond any deadline (a FIFO without a writer).
-/// The check stats the path through the same sandboxed directory handle
-/// (cap-std: no escape), without opening it; everything else is
-/// wasmtime-wasi's own `open-at`. (A file swapped for a FIFO between the
-/// check and the open is outside this; SECURITY.md lists it.)
-fn refuse_special_files(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
-    use wasmtime::component::Resource;
-    use wasmtime_wasi::filesystem::{Descriptor, WasiFilesystemView};
-    use wasmtime_wasi::p2::bindings::filesystem::types::{
-        self as fs, DescriptorFlags, ErrorCode, HostDescriptor, OpenFlags, PathFlags,
-    };
-    type Args = (Resource<fs::Descriptor>, PathFlags, String, OpenFlags, DescriptorFlags);
-    linker.allow_shadowing(true);
-    let mut types = linker.instance("wasi:filesystem/types@0.2.12")?;
-    types.func_wrap_async("[method]descriptor.open-at", |mut store, (fd, path_flags, path, oflags, flags): Args| {
-        Box::new(async move {
-            let state: &mut CallState = store.data_mut();
-            let mut view = state.filesystem();
-            let special = match view.table.get(&fd) {
-                Ok(Descriptor::Dir(dir)) => {
-                    special_file(&dir.dir, &path, path_flags.contains(PathFlags::SYMLINK_FOLLOW))
-                }
-                _ => None,
-            };
-            if let Some(kind) = special {
-                tracing::debug!("refused to open {kind} `{path}` inside a grant");
-                return Ok((Err(ErrorCode::Access),));
-            }
-            match HostDescriptor::open_at(&mut view, fd, path_flags, path, oflags, flags).await {
-                Ok(opened) => Ok((Ok(opened),)),
-                Err(e) => Ok((Err(e.downcast()?),)),
-            }
-        })
-    })?;
-    linker.allow_shadowing(false);
-    Ok(())
-}
-
-/// What kind of special file `path` under `dir` is, if it is one.
-fn special_file(dir: &std::fs::File, path: &str, follow: bool) -> Option<&'static str> {
-    let dir = cap_std::fs::Dir::from_std_file(dir.try_clone().ok()?);
-    let meta = if follow { dir.metadata(path) } else { dir.symlink_metadata(path) }.ok()?;
-    #[cfg(unix)]
-    {
-        use cap_std::fs::FileTypeExt;
-        let t = meta.file_type();
-        if t.is_fifo() {
-            return Some("a FIFO");
-        }
-        if t.is_socket() {
-            return Some("a socket");
-        }
-        if t.is_char_device() || t.is_block_device() {
-            return Some("a device");
-        }
-    }
-    let _ = meta;
-    None
 }
 
 /// The effective user id, owner of everything this host writes.

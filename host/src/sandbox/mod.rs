@@ -6,7 +6,8 @@
 //! out and every response is checked on the way back — the bounded
 //! capture of guest output ([`capture`]), each directory grant bound to
 //! the directory checked when the config was loaded ([`grant_dir`]), and the epoch
-//! [`ticker`] that interrupts running guests.
+//! [`ticker`] that interrupts running guests, and the checks in front of a
+//! guest's filesystem (special files, what a call holds open: `filesystem`).
 //!
 //! Architecture invariant: the sandbox decides nothing. [`executor::Executor::execute`]
 //! takes only a [`crate::policy::gate::AllowedCall`], and a guest reaches the
@@ -14,6 +15,7 @@
 
 pub mod capture;
 pub mod executor;
+mod filesystem;
 pub mod grant_dir;
 pub mod outbound;
 pub mod scan;
