@@ -86,15 +86,12 @@ pub struct Limits {
     pub http_field_kib: u64,
     /// Handles (streams, fields, requests, …) one call may hold at once.
     pub resource_table_entries: u64,
-    /// Files and directories one call may hold open at once (each is a
-    /// descriptor of the host process); past it, opening fails.
+    /// Files, directories and directory listings one call may hold open at
+    /// once (each is a descriptor of the host process); past it, opening fails.
     pub open_files: u64,
     /// File read/write streams one call may hold at once (each may hold a
     /// 64 KiB host buffer until the guest takes the data).
     pub file_streams: u64,
-    /// Directory listings one call may hold at once (each holds the
-    /// directory's names in host memory until it is dropped).
-    pub directory_listings: u64,
     /// Longest a component may take to compile, milliseconds; past it the
     /// call fails and the component is marked unhealthy.
     pub compile_timeout_ms: u64,
@@ -128,7 +125,6 @@ impl Default for Limits {
             resource_table_entries: 4096,
             open_files: 256,
             file_streams: 256,
-            directory_listings: 64,
             compile_timeout_ms: 60_000,
             http_timeout_ms: 30_000,
             max_instances: 64,
@@ -485,7 +481,6 @@ impl Config {
             ("limits.resource_table_entries", l.resource_table_entries, 1_000_000),
             ("limits.open_files", l.open_files, 65_536),
             ("limits.file_streams", l.file_streams, 65_536),
-            ("limits.directory_listings", l.directory_listings, 65_536),
             ("limits.compile_timeout_ms", l.compile_timeout_ms, 3_600_000),
             ("limits.http_timeout_ms", l.http_timeout_ms, 3_600_000),
             ("limits.max_instances", l.max_instances, 10_000),

@@ -2,23 +2,30 @@
 //!
 //! Owns two checks: a FIFO, socket or device inside a grant is never opened
 //! (opening one can block a host thread past any deadline), and what one
-//! call holds open in the host — files and directories, file streams,
-//! directory listings — is counted *live* against the call's limits
-//! (`limits.open_files`, `limits.file_streams`, `limits.directory_listings`).
-//! Each is a host resource outside the guest's memory limit: a descriptor of
-//! the host process, a stream's read buffer of up to 64 KiB, a directory's
-//! whole listing. A guest past a limit gets an error code, as it would from
-//! a full descriptor table, and the host records which limit it met.
+//! call holds open in the host is counted *live* against the call's limits:
+//! files, directories and directory listings (each a descriptor of the host
+//! process) against `limits.open_files`, file streams (each may hold a read
+//! buffer of up to 64 KiB) against `limits.file_streams` — host resources
+//! outside the guest's memory limit. A guest past a limit gets an error code,
+//! as it would from a full descriptor table, and the host records which
+//! limit it met.
+//!
+//! A directory listing is read as the guest asks for it, [`BATCH`] names at
+//! a time ([`Listing`]): wasmtime-wasi's own reads the whole directory into
+//! host memory at `read-directory`, which a Tool that filled a read-write
+//! grant with millions of names could repeat for every listing it holds.
 //!
 //! It must never widen what wasmtime-wasi allows: every operation it lets
 //! through is wasmtime-wasi's own, on the same sandboxed handles.
 
-use wasmtime::component::{Linker, Resource, ResourceTable};
+use std::collections::VecDeque;
+
+use wasmtime::component::{Linker, Resource, ResourceTable, ResourceType};
 use wasmtime_wasi::filesystem::{Descriptor, WasiFilesystemCtxView};
 use wasmtime_wasi::p2::bindings::filesystem::types::{
     self as fs, DescriptorFlags, ErrorCode, HostDescriptor, OpenFlags, PathFlags,
 };
-use wasmtime_wasi::p2::{DynInputStream, DynOutputStream, FsError, ReaddirIterator};
+use wasmtime_wasi::p2::{DynInputStream, DynOutputStream, FsError};
 
 use crate::config::Limits;
 
@@ -31,20 +38,20 @@ pub(super) trait FilesystemCall: Send + 'static {
 /// The kinds of host resource a call's filesystem use holds, each with its limit.
 #[derive(Clone, Copy)]
 enum Kind {
+    /// Files, directories and listings: descriptors of the host process.
     Files,
+    /// File streams: host read buffers.
     Streams,
-    Listings,
 }
 
 impl Kind {
-    const ALL: [Kind; 3] = [Kind::Files, Kind::Streams, Kind::Listings];
+    const ALL: [Kind; 2] = [Kind::Files, Kind::Streams];
 
     /// The setting that bounds it, and what it counts (for the host's record).
     fn setting(self) -> (&'static str, &'static str) {
         match self {
-            Kind::Files => ("limits.open_files", "files and directories open"),
+            Kind::Files => ("limits.open_files", "files, directories and listings open"),
             Kind::Streams => ("limits.file_streams", "file streams"),
-            Kind::Listings => ("limits.directory_listings", "directory listings"),
         }
     }
 
@@ -53,12 +60,14 @@ impl Kind {
     /// by another kind is not this kind's any more.)
     fn live(self, table: &ResourceTable, rep: u32) -> bool {
         match self {
-            Kind::Files => table.get(&Resource::<Descriptor>::new_borrow(rep)).is_ok(),
+            Kind::Files => {
+                table.get(&Resource::<Descriptor>::new_borrow(rep)).is_ok()
+                    || table.get(&Resource::<Listing>::new_borrow(rep)).is_ok()
+            }
             Kind::Streams => {
                 table.get(&Resource::<DynInputStream>::new_borrow(rep)).is_ok()
                     || table.get(&Resource::<DynOutputStream>::new_borrow(rep)).is_ok()
             }
-            Kind::Listings => table.get(&Resource::<ReaddirIterator>::new_borrow(rep)).is_ok(),
         }
     }
 }
@@ -71,7 +80,7 @@ impl Kind {
 /// is dropped: the count can only err towards the guest's own handles.
 #[derive(Debug)]
 pub(super) struct Held {
-    kinds: [Counted; 3],
+    kinds: [Counted; 2],
 }
 
 #[derive(Debug, Default)]
@@ -85,7 +94,7 @@ impl Held {
     /// Nothing held; the limits of `limits`.
     pub(super) fn new(limits: &Limits) -> Self {
         let at = |n: u64| Counted { limit: usize::try_from(n).unwrap_or(usize::MAX), ..Counted::default() };
-        Held { kinds: [at(limits.open_files), at(limits.file_streams), at(limits.directory_listings)] }
+        Held { kinds: [at(limits.open_files), at(limits.file_streams)] }
     }
 
     /// Whether the call may hold one more of `kind`.
@@ -138,8 +147,99 @@ fn code(e: FsError) -> wasmtime::Result<ErrorCode> {
     e.downcast()
 }
 
-/// Put the checks in front of wasmtime-wasi's `open-at`, `read-directory`
-/// and the three file streams in `linker` (which already holds wasmtime-wasi).
+/// Names a listing reads from the directory at once, on the blocking pool.
+pub(super) const BATCH: usize = 64;
+
+/// A directory listing (`wasi:filesystem` `directory-entry-stream`): an
+/// open iteration of the directory, read [`BATCH`] names at a time as the
+/// guest asks, so the host holds at most a batch of names per listing.
+pub(super) struct Listing {
+    /// `None` once the directory is read to its end (or failed).
+    entries: Option<cap_std::fs::ReadDir>,
+    batch: VecDeque<Result<fs::DirectoryEntry, ErrorCode>>,
+}
+
+impl Listing {
+    /// A listing of `dir` (its own descriptor: the guest's may be dropped first).
+    fn open(dir: &std::fs::File) -> Result<Self, ErrorCode> {
+        let entries =
+            dir.try_clone().and_then(|d| cap_std::fs::Dir::from_std_file(d).entries()).map_err(ErrorCode::from)?;
+        Ok(Listing { entries: Some(entries), batch: VecDeque::new() })
+    }
+
+    /// The next entry; `None` at the end.
+    async fn next(&mut self) -> Result<Option<fs::DirectoryEntry>, ErrorCode> {
+        if self.batch.is_empty()
+            && let Some(entries) = self.entries.take()
+        {
+            let (entries, batch) =
+                tokio::task::spawn_blocking(move || read_batch(entries)).await.map_err(|_| ErrorCode::Io)?;
+            self.entries = entries;
+            self.batch = batch;
+        }
+        self.batch.pop_front().transpose()
+    }
+
+    #[cfg(test)]
+    fn buffered(&self) -> usize {
+        self.batch.len()
+    }
+}
+
+type Batch = VecDeque<Result<fs::DirectoryEntry, ErrorCode>>;
+
+/// Up to [`BATCH`] entries of `entries`, and the iteration if it goes on.
+/// A name that is not UTF-8 is `illegal-byte-sequence`, as wasmtime-wasi
+/// reports it; an error reading the directory ends the listing.
+fn read_batch(mut entries: cap_std::fs::ReadDir) -> (Option<cap_std::fs::ReadDir>, Batch) {
+    let mut batch = VecDeque::with_capacity(BATCH);
+    while batch.len() < BATCH {
+        let Some(entry) = entries.next() else { return (None, batch) };
+        match entry.and_then(|e| Ok((e.file_type()?, e.file_name()))) {
+            Ok((kind, name)) => batch.push_back(match name.into_string() {
+                Ok(name) => Ok(fs::DirectoryEntry { type_: descriptor_type(kind), name }),
+                Err(_) => Err(ErrorCode::IllegalByteSequence),
+            }),
+            Err(e) => {
+                batch.push_back(Err(ErrorCode::from(e)));
+                return (None, batch);
+            }
+        }
+    }
+    (Some(entries), batch)
+}
+
+fn descriptor_type(t: cap_std::fs::FileType) -> fs::DescriptorType {
+    #[cfg(unix)]
+    {
+        use cap_std::fs::FileTypeExt;
+        if t.is_fifo() {
+            return fs::DescriptorType::Fifo;
+        }
+        if t.is_socket() {
+            return fs::DescriptorType::Socket;
+        }
+        if t.is_char_device() {
+            return fs::DescriptorType::CharacterDevice;
+        }
+        if t.is_block_device() {
+            return fs::DescriptorType::BlockDevice;
+        }
+    }
+    if t.is_dir() {
+        fs::DescriptorType::Directory
+    } else if t.is_file() {
+        fs::DescriptorType::RegularFile
+    } else if t.is_symlink() {
+        fs::DescriptorType::SymbolicLink
+    } else {
+        fs::DescriptorType::Unknown
+    }
+}
+
+/// Put the checks in front of wasmtime-wasi's `open-at` and three file
+/// streams in `linker` (which already holds wasmtime-wasi), and replace its
+/// directory listings with [`Listing`].
 pub(super) fn add_to_linker<S: FilesystemCall>(linker: &mut Linker<S>) -> wasmtime::Result<()> {
     type OpenArgs = (Resource<fs::Descriptor>, PathFlags, String, OpenFlags, DescriptorFlags);
     linker.allow_shadowing(true);
@@ -172,21 +272,43 @@ pub(super) fn add_to_linker<S: FilesystemCall>(linker: &mut Linker<S>) -> wasmti
             })
         },
     )?;
+    types.resource("directory-entry-stream", ResourceType::host::<Listing>(), |mut store, rep| {
+        let (view, _) = store.data_mut().filesystem_and_held();
+        view.table.delete(Resource::<Listing>::new_own(rep))?;
+        Ok(())
+    })?;
     types.func_wrap_async("[method]descriptor.read-directory", |mut store, (fd,): (Resource<fs::Descriptor>,)| {
         Box::new(async move {
-            let (mut view, held) = store.data_mut().filesystem_and_held();
-            if !held.admit(Kind::Listings, view.table) {
-                return Ok((Err(PAST_A_LIMIT),));
-            }
-            match HostDescriptor::read_directory(&mut view, fd).await {
-                Ok(listing) => {
-                    held.hold(Kind::Listings, listing.rep());
-                    Ok((Ok(listing),))
+            let (view, held) = store.data_mut().filesystem_and_held();
+            // A handle that is not in the table traps, as in wasmtime-wasi.
+            let listing = match view.table.get(&fd)? {
+                Descriptor::Dir(d) => {
+                    // A listing holds a descriptor of its own: an open file.
+                    if !held.admit(Kind::Files, view.table) {
+                        return Ok((Err(PAST_A_LIMIT),));
+                    }
+                    match Listing::open(&d.dir) {
+                        Ok(listing) => listing,
+                        Err(code) => return Ok((Err(code),)),
+                    }
                 }
-                Err(e) => Ok((Err(code(e)?),)),
-            }
+                Descriptor::File(_) => return Ok((Err(ErrorCode::NotDirectory),)),
+            };
+            let listing = view.table.push(listing)?;
+            held.hold(Kind::Files, listing.rep());
+            Ok((Ok(listing),))
         })
     })?;
+    types.func_wrap_async(
+        "[method]directory-entry-stream.read-directory-entry",
+        |mut store, (listing,): (Resource<Listing>,)| {
+            Box::new(async move {
+                let (view, _) = store.data_mut().filesystem_and_held();
+                let listing = view.table.get_mut(&listing)?;
+                Ok((listing.next().await,))
+            })
+        },
+    )?;
     types.func_wrap(
         "[method]descriptor.read-via-stream",
         |mut store, (fd, offset): (Resource<fs::Descriptor>, u64)| {
@@ -294,7 +416,7 @@ mod tests {
     use wasmtime_wasi::p2::pipe::{ClosedInputStream, ClosedOutputStream};
 
     fn limits(n: u64) -> Limits {
-        Limits { open_files: n, file_streams: n, directory_listings: n, ..Limits::default() }
+        Limits { open_files: n, file_streams: n, ..Limits::default() }
     }
 
     /// Open one more stream the way the shadowed imports do, if admitted.
@@ -342,6 +464,27 @@ mod tests {
         let other = table.push(0u8).unwrap();
         assert_eq!(other.rep(), a);
         assert!(open(&mut table, &mut held, true).is_some());
+    }
+
+    #[tokio::test]
+    async fn a_listing_holds_at_most_a_batch_of_names_and_yields_them_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = BATCH * 3 + 5;
+        for i in 0..n {
+            std::fs::write(dir.path().join(format!("f{i}")), "").unwrap();
+        }
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        let mut listing = Listing::open(&std::fs::File::open(dir.path()).unwrap()).unwrap();
+        assert_eq!(listing.buffered(), 0, "nothing is read before the guest asks");
+        let mut names = std::collections::BTreeMap::new();
+        while let Some(e) = listing.next().await.unwrap() {
+            assert!(listing.buffered() < BATCH, "{} names held", listing.buffered());
+            names.insert(e.name, e.type_);
+        }
+        assert_eq!(names.len(), n + 1, "every name once, without `.` and `..`");
+        assert!(matches!(names["sub"], fs::DescriptorType::Directory));
+        assert!(matches!(names["f0"], fs::DescriptorType::RegularFile));
+        assert!(listing.next().await.unwrap().is_none(), "and the end stays the end");
     }
 
     #[test]
