@@ -39,7 +39,7 @@ fn world() -> World {
 [limits]
 timeout_ms = 5000
 open_files = 16
-file_streams = 16
+file_streams = 32
 
 [credentials.tracker]
 source = {{ file = "tracker.secret" }}
@@ -263,7 +263,9 @@ async fn what_a_call_holds_open_is_bounded_live_by_its_limits() {
     let w = world();
     for (op, target, count, limit, setting) in [
         ("hold-files", "/data/a.txt", 40, 16, "limits.open_files"),
-        ("hold-streams", "/data/a.txt", 40, 16, "limits.file_streams"),
+        ("hold-streams", "/data/a.txt", 40, 32, "limits.file_streams"),
+        // A stream keeps its file open after the guest drops the descriptor.
+        ("hold-streams-of-dropped-files", "/data/a.txt", 40, 16, "limits.open_files"),
         ("hold-listings", "/data", 40, 16, "limits.open_files"),
     ] {
         let seen = thief(&w.host, json!({"op": op, "target": target, "count": count})).await;

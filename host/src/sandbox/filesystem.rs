@@ -3,22 +3,27 @@
 //! Owns two checks: a FIFO, socket or device inside a grant is never opened
 //! (opening one can block a host thread past any deadline), and what one
 //! call holds open in the host is counted *live* against the call's limits:
-//! files, directories and directory listings (each a descriptor of the host
-//! process) against `limits.open_files`, file streams (each may hold a read
-//! buffer of up to 64 KiB) against `limits.file_streams` — host resources
-//! outside the guest's memory limit. A guest past a limit gets an error code,
-//! as it would from a full descriptor table, and the host records which
-//! limit it met.
+//! descriptors of the host process — files and directories the guest opened,
+//! also while only a stream of theirs keeps them open, and directory
+//! listings — against `limits.open_files`; file streams (each may hold a read
+//! buffer of up to 64 KiB) against `limits.file_streams`. Both are host
+//! resources outside the guest's memory limit. A guest past a limit gets an
+//! error code, as it would from a full descriptor table, and the host
+//! records which limit it met.
 //!
-//! A directory listing is read as the guest asks for it, [`BATCH`] names at
-//! a time ([`Listing`]): wasmtime-wasi's own reads the whole directory into
-//! host memory at `read-directory`, which a Tool that filled a read-write
-//! grant with millions of names could repeat for every listing it holds.
+//! A directory listing is toolgate's own ([`Listing`]): one descriptor, read
+//! [`BATCH`] names at a time as the guest asks. wasmtime-wasi's reads the
+//! whole directory into host memory at `read-directory`, which a Tool that
+//! filled a read-write grant with millions of names could repeat for every
+//! listing it holds.
 //!
-//! It must never widen what wasmtime-wasi allows: every operation it lets
-//! through is wasmtime-wasi's own, on the same sandboxed handles.
+//! It must never widen what wasmtime-wasi allows: every other operation it
+//! lets through is wasmtime-wasi's own, on the same sandboxed handles, and a
+//! listing reads only the directory its descriptor already names.
 
+use std::any::Any;
 use std::collections::VecDeque;
+use std::sync::{Arc, Weak};
 
 use wasmtime::component::{Linker, Resource, ResourceTable, ResourceType};
 use wasmtime_wasi::filesystem::{Descriptor, WasiFilesystemCtxView};
@@ -35,108 +40,104 @@ pub(super) trait FilesystemCall: Send + 'static {
     fn filesystem_and_held(&mut self) -> (WasiFilesystemCtxView<'_>, &mut Held);
 }
 
-/// The kinds of host resource a call's filesystem use holds, each with its limit.
-#[derive(Clone, Copy)]
-enum Kind {
-    /// Files, directories and listings: descriptors of the host process.
-    Files,
-    /// File streams: host read buffers.
-    Streams,
-}
+/// What keeps one host descriptor open: the guest's descriptor and every
+/// stream or background read made from it share it (an `Arc` of the file),
+/// a listing has one of its own. Held weakly: it is open while it lives.
+type OpenFile = Weak<dyn Any + Send + Sync>;
 
-impl Kind {
-    const ALL: [Kind; 2] = [Kind::Files, Kind::Streams];
-
-    /// The setting that bounds it, and what it counts (for the host's record).
-    fn setting(self) -> (&'static str, &'static str) {
-        match self {
-            Kind::Files => ("limits.open_files", "files, directories and listings open"),
-            Kind::Streams => ("limits.file_streams", "file streams"),
-        }
-    }
-
-    /// Whether `rep` still names a live resource of this kind in `table`.
-    /// (A handle number is reused after its resource is dropped; one reused
-    /// by another kind is not this kind's any more.)
-    fn live(self, table: &ResourceTable, rep: u32) -> bool {
-        match self {
-            Kind::Files => {
-                table.get(&Resource::<Descriptor>::new_borrow(rep)).is_ok()
-                    || table.get(&Resource::<Listing>::new_borrow(rep)).is_ok()
-            }
-            Kind::Streams => {
-                table.get(&Resource::<DynInputStream>::new_borrow(rep)).is_ok()
-                    || table.get(&Resource::<DynOutputStream>::new_borrow(rep)).is_ok()
-            }
-        }
-    }
-}
-
-/// What one call holds open through its filesystem, counted live: the
-/// handles it was given, pruned of those it dropped only when a kind reaches
-/// its limit (so the common call, far below every limit, pays one push per
-/// open). A handle number reused by a resource of the same kind that did not
-/// come through here (a preopen, an HTTP body stream) still counts until it
-/// is dropped: the count can only err towards the guest's own handles.
+/// What one call holds open through its filesystem, counted live, each kind
+/// pruned of what the guest dropped only when it reaches its limit (so the
+/// common call, far below every limit, pays one push per open).
 #[derive(Debug)]
 pub(super) struct Held {
-    kinds: [Counted; 2],
+    files: Counted<OpenFile>,
+    /// File streams by handle number. A number reused by a stream that did
+    /// not come through here (an HTTP body) still counts until it is
+    /// dropped: the count can only err towards the guest's own handles.
+    streams: Counted<u32>,
 }
 
-#[derive(Debug, Default)]
-struct Counted {
+#[derive(Debug)]
+struct Counted<T> {
     limit: usize,
-    reps: Vec<u32>,
+    held: Vec<T>,
     refused: u64,
 }
 
-impl Held {
-    /// Nothing held; the limits of `limits`.
-    pub(super) fn new(limits: &Limits) -> Self {
-        let at = |n: u64| Counted { limit: usize::try_from(n).unwrap_or(usize::MAX), ..Counted::default() };
-        Held { kinds: [at(limits.open_files), at(limits.file_streams)] }
+impl<T> Counted<T> {
+    fn new(limit: u64) -> Self {
+        Counted { limit: usize::try_from(limit).unwrap_or(usize::MAX), held: Vec::new(), refused: 0 }
     }
 
-    /// Whether the call may hold one more of `kind`.
-    fn admit(&mut self, kind: Kind, table: &ResourceTable) -> bool {
-        let c = &mut self.kinds[kind as usize];
-        if c.reps.len() >= c.limit {
-            c.reps.retain(|&rep| kind.live(table, rep));
+    /// Whether one more may be held, pruning what is no longer `live` at the limit.
+    fn admit(&mut self, live: impl Fn(&T) -> bool) -> bool {
+        if self.held.len() >= self.limit {
+            self.held.retain(|t| live(t));
         }
-        if c.reps.len() >= c.limit {
-            c.refused += 1;
+        if self.held.len() >= self.limit {
+            self.refused += 1;
             return false;
         }
         true
     }
 
-    /// The call now holds `rep` of `kind`.
-    fn hold(&mut self, kind: Kind, rep: u32) {
-        let reps = &mut self.kinds[kind as usize].reps;
-        // A number freed and given out again is held once.
-        if !reps.contains(&rep) {
-            reps.push(rep);
-        }
-    }
-
-    /// The host's records of the call's refusals: one line per limit met.
-    pub(super) fn records(&self) -> impl Iterator<Item = String> + '_ {
-        Kind::ALL.into_iter().filter_map(|kind| {
-            let c = &self.kinds[kind as usize];
-            let (setting, what) = kind.setting();
-            (c.refused > 0).then(|| {
-                format!(
-                    "{} refused: the call held {} {what} at once, its `{setting}`; raise it in [limits] if the Tool needs more",
-                    plural(c.refused, "open was", "opens were"),
-                    c.limit,
-                )
-            })
+    /// The host's record of this kind's refusals, if any.
+    fn record(&self, setting: &str, what: &str) -> Option<String> {
+        (self.refused > 0).then(|| {
+            let refused = if self.refused == 1 { "1 open was".to_owned() } else { format!("{} opens were", self.refused) };
+            format!(
+                "{refused} refused: the call held {} {what} at once, its `{setting}`; raise it in [limits] if the Tool needs more",
+                self.limit
+            )
         })
     }
 }
 
-fn plural(n: u64, one: &str, many: &str) -> String {
-    if n == 1 { format!("1 {one}") } else { format!("{n} {many}") }
+impl Held {
+    /// Nothing held; the limits of `limits`.
+    pub(super) fn new(limits: &Limits) -> Self {
+        Held { files: Counted::new(limits.open_files), streams: Counted::new(limits.file_streams) }
+    }
+
+    fn admit_file(&mut self) -> bool {
+        self.files.admit(|f| f.strong_count() > 0)
+    }
+
+    fn hold_file(&mut self, file: OpenFile) {
+        self.files.held.push(file);
+    }
+
+    fn admit_stream(&mut self, table: &ResourceTable) -> bool {
+        self.streams.admit(|&rep| {
+            table.get(&Resource::<DynInputStream>::new_borrow(rep)).is_ok()
+                || table.get(&Resource::<DynOutputStream>::new_borrow(rep)).is_ok()
+        })
+    }
+
+    fn hold_stream(&mut self, rep: u32) {
+        // A number freed and given out again is held once.
+        if !self.streams.held.contains(&rep) {
+            self.streams.held.push(rep);
+        }
+    }
+
+    /// The host's records of the call's refusals: one line per limit met.
+    pub(super) fn records(&self) -> impl Iterator<Item = String> {
+        [
+            self.files.record("limits.open_files", "files, directories and listings open"),
+            self.streams.record("limits.file_streams", "file streams"),
+        ]
+        .into_iter()
+        .flatten()
+    }
+}
+
+/// What keeps the descriptor of `d` open.
+fn open_file(d: &Descriptor) -> OpenFile {
+    match d {
+        Descriptor::File(f) => Arc::downgrade(&f.file) as OpenFile,
+        Descriptor::Dir(d) => Arc::downgrade(&d.dir) as OpenFile,
+    }
 }
 
 /// A guest past a limit gets the error a full descriptor table would give
@@ -150,31 +151,44 @@ fn code(e: FsError) -> wasmtime::Result<ErrorCode> {
 /// Names a listing reads from the directory at once, on the blocking pool.
 pub(super) const BATCH: usize = 64;
 
-/// A directory listing (`wasi:filesystem` `directory-entry-stream`): an
-/// open iteration of the directory, read [`BATCH`] names at a time as the
-/// guest asks, so the host holds at most a batch of names per listing.
+type Batch = VecDeque<Result<fs::DirectoryEntry, ErrorCode>>;
+
+/// A directory listing (`wasi:filesystem` `directory-entry-stream`): its own
+/// descriptor of the directory, read [`BATCH`] names at a time as the guest
+/// asks, so the host holds at most a batch of names per listing (and the
+/// reader's buffer, under 64 KiB).
 pub(super) struct Listing {
     /// `None` once the directory is read to its end (or failed).
-    entries: Option<cap_std::fs::ReadDir>,
-    batch: VecDeque<Result<fs::DirectoryEntry, ErrorCode>>,
+    dir: Option<rustix::fs::Dir>,
+    batch: Batch,
+    /// Lives as long as the listing: what [`Held`] counts as its open file.
+    open: Arc<()>,
 }
 
 impl Listing {
-    /// A listing of `dir` (its own descriptor: the guest's may be dropped first).
-    fn open(dir: &std::fs::File) -> Result<Self, ErrorCode> {
-        let entries =
-            dir.try_clone().and_then(|d| cap_std::fs::Dir::from_std_file(d).entries()).map_err(ErrorCode::from)?;
-        Ok(Listing { entries: Some(entries), batch: VecDeque::new() })
+    /// A listing of `dir`, opened on the blocking pool (a directory on a
+    /// network filesystem may take long to open).
+    async fn open(dir: Arc<std::fs::File>) -> Result<Self, ErrorCode> {
+        let opened = tokio::task::spawn_blocking(move || {
+            use rustix::fs::{Mode, OFlags};
+            // The directory itself, through the guest's descriptor: nothing else is named.
+            let own =
+                rustix::fs::openat(&*dir, c".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+            rustix::fs::Dir::new(own)
+        })
+        .await
+        .map_err(|_| ErrorCode::Io)?;
+        let dir = opened.map_err(|e| ErrorCode::from(std::io::Error::from(e)))?;
+        Ok(Listing { dir: Some(dir), batch: VecDeque::new(), open: Arc::new(()) })
     }
 
     /// The next entry; `None` at the end.
     async fn next(&mut self) -> Result<Option<fs::DirectoryEntry>, ErrorCode> {
         if self.batch.is_empty()
-            && let Some(entries) = self.entries.take()
+            && let Some(dir) = self.dir.take()
         {
-            let (entries, batch) =
-                tokio::task::spawn_blocking(move || read_batch(entries)).await.map_err(|_| ErrorCode::Io)?;
-            self.entries = entries;
+            let (dir, batch) = tokio::task::spawn_blocking(move || read_batch(dir)).await.map_err(|_| ErrorCode::Io)?;
+            self.dir = dir;
             self.batch = batch;
         }
         self.batch.pop_front().transpose()
@@ -186,54 +200,53 @@ impl Listing {
     }
 }
 
-type Batch = VecDeque<Result<fs::DirectoryEntry, ErrorCode>>;
-
-/// Up to [`BATCH`] entries of `entries`, and the iteration if it goes on.
-/// A name that is not UTF-8 is `illegal-byte-sequence`, as wasmtime-wasi
-/// reports it; an error reading the directory ends the listing.
-fn read_batch(mut entries: cap_std::fs::ReadDir) -> (Option<cap_std::fs::ReadDir>, Batch) {
+/// Up to [`BATCH`] entries of `dir` (without `.` and `..`), and the reader
+/// if it goes on. As wasmtime-wasi lists them: a name that is not UTF-8 is
+/// `illegal-byte-sequence` and the listing goes on; an error reading the
+/// directory ends it.
+fn read_batch(mut dir: rustix::fs::Dir) -> (Option<rustix::fs::Dir>, Batch) {
     let mut batch = VecDeque::with_capacity(BATCH);
     while batch.len() < BATCH {
-        let Some(entry) = entries.next() else { return (None, batch) };
-        match entry.and_then(|e| Ok((e.file_type()?, e.file_name()))) {
-            Ok((kind, name)) => batch.push_back(match name.into_string() {
-                Ok(name) => Ok(fs::DirectoryEntry { type_: descriptor_type(kind), name }),
-                Err(_) => Err(ErrorCode::IllegalByteSequence),
-            }),
-            Err(e) => {
-                batch.push_back(Err(ErrorCode::from(e)));
+        let entry = match dir.read() {
+            None => return (None, batch),
+            Some(Err(e)) => {
+                batch.push_back(Err(ErrorCode::from(std::io::Error::from(e))));
                 return (None, batch);
             }
+            Some(Ok(entry)) => entry,
+        };
+        let name = entry.file_name();
+        if name == c"." || name == c".." {
+            continue;
         }
+        let kind = match entry.file_type() {
+            // The filesystem does not say (some do not): ask, without following a link.
+            rustix::fs::FileType::Unknown => dir
+                .fd()
+                .and_then(|fd| rustix::fs::statat(fd, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW))
+                .map(|st| rustix::fs::FileType::from_raw_mode(st.st_mode))
+                .unwrap_or(rustix::fs::FileType::Unknown),
+            known => known,
+        };
+        batch.push_back(match std::str::from_utf8(name.to_bytes()) {
+            Ok(name) => Ok(fs::DirectoryEntry { type_: descriptor_type(kind), name: name.to_owned() }),
+            Err(_) => Err(ErrorCode::IllegalByteSequence),
+        });
     }
-    (Some(entries), batch)
+    (Some(dir), batch)
 }
 
-fn descriptor_type(t: cap_std::fs::FileType) -> fs::DescriptorType {
-    #[cfg(unix)]
-    {
-        use cap_std::fs::FileTypeExt;
-        if t.is_fifo() {
-            return fs::DescriptorType::Fifo;
-        }
-        if t.is_socket() {
-            return fs::DescriptorType::Socket;
-        }
-        if t.is_char_device() {
-            return fs::DescriptorType::CharacterDevice;
-        }
-        if t.is_block_device() {
-            return fs::DescriptorType::BlockDevice;
-        }
-    }
-    if t.is_dir() {
-        fs::DescriptorType::Directory
-    } else if t.is_file() {
-        fs::DescriptorType::RegularFile
-    } else if t.is_symlink() {
-        fs::DescriptorType::SymbolicLink
-    } else {
-        fs::DescriptorType::Unknown
+/// A file type as wasmtime-wasi reports it (a FIFO or socket is `unknown`
+/// there, in `stat` too; a listing says the same).
+fn descriptor_type(t: rustix::fs::FileType) -> fs::DescriptorType {
+    use rustix::fs::FileType as T;
+    match t {
+        T::Directory => fs::DescriptorType::Directory,
+        T::Symlink => fs::DescriptorType::SymbolicLink,
+        T::RegularFile => fs::DescriptorType::RegularFile,
+        T::BlockDevice => fs::DescriptorType::BlockDevice,
+        T::CharacterDevice => fs::DescriptorType::CharacterDevice,
+        _ => fs::DescriptorType::Unknown,
     }
 }
 
@@ -249,22 +262,21 @@ pub(super) fn add_to_linker<S: FilesystemCall>(linker: &mut Linker<S>) -> wasmti
         |mut store, (fd, path_flags, path, oflags, flags): OpenArgs| {
             Box::new(async move {
                 let (mut view, held) = store.data_mut().filesystem_and_held();
-                let special = match view.table.get(&fd) {
-                    Ok(Descriptor::Dir(dir)) => {
-                        special_file(&dir.dir, &path, path_flags.contains(PathFlags::SYMLINK_FOLLOW))
+                if let Ok(Descriptor::Dir(d)) = view.table.get(&fd) {
+                    let (dir, p, follow) =
+                        (d.dir.clone(), path.clone(), path_flags.contains(PathFlags::SYMLINK_FOLLOW));
+                    // On the blocking pool, as wasmtime-wasi's own open is.
+                    if let Ok(Some(kind)) = tokio::task::spawn_blocking(move || special_file(&dir, &p, follow)).await {
+                        tracing::debug!("refused to open {kind} `{path}` inside a grant");
+                        return Ok((Err(ErrorCode::Access),));
                     }
-                    _ => None,
-                };
-                if let Some(kind) = special {
-                    tracing::debug!("refused to open {kind} `{path}` inside a grant");
-                    return Ok((Err(ErrorCode::Access),));
                 }
-                if !held.admit(Kind::Files, view.table) {
+                if !held.admit_file() {
                     return Ok((Err(PAST_A_LIMIT),));
                 }
                 match HostDescriptor::open_at(&mut view, fd, path_flags, path, oflags, flags).await {
                     Ok(opened) => {
-                        held.hold(Kind::Files, opened.rep());
+                        held.hold_file(open_file(view.table.get(&opened)?));
                         Ok((Ok(opened),))
                     }
                     Err(e) => Ok((Err(code(e)?),)),
@@ -281,22 +293,19 @@ pub(super) fn add_to_linker<S: FilesystemCall>(linker: &mut Linker<S>) -> wasmti
         Box::new(async move {
             let (view, held) = store.data_mut().filesystem_and_held();
             // A handle that is not in the table traps, as in wasmtime-wasi.
-            let listing = match view.table.get(&fd)? {
-                Descriptor::Dir(d) => {
-                    // A listing holds a descriptor of its own: an open file.
-                    if !held.admit(Kind::Files, view.table) {
-                        return Ok((Err(PAST_A_LIMIT),));
-                    }
-                    match Listing::open(&d.dir) {
-                        Ok(listing) => listing,
-                        Err(code) => return Ok((Err(code),)),
-                    }
-                }
+            let dir = match view.table.get(&fd)? {
+                Descriptor::Dir(d) => d.dir.clone(),
                 Descriptor::File(_) => return Ok((Err(ErrorCode::NotDirectory),)),
             };
-            let listing = view.table.push(listing)?;
-            held.hold(Kind::Files, listing.rep());
-            Ok((Ok(listing),))
+            if !held.admit_file() {
+                return Ok((Err(PAST_A_LIMIT),));
+            }
+            let listing = match Listing::open(dir).await {
+                Ok(listing) => listing,
+                Err(code) => return Ok((Err(code),)),
+            };
+            held.hold_file(Arc::downgrade(&listing.open) as OpenFile);
+            Ok((Ok(view.table.push(listing)?),))
         })
     })?;
     types.func_wrap_async(
@@ -313,12 +322,12 @@ pub(super) fn add_to_linker<S: FilesystemCall>(linker: &mut Linker<S>) -> wasmti
         "[method]descriptor.read-via-stream",
         |mut store, (fd, offset): (Resource<fs::Descriptor>, u64)| {
             let (mut view, held) = store.data_mut().filesystem_and_held();
-            if !held.admit(Kind::Streams, view.table) {
+            if !held.admit_stream(view.table) {
                 return Ok((Err(PAST_A_LIMIT),));
             }
             match HostDescriptor::read_via_stream(&mut view, fd, offset) {
                 Ok(stream) => {
-                    held.hold(Kind::Streams, stream.rep());
+                    held.hold_stream(stream.rep());
                     Ok((Ok(stream),))
                 }
                 Err(e) => Ok((Err(code(e)?),)),
@@ -329,12 +338,12 @@ pub(super) fn add_to_linker<S: FilesystemCall>(linker: &mut Linker<S>) -> wasmti
         "[method]descriptor.write-via-stream",
         |mut store, (fd, offset): (Resource<fs::Descriptor>, u64)| {
             let (mut view, held) = store.data_mut().filesystem_and_held();
-            if !held.admit(Kind::Streams, view.table) {
+            if !held.admit_stream(view.table) {
                 return Ok((Err(PAST_A_LIMIT),));
             }
             match HostDescriptor::write_via_stream(&mut view, fd, offset) {
                 Ok(stream) => {
-                    held.hold(Kind::Streams, stream.rep());
+                    held.hold_stream(stream.rep());
                     Ok((Ok(stream),))
                 }
                 Err(e) => Ok((Err(code(e)?),)),
@@ -343,12 +352,12 @@ pub(super) fn add_to_linker<S: FilesystemCall>(linker: &mut Linker<S>) -> wasmti
     )?;
     types.func_wrap("[method]descriptor.append-via-stream", |mut store, (fd,): (Resource<fs::Descriptor>,)| {
         let (mut view, held) = store.data_mut().filesystem_and_held();
-        if !held.admit(Kind::Streams, view.table) {
+        if !held.admit_stream(view.table) {
             return Ok((Err(PAST_A_LIMIT),));
         }
         match HostDescriptor::append_via_stream(&mut view, fd) {
             Ok(stream) => {
-                held.hold(Kind::Streams, stream.rep());
+                held.hold_stream(stream.rep());
                 Ok((Ok(stream),))
             }
             Err(e) => Ok((Err(code(e)?),)),
@@ -421,7 +430,7 @@ mod tests {
 
     /// Open one more stream the way the shadowed imports do, if admitted.
     fn open(table: &mut ResourceTable, held: &mut Held, input: bool) -> Option<u32> {
-        if !held.admit(Kind::Streams, table) {
+        if !held.admit_stream(table) {
             return None;
         }
         let rep = if input {
@@ -429,7 +438,7 @@ mod tests {
         } else {
             table.push(Box::new(ClosedOutputStream) as DynOutputStream).ok()?.rep()
         };
-        held.hold(Kind::Streams, rep);
+        held.hold_stream(rep);
         Some(rep)
     }
 
@@ -444,7 +453,7 @@ mod tests {
         table.delete(Resource::<DynInputStream>::new_own(a)).unwrap();
         let c = open(&mut table, &mut held, true).unwrap();
         assert_eq!(c, a, "the table reuses the number");
-        assert_eq!(held.kinds[Kind::Streams as usize].reps.len(), 2);
+        assert_eq!(held.streams.held.len(), 2);
         assert_eq!(open(&mut table, &mut held, false), None);
         // A thousand opened and dropped one after another: never refused.
         table.delete(Resource::<DynInputStream>::new_own(c)).unwrap();
@@ -466,6 +475,24 @@ mod tests {
         assert!(open(&mut table, &mut held, true).is_some());
     }
 
+    #[test]
+    fn a_file_counts_while_anything_keeps_its_descriptor_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut held = Held::new(&limits(2));
+        let file = || Arc::new(std::fs::File::open(dir.path()).unwrap());
+        let (a, b) = (file(), file());
+        held.hold_file(Arc::downgrade(&a) as OpenFile);
+        held.hold_file(Arc::downgrade(&b) as OpenFile);
+        assert!(!held.admit_file(), "two open: a third is refused");
+        // The guest drops its descriptor, but a stream made from it shares the file.
+        let streams_copy = a.clone();
+        drop(a);
+        assert!(!held.admit_file(), "still open through the stream");
+        drop(streams_copy);
+        assert!(held.admit_file(), "closed: its place is free");
+        assert_eq!(held.files.held.len(), 1);
+    }
+
     #[tokio::test]
     async fn a_listing_holds_at_most_a_batch_of_names_and_yields_them_all() {
         let dir = tempfile::tempdir().unwrap();
@@ -474,17 +501,23 @@ mod tests {
             std::fs::write(dir.path().join(format!("f{i}")), "").unwrap();
         }
         std::fs::create_dir(dir.path().join("sub")).unwrap();
-        let mut listing = Listing::open(&std::fs::File::open(dir.path()).unwrap()).unwrap();
+        std::os::unix::fs::symlink("f0", dir.path().join("link")).unwrap();
+        let fifo = dir.path().join("pipe");
+        rustix::fs::mknodat(rustix::fs::CWD, &fifo, rustix::fs::FileType::Fifo, rustix::fs::Mode::RUSR, 0).unwrap();
+        let mut listing = Listing::open(Arc::new(std::fs::File::open(dir.path()).unwrap())).await.unwrap();
         assert_eq!(listing.buffered(), 0, "nothing is read before the guest asks");
         let mut names = std::collections::BTreeMap::new();
         while let Some(e) = listing.next().await.unwrap() {
             assert!(listing.buffered() < BATCH, "{} names held", listing.buffered());
             names.insert(e.name, e.type_);
         }
-        assert_eq!(names.len(), n + 1, "every name once, without `.` and `..`");
+        assert_eq!(names.len(), n + 3, "every name once, without `.` and `..`");
         assert!(matches!(names["sub"], fs::DescriptorType::Directory));
         assert!(matches!(names["f0"], fs::DescriptorType::RegularFile));
+        assert!(matches!(names["link"], fs::DescriptorType::SymbolicLink), "a link is not followed");
+        assert!(matches!(names["pipe"], fs::DescriptorType::Unknown), "as wasmtime-wasi's stat says");
         assert!(listing.next().await.unwrap().is_none(), "and the end stays the end");
+        assert!(listing.dir.is_none(), "its descriptor is closed at the end");
     }
 
     #[test]
