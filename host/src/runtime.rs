@@ -644,7 +644,11 @@ impl Run<'_> {
                 tokio::pin!(cancel);
                 let mut attempt = 1;
                 let result = loop {
-                    let state = shared_state(rt.store.tool_state(snapshot.agent(), tool_id).await?);
+                    let state = match rt.store.tool_state_now(snapshot.agent(), tool_id) {
+                        Some(state) => state?,
+                        None => rt.store.tool_state(snapshot.agent(), tool_id).await?,
+                    };
+                    let state = shared_state(state);
                     let exec = rt.executor.execute_until(&allowed, state.clone(), cancel.as_mut()).await;
                     let again = pure && attempt < STATE_ATTEMPTS;
                     match step.finish(rt, None, exec, &state, again).await {
@@ -861,9 +865,11 @@ impl<'a> Step<'a> {
     ) -> Result<i64, CommitError> {
         let captured = captured_json(ending.captured);
         let ticket = awaiting.map(|a| a.ticket_id.as_str());
-        rt.store
-            .commit_step(&self.record(&ending, self.args(), &captured, ticket, None), ending.changes, awaiting)
-            .await
+        let step = self.record(&ending, self.args(), &captured, ticket, None);
+        match rt.store.commit_step_now(&step, ending.changes, awaiting) {
+            Some(done) => done,
+            None => rt.store.commit_step(&step, ending.changes, awaiting).await,
+        }
     }
 
     /// Commit the step that resolves `ticket`; refused (and reported) if the

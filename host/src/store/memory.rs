@@ -30,6 +30,9 @@ type Fast = foldhash::fast::RandomState;
 /// Steps per chunk of [`Inner::steps`].
 const CHUNK: usize = 4096;
 
+/// Bytes per chunk of [`Inner::texts`] (a step larger than that gets a chunk of its own size).
+const TEXT_CHUNK: usize = 256 << 10;
+
 /// The in-process journal.
 #[derive(Default)]
 pub struct MemoryJournal {
@@ -44,6 +47,10 @@ struct Inner {
     steps: Vec<Vec<Kept>>,
     /// Steps written.
     len: usize,
+    /// The steps' own text (call id, arguments, result) one after another,
+    /// in chunks of at least [`TEXT_CHUNK`] bytes (growing never moves text):
+    /// no allocation per step.
+    texts: Vec<String>,
     /// Indices into `steps`, per run (with the run id its steps share).
     by_run: HashMap<String, (Arc<str>, Vec<usize>), Fast>,
     /// Tool ids steps name, each kept once.
@@ -67,17 +74,17 @@ struct Inner {
 
 /// A step as this journal keeps it: what repeats from step to step (run,
 /// Tool, captured text) is shared rather than copied, and the step's own
-/// text (call id, arguments, result) is one allocation — every step stays
-/// in memory, so its footprint is the journal's cost per call.
+/// text (call id, arguments, result) is a place in [`Inner::texts`] — every
+/// step stays in memory, so its footprint is the journal's cost per call.
 struct Kept {
     seq: i64,
     run_id: Arc<str>,
     tool_id: Arc<str>,
     captured: Arc<str>,
-    /// Call id, arguments and result, one after the other.
-    text: Box<str>,
-    /// Where the arguments and the result start in `text`.
-    at: [usize; 2],
+    /// The chunk of [`Inner::texts`] that holds its call id, arguments and result, one after the other.
+    text: usize,
+    /// Where the call id, the arguments and the result start in that chunk, and where the result ends.
+    at: [usize; 4],
     verdict: Verdict,
     outcome: OutcomeKind,
     structured: bool,
@@ -86,22 +93,20 @@ struct Kept {
 }
 
 impl Kept {
-    fn part(&self, i: usize) -> &str {
-        let [a, r] = self.at;
-        let (from, to) = [(0, a), (a, r), (r, self.text.len())][i];
-        self.text.get(from..to).unwrap_or_default()
+    fn part<'a>(&self, texts: &'a [String], i: usize) -> &'a str {
+        texts.get(self.text).and_then(|t| t.get(self.at[i]..self.at[i + 1])).unwrap_or_default()
     }
 
-    fn record(&self) -> StepRecord {
+    fn record(&self, texts: &[String]) -> StepRecord {
         StepRecord {
             seq: self.seq,
             run_id: self.run_id.to_string(),
-            call_id: self.part(0).to_owned(),
+            call_id: self.part(texts, 0).to_owned(),
             tool_id: self.tool_id.to_string(),
-            arguments: self.part(1).to_owned(),
+            arguments: self.part(texts, 1).to_owned(),
             verdict: self.verdict.as_str().to_owned(),
             outcome: self.outcome,
-            result: self.part(2).to_owned(),
+            result: self.part(texts, 2).to_owned(),
             captured: self.captured.to_string(),
             ticket_id: self.ticket.as_ref().and_then(|t| t.0.clone()),
             structured: self.structured,
@@ -121,6 +126,42 @@ impl MemoryJournal {
     /// An empty journal.
     pub fn new() -> Self {
         MemoryJournal::default()
+    }
+
+    /// [`StepStore::commit_step`]: nothing here waits.
+    fn commit(
+        &self,
+        step: &NewStep<'_>,
+        changes: &[StateChange],
+        awaiting: Option<&AwaitingRecord>,
+    ) -> Result<i64, CommitError> {
+        let mut j = self.lock();
+        if j.stale(step, changes) {
+            return Err(CommitError::StateChanged { agent: step.agent.to_owned(), tool: step.tool_id.to_owned() });
+        }
+        if let Some(a) = awaiting {
+            // The SQL schema's keys: one record per ticket and per call.
+            if j.tickets.contains_key(&a.ticket_id) || j.asked_calls.contains(&a.call_id) {
+                return Err(CommitError::Duplicate {
+                    store: NAME.into(),
+                    message: format!(
+                        "an Awaiting record for ticket `{}` or call `{}` is already written; nothing of step `{}` was kept",
+                        a.ticket_id, a.call_id, step.call_id
+                    ),
+                });
+            }
+        }
+        let seq = j.insert_step(step, step.ticket.or(awaiting.map(|a| a.ticket_id.as_str())));
+        j.apply(step.agent, step.tool_id, changes);
+        if let Some(a) = awaiting {
+            let mut record = a.clone();
+            record.state = "pending".into();
+            let index = j.awaiting.len();
+            j.tickets.insert(record.ticket_id.clone(), index);
+            j.asked_calls.insert(record.call_id.clone());
+            j.awaiting.push(Awaiting { record, delivered: false, claimed_at: None, holder: None });
+        }
+        Ok(seq)
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -178,13 +219,20 @@ impl Inner {
                 c
             }
         };
-        let mut text = String::with_capacity(s.call_id.len() + s.arguments.len() + s.result.len());
-        text.push_str(s.call_id);
-        let a = text.len();
-        text.push_str(s.arguments);
-        let r = text.len();
-        text.push_str(s.result);
-        let at = [a, r];
+        let len = s.call_id.len() + s.arguments.len() + s.result.len();
+        let texts = &mut self.texts;
+        if texts.last().is_none_or(|t| t.capacity() - t.len() < len) {
+            texts.push(String::with_capacity(len.max(TEXT_CHUNK)));
+        }
+        let text = texts.len() - 1;
+        let mut at = [0; 4];
+        if let Some(t) = texts.last_mut() {
+            for (i, part) in [s.call_id, s.arguments, s.result].into_iter().enumerate() {
+                at[i] = t.len();
+                t.push_str(part);
+            }
+            at[3] = t.len();
+        }
         let rare = match (ticket, s.approved_by) {
             (None, None) => None,
             (t, by) => Some(Box::new((t.map(str::to_owned), by.cloned()))),
@@ -194,7 +242,7 @@ impl Inner {
             run_id,
             tool_id,
             captured,
-            text: text.into_boxed_str(),
+            text,
             at,
             verdict: s.verdict,
             outcome: s.outcome,
@@ -272,33 +320,20 @@ impl StepStore for MemoryJournal {
         changes: &[StateChange],
         awaiting: Option<&AwaitingRecord>,
     ) -> Result<i64, CommitError> {
-        let mut j = self.lock();
-        if j.stale(step, changes) {
-            return Err(CommitError::StateChanged { agent: step.agent.to_owned(), tool: step.tool_id.to_owned() });
-        }
-        if let Some(a) = awaiting {
-            // The SQL schema's keys: one record per ticket and per call.
-            if j.tickets.contains_key(&a.ticket_id) || j.asked_calls.contains(&a.call_id) {
-                return Err(CommitError::Duplicate {
-                    store: NAME.into(),
-                    message: format!(
-                        "an Awaiting record for ticket `{}` or call `{}` is already written; nothing of step `{}` was kept",
-                        a.ticket_id, a.call_id, step.call_id
-                    ),
-                });
-            }
-        }
-        let seq = j.insert_step(step, step.ticket.or(awaiting.map(|a| a.ticket_id.as_str())));
-        j.apply(step.agent, step.tool_id, changes);
-        if let Some(a) = awaiting {
-            let mut record = a.clone();
-            record.state = "pending".into();
-            let index = j.awaiting.len();
-            j.tickets.insert(record.ticket_id.clone(), index);
-            j.asked_calls.insert(record.call_id.clone());
-            j.awaiting.push(Awaiting { record, delivered: false, claimed_at: None, holder: None });
-        }
-        Ok(seq)
+        self.commit(step, changes, awaiting)
+    }
+
+    fn commit_step_now(
+        &self,
+        step: &NewStep<'_>,
+        changes: &[StateChange],
+        awaiting: Option<&AwaitingRecord>,
+    ) -> Option<Result<i64, CommitError>> {
+        Some(self.commit(step, changes, awaiting))
+    }
+
+    fn tool_state_now(&self, agent: &str, tool_id: &str) -> Option<Result<BTreeMap<String, String>, CommitError>> {
+        Some(Ok(self.lock().state_of(agent, tool_id)))
     }
 
     async fn claim_ticket(
@@ -412,7 +447,7 @@ impl StepStore for MemoryJournal {
             j.by_ticket
                 .get(&a.record.ticket_id)
                 .and_then(|steps| steps.iter().map(|i| j.step(*i)).find(|s| s.outcome != OutcomeKind::Awaiting))
-                .map(Kept::record)
+                .map(|s| s.record(&j.texts))
         } else {
             None
         };
@@ -449,10 +484,14 @@ impl StepStore for MemoryJournal {
     async fn steps(&self, run_id: Option<&str>) -> Result<Vec<StepRecord>, CommitError> {
         let j = self.lock();
         Ok(match run_id {
-            None => j.all_steps().map(Kept::record).collect(),
-            Some(run) => {
-                j.by_run.get(run).into_iter().flat_map(|(_, steps)| steps).map(|i| j.step(*i).record()).collect()
-            }
+            None => j.all_steps().map(|s| s.record(&j.texts)).collect(),
+            Some(run) => j
+                .by_run
+                .get(run)
+                .into_iter()
+                .flat_map(|(_, steps)| steps)
+                .map(|i| j.step(*i).record(&j.texts))
+                .collect(),
         })
     }
 
@@ -464,5 +503,50 @@ impl StepStore for MemoryJournal {
     async fn pending(&self) -> Result<Vec<AwaitingRecord>, CommitError> {
         let j = self.lock();
         Ok(j.awaiting.iter().filter(|a| a.record.state == "pending").map(|a| a.record.clone()).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step<'a>(call_id: &'a str, arguments: &'a str, result: &'a str) -> NewStep<'a> {
+        NewStep {
+            run_id: "run-1",
+            agent: "default",
+            call_id,
+            tool_id: "text.upper",
+            arguments,
+            verdict: Verdict::Allow,
+            outcome: OutcomeKind::Output,
+            result,
+            captured: "{}",
+            ticket: None,
+            structured: false,
+            approved_by: None,
+            state_read: None,
+        }
+    }
+
+    /// Steps' text shares chunks: whatever their sizes, each step reads back
+    /// exactly as written, around a chunk's end and larger than a chunk.
+    #[tokio::test]
+    async fn every_step_reads_back_exactly_across_text_chunks() {
+        let j = MemoryJournal::new();
+        let mut written = Vec::new();
+        for i in 0..40usize {
+            // Sizes that cross chunk ends; every seventh larger than a whole chunk.
+            let size = if i % 7 == 3 { TEXT_CHUNK + 17 * i } else { (i * 9_973) % (TEXT_CHUNK / 3) };
+            let (call, args, result) = (format!("call-{i}"), format!("{{\"n\":{i}}}"), "é".repeat(size / 2));
+            let seq = j.commit_step_now(&step(&call, &args, &result), &[], None).unwrap().unwrap();
+            assert_eq!(seq, i as i64 + 1);
+            written.push((call, args, result));
+        }
+        let steps = j.steps(Some("run-1")).await.unwrap();
+        assert_eq!(steps.len(), written.len());
+        for (s, (call, args, result)) in steps.iter().zip(&written) {
+            assert_eq!((&s.call_id, &s.arguments, &s.result), (call, args, result));
+        }
+        assert!(j.lock().texts.len() > 1, "the text spans several chunks");
     }
 }

@@ -522,6 +522,24 @@ pub trait StepStore: Send + Sync {
     async fn deliver(&self, ticket_id: &str, step: &NewStep<'_>) -> Result<Option<i64>, CommitError>;
     /// A Tool's committed state for an agent.
     async fn tool_state(&self, agent: &str, tool_id: &str) -> Result<BTreeMap<String, String>, CommitError>;
+    /// [`StepStore::tool_state`] answered at once by a store that never
+    /// waits (one in process memory); `None`: ask `tool_state`. The same
+    /// answer either way — it only spares the per-call future.
+    fn tool_state_now(&self, agent: &str, tool_id: &str) -> Option<Result<BTreeMap<String, String>, CommitError>> {
+        let _ = (agent, tool_id);
+        None
+    }
+    /// [`StepStore::commit_step`] done at once by a store that never waits;
+    /// `None`: nothing was done, call `commit_step`.
+    fn commit_step_now(
+        &self,
+        step: &NewStep<'_>,
+        changes: &[StateChange],
+        awaiting: Option<&AwaitingRecord>,
+    ) -> Option<Result<i64, CommitError>> {
+        let _ = (step, changes, awaiting);
+        None
+    }
     /// Steps in journal order, optionally of one run.
     async fn steps(&self, run_id: Option<&str>) -> Result<Vec<StepRecord>, CommitError>;
     /// The Awaiting record of `ticket_id`, in whatever state it is.
