@@ -711,7 +711,7 @@ fn awaiting_record(
 ) -> AwaitingRecord {
     let now = now();
     AwaitingRecord {
-        ticket_id: new_id("tkt"),
+        ticket_id: new_id(crate::store::TICKET_PREFIX.trim_end_matches('-')),
         run_id: run_id.to_owned(),
         agent: agent.to_owned(),
         call_id: correlation_id.to_owned(),

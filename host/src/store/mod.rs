@@ -376,6 +376,10 @@ pub enum AskScope<'a> {
 /// How the id of a run serving one stateless request starts.
 pub const STATELESS_RUN_PREFIX: &str = "req-";
 
+/// How every ticket id starts: what a front end looks for to keep ticket
+/// ids out of everything the model reads (invariant 11).
+pub const TICKET_PREFIX: &str = "tkt-";
+
 /// A state change, already checked to be in the called Tool's scope.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateChange {

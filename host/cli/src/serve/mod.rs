@@ -623,7 +623,7 @@ fn call_error(e: CallError, request: Option<&str>) -> ErrorData {
 /// The last guard of invariant 11 on what the host writes to the client:
 /// any ticket id (`tkt-…`) in `text` is replaced.
 fn without_tickets(text: &str) -> String {
-    const PREFIX: &[u8] = b"tkt-";
+    const PREFIX: &[u8] = toolgate::store::TICKET_PREFIX.as_bytes();
     let lower = text.to_ascii_lowercase();
     let (bytes, mut out, mut i) = (lower.as_bytes(), String::with_capacity(text.len()), 0);
     while let Some(at) = bytes[i..].windows(PREFIX.len()).position(|w| w == PREFIX).map(|p| p + i) {
@@ -642,10 +642,10 @@ fn without_tickets(text: &str) -> String {
 
 /// [`without_tickets`] on an error going to the client.
 fn scrubbed(mut e: ErrorData) -> ErrorData {
-    if e.message.to_ascii_lowercase().contains("tkt-") {
+    if e.message.to_ascii_lowercase().contains(toolgate::store::TICKET_PREFIX) {
         e.message = without_tickets(&e.message).into();
     }
-    if e.data.as_ref().is_some_and(|d| d.to_string().to_ascii_lowercase().contains("tkt-")) {
+    if e.data.as_ref().is_some_and(|d| d.to_string().to_ascii_lowercase().contains(toolgate::store::TICKET_PREFIX)) {
         e.data = None;
     }
     e
