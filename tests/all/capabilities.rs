@@ -76,7 +76,7 @@ directories = [
   {{ path = "/data", host = "data", access = "read" }},
   {{ path = "/scratch", host = "scratch", access = "read-write" }},
 ]
-hosts = ["{api}", "{other}"]
+hosts = ["{api}", "{other}", "http://localhost:{other_port}", "http://2130706433:{other_port}"]
 credentials = ["tracker"]
 env = {{ MODE = "test" }}
 
@@ -87,6 +87,7 @@ default = "allow"
         preamble = lang.preamble(),
         api = api.origin(),
         other = other.origin(),
+        other_port = other.port,
         apply = apply,
     );
     std::fs::write(d.join("toolgate.toml"), config).unwrap();
@@ -154,6 +155,32 @@ async fn redirects_are_not_followed() {
     let seen = thief(&w.host, "http", &w.api.url("/redirect"), true).await;
     assert!(seen.starts_with("ok: 302"), "the guest gets the redirect itself: {seen}");
     assert!(w.other.requests().is_empty(), "nobody followed it to the other server");
+}
+
+/// A granted name over plain HTTP is only as good as its DNS: one whose
+/// answer is a loopback (or private, link-local…) address would reach the
+/// host's own services, so it is refused before anything leaves; `localhost`
+/// names this machine and leads to its loopback address, and the request
+/// goes to the address that was checked, its `Host` still the name.
+#[tokio::test]
+async fn a_granted_name_that_resolves_to_the_hosts_own_addresses_is_refused() {
+    let w = world();
+    let url = format!("http://2130706433:{}/echo", w.other.port);
+    let seen = thief(&w.host, "http", &url, false).await;
+    assert!(seen.starts_with("err: "), "{seen}");
+    assert!(w.other.requests().is_empty(), "nothing reached the server behind the name");
+    let last = w.host.runtime.store().steps(None).await.unwrap().pop().unwrap();
+    assert!(
+        last.captured.contains("resolved to 127.0.0.1, a loopback address"),
+        "the host says why: {}",
+        last.captured
+    );
+    let url = format!("http://localhost:{}/echo", w.other.port);
+    let seen = thief(&w.host, "http", &url, false).await;
+    assert!(seen.starts_with("ok: 200"), "{seen}");
+    let got = w.other.requests();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].header("host"), Some(format!("localhost:{}", w.other.port).as_str()));
 }
 
 #[tokio::test]

@@ -6,7 +6,13 @@
 //! one credential is attached *by reference* with the `toolgate-credential`
 //! request header, which never leaves the host: the hook removes it, checks
 //! the credential is granted to this call and bound to this destination,
-//! and only then reads the secret and writes it into the request. The guest
+//! and only then reads the secret and writes it into the request. A granted
+//! *name* over plain HTTP leads to public addresses only, and the request
+//! goes to the address that was checked ([`checked_address`]): nothing but
+//! a certificate binds a name to its owner's servers, and over HTTP there
+//! is none — a name whose DNS says 127.0.0.1 would reach the host's own
+//! services, and one that changes its answer between the check and the
+//! connection would pass any check made on the name alone. The guest
 //! cannot negotiate what the host could not check: `Accept-Encoding` is
 //! pinned to `identity`, `TE` is dropped and `Range` requests are refused.
 //! On the way back, the response is buffered (bounded per request, per call
@@ -244,6 +250,8 @@ pub struct OutboundPolicy {
 struct Decided {
     dest: String,
     credential: Option<(Arc<CredentialSpec>, Secret)>,
+    /// A name to resolve and check before a plain-HTTP request leaves, with its port.
+    resolve: Option<(String, u16)>,
 }
 
 impl OutboundPolicy {
@@ -304,6 +312,9 @@ impl OutboundPolicy {
         if !self.hosts.iter().any(|d| d.matches(&scheme, &host, port)) {
             return Err(self.deny(&format!("{dest} is not granted to this Tool")));
         }
+        // An address the grant names is where the operator sent it; a name over HTTPS is bound by its certificate.
+        let literal = host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>().is_ok();
+        let resolve = (scheme == "http" && !literal).then(|| (host.clone(), port));
         let headers = request.headers_mut();
         // A partial response could carry a secret in pieces too short to recognize.
         if headers.contains_key(http::header::RANGE) || headers.contains_key(http::header::IF_RANGE) {
@@ -316,7 +327,7 @@ impl OutboundPolicy {
         let asked: Vec<HeaderValue> = headers.get_all(CREDENTIAL_HEADER).iter().cloned().collect();
         headers.remove(CREDENTIAL_HEADER);
         let name = match asked.as_slice() {
-            [] => return Ok(Decided { dest, credential: None }),
+            [] => return Ok(Decided { dest, credential: None, resolve }),
             [one] => one.to_str().unwrap_or_default().trim().to_owned(),
             more => {
                 return Err(
@@ -333,10 +344,122 @@ impl OutboundPolicy {
             return Err(self.deny(&format!("credential `{name}` is not bound to {dest}")));
         }
         match spec.materialize(&scheme, &host, port) {
-            Ok(secret) => Ok(Decided { dest, credential: Some((spec.clone(), secret)) }),
+            Ok(secret) => Ok(Decided { dest, credential: Some((spec.clone(), secret)), resolve }),
             Err(e) => {
                 self.traffic().records.add(e.to_string());
                 Err(HttpError::InternalError(Some(format!("credential `{name}` is unavailable on this host"))))
+            }
+        }
+    }
+}
+
+/// Why a granted name cannot be reached.
+enum Unreachable {
+    /// It leads to an address a name may not lead to (the rest of the record's sentence).
+    Prohibited(String),
+    /// Name resolution failed or timed out.
+    Dns(String),
+}
+
+/// The address a plain-HTTP request to the granted name `name` goes to:
+/// resolved once, every address checked — a public one, or for `localhost`
+/// and `*.localhost` (which name this machine wherever the host runs) a
+/// loopback one — and the first taken, as a connection would.
+async fn checked_address(name: &str, port: u16, timeout: Duration) -> Result<std::net::SocketAddr, Unreachable> {
+    let resolved = match tokio::time::timeout(timeout, tokio::net::lookup_host((name, port))).await {
+        Ok(Ok(addresses)) => addresses.collect::<Vec<_>>(),
+        Ok(Err(e)) => return Err(Unreachable::Dns(format!("cannot resolve {name}: {e}"))),
+        Err(_) => return Err(Unreachable::Dns(format!("resolving {name} took longer than {timeout:?}"))),
+    };
+    let local = name == "localhost" || name.ends_with(".localhost");
+    for a in &resolved {
+        let ip = a.ip().to_canonical();
+        let refused = match not_public(ip) {
+            Some("loopback") if local => None,
+            Some(kind) => Some(kind),
+            None if local => Some("public"),
+            None => None,
+        };
+        if let Some(kind) = refused {
+            return Err(Unreachable::Prohibited(format!(
+                "resolved to {ip}, a {kind} address: over plain HTTP a granted name reaches public addresses only \
+                 (localhost: loopback only); grant the address itself, or use https"
+            )));
+        }
+    }
+    resolved.first().copied().ok_or_else(|| Unreachable::Dns(format!("{name} has no address")))
+}
+
+/// Send `request` to `address`, its `Host` header still naming what the guest asked for.
+fn pin<B>(request: &mut http::Request<B>, address: std::net::SocketAddr) -> Result<(), HttpError> {
+    let invalid = |_| HttpError::HttpRequestUriInvalid;
+    if let Some(authority) = request.uri().authority().cloned()
+        && !request.headers().contains_key(http::header::HOST)
+    {
+        let host = HeaderValue::from_str(authority.as_str()).map_err(|_| HttpError::HttpRequestUriInvalid)?;
+        request.headers_mut().insert(http::header::HOST, host);
+    }
+    let mut parts = request.uri().clone().into_parts();
+    parts.authority = Some(address.to_string().parse().map_err(invalid)?);
+    *request.uri_mut() = http::Uri::from_parts(parts).map_err(|_| HttpError::HttpRequestUriInvalid)?;
+    Ok(())
+}
+
+/// What kind of address `ip` is, if it is not a public one: the host's own
+/// (loopback, unspecified), a private or link-local network's (cloud
+/// metadata services live at 169.254.169.254), shared or reserved ranges,
+/// and IPv6 forms that embed an IPv4 address of those.
+fn not_public(ip: std::net::IpAddr) -> Option<&'static str> {
+    use std::net::IpAddr;
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => {
+            let [a, b, c, _] = v4.octets();
+            if v4.is_loopback() {
+                Some("loopback")
+            } else if a == 0 {
+                Some("unspecified")
+            } else if v4.is_private() {
+                Some("private")
+            } else if v4.is_link_local() {
+                Some("link-local")
+            } else if a == 100 && (b & 0xc0) == 64 {
+                Some("shared (carrier-grade NAT)")
+            } else if (a == 192 && b == 0 && c == 0) || (a == 198 && (b & 0xfe) == 18) || v4.is_documentation() {
+                Some("reserved")
+            } else if v4.is_multicast() || a >= 240 {
+                Some("multicast or reserved")
+            } else {
+                None
+            }
+        }
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            let embedded = |hi: u16, lo: u16| {
+                let [a, b] = hi.to_be_bytes();
+                let [c, d] = lo.to_be_bytes();
+                not_public(IpAddr::V4(std::net::Ipv4Addr::new(a, b, c, d)))
+            };
+            if v6.is_loopback() {
+                Some("loopback")
+            } else if v6.is_unspecified() {
+                Some("unspecified")
+            } else if (s[0] & 0xfe00) == 0xfc00 {
+                Some("private (unique local)")
+            } else if (s[0] & 0xffc0) == 0xfe80 || (s[0] & 0xffc0) == 0xfec0 {
+                Some("link-local")
+            } else if v6.is_multicast() || (s[0] == 0x2001 && s[1] == 0x0db8) {
+                Some("multicast or reserved")
+            } else if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                // NAT64: the IPv4 address it translates to decides.
+                embedded(s[6], s[7])
+            } else if s[0] == 0x2002 {
+                // 6to4: likewise.
+                embedded(s[1], s[2])
+            } else if s[..6] == [0; 6] {
+                // IPv4-compatible (deprecated): never a public IPv6 address.
+                Some("reserved")
+            } else {
+                None
             }
         }
     }
@@ -770,7 +893,7 @@ impl WasiHttpHooks for OutboundPolicy {
         let (call, host_slots) = (self.traffic().clone(), self.host_slots.clone());
         Box::new(async move {
             let records = &call.records;
-            let Decided { dest, credential } = decided?;
+            let Decided { dest, credential, resolve } = decided?;
             if let Some((spec, secret)) = &credential {
                 apply(&mut request, spec, secret)?;
                 // Watched for in every response of the call from now on, whatever the source holds by then.
@@ -781,6 +904,20 @@ impl WasiHttpHooks for OutboundPolicy {
             let closed = || HttpError::InternalError(Some("the host is shutting down".into()));
             let call_slot = CallSlot::acquire(&call).await.map_err(|_| closed())?;
             let host_slot = host_slots.clone().acquire_owned().await.map_err(|_| closed())?;
+            // Resolved holding its slots: no more lookups at once than requests in flight.
+            if let Some((name, port)) = resolve {
+                match checked_address(&name, port, limits.timeout).await {
+                    Ok(address) => pin(&mut request, address)?,
+                    Err(Unreachable::Prohibited(why)) => {
+                        records.add(format!("outbound request denied: {dest} {why}"));
+                        return Err(HttpError::DestinationIpProhibited);
+                    }
+                    Err(Unreachable::Dns(why)) => {
+                        *call.transport.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!("{dest}: {why}"));
+                        return Err(HttpError::DnsError { rcode: Some(why), info_code: None });
+                    }
+                }
+            }
             let (parts, body) = request.into_parts();
             let request_bytes = limits.request_bytes;
             let body = Limited::new(body, request_bytes)
@@ -1071,5 +1208,67 @@ mod tests {
         }
         let (lines, dropped) = r.take();
         assert_eq!((lines.len(), dropped), (MAX_RECORDS, 100 - MAX_RECORDS as u64));
+    }
+
+    #[test]
+    fn only_public_addresses_are_public() {
+        let table = [
+            ("127.0.0.1", Some("loopback")),
+            ("127.255.0.9", Some("loopback")),
+            ("0.0.0.0", Some("unspecified")),
+            ("10.1.2.3", Some("private")),
+            ("172.16.0.1", Some("private")),
+            ("192.168.1.1", Some("private")),
+            ("169.254.169.254", Some("link-local")),
+            ("100.64.0.1", Some("shared (carrier-grade NAT)")),
+            ("192.0.2.1", Some("reserved")),
+            ("198.18.0.1", Some("reserved")),
+            ("224.0.0.1", Some("multicast or reserved")),
+            ("255.255.255.255", Some("multicast or reserved")),
+            ("::1", Some("loopback")),
+            ("::", Some("unspecified")),
+            ("::ffff:127.0.0.1", Some("loopback")),
+            ("::ffff:10.0.0.1", Some("private")),
+            ("fd00::1", Some("private (unique local)")),
+            ("fe80::1", Some("link-local")),
+            ("64:ff9b::a9fe:a9fe", Some("link-local")),
+            ("2002:7f00:1::", Some("loopback")),
+            ("::7f00:1", Some("reserved")),
+            ("ff02::1", Some("multicast or reserved")),
+            ("8.8.8.8", None),
+            ("1.1.1.1", None),
+            ("172.32.0.1", None),
+            ("2606:4700:4700::1111", None),
+            ("64:ff9b::808:808", None),
+        ];
+        for (ip, kind) in table {
+            assert_eq!(not_public(ip.parse().unwrap()), kind, "{ip}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_name_over_http_leads_only_where_it_was_checked() {
+        // A numeric name (not an address literal) that the resolver reads as 127.0.0.1.
+        for name in ["2130706433", "127.1", "0x7f000001"] {
+            match checked_address(name, 80, Duration::from_secs(5)).await {
+                Err(Unreachable::Prohibited(why)) => {
+                    assert!(why.contains("resolved to 127.0.0.1, a loopback address"), "{name}: {why}")
+                }
+                Err(Unreachable::Dns(why)) => panic!("{name}: {why}"),
+                Ok(a) => panic!("{name} was let through to {a}"),
+            }
+        }
+        // `localhost` names this machine: its loopback addresses are where it leads.
+        let a = checked_address("localhost", 8080, Duration::from_secs(5)).await.ok().unwrap();
+        assert!(a.ip().is_loopback() && a.port() == 8080, "{a}");
+        assert!(matches!(
+            checked_address("no-such-name.invalid", 80, Duration::from_secs(5)).await,
+            Err(Unreachable::Dns(_))
+        ));
+        // The request goes to the checked address, and still says which host it asked for.
+        let mut request = http::Request::get("http://localhost:8080/x?y=1").body(()).unwrap();
+        pin(&mut request, a).unwrap();
+        assert_eq!(request.uri().to_string(), format!("http://{a}/x?y=1"));
+        assert_eq!(request.headers()[http::header::HOST], "localhost:8080");
     }
 }
