@@ -263,7 +263,7 @@ mod client {
             other => other,
         }
         .map_err(Fail::into_tool_error)?;
-        let mut output = to_output(&pinned.name, result)?;
+        let mut output = to_output(&pinned.name, pinned.output_schema.is_some(), result)?;
         let now = Cached {
             pin,
             session: session.id.clone(),
@@ -521,8 +521,11 @@ mod client {
     }
 
     /// A `tools/call` result as Tool output: `isError` is a Tool error;
-    /// `structuredContent` is the JSON output; otherwise the text content.
-    fn to_output(name: &str, result: Value) -> Result<RawOutput, ToolError> {
+    /// `structuredContent` is the JSON output; otherwise the text content —
+    /// unless the tool was pinned with an output schema (`structured`): then
+    /// the remote must answer with `structuredContent` (as MCP requires of
+    /// it), so the host checks what it returns against that schema.
+    fn to_output(name: &str, structured: bool, result: Value) -> Result<RawOutput, ToolError> {
         let content = result.get("content").and_then(Value::as_array).cloned().unwrap_or_default();
         let texts: Vec<&str> = content
             .iter()
@@ -535,10 +538,32 @@ mod client {
         }
         let content = match result.get("structuredContent") {
             Some(v) if !v.is_null() => Content::Json(v.to_string()),
+            _ if structured => {
+                return Err(ToolError::failed(format!(
+                    "the remote tool `{name}` declares an output schema but returned no `structuredContent`"
+                )));
+            }
             _ if texts.len() == content.len() => Content::Text(texts.join("\n")),
             _ => Content::Json(Value::Array(content).to_string()),
         };
         Ok(RawOutput { content, commands: Vec::new() })
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn a_tool_pinned_with_an_output_schema_must_answer_with_structured_content() {
+            let text = json!({"content": [{"type": "text", "text": "{\"sum\": 3}"}]});
+            let refused = to_output("add", true, text.clone()).err().map(|e| format!("{e:?}")).unwrap_or_default();
+            assert!(refused.contains("returned no `structuredContent`"), "{refused}");
+            assert!(matches!(to_output("add", false, text).map(|o| o.content), Ok(Content::Text(_))));
+            let structured = json!({"content": [], "structuredContent": {"sum": 3}});
+            assert!(
+                matches!(to_output("add", true, structured).map(|o| o.content), Ok(Content::Json(j)) if j == r#"{"sum":3}"#)
+            );
+        }
     }
 }
 
