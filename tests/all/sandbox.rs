@@ -106,6 +106,34 @@ async fn output_over_the_limit_is_a_tool_error() {
     assert!(matches!(r, StepResult::Output { .. }));
 }
 
+/// A Tool's error is bounded like its output (a guest, or the MCP adapter
+/// relaying a remote's error, can return megabytes of it): cut at a character
+/// boundary to `limits.output_kib`, with a note of how much was cut, in what
+/// the model reads and in the journal alike. A shorter error is untouched.
+#[tokio::test]
+async fn an_error_over_the_output_limit_is_cut_to_it() {
+    let host = hostile("output_kib = 4");
+    // The Tool's text: "x" then 2-byte characters, 1 MiB + 1 bytes in all;
+    // the longest prefix within 4096 bytes that ends on a character is 4095.
+    let (sent, kept) = (1 + (1 << 20), 4095);
+    for (invalid, prefix) in [(false, ""), (true, "invalid arguments: ")] {
+        let r = call(&host, "hostile.loud_error", json!({"bytes": 1 << 20, "invalid": invalid})).await;
+        let m = tool_error(&r);
+        let said = &m[prefix.len()..];
+        assert!(m.starts_with(prefix) && said.starts_with("xéé"), "{}", &m[..40]);
+        assert_eq!(said[1..kept].chars().filter(|&c| c == 'é').count(), (kept - 1) / 2);
+        let note = &said[kept..];
+        assert!(note.len() < 200, "the limit plus a short note: {} bytes", m.len());
+        assert!(note.contains(&format!("{} bytes cut", sent - kept)) && note.contains("limits.output_kib"), "{note}");
+        let journal = steps(&host).await;
+        let step = journal.last().unwrap();
+        assert!(step.result.len() < 4096 + 200, "journal holds {} bytes", step.result.len());
+    }
+    let r = call(&host, "hostile.loud_error", json!({"bytes": 4000})).await;
+    assert_eq!(tool_error(&r), format!("x{}", "é".repeat(2000)));
+    still_serving(&host).await;
+}
+
 #[tokio::test]
 async fn guest_output_is_captured_bounded_and_attached_to_the_step() {
     let host = hostile("capture_kib = 1");

@@ -24,6 +24,13 @@ pub const MAX_TOOLS_PER_COMPONENT: usize = 256;
 pub const MAX_ID_LEN: usize = 128;
 /// Longest description.
 pub const MAX_DESCRIPTION_LEN: usize = 8 * 1024;
+/// Largest compiled size of one `pattern` (or `patternProperties` key) of a
+/// schema. The regex engine matches in time linear in the text *and* in this
+/// size: under it, the slowest patterns found took ~0.6 s per MiB
+/// of text in a debug build; under the engine's default of 10 MiB, two
+/// minutes per 100 KiB. Real-world patterns are far below it (an RFC 5322
+/// address compiles to ~18 KiB).
+pub const MAX_PATTERN_BYTES: usize = 256 << 10;
 
 /// Why a file is not a loadable Tool component. Each message says what to do.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -322,7 +329,58 @@ fn compile_schema(schema: &serde_json::Value) -> Result<jsonschema::Validator, S
         }
     }
     // Build with schema validation on; no remote `$ref` resolution is compiled in.
-    jsonschema::validator_for(schema).map_err(|e| e.to_string())
+    // Every `pattern` and `patternProperties` key runs on the linear-time
+    // `regex` engine: the schema's author (for an MCP adapter, a remote
+    // server) is untrusted, and the host runs it on arguments before the gate
+    // and on output after the guest's deadline. jsonschema's default,
+    // fancy-regex, backtracks on look-around and back-references (a crafted
+    // pattern cost ~10^6 steps per string, times every string of a value).
+    // Linear is in the compiled size too: bounded, see MAX_PATTERN_BYTES.
+    let linear = jsonschema::PatternOptions::regex().size_limit(MAX_PATTERN_BYTES);
+    jsonschema::options()
+        .with_pattern_options(linear)
+        .build(schema)
+        .map_err(|e| refused_pattern(&e).unwrap_or_else(|| e.to_string()))
+}
+
+/// Why a `pattern` (or `patternProperties` key) was refused, in words that
+/// name it, where it is and what to do; `None` if `e` is about something else.
+fn refused_pattern(e: &jsonschema::ValidationError<'_>) -> Option<String> {
+    let jsonschema::error::ValidationErrorKind::Format { format } = e.kind() else { return None };
+    let pattern = e.instance().as_str().filter(|_| format == "regex")?;
+    let (written, at) = (shown(pattern), shown(e.schema_path().as_str()));
+    // Compiling (never matching) without the bound, then with the
+    // backtracking engine, only tells the reasons apart.
+    let alone = serde_json::json!({ "pattern": pattern });
+    let compiles = |options: jsonschema::ValidationOptions<'_>| options.build(&alone).is_ok();
+    Some(if compiles(jsonschema::options().with_pattern_options(jsonschema::PatternOptions::regex())) {
+        format!(
+            "pattern `{written}` at `{at}` compiles to more than {} KiB, and matching costs time in proportion to \
+             that on every byte; shorten it (a counted repetition such as `.{{1,500}}` is better written as `maxLength`)",
+            MAX_PATTERN_BYTES >> 10
+        )
+    } else if compiles(jsonschema::options()) {
+        format!(
+            "pattern `{written}` at `{at}` uses look-around or a back-reference, which only a backtracking regex \
+             engine runs (a crafted one can keep a host thread busy for minutes); this host matches patterns in \
+             linear time: rewrite it without look-around and back-references, or remove it"
+        )
+    } else {
+        format!("pattern `{written}` at `{at}` is not a valid regular expression; fix it or remove it")
+    })
+}
+
+/// `s` for a message: control characters escaped, at most 200 characters.
+fn shown(s: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i == 200 {
+            out.push('…');
+            break;
+        }
+        if c.is_control() { out.extend(c.escape_default()) } else { out.push(c) }
+    }
+    out
 }
 
 struct Scan<'a> {
@@ -707,6 +765,120 @@ mod tests {
                 let _ = tools[0].validate_arguments(&json!({"text": {"deep": [1, 2, 3]}}));
             }
         }
+    }
+
+    /// Schemas come from whoever ships the component (for an MCP adapter, the
+    /// remote server at import time) and run host-side on untrusted arguments
+    /// and output. A `pattern` that needs a backtracking engine (look-around,
+    /// back-references) could keep a host thread busy for minutes on long
+    /// strings, so it is refused at load — in the input schema, the output
+    /// schema, `patternProperties`, anywhere below — naming the file, the
+    /// Tool, the schema, the pattern and what to do. Every other pattern
+    /// runs on a linear-time engine and validates as before.
+    #[test]
+    fn backtracking_patterns_are_refused_at_load_naming_tool_and_pattern() {
+        const LOOKAHEAD: &str = "^(?:a|a(?=a))+$";
+        const BACKREF: &str = "^(a+)\\1$";
+        const LOOKBEHIND: &str = "(?<!x)y";
+        let pattern_properties = |p: &str| {
+            let mut m = serde_json::Map::new();
+            m.insert(p.to_owned(), json!({"type": "string"}));
+            Value::Object(m)
+        };
+        let cases: Vec<(&str, Box<dyn Fn(&mut Value)>, &str, &str, &str)> = vec![
+            (
+                "input pattern",
+                Box::new(|t| t["descriptor"]["input_schema"]["properties"]["text"]["pattern"] = json!(LOOKAHEAD)),
+                "input schema",
+                LOOKAHEAD,
+                "/properties/text/pattern",
+            ),
+            (
+                "output pattern",
+                Box::new(|t| t["descriptor"]["output_schema"] = json!({"type": "string", "pattern": BACKREF})),
+                "output schema",
+                BACKREF,
+                "/pattern",
+            ),
+            (
+                "output patternProperties, nested",
+                Box::new(move |t| {
+                    t["descriptor"]["output_schema"] = json!({
+                        "type": "object",
+                        "properties": {"rows": {"type": "array", "items": {
+                            "type": "object", "patternProperties": pattern_properties(LOOKAHEAD)
+                        }}}
+                    })
+                }),
+                "output schema",
+                LOOKAHEAD,
+                "/properties/rows/items/patternProperties",
+            ),
+            (
+                "input $defs behind $ref",
+                Box::new(|t| {
+                    let s = &mut t["descriptor"]["input_schema"];
+                    s["$defs"] = json!({"word": {"type": "string", "pattern": LOOKBEHIND}});
+                    s["properties"]["text"] = json!({"$ref": "#/$defs/word"});
+                }),
+                "input schema",
+                LOOKBEHIND,
+                "/pattern",
+            ),
+        ];
+        for (name, edit, schema, pattern, at) in cases {
+            let DescriptorError::BadTool { id, problem } = tool_error(edit) else { panic!("{name}: expected BadTool") };
+            assert_eq!(id, "t.x", "{name}");
+            for words in [schema, &format!("`{pattern}`"), at, "look-around or a back-reference", "rewrite it"] {
+                assert!(problem.contains(words), "{name}: {problem:?} lacks {words:?}");
+            }
+        }
+
+        // Through the catalog, the refusal names the file as well.
+        let dir = tempfile::tempdir().unwrap();
+        let mut t = tool("t.x");
+        t["descriptor"]["output_schema"] = json!({"type": "string", "pattern": LOOKAHEAD});
+        let meta = serde_json::to_vec(&doc(vec![t])).unwrap();
+        std::fs::write(dir.path().join("remote.wasm"), component_with(&[&meta], Some(TOOL_EXPORT))).unwrap();
+        let catalog = crate::catalog::Catalog::load(dir.path()).unwrap();
+        let [refused] = catalog.refused() else { panic!("{:?}", catalog.refused()) };
+        assert!(refused.path.ends_with("remote.wasm"), "{refused:?}");
+        assert!(refused.reason.contains("tool `t.x`: output schema: pattern `^(?:a|a(?=a))+$`"), "{}", refused.reason);
+        assert!(catalog.get("t.x").is_none());
+
+        // A malformed pattern is still refused, as malformed.
+        let DescriptorError::BadTool { problem, .. } =
+            tool_error(|t| t["descriptor"]["input_schema"]["properties"]["text"]["pattern"] = json!("(unclosed"))
+        else {
+            panic!("expected BadTool")
+        };
+        assert!(problem.contains("`(unclosed`") && problem.contains("not a valid regular expression"), "{problem}");
+        // So is a pattern too large to match quickly (this one took two
+        // minutes on a 100 KiB string), and a message shows a pattern's
+        // control characters escaped, and a long one cut.
+        let DescriptorError::BadTool { problem, .. } = tool_error(|t| {
+            t["descriptor"]["input_schema"]["properties"]["text"]["pattern"] =
+                json!(format!("\u{1b}[2J{}[\\w\\W]{{10000}}x", "z".repeat(300)))
+        }) else {
+            panic!("expected BadTool")
+        };
+        assert!(problem.contains("more than 256 KiB") && problem.contains("shorten it"), "{problem}");
+        assert!(problem.contains("`\\u{1b}[2Jzzz") && problem.contains("zzz…` at") && !problem.contains('\u{1b}'));
+
+        // Ordinary patterns still validate, in both directions, and a nested
+        // quantifier (catastrophic for a backtracking engine) answers at once.
+        let mut t = tool("t.x");
+        t["descriptor"]["input_schema"]["properties"]["text"]["pattern"] = json!("^[a-z]+$");
+        t["descriptor"]["output_schema"] = json!({"type": "string", "pattern": "^(a+)+$"});
+        let tools = read_doc(&doc(vec![t])).unwrap();
+        assert!(tools[0].validate_arguments(&json!({"text": "lower"})).is_ok());
+        let e = tools[0].validate_arguments(&json!({"text": "Upper"})).unwrap_err();
+        assert!(e.contains("/text") && e.contains("^[a-z]+$"), "{e}");
+        assert!(tools[0].validate_output(&json!("a".repeat(64))).is_ok());
+        let long = format!("{}b", "a".repeat(1 << 16));
+        let started = std::time::Instant::now();
+        assert!(tools[0].validate_output(&json!(long)).is_err());
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "took {:?}", started.elapsed());
     }
 
     #[test]

@@ -220,6 +220,46 @@ pub enum ToolFailure {
     Cancelled,
 }
 
+impl ToolFailure {
+    /// This failure with the text the Tool wrote (its error, or what was
+    /// wrong with its output) at most `limit` bytes, the output limit: what
+    /// a call gives the model and the journal is bounded whether it succeeded
+    /// or not. Cut, not refused as [`ToolFailure::OutputTooLarge`]: an error
+    /// says what went wrong at its start, which is what the model needs to
+    /// choose its next action and an operator needs to read in the journal.
+    fn bounded(self, limit: usize) -> Self {
+        match self {
+            Self::InvalidArguments(m) => Self::InvalidArguments(cut_to(m, limit)),
+            Self::Failed(m) => Self::Failed(cut_to(m, limit)),
+            Self::Malformed(m) => Self::Malformed(cut_to(m, limit)),
+            // Host-written, and short (a trap's text is cut to 500 bytes).
+            other @ (Self::Timeout(_)
+            | Self::OutOfMemory(_)
+            | Self::Trapped(_)
+            | Self::OutputTooLarge { .. }
+            | Self::Cancelled) => other,
+        }
+    }
+}
+
+/// `text` cut at a character boundary to at most `limit` bytes, with a note
+/// of how many bytes were cut and the setting that cut them.
+fn cut_to(mut text: String, limit: usize) -> String {
+    if text.len() <= limit {
+        return text;
+    }
+    let mut end = limit;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let cut = text.len() - end;
+    text.truncate(end);
+    text.push_str(&format!(" … [{cut} bytes cut: longer than `limits.output_kib` = {} KiB]", limit >> 10));
+    // The megabytes it held go now, not with the step.
+    text.shrink_to_fit();
+    text
+}
+
 /// Content the model reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Content {
@@ -760,7 +800,8 @@ impl Executor {
             Ok(Err(wit_types::ToolError::InvalidArguments(m))) => Err(ToolFailure::InvalidArguments(m)),
             Ok(Err(wit_types::ToolError::Failed(m))) => Err(ToolFailure::Failed(m)),
             Err(e) => Err(classify(&e, limits, &kept.stderr)),
-        };
+        }
+        .map_err(|failure| failure.bounded((limits.output_kib as usize) << 10));
         Ok(Execution {
             result,
             captured: Captured {
@@ -1343,4 +1384,30 @@ fn truncate(s: &str, max: usize) -> String {
         end -= 1;
     }
     format!("{}…", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The text a failure carries from the Tool is cut to the output limit at
+    /// a character boundary, with a note; what the host wrote is left alone.
+    #[test]
+    fn a_failures_text_is_cut_to_the_output_limit() {
+        let long = format!("x{}", "é".repeat(3000));
+        let makers: [fn(String) -> ToolFailure; 3] =
+            [ToolFailure::InvalidArguments, ToolFailure::Failed, ToolFailure::Malformed];
+        for make in makers {
+            let (ToolFailure::InvalidArguments(m) | ToolFailure::Failed(m) | ToolFailure::Malformed(m)) =
+                make(long.clone()).bounded(4096)
+            else {
+                panic!("the variant changed")
+            };
+            assert_eq!(&m[..4095], &long[..4095]);
+            assert_eq!(&m[4095..], " … [1906 bytes cut: longer than `limits.output_kib` = 4 KiB]");
+            assert_eq!(make(long.clone()).bounded(long.len()), make(long.clone()), "at the limit: whole");
+        }
+        let host = ToolFailure::Trapped("y".repeat(500));
+        assert_eq!(host.clone().bounded(8), host);
+    }
 }
