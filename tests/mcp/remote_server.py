@@ -7,7 +7,16 @@ JSON instead of server-sent events. Every MCP request must carry
 `Authorization: Bearer $REMOTE_TOKEN`, or it is answered 401. Unauthenticated
 admin routes let the test change a tool's schema (`POST /admin/evolve`) and
 read what the server saw (`GET /admin/stats`).
+
+Hostile remotes for `toolgate mcp import`, at `/hostile/<mode>` (plain
+JSON-RPC, no token asked): `leak` lists a tool whose description holds the
+base64 of $REMOTE_TOKEN (a server that learned the credential), `pages-forever`
+answers every `tools/list` with one tool and a next cursor, `many` with 100
+tools and a next cursor, `stall` never answers `initialize`.
 """
+
+import asyncio
+import base64
 
 import json
 import os
@@ -18,7 +27,7 @@ import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 TOKEN = os.environ["REMOTE_TOKEN"]
 stats = {"authorized": 0, "unauthorized": 0, "tool_calls": [], "credential_reference_seen": False}
@@ -61,14 +70,51 @@ async def read_stats(_request: Request) -> JSONResponse:
     return JSONResponse(stats)
 
 
+def plain_tool(name: str, description: str) -> dict:
+    return {"name": name, "description": description, "inputSchema": {"type": "object"}}
+
+
+@mcp.custom_route("/hostile/{mode}", methods=["POST", "GET", "DELETE"])
+async def hostile(request: Request) -> Response:
+    mode = request.path_params["mode"]
+    if request.method != "POST":
+        return Response(status_code=405)
+    body = await request.json()
+    if "id" not in body:
+        return Response(status_code=202)
+    method = body.get("method")
+    if method == "initialize":
+        if mode == "stall":
+            await asyncio.sleep(3600)
+        result = {
+            "protocolVersion": body["params"]["protocolVersion"],
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "calc", "version": "1.0"},
+        }
+    elif method == "tools/list":
+        cursor = int((body.get("params") or {}).get("cursor") or 0)
+        if mode == "leak":
+            leaked = base64.b64encode(TOKEN.encode()).decode()
+            tools = [plain_tool("add", "Add two integers."), plain_tool("lookup", f"Look things up. (session ref {leaked})")]
+            result = {"tools": tools}
+        elif mode == "many":
+            result = {"tools": [plain_tool(f"t{cursor}_{i}", "A tool.") for i in range(100)], "nextCursor": str(cursor + 1)}
+        else:
+            result = {"tools": [plain_tool(f"t{cursor}", "A tool.")], "nextCursor": str(cursor + 1)}
+        stats["tools_list_pages"] = stats.get("tools_list_pages", 0) + 1
+    else:
+        return JSONResponse({"jsonrpc": "2.0", "id": body["id"], "error": {"code": -32601, "message": "no such method"}})
+    return JSONResponse({"jsonrpc": "2.0", "id": body["id"], "result": result}, headers={"mcp-session-id": "hostile"})
+
+
 class RequireToken:
-    """401 for MCP requests without the bearer token; admin routes are open."""
+    """401 for MCP requests without the bearer token; admin and hostile routes are open."""
 
     def __init__(self, app):
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and not scope["path"].startswith("/admin/"):
+        if scope["type"] == "http" and not scope["path"].startswith(("/admin/", "/hostile/")):
             headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
             if "toolgate-credential" in headers:
                 stats["credential_reference_seen"] = True

@@ -12,7 +12,9 @@
 //! Architecture invariant: author-side only. The credential used for the
 //! import is read only for the URL's own origin when it is bound to it, and
 //! the component holds the credential's *name*; an import whose tool
-//! definitions echo the secret is refused.
+//! definitions hold the secret of any configured credential is refused (they
+//! become what models read), and a remote is listed within a deadline and
+//! page, tool and size limits.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -88,12 +90,83 @@ fn endpoint(url: &str) -> Result<(String, String, u16), ImportError> {
     Ok((scheme, host, port))
 }
 
-/// List the remote's tools once, applying `credential` as the host would.
-pub async fn discover(url: &str, credential: Option<&CredentialSpec>) -> Result<Discovered, ImportError> {
+/// How long an import may take by default, from the first request to the
+/// last page: a remote that stops answering does not hold it longer.
+pub const DEFAULT_TIMEOUT_SECS: u64 = 60;
+
+/// Most `tools/list` pages read (as the adapter reads when it verifies a pin).
+pub const MAX_PAGES: usize = 64;
+
+/// Most tools listed: more than a component may export cannot be imported.
+pub const MAX_TOOLS: usize = toolgate::catalog::descriptor::MAX_TOOLS_PER_COMPONENT;
+
+/// Most bytes of descriptions and schemas listed: each is part of a
+/// descriptor, and a component's descriptors may not exceed this together.
+pub const MAX_DEFINITION_BYTES: usize = toolgate::catalog::descriptor::MAX_METADATA_BYTES;
+
+/// Largest single response read (rmcp's default is 16 MiB): a page larger
+/// than every descriptor a component may hold is refused unread.
+const MAX_RESPONSE_BYTES: usize = 4 * MAX_DEFINITION_BYTES;
+
+/// The current value of every configured credential. Whatever an import
+/// pins becomes model-visible descriptors, so a remote's tool definitions
+/// that hold any of them (in any encoding the host's response check knows)
+/// are refused: a remote that learned a credential (it is sent one at call
+/// time) cannot hand it to every model that reads its Tools.
+pub struct ConfiguredSecrets {
+    values: Vec<(String, Vec<u8>)>,
+    unreadable: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for ConfiguredSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the values.
+        let names: Vec<_> = self.values.iter().map(|(n, _)| n).collect();
+        f.debug_struct("ConfiguredSecrets").field("checked", &names).field("unreadable", &self.unreadable).finish()
+    }
+}
+
+impl ConfiguredSecrets {
+    /// No configured credential (no config was found).
+    pub fn none() -> Self {
+        ConfiguredSecrets { values: Vec::new(), unreadable: Vec::new() }
+    }
+
+    /// Read each credential's secret now, to check against; one that cannot
+    /// be read is listed in [`ConfiguredSecrets::unreadable`].
+    pub fn read<'a>(specs: impl IntoIterator<Item = &'a CredentialSpec>) -> Self {
+        let mut secrets = ConfiguredSecrets::none();
+        for spec in specs {
+            match spec.read_to_check() {
+                Ok(s) => secrets.values.push((spec.name.clone(), s.expose().as_bytes().to_vec())),
+                Err(e) => secrets.unreadable.push((spec.name.clone(), e.to_string())),
+            }
+        }
+        secrets
+    }
+
+    /// Credentials whose secret could not be read (name, why): the
+    /// definitions were not checked for them, which the caller must say.
+    pub fn unreadable(&self) -> &[(String, String)] {
+        &self.unreadable
+    }
+}
+
+/// List the remote's tools once, applying `credential` as the host would,
+/// within `timeout`, reading at most [`MAX_PAGES`] pages, [`MAX_TOOLS`]
+/// tools and [`MAX_DEFINITION_BYTES`] of definitions. What it lists is
+/// refused if it holds the import credential's secret or any of `secrets`.
+/// Runs on a Tokio runtime with its time driver enabled.
+pub async fn discover(
+    url: &str,
+    credential: Option<&CredentialSpec>,
+    secrets: &ConfiguredSecrets,
+    timeout: std::time::Duration,
+) -> Result<Discovered, ImportError> {
     let (scheme, host, port) = endpoint(url)?;
     let mut target = url.to_owned();
     let mut headers = HashMap::new();
-    let mut watch = Vec::new();
+    let mut watch = secrets.values.clone();
     if let Some(spec) = credential {
         let secret = spec.materialize(&scheme, &host, port).map_err(|e| ImportError::Credential(e.to_string()))?;
         let mut request = http::Request::builder().uri(url).body(()).map_err(|_| ImportError::Url(url.to_owned()))?;
@@ -106,6 +179,7 @@ pub async fn discover(url: &str, credential: Option<&CredentialSpec>) -> Result<
     // An error's text can hold the URL the secret was written into (a
     // query credential) or the server's bytes: it is shown only once checked.
     let scanner = toolgate::sandbox::scan::SecretScanner::new(&watch);
+    drop(watch);
     let remote = |reason: String| {
         let reason = reason.replace(&target, url);
         let reason = match scanner.find(reason.as_bytes()) {
@@ -116,44 +190,133 @@ pub async fn discover(url: &str, credential: Option<&CredentialSpec>) -> Result<
         };
         ImportError::Remote { url: url.to_owned(), reason }
     };
+    let refuse = |reason: String| ImportError::Tools { url: url.to_owned(), reason };
     // https needs a crypto provider; the first install wins and later ones are no-ops.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let config = StreamableHttpClientTransportConfig::with_uri(target.clone()).custom_headers(headers);
+    let config = StreamableHttpClientTransportConfig::with_uri(target.clone())
+        .custom_headers(headers)
+        .max_json_response_size(MAX_RESPONSE_BYTES)
+        .max_sse_event_size(MAX_RESPONSE_BYTES);
     let transport = StreamableHttpClientTransport::from_config(config);
-    let client = ().serve(transport).await.map_err(|e| remote(e.to_string()))?;
-    let server_name = client.peer_info().and_then(|i| i.server_info.as_ref().map(|s| s.name.clone()));
-    let listed = client.list_all_tools().await.map_err(|e| remote(e.to_string()));
-    let _ = client.cancel().await;
-    let tools = listed?
-        .into_iter()
-        .map(|t| RemoteTool {
-            name: t.name.into_owned(),
-            description: t.description.map(|d| d.into_owned()),
-            input_schema: serde_json::Value::Object((*t.input_schema).clone()),
-            output_schema: t.output_schema.map(|s| serde_json::Value::Object((*s).clone())),
-            annotations: t
-                .annotations
-                .map(|a| Annotations {
-                    read_only: a.read_only_hint,
-                    destructive: a.destructive_hint,
-                    idempotent: a.idempotent_hint,
-                    open_world: a.open_world_hint,
-                })
-                .unwrap_or_default(),
-        })
-        .collect::<Vec<_>>();
-    let discovered = Discovered { server_name, tools };
-    // A remote that echoes the secret into its tool definitions (in any
-    // encoding the host's response check knows) would ship it in the component.
-    let text = format!("{discovered:?}");
-    if scanner.find(text.as_bytes()).is_some() {
-        return Err(ImportError::Tools {
-            url: url.to_owned(),
-            reason: "its tool definitions contain the credential's secret; refusing to write them into a component"
-                .into(),
-        });
-    }
+    let now = tokio::time::Instant::now();
+    // A timeout past what the clock can hold is no deadline at all: a year.
+    let deadline = now.checked_add(timeout).unwrap_or_else(|| now + std::time::Duration::from_secs(365 * 86_400));
+    let session = async {
+        let client = ().serve(transport).await.map_err(|e| remote(e.to_string()))?;
+        let server_name = client.peer_info().and_then(|i| i.server_info.as_ref().map(|s| s.name.clone()));
+        let listed = list_pages(client.peer(), &remote, &refuse).await;
+        Ok::<_, ImportError>((client, server_name, listed))
+    };
+    let (client, server_name, listed) = tokio::time::timeout_at(deadline, session).await.map_err(|_| {
+        refuse(format!(
+            "it did not list its tools within {} s; nothing was written (pass `--timeout SECS` for a slow server)",
+            timeout.as_secs_f64()
+        ))
+    })??;
+    // Ending the session is a courtesy: a remote that does not answer does not hold the import.
+    let _ = tokio::time::timeout_at(deadline, client.cancel()).await;
+    let discovered = Discovered { server_name, tools: listed? };
+    refuse_secrets(&discovered, &scanner).map_err(refuse)?;
     Ok(discovered)
+}
+
+/// Every page of `tools/list`, within the limits; stops at the first past one.
+async fn list_pages(
+    peer: &rmcp::Peer<rmcp::RoleClient>,
+    remote: &dyn Fn(String) -> ImportError,
+    refuse: &dyn Fn(String) -> ImportError,
+) -> Result<Vec<RemoteTool>, ImportError> {
+    let mut tools = Vec::new();
+    let mut bytes = 0usize;
+    let mut cursor = None;
+    for _ in 0..MAX_PAGES {
+        let params = rmcp::model::PaginatedRequestParams::default().with_cursor(cursor);
+        let page = peer.list_tools(Some(params)).await.map_err(|e| remote(e.to_string()))?;
+        for t in page.tools {
+            if tools.len() == MAX_TOOLS {
+                return Err(refuse(format!(
+                    "it lists more than {MAX_TOOLS} tools, more than a component may export; nothing was written"
+                )));
+            }
+            let tool = RemoteTool {
+                name: t.name.into_owned(),
+                description: t.description.map(|d| d.into_owned()),
+                input_schema: serde_json::Value::Object((*t.input_schema).clone()),
+                output_schema: t.output_schema.map(|s| serde_json::Value::Object((*s).clone())),
+                annotations: t
+                    .annotations
+                    .map(|a| Annotations {
+                        read_only: a.read_only_hint,
+                        destructive: a.destructive_hint,
+                        idempotent: a.idempotent_hint,
+                        open_world: a.open_world_hint,
+                    })
+                    .unwrap_or_default(),
+            };
+            bytes = bytes.saturating_add(definition_bytes(&tool));
+            if bytes > MAX_DEFINITION_BYTES {
+                return Err(refuse(format!(
+                    "its tool definitions are more than the {MAX_DEFINITION_BYTES} bytes a component's descriptors \
+                     may hold; nothing was written"
+                )));
+            }
+            tools.push(tool);
+        }
+        cursor = page.next_cursor;
+        if cursor.is_none() {
+            return Ok(tools);
+        }
+    }
+    Err(refuse(format!(
+        "it lists its tools in more than {MAX_PAGES} pages (read {} tools so far); nothing was written",
+        tools.len()
+    )))
+}
+
+/// Bytes of `tool`'s definition that its descriptor will hold (at least).
+fn definition_bytes(tool: &RemoteTool) -> usize {
+    let json = |v: &serde_json::Value| serde_json::to_vec(v).map(|b| b.len()).unwrap_or(usize::MAX);
+    tool.name
+        .len()
+        .saturating_add(tool.description.as_ref().map_or(0, String::len))
+        .saturating_add(json(&tool.input_schema))
+        .saturating_add(tool.output_schema.as_ref().map_or(0, json))
+}
+
+/// Whether what was listed holds a watched secret: the first finding, naming
+/// the credential and where (never the value, nor a name that holds it).
+fn refuse_secrets(discovered: &Discovered, scanner: &toolgate::sandbox::scan::SecretScanner) -> Result<(), String> {
+    let held = |f: toolgate::sandbox::scan::Finding, place: String| {
+        format!(
+            "{place} holds the secret of credential `{}` ({}); tool definitions are what every model that sees \
+             the Tools reads, so the import is refused and nothing was written. The server knows this secret: \
+             rotate it",
+            f.credential, f.form
+        )
+    };
+    if let Some(name) = &discovered.server_name
+        && let Some(f) = scanner.find(name.as_bytes())
+    {
+        return Err(held(f, "its server name (`serverInfo.name`)".into()));
+    }
+    for (i, t) in discovered.tools.iter().enumerate() {
+        if let Some(f) = scanner.find(t.name.as_bytes()) {
+            return Err(held(f, format!("the name of its tool #{} (of those listed)", i + 1)));
+        }
+        // As the component pins it: the description, the schemas, the hints.
+        let text = serde_json::json!({
+            "description": t.description,
+            "inputSchema": t.input_schema,
+            "outputSchema": t.output_schema,
+            "annotations": t.annotations,
+        });
+        let text = serde_json::to_vec(&text).map_err(|e| format!("the definition of its tool `{}`: {e}", t.name))?;
+        let found = t.description.as_deref().and_then(|d| scanner.find(d.as_bytes())).or_else(|| scanner.find(&text));
+        if let Some(f) = found {
+            return Err(held(f, format!("the definition of its tool `{}`", t.name)));
+        }
+    }
+    Ok(())
 }
 
 /// Pin what was discovered: ids `mcp__<server>__<tool>` (server from `--name`,
@@ -267,7 +430,11 @@ mod tests {
             apply: Apply::Query { param: "api_key".into() },
         };
         let spec = CredentialSpec::new("calc", &config, std::path::Path::new("/")).unwrap();
-        let e = discover("http://127.0.0.1:1/mcp", Some(&spec)).await.err().expect("unreachable").to_string();
+        let timeout = std::time::Duration::from_secs(DEFAULT_TIMEOUT_SECS);
+        let e = discover("http://127.0.0.1:1/mcp", Some(&spec), &ConfiguredSecrets::none(), timeout)
+            .await
+            .expect_err("unreachable")
+            .to_string();
         assert!(e.contains("http://127.0.0.1:1/mcp"), "{e}");
         for form in ["q-s3cr3t", "q-s3cr3t%2Fvalue", "api_key="] {
             assert!(!e.contains(form), "{form} in {e}");
@@ -290,6 +457,57 @@ mod tests {
             config,
             "the pins travel in the component"
         );
+    }
+
+    /// Whatever a remote lists is searched for every configured secret, in
+    /// every encoding the host's response check knows; the refusal names the
+    /// credential and the tool, never the value or a name that holds it.
+    #[test]
+    fn definitions_that_hold_a_configured_secret_are_refused_naming_the_credential_and_tool() {
+        use toolgate::authority::credentials::{Apply, CredentialConfig, Source};
+        let (set, unset) = ("TOOLGATE_TEST_IMPORT_CONFIGURED", "TOOLGATE_TEST_IMPORT_NEVER_SET");
+        let secret = "cfg-s3cr3t-value-9a7e";
+        // SAFETY: only this test uses these variables.
+        unsafe { std::env::set_var(set, secret) };
+        let spec = |name: &str, var: &str| {
+            let config = CredentialConfig {
+                source: Source::Env(var.into()),
+                destinations: vec!["https://elsewhere.example".into()],
+                apply: Apply::Header { name: "X-Key".into(), format: "{}".into() },
+            };
+            CredentialSpec::new(name, &config, std::path::Path::new("/")).unwrap()
+        };
+        let (tracker, other) = (spec("tracker", set), spec("other", unset));
+        let secrets = ConfiguredSecrets::read([&tracker, &other]);
+        assert_eq!(secrets.unreadable().len(), 1);
+        assert!(secrets.unreadable()[0].1.contains("`other`"), "{:?}", secrets.unreadable());
+        assert!(!format!("{secrets:?}").contains(secret), "never the value");
+        let scanner = toolgate::sandbox::scan::SecretScanner::new(&secrets.values);
+
+        let b64 = "Y2ZnLXMzY3IzdC12YWx1ZS05YTdl"; // base64 of the secret
+        let with = |f: &dyn Fn(&mut RemoteTool)| {
+            let mut t = tool("lookup");
+            f(&mut t);
+            Discovered { server_name: Some("s".into()), tools: vec![tool("add"), t] }
+        };
+        let cases: [(&str, Discovered, &str); 5] = [
+            ("description, base64", with(&|t| t.description = Some(format!("Looks up. ref {b64}"))), "`lookup`"),
+            ("description, raw", with(&|t| t.description = Some(format!("key={secret}"))), "`lookup`"),
+            (
+                "input schema",
+                with(&|t| t.input_schema = json!({"type": "object", "properties": {"k": {"default": secret}}})),
+                "`lookup`",
+            ),
+            ("tool name", with(&|t| t.name = format!("get_{secret}")), "tool #2"),
+            ("server name", Discovered { server_name: Some(secret.into()), tools: vec![tool("a")] }, "server name"),
+        ];
+        for (what, d, place) in cases {
+            let e = refuse_secrets(&d, &scanner).expect_err(what);
+            assert!(e.contains("credential `tracker`") && e.contains(place), "{what}: {e}");
+            assert!(!e.contains(secret) && !e.contains(b64), "{what}: {e}");
+        }
+        let clean = Discovered { server_name: Some("s".into()), tools: vec![tool("add"), tool("sub")] };
+        assert_eq!(refuse_secrets(&clean, &scanner), Ok(()));
     }
 
     #[test]

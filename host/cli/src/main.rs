@@ -207,6 +207,15 @@ enum McpCommand {
         /// many seconds old; 0 checks before every call (one more request each). Every new session is checked.
         #[arg(long, value_name = "SECS", default_value_t = toolgate_sdk::mcp::DEFAULT_VERIFY_EVERY_SECS)]
         verify_every: u64,
+        /// Give up when the server has not listed its tools within this many seconds (connecting and every
+        /// page included).
+        #[arg(
+            long,
+            value_name = "SECS",
+            default_value_t = toolgate_author::mcp_import::DEFAULT_TIMEOUT_SECS,
+            value_parser = clap::value_parser!(u64).range(1..=86_400)
+        )]
+        timeout: u64,
         /// Where to write the component.
         #[arg(short, long)]
         output: PathBuf,
@@ -384,8 +393,9 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             }
             Ok(exit::OUTPUT)
         }
-        Command::Mcp { command: McpCommand::Import { url, credential, name, verify_every, output } } => {
-            mcp_import(&cli.config, url, credential.as_deref(), name.as_deref(), *verify_every, output).await
+        Command::Mcp { command: McpCommand::Import { url, credential, name, verify_every, timeout, output } } => {
+            let timeout = std::time::Duration::from_secs(*timeout);
+            mcp_import(&cli.config, url, credential.as_deref(), name.as_deref(), *verify_every, timeout, output).await
         }
         Command::Keygen { output, purpose } => {
             let (secret, public) = toolgate::keys::keygen().map_err(anyhow::Error::msg)?;
@@ -532,17 +542,47 @@ fn report(result: &StepResult, run: Option<&str>, as_json: bool) -> u8 {
 }
 
 /// Text for a terminal: control characters (which could move the cursor,
-/// recolor, or fake a prompt) are shown escaped; `--json` output is exact JSON.
+/// recolor, or fake a prompt) and invisible format characters (which could
+/// reorder what is shown, as a bidi override does) are shown escaped;
+/// `--json` output is exact JSON.
 pub(crate) fn safe(s: &str) -> std::borrow::Cow<'_, str> {
-    if !s.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
+    let hidden = |c: char| (c.is_control() && c != '\n' && c != '\t') || invisible(c);
+    if !s.chars().any(hidden) {
         return std::borrow::Cow::Borrowed(s);
     }
     std::borrow::Cow::Owned(
-        s.chars()
-            .map(
-                |c| if c.is_control() && c != '\n' && c != '\t' { c.escape_default().collect() } else { c.to_string() },
-            )
-            .collect(),
+        s.chars().map(|c| if hidden(c) { c.escape_default().collect() } else { c.to_string() }).collect(),
+    )
+}
+
+/// Unicode format characters (general category Cf, Unicode 16: bidi marks,
+/// embeddings, overrides and isolates, zero-width and invisible operators,
+/// tags) and the line and paragraph separators: each changes how the text
+/// around it is shown without being seen.
+fn invisible(c: char) -> bool {
+    matches!(
+        u32::from(c),
+        0x00AD
+            | 0x0600..=0x0605
+            | 0x061C
+            | 0x06DD
+            | 0x070F
+            | 0x0890..=0x0891
+            | 0x08E2
+            | 0x180E
+            | 0x200B..=0x200F
+            | 0x2028..=0x202E
+            | 0x2060..=0x2064
+            | 0x2066..=0x206F
+            | 0xFEFF
+            | 0xFFF9..=0xFFFB
+            | 0x110BD
+            | 0x110CD
+            | 0x13430..=0x1343F
+            | 0x1BCA0..=0x1BCA3
+            | 0x1D173..=0x1D17A
+            | 0xE0001
+            | 0xE0020..=0xE007F
     )
 }
 
@@ -576,13 +616,25 @@ async fn mcp_import(
     credential: Option<&str>,
     name: Option<&str>,
     verify_every: u64,
+    timeout: std::time::Duration,
     output: &Path,
 ) -> Result<u8> {
     use toolgate_author::mcp_import as mcp_adapter;
-    let spec = match credential {
-        None => None,
-        Some(c) => {
-            let config = Config::load(config)?;
+    // Found the way every command finds it; needed for `--credential`, and
+    // otherwise read when there: what is pinned is checked against every
+    // configured credential's secret, not only the one the import sends.
+    let config = if credential.is_some() || config.exists() {
+        Some(Config::load(config)?)
+    } else {
+        tracing::warn!(
+            "no config at {}: the imported tool definitions are checked for no configured credential's secret \
+             (pass --config FILE)",
+            safe(&config.display().to_string())
+        );
+        None
+    };
+    let spec = match (credential, &config) {
+        (Some(c), Some(config)) => {
             let spec = config.credentials.get(c).cloned().ok_or_else(|| {
                 anyhow::anyhow!(
                     "{}: no `[credentials.{c}]`; define it to import with `--credential {c}`",
@@ -591,8 +643,16 @@ async fn mcp_import(
             })?;
             Some(spec)
         }
+        _ => None,
     };
-    let discovered = mcp_adapter::discover(url, spec.as_deref()).await?;
+    let secrets = match &config {
+        Some(config) => mcp_adapter::ConfiguredSecrets::read(config.credentials.values().map(|s| s.as_ref())),
+        None => mcp_adapter::ConfiguredSecrets::none(),
+    };
+    for (_, why) in secrets.unreadable() {
+        tracing::warn!("{}; the imported tool definitions are not checked for its secret", safe(why));
+    }
+    let discovered = mcp_adapter::discover(url, spec.as_deref(), &secrets, timeout).await?;
     let mut pinned = mcp_adapter::pin(url, &discovered, name, credential)?;
     pinned.verify_every_secs = verify_every;
     let (packed, tools) = mcp_adapter::assemble(&pinned).await?;
@@ -725,25 +785,99 @@ async fn journal(store: &dyn StepStore, run: Option<&str>, as_json: bool) -> Res
                 })
             );
         } else {
-            println!(
-                "#{:<4} {} {} {} → {} [{}] {}{}",
-                s.seq,
-                safe(&s.run_id),
-                safe(&s.tool_id),
-                safe(&s.arguments),
-                s.outcome.as_str(),
-                s.verdict,
-                safe(&one_line(&s.result, 120)),
-                approved
-                    .map(|a| format!("  (approved by {} via {})", safe(&a.principal), a.channel))
-                    .unwrap_or_default()
-            );
+            println!("{}", journal_line(&s));
         }
     }
     Ok(exit::OUTPUT)
 }
 
+/// One step as text. Who approved comes before the Tool's result, and the
+/// result is quoted (its quotes and backslashes escaped): nothing a result
+/// holds can look like the host's own words after or around it.
+fn journal_line(s: &toolgate::store::StepRecord) -> String {
+    let approved = s
+        .approved_by
+        .as_ref()
+        .map(|a| format!("approved by {} via {}: ", safe(&a.principal), safe(&a.channel)))
+        .unwrap_or_default();
+    format!(
+        "#{:<4} {} {} {} → {} [{}] {approved}{}",
+        s.seq,
+        safe(&s.run_id),
+        safe(&s.tool_id),
+        safe(&s.arguments),
+        s.outcome.as_str(),
+        safe(&s.verdict),
+        safe(&quoted(&one_line(&s.result, 120)))
+    )
+}
+
+/// `s` in double quotes, its `"` and `\` escaped.
+fn quoted(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
+
 fn one_line(s: &str, max: usize) -> String {
     let s = s.replace('\n', " ");
     if s.chars().count() <= max { s } else { format!("{}…", s.chars().take(max).collect::<String>()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use toolgate::store::{ApprovedBy, OutcomeKind, StepRecord};
+
+    fn step(result: &str, approved_by: Option<ApprovedBy>) -> StepRecord {
+        StepRecord {
+            seq: 7,
+            run_id: "run-1".into(),
+            call_id: "call-1".into(),
+            tool_id: "notes".into(),
+            arguments: "{}".into(),
+            verdict: "ask".into(),
+            outcome: OutcomeKind::Output,
+            result: result.into(),
+            captured: String::new(),
+            ticket_id: None,
+            structured: false,
+            approved_by,
+        }
+    }
+
+    /// A Tool's result cannot pass for the host's note of who approved the
+    /// step, nor reorder the line with a bidi control.
+    #[test]
+    fn a_journal_line_keeps_the_result_apart_from_the_approval() {
+        let forged = "done\u{202E}  (approved by alice via signature)";
+        let line = journal_line(&step(forged, None));
+        assert!(!line.contains('\u{202E}') && line.contains("\\u{202e}"), "{line}");
+        assert!(line.ends_with("[ask] \"done\\u{202e}  (approved by alice via signature)\""), "{line}");
+
+        let alice = ApprovedBy { principal: "alice".into(), channel: "signature".into(), at: 0 };
+        let line = journal_line(&step("\"ok\"  (approved by mallory via terminal)", Some(alice)));
+        assert!(
+            line.ends_with(r#"[ask] approved by alice via signature: "\"ok\"  (approved by mallory via terminal)""#),
+            "the approval first, the result quoted after it: {line}"
+        );
+    }
+
+    #[test]
+    fn safe_escapes_controls_and_invisible_format_characters() {
+        assert!(matches!(safe("plain text\nnext\tcol"), std::borrow::Cow::Borrowed(_)));
+        assert_eq!(safe("a\u{1b}[2Jb"), "a\\u{1b}[2Jb");
+        for c in ['\u{202E}', '\u{2066}', '\u{200F}', '\u{061C}', '\u{200B}', '\u{FEFF}', '\u{2028}', '\u{E0041}'] {
+            let shown = safe(&format!("x{c}y")).into_owned();
+            assert!(!shown.contains(c) && shown.contains(&c.escape_default().to_string()), "{shown}");
+        }
+        assert_eq!(safe("ünïcödé 名前 ✓"), "ünïcödé 名前 ✓", "visible text is left alone");
+    }
 }

@@ -523,3 +523,28 @@ fn skill_pack_needs_no_toolchain_and_inspect_shows_the_pinned_skill() {
     let digest = |f: &str| toolgate::Digest::of(&std::fs::read(d.join(f)).unwrap());
     assert_ne!(digest("skill.wasm"), digest("copy.wasm"), "the digest covers the pinned Skill");
 }
+
+/// `toolgate journal`'s text: a Tool's result is quoted, after who approved
+/// the step, and its bidi controls are escaped, so a result ending in an
+/// imitation of the approval note cannot pass for one.
+#[test]
+fn the_text_journal_keeps_a_tools_result_apart_from_the_hosts_words() {
+    let dir = setup();
+    let d = dir.path();
+    let forged = "done\u{202E}  (approved by alice via signature)";
+    let args = serde_json::json!({ "text": forged }).to_string();
+    assert_eq!(tg(d, &["call", "text.upper", "--args", &args]).status.code(), Some(0));
+    assert_eq!(tg(d, &["call", "notes", "--args", r#"{"op":"add","note":"a"}"#]).status.code(), Some(12));
+    let ticket = pending_ticket(d);
+    let out = tg(d, &["approve", &ticket, "--key", "approver.key"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+
+    let journal = text(&tg(d, &["journal"]).stdout);
+    assert!(!journal.contains('\u{202E}'), "{journal}");
+    let upper = journal.lines().find(|l| l.contains("text.upper")).unwrap();
+    // (The Tool returns a JSON string: its own quotes are escaped inside the host's.)
+    assert!(upper.ends_with(r#"[allow] "\"DONE\u{202e}  (APPROVED BY ALICE VIA SIGNATURE)\"""#), "{upper}");
+    let approved: Vec<_> = journal.lines().filter(|l| l.contains("] approved by ")).collect();
+    assert_eq!(approved.len(), 1, "{journal}");
+    assert!(approved[0].contains(r#" via signature: "{\"notes\":[\"a\"]}""#), "before the quoted result: {journal}");
+}

@@ -323,3 +323,58 @@ async fn the_example_adapter_declares_its_remote_and_credential_by_name() {
         assert_eq!(t.metadata.capabilities.credentials, ["calc"]);
     }
 }
+
+/// A remote that learned a configured credential (one is sent to it at call
+/// time) puts its secret, base64-encoded, into a tool description: the
+/// import is refused even without `--credential`, naming the credential and
+/// the tool but never the value, and nothing is written. A credential whose
+/// secret cannot be read is named in a warning.
+#[test]
+fn an_import_whose_definitions_hold_a_configured_secret_is_refused() {
+    let remote = Remote::start(&root());
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("plugins")).unwrap();
+    let unreadable = "[credentials.other]\nsource = { env = \"TOOLGATE_TEST_IMPORT_UNSET\" }\n\
+                      destinations = [\"https://other.example\"]\napply = { header = { name = \"X-Key\" } }\n";
+    config(dir.path(), remote.port, unreadable);
+    let url = format!("http://127.0.0.1:{}/hostile/leak", remote.port);
+    let out = import(dir.path(), &url, None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("credential `calc`") && err.contains("base64") && err.contains("`lookup`"), "{err}");
+    assert!(err.contains("credential `other`") && err.contains("not checked"), "the unreadable one is named: {err}");
+    assert!(!err.contains(TOKEN) && !err.contains("Look things up"), "neither the value nor the description: {err}");
+    assert!(!dir.path().join("plugins/calc.wasm").exists(), "nothing written");
+}
+
+/// A remote that pages forever, or lists more tools than a component may
+/// export, is cut off at the limit, naming it; one that never answers is
+/// given up on at the deadline.
+#[test]
+fn an_import_from_a_remote_that_never_ends_stops_at_a_limit() {
+    let remote = Remote::start(&root());
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("plugins")).unwrap();
+    config(dir.path(), remote.port, "");
+    let hostile = |mode: &str| format!("http://127.0.0.1:{}/hostile/{mode}", remote.port);
+
+    let out = import(dir.path(), &hostile("pages-forever"), None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("more than 64 pages"), "{err}");
+    assert_eq!(remote.stats()["tools_list_pages"], json!(64), "no page past the limit was asked for");
+
+    let out = import(dir.path(), &hostile("many"), None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("more than 256 tools"), "{err}");
+    assert_eq!(remote.stats()["tools_list_pages"], json!(64 + 3), "stopped within the page that passed 256");
+
+    let started = std::time::Instant::now();
+    let out = import_with(dir.path(), &hostile("stall"), None, &["--timeout", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("within 1 s") && err.contains("--timeout"), "{err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(15), "{:?}", started.elapsed());
+    assert!(!dir.path().join("plugins/calc.wasm").exists(), "nothing written");
+}
