@@ -862,15 +862,7 @@ impl Executor {
         if size > limit {
             return Err(ToolFailure::OutputTooLarge { size, limit });
         }
-        let content = match out.content {
-            wit_types::Content::Json(s) => {
-                let v = serde_json::from_str(&s)
-                    .map_err(|e| ToolFailure::Malformed(format!("content is not JSON: {e}")))?;
-                tool.validate_output(&v).map_err(ToolFailure::Malformed)?;
-                Content::Json(v)
-            }
-            wit_types::Content::Text(t) => Content::Text(t),
-        };
+        let content = checked_content(out.content, tool)?;
         let commands = out
             .commands
             .into_iter()
@@ -1318,6 +1310,25 @@ fn write_cache(path: &Path, component: &Component) {
     }
 }
 
+/// A Tool's content, checked against its declared output schema: JSON as
+/// it is, text as a JSON string — a Tool (or a remote behind an adapter)
+/// cannot skip its contract by answering in text.
+fn checked_content(content: wit_types::Content, tool: &CheckedTool) -> Result<Content, ToolFailure> {
+    let (value, json) = match content {
+        wit_types::Content::Json(s) => {
+            let v =
+                serde_json::from_str(&s).map_err(|e| ToolFailure::Malformed(format!("content is not JSON: {e}")))?;
+            (v, true)
+        }
+        wit_types::Content::Text(t) => (serde_json::Value::String(t), false),
+    };
+    tool.validate_output(&value).map_err(ToolFailure::Malformed)?;
+    Ok(match value {
+        serde_json::Value::String(t) if !json => Content::Text(t),
+        v => Content::Json(v),
+    })
+}
+
 /// Why a component did not compile, in the operator's terms: a memory it
 /// declares larger than the limit names both sizes and the setting.
 fn compile_failure(e: &wasmtime::Error, memory_mib: u64) -> String {
@@ -1389,6 +1400,39 @@ fn truncate(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A declared output schema holds whatever kind of content the Tool
+    /// answers with: text is checked as a JSON string.
+    #[test]
+    fn text_content_is_held_to_the_declared_output_schema() {
+        let tool = |output_schema: serde_json::Value| {
+            let doc = serde_json::json!({
+                "format": toolgate_sdk::metadata::METADATA_FORMAT,
+                "wit": format!("{}@{}", toolgate_sdk::metadata::WIT_PACKAGE, toolgate_sdk::metadata::WIT_VERSION),
+                "sdk": "0.1.0",
+                "tools": [{"descriptor": {
+                    "id": "remote.add", "description": "Add.",
+                    "input_schema": {"type": "object"}, "output_schema": output_schema,
+                }}],
+            });
+            let tools = crate::catalog::descriptor::check_document(serde_json::from_value(doc).unwrap()).unwrap();
+            tools[0].clone()
+        };
+        let object = tool(serde_json::json!({"type": "object", "required": ["sum"]}));
+        let text = || wit_types::Content::Text("{\"sum\": 3}".into());
+        let refused = checked_content(text(), &object);
+        assert!(
+            matches!(&refused, Err(ToolFailure::Malformed(m)) if m.contains("declared output schema")),
+            "{refused:?}"
+        );
+        let json = wit_types::Content::Json(r#"{"sum":3}"#.into());
+        assert!(matches!(checked_content(json, &object), Ok(Content::Json(_))));
+        let string = tool(serde_json::json!({"type": "string", "maxLength": 5}));
+        assert!(
+            matches!(checked_content(wit_types::Content::Text("short".into()), &string), Ok(Content::Text(t)) if t == "short")
+        );
+        assert!(checked_content(wit_types::Content::Text("too long".into()), &string).is_err());
+    }
 
     /// The text a failure carries from the Tool is cut to the output limit at
     /// a character boundary, with a note; what the host wrote is left alone.
