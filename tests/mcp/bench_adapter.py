@@ -130,7 +130,7 @@ visible = ["mcp__*"]
 default = "allow"
 ''')
             imported = await asyncio.to_thread(
-                subprocess.run, [binary, "mcp", "import", url, "--credential", "calc", "-o", "plugins/calc.wasm"],
+                subprocess.run, [binary, "mcp", "import", url, "--name", "calc", "--credential", "calc", "-o", "plugins/calc.wasm"],
                 cwd=d, env=env, capture_output=True, text=True)
             assert imported.returncode == 0, imported.stderr
             http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)

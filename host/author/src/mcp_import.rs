@@ -319,8 +319,11 @@ fn refuse_secrets(discovered: &Discovered, scanner: &toolgate::sandbox::scan::Se
     Ok(())
 }
 
-/// Pin what was discovered: ids `mcp__<server>__<tool>` (server from `--name`,
-/// else `serverInfo.name`), unique, each descriptor checked as a host will.
+/// Pin what was discovered: ids `mcp__<name>__<tool>`, unique, each
+/// descriptor checked as a host will. The name is the operator's (`--name`),
+/// never the server's own `serverInfo.name`: the ids decide which of the
+/// config's grants, rules and visibility patterns apply, and a server calling
+/// itself `github` would otherwise land under the rules written for another.
 pub fn pin(
     url: &str,
     discovered: &Discovered,
@@ -329,9 +332,16 @@ pub fn pin(
 ) -> Result<AdapterConfig, ImportError> {
     let bad = |reason: String| ImportError::Tools { url: url.to_owned(), reason };
     let server = match (name, &discovered.server_name) {
-        (Some(n), _) => sanitize(n),
-        (None, Some(n)) if !n.trim().is_empty() => sanitize(n),
-        _ => return Err(bad("it sent no server name; pass `--name NAME` for the Tool ids".into())),
+        (Some(n), _) if !n.trim().is_empty() => sanitize(n),
+        (_, Some(n)) if !n.trim().is_empty() => {
+            // The server's name is quoted for the operator, escaped and cut short: it is the server's text.
+            let shown: String = n.chars().take(64).collect();
+            return Err(bad(format!(
+                "pass `--name NAME`: its Tools are `mcp__NAME__<tool>`, and the config's grants and rules for \
+                 those ids apply to them, so the name is yours to choose, not the server's (it calls itself {shown:?})"
+            )));
+        }
+        _ => return Err(bad("pass `--name NAME` for the Tool ids (`mcp__NAME__<tool>`)".into())),
     };
     if discovered.tools.is_empty() {
         return Err(bad("it offers no tools".into()));
@@ -390,9 +400,12 @@ mod tests {
     }
 
     #[test]
-    fn pins_ids_from_the_server_name() {
+    fn pins_ids_from_the_operators_name_never_the_servers() {
+        let d = Discovered { server_name: Some("github".into()), tools: vec![tool("add")] };
+        let e = pin("http://h/mcp", &d, None, None).unwrap_err().to_string();
+        assert!(e.contains("--name") && e.contains("\"github\""), "{e}");
         let d = Discovered { server_name: Some("Calc Server".into()), tools: vec![tool("add"), tool("sub")] };
-        let c = pin("http://127.0.0.1:1/mcp", &d, None, Some("calc")).unwrap();
+        let c = pin("http://127.0.0.1:1/mcp", &d, Some("Calc Server"), Some("calc")).unwrap();
         assert_eq!(c.server, "Calc_Server");
         let ids: Vec<_> = c.tools.iter().map(|t| t.id.as_str()).collect();
         assert_eq!(ids, ["mcp__Calc_Server__add", "mcp__Calc_Server__sub"]);
@@ -406,14 +419,14 @@ mod tests {
         let no_name = Discovered { server_name: None, tools: vec![tool("a")] };
         assert!(pin(url, &no_name, None, None).unwrap_err().to_string().contains("--name"));
         let empty = Discovered { server_name: Some("s".into()), tools: vec![] };
-        assert!(pin(url, &empty, None, None).unwrap_err().to_string().contains("no tools"));
+        assert!(pin(url, &empty, Some("s"), None).unwrap_err().to_string().contains("no tools"));
         let clash = Discovered { server_name: Some("s".into()), tools: vec![tool("a/b"), tool("a:b")] };
-        let e = pin(url, &clash, None, None).unwrap_err().to_string();
+        let e = pin(url, &clash, Some("s"), None).unwrap_err().to_string();
         assert!(e.contains("`a/b`") && e.contains("`a:b`") && e.contains("mcp__s__a_b"), "{e}");
         let mut bad_schema = tool("x");
         bad_schema.input_schema = json!({"type": "string"});
         let d = Discovered { server_name: Some("s".into()), tools: vec![bad_schema] };
-        let e = pin(url, &d, None, None).unwrap_err().to_string();
+        let e = pin(url, &d, Some("s"), None).unwrap_err().to_string();
         assert!(e.contains("mcp__s__x") && e.contains(url), "{e}");
     }
 

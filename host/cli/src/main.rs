@@ -192,7 +192,7 @@ enum SkillCommand {
 #[derive(Subcommand)]
 enum McpCommand {
     /// Ask the MCP server at URL (streamable HTTP) for its tools once and write a component that pins them
-    /// (ids `mcp__<server>__<tool>`); calls go through the host's outbound boundary and are refused if the
+    /// (ids `mcp__<NAME>__<tool>`); calls go through the host's outbound boundary and are refused if the
     /// remote definition changes. Writes data into the adapter shipped in toolgate: no toolchain needed.
     Import {
         /// The server's MCP endpoint, e.g. `https://mcp.example.com/mcp`.
@@ -200,9 +200,10 @@ enum McpCommand {
         /// Credential (a `[credentials.NAME]` of the config) the host applies to every request.
         #[arg(long)]
         credential: Option<String>,
-        /// Server name for the Tool ids (default: the server's `serverInfo.name`).
+        /// Name for the Tool ids `mcp__<NAME>__<tool>`: yours, since grants and rules match those ids (the
+        /// server's own `serverInfo.name` is never taken for it).
         #[arg(long)]
-        name: Option<String>,
+        name: String,
         /// Within one remote session, compare the remote tool with the pin again once the last check is this
         /// many seconds old; 0 checks before every call (one more request each). Every new session is checked.
         #[arg(long, value_name = "SECS", default_value_t = toolgate_sdk::mcp::DEFAULT_VERIFY_EVERY_SECS)]
@@ -395,7 +396,8 @@ async fn dispatch(cli: Cli) -> Result<u8> {
         }
         Command::Mcp { command: McpCommand::Import { url, credential, name, verify_every, timeout, output } } => {
             let timeout = std::time::Duration::from_secs(*timeout);
-            mcp_import(&cli.config, url, credential.as_deref(), name.as_deref(), *verify_every, timeout, output).await
+            mcp_import(&cli.config, url, credential.as_deref(), Some(name.as_str()), *verify_every, timeout, output)
+                .await
         }
         Command::Keygen { output, purpose } => {
             let (secret, public) = toolgate::keys::keygen().map_err(anyhow::Error::msg)?;

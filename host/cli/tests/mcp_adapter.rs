@@ -109,7 +109,10 @@ fn import_with(dir: &Path, url: &str, credential: Option<&str>, args: &[&str]) -
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_toolgate"));
     // No Rust toolchain: the import only writes data into the shipped adapter.
     toolgate_tests::without_toolchain(&mut cmd);
-    cmd.current_dir(dir).args(["mcp", "import", url, "-o", "plugins/calc.wasm"]).args(args).env(TOKEN_VAR, TOKEN);
+    cmd.current_dir(dir)
+        .args(["mcp", "import", url, "--name", "calc", "-o", "plugins/calc.wasm"])
+        .args(args)
+        .env(TOKEN_VAR, TOKEN);
     if let Some(c) = credential {
         cmd.args(["--credential", c]);
     }
