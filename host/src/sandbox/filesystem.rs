@@ -321,50 +321,38 @@ pub(super) fn add_to_linker<S: FilesystemCall>(linker: &mut Linker<S>) -> wasmti
     types.func_wrap(
         "[method]descriptor.read-via-stream",
         |mut store, (fd, offset): (Resource<fs::Descriptor>, u64)| {
-            let (mut view, held) = store.data_mut().filesystem_and_held();
-            if !held.admit_stream(view.table) {
-                return Ok((Err(PAST_A_LIMIT),));
-            }
-            match HostDescriptor::read_via_stream(&mut view, fd, offset) {
-                Ok(stream) => {
-                    held.hold_stream(stream.rep());
-                    Ok((Ok(stream),))
-                }
-                Err(e) => Ok((Err(code(e)?),)),
-            }
+            stream(&mut store, |view| HostDescriptor::read_via_stream(view, fd, offset))
         },
     )?;
     types.func_wrap(
         "[method]descriptor.write-via-stream",
         |mut store, (fd, offset): (Resource<fs::Descriptor>, u64)| {
-            let (mut view, held) = store.data_mut().filesystem_and_held();
-            if !held.admit_stream(view.table) {
-                return Ok((Err(PAST_A_LIMIT),));
-            }
-            match HostDescriptor::write_via_stream(&mut view, fd, offset) {
-                Ok(stream) => {
-                    held.hold_stream(stream.rep());
-                    Ok((Ok(stream),))
-                }
-                Err(e) => Ok((Err(code(e)?),)),
-            }
+            stream(&mut store, |view| HostDescriptor::write_via_stream(view, fd, offset))
         },
     )?;
     types.func_wrap("[method]descriptor.append-via-stream", |mut store, (fd,): (Resource<fs::Descriptor>,)| {
-        let (mut view, held) = store.data_mut().filesystem_and_held();
-        if !held.admit_stream(view.table) {
-            return Ok((Err(PAST_A_LIMIT),));
-        }
-        match HostDescriptor::append_via_stream(&mut view, fd) {
-            Ok(stream) => {
-                held.hold_stream(stream.rep());
-                Ok((Ok(stream),))
-            }
-            Err(e) => Ok((Err(code(e)?),)),
-        }
+        stream(&mut store, |view| HostDescriptor::append_via_stream(view, fd))
     })?;
     linker.allow_shadowing(false);
     Ok(())
+}
+
+/// One of wasmtime-wasi's file streams, made by `open` if the call may hold one more.
+fn stream<S: FilesystemCall, T: 'static>(
+    store: &mut wasmtime::StoreContextMut<'_, S>,
+    open: impl FnOnce(&mut WasiFilesystemCtxView<'_>) -> Result<Resource<T>, FsError>,
+) -> wasmtime::Result<(Result<Resource<T>, ErrorCode>,)> {
+    let (mut view, held) = store.data_mut().filesystem_and_held();
+    if !held.admit_stream(view.table) {
+        return Ok((Err(PAST_A_LIMIT),));
+    }
+    match open(&mut view) {
+        Ok(stream) => {
+            held.hold_stream(stream.rep());
+            Ok((Ok(stream),))
+        }
+        Err(e) => Ok((Err(code(e)?),)),
+    }
 }
 
 /// Warn when the calls allowed at once could, each holding its
