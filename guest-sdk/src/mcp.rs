@@ -78,12 +78,14 @@ pub struct Cached {
     pub verified_at: Option<u64>,
 }
 
-/// Identifies `tool` of `config` for [`Cached::pin`] (FNV-1a over the URL and
+/// Identifies `tool` of `config` for [`Cached::pin`] (FNV-1a over the URL, the credential name and
 /// the pinned definition; not a secret, only a change detector).
 pub fn fingerprint(config: &AdapterConfig, tool: &PinnedTool) -> String {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     let definition = serde_json::to_string(tool).unwrap_or_default();
-    for byte in config.url.bytes().chain([0]).chain(definition.bytes()) {
+    // The credential too: a session opened with one credential is not resumed under another.
+    let credential = config.credential.as_deref().unwrap_or_default();
+    for byte in config.url.bytes().chain([0]).chain(credential.bytes()).chain([0]).chain(definition.bytes()) {
         hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
     }
     format!("{hash:016x}")
@@ -672,6 +674,8 @@ mod tests {
         assert_ne!(fingerprint(&a, &a.tools[0]), fingerprint(&cfg("http://127.0.0.1:10/mcp"), &pinned()));
         let widened = PinnedTool { input_schema: json!({"type": "object"}), ..pinned() };
         assert_ne!(fingerprint(&a, &a.tools[0]), fingerprint(&a, &widened), "a re-import that changed the pin");
+        let other_credential = AdapterConfig { credential: Some("other".into()), ..a.clone() };
+        assert_ne!(fingerprint(&a, &a.tools[0]), fingerprint(&other_credential, &pinned()), "another credential");
         // An import without the field (before it existed) gets the default.
         let old = r#"{"url": "http://h/mcp", "server": "s", "tools": []}"#;
         assert_eq!(serde_json::from_str::<AdapterConfig>(old).unwrap().verify_every_secs, DEFAULT_VERIFY_EVERY_SECS);
