@@ -557,34 +557,15 @@ pub(crate) fn safe(s: &str) -> std::borrow::Cow<'_, str> {
     )
 }
 
-/// Unicode format characters (general category Cf, Unicode 16: bidi marks,
-/// embeddings, overrides and isolates, zero-width and invisible operators,
-/// tags) and the line and paragraph separators: each changes how the text
-/// around it is shown without being seen.
+/// Unicode format characters (general category Cf: bidi marks, embeddings,
+/// overrides and isolates, zero-width and invisible operators, tags) and the
+/// line and paragraph separators: each changes how the text around it is
+/// shown without being seen.
 fn invisible(c: char) -> bool {
+    use unicode_general_category::{GeneralCategory, get_general_category};
     matches!(
-        u32::from(c),
-        0x00AD
-            | 0x0600..=0x0605
-            | 0x061C
-            | 0x06DD
-            | 0x070F
-            | 0x0890..=0x0891
-            | 0x08E2
-            | 0x180E
-            | 0x200B..=0x200F
-            | 0x2028..=0x202E
-            | 0x2060..=0x2064
-            | 0x2066..=0x206F
-            | 0xFEFF
-            | 0xFFF9..=0xFFFB
-            | 0x110BD
-            | 0x110CD
-            | 0x13430..=0x1343F
-            | 0x1BCA0..=0x1BCA3
-            | 0x1D173..=0x1D17A
-            | 0xE0001
-            | 0xE0020..=0xE007F
+        get_general_category(c),
+        GeneralCategory::Format | GeneralCategory::LineSeparator | GeneralCategory::ParagraphSeparator
     )
 }
 
