@@ -248,10 +248,7 @@ fn cut_to(mut text: String, limit: usize) -> String {
     if text.len() <= limit {
         return text;
     }
-    let mut end = limit;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
+    let end = text.floor_char_boundary(limit);
     let cut = text.len() - end;
     text.truncate(end);
     text.push_str(&format!(" … [{cut} bytes cut: longer than `limits.output_kib` = {} KiB]", limit >> 10));
@@ -1390,11 +1387,7 @@ fn truncate(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_owned();
     }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
+    format!("{}…", &s[..s.floor_char_boundary(max)])
 }
 
 #[cfg(test)]
