@@ -160,6 +160,8 @@ pub fn call_digest(r: &AwaitingRecord) -> Digest {
         r.argument_digest.as_str(),
         &r.component_digest.hex(),
         &r.expires_at.to_string(),
+        // The authority the call asked under is part of what is approved.
+        r.restriction.as_deref().unwrap_or(""),
     ];
     // Length-prefixed, so no two different calls share a digest by moving a separator.
     let mut buf = Vec::new();
@@ -230,6 +232,7 @@ mod tests {
             expires_at: 100,
             requested_at: 1,
             state: "pending".into(),
+            restriction: None,
         }
     }
 

@@ -466,14 +466,29 @@ impl Runtime {
         let call = stored_call(&r);
         let step = Step::new(&r.run_id, &r.agent, &call);
         let by = Some(&approved_by);
+        // The approval was checked against the record read above; what runs
+        // is the record the claim read. Anything that changed in between (a
+        // journal writer rewrote the call) is not what was approved.
+        if approval::call_digest(&r) != approval::call_digest(&record) {
+            let reason = format!(
+                "request `{}`: the call changed while it was being approved; nothing ran, make the call again",
+                r.call_id
+            );
+            step.resolve(self, ticket, Ending::blocked(Verdict::None, &reason), by, in_conversation).await?;
+            return Err(TicketError::Changed(ticket_id.to_owned()).into());
+        }
         if let Decision::Deny { reason } = &decision {
             let reason = format!("a human denied `{}`: {reason}", call.tool_id);
             let seq = step.resolve(self, ticket, Ending::blocked(Verdict::Deny, &reason), by, in_conversation).await?;
             return Ok(StepResult::Blocked { seq, reason });
         }
-        // The gate decides again on the run's view now: its narrowing,
-        // restriction and the Skills activated since.
-        let snapshot = self.run_view(self.snapshot.clone(), &r.run_id).await?;
+        // The gate decides again on the run's view now (its narrowing,
+        // restriction and the Skills activated since), held to the
+        // restrictions the call asked under.
+        let mut snapshot = self.run_view(self.snapshot.clone(), &r.run_id).await?;
+        for restriction in asked_under(&r) {
+            snapshot = snapshot.restricted(restriction);
+        }
         let candidate = match snapshot.candidate(&call.tool_id, &|d| self.executor.unhealthy(d)) {
             Ok(c) => c,
             Err(removal) => {
@@ -676,7 +691,7 @@ impl Run<'_> {
                     }
                 }
                 self.asked.store(true, Ordering::Relaxed);
-                let awaiting = awaiting_record(rt, &self.id, snapshot.agent(), &call, &candidate, &correlation_id);
+                let awaiting = awaiting_record(rt, &self.id, snapshot, &call, &candidate, &correlation_id);
                 let text = awaiting_text(&correlation_id);
                 let ending = Ending { outcome: OutcomeKind::Awaiting, ..Ending::blocked(verdict_kind, &text) };
                 let seq = step.commit(rt, ending, Some(&awaiting)).await?;
@@ -704,7 +719,7 @@ impl Run<'_> {
 fn awaiting_record(
     rt: &Runtime,
     run_id: &str,
-    agent: &str,
+    view: &ExecutableAgentSnapshot,
     call: &ToolCall,
     candidate: &Candidate,
     correlation_id: &str,
@@ -713,7 +728,7 @@ fn awaiting_record(
     AwaitingRecord {
         ticket_id: new_id(crate::store::TICKET_PREFIX.trim_end_matches('-')),
         run_id: run_id.to_owned(),
-        agent: agent.to_owned(),
+        agent: view.agent().to_owned(),
         call_id: correlation_id.to_owned(),
         tool_id: call.tool_id.clone(),
         arguments: call.arguments.to_string(),
@@ -722,6 +737,24 @@ fn awaiting_record(
         expires_at: now + rt.settings.ticket_ttl_secs as i64,
         requested_at: now,
         state: "pending".into(),
+        restriction: match view.run_restrictions() {
+            [] => None,
+            // Restrictions serialize (plain lists of strings); were it to fail,
+            // the ticket would carry the restriction that removes everything.
+            r => Some(
+                serde_json::to_string(r)
+                    .unwrap_or_else(|_| r#"[{"directories":[],"hosts":[],"credentials":[]}]"#.into()),
+            ),
+        },
+    }
+}
+
+/// The run restrictions a ticket's call asked under. Written by us from
+/// restrictions; text that cannot be read removes everything.
+fn asked_under(r: &AwaitingRecord) -> Vec<Restriction> {
+    match &r.restriction {
+        None => Vec::new(),
+        Some(text) => serde_json::from_str(text).unwrap_or_else(|_| vec![Restriction::nothing()]),
     }
 }
 

@@ -218,6 +218,12 @@ impl ExecutableAgentSnapshot {
         s
     }
 
+    /// The restrictions a run put on this view, beyond the agent's own
+    /// authority, in the order they were applied.
+    pub fn run_restrictions(&self) -> &[Restriction] {
+        self.restrictions.get(1..).unwrap_or_default()
+    }
+
     /// The same view after Skill `skill_id` activated with `allowed` (tool
     /// ids or globs). Patterns that do not compile match nothing.
     /// The Skill itself stays callable (to read its resources).

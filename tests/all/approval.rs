@@ -302,6 +302,48 @@ async fn with_approver_keys_only_a_signature_decides() {
     assert_eq!((by.principal, by.channel.as_str()), (public, "signature"));
 }
 
+/// A signed approval is checked against the ticket as the host read it; the
+/// call that runs is the one the claim read. A journal writer that rewrites
+/// the call in between (its write lock held across the check, committed
+/// while the claim waits) gets nothing run: the claimed call must be the
+/// checked one.
+#[tokio::test]
+async fn a_call_rewritten_between_check_and_claim_does_not_run() {
+    let (secret, public) = toolgate::keys::keygen().unwrap();
+    let host = text_and_notes(&format!("[approval]\nkeys = [\"{public}\"]\n"));
+    let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+    let (ticket, _) = ask_in(&run, "approved").await;
+    let record = host.runtime.store().awaiting(&ticket).await.unwrap().unwrap();
+    let key = toolgate::keys::SecretKey::parse(&secret).unwrap();
+    let signed = toolgate::approval::sign(&key, &record, &toolgate::approval::Decision::Approve);
+
+    let tampered = json!({"op": "add", "note": "tampered"});
+    let mut db = rusqlite::Connection::open(host.journal_path()).unwrap();
+    let tx = db.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).unwrap();
+    tx.execute(
+        "UPDATE awaiting SET arguments = ?1, argument_digest = ?2 WHERE ticket_id = ?3",
+        [tampered.to_string(), toolgate::policy::gate::argument_digest(&tampered), ticket.clone()],
+    )
+    .unwrap();
+    let approval = toolgate::Approval::signed(signed);
+    let approving = host.runtime.approve(&ticket, &approval);
+    let commit_later = async {
+        // The check reads the committed row at once; the claim waits for this lock.
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        tx.commit().unwrap();
+    };
+    let (r, ()) = tokio::join!(approving, commit_later);
+    match r {
+        Err(CallError::Ticket(TicketError::Changed(t))) => assert_eq!(t, ticket),
+        // A machine slow enough to check after the commit: the signature no longer matches.
+        Err(CallError::Approval(toolgate::approval::ApprovalError::Untrusted)) => {}
+        other => panic!("the rewritten call must not run: {other:?}"),
+    }
+    assert_eq!(host.instantiations(), 0, "nothing ran");
+    let notes = host.runtime.store().tool_state("default", "notes").await.unwrap();
+    assert!(notes.values().all(|v| !v.contains("tampered")), "{notes:?}");
+}
+
 /// An embedder that sets approver keys and leaves the rest at its defaults
 /// gets the config's default too: an MCP client's answer decides nothing.
 #[tokio::test]

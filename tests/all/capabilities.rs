@@ -502,10 +502,29 @@ async fn a_restricted_run_keeps_its_restriction_when_its_ask_is_approved() {
     let read = json!({"op": "read", "target": "/data/a.txt", "credential": false});
     let approval = toolgate::Approval::by_embedder("test-approver");
     let mut results = Vec::new();
-    for restriction in
-        [Restriction { directories: Some(vec!["/scratch".into()]), ..Default::default() }, Restriction::default()]
-    {
-        let run = asker.start_restricted_run(None, configured, restriction).await.unwrap();
+    let scratch_only = || Restriction { directories: Some(vec!["/scratch".into()]), ..Default::default() };
+    // Each case: how the run began (its restriction, and whether a step was
+    // written before it was continued), then the restriction it asks under.
+    // The journal's run record keeps only the first begin: the ticket must
+    // carry what the ask was made under.
+    let cases = [
+        (None, scratch_only()),
+        (Some((Restriction::default(), true)), scratch_only()),
+        (Some((scratch_only(), false)), Restriction::default()),
+        (None, Restriction::default()),
+    ];
+    for (began, restriction) in cases {
+        let mut id = None;
+        if let Some((first, step)) = began {
+            let first = asker.start_restricted_run(None, configured, first).await.unwrap();
+            if step {
+                // Invalid arguments: a step is written, nothing asks.
+                let r = first.call("hostile.thief", json!({"op": 7})).await.unwrap();
+                assert!(matches!(r, StepResult::ToolError { .. }), "{r:?}");
+            }
+            id = Some(first.id().to_owned());
+        }
+        let run = asker.start_restricted_run(id, configured, restriction).await.unwrap();
         let StepResult::Awaiting { ticket, .. } = run.call("hostile.thief", read.clone()).await.unwrap() else {
             panic!("the asker's call awaits approval")
         };
@@ -517,5 +536,15 @@ async fn a_restricted_run_keeps_its_restriction_when_its_ask_is_approved() {
         }
     }
     assert!(results[0].starts_with("err: "), "the restricted run's approval ran without /data: {}", results[0]);
-    assert!(results[1].contains("needle"), "without the restriction the same approval reads it: {}", results[1]);
+    assert!(
+        results[1].starts_with("err: "),
+        "a run continued restricted: its approval ran without /data: {}",
+        results[1]
+    );
+    assert!(
+        results[2].starts_with("err: "),
+        "a restricted run continued: its approval ran without /data: {}",
+        results[2]
+    );
+    assert!(results[3].contains("needle"), "without the restriction the same approval reads it: {}", results[3]);
 }

@@ -123,6 +123,7 @@ fn awaiting(ticket: &str, call_id: &str, expires_at: i64) -> AwaitingRecord {
         expires_at,
         requested_at: 1,
         state: "pending".into(),
+        restriction: None,
     }
 }
 
@@ -140,6 +141,8 @@ pub async fn a_step_and_its_changes_commit_together(b: &dyn Backend) {
     let restricted =
         RunRecord { run_id: "run-r", agent: "main", narrowing: "deny-all", restriction: Some("{\"hosts\":[]}") };
     s.begin_run(&restricted).await.unwrap();
+    // Begun again (a run continued before its first step): the first begin stays.
+    s.begin_run(&RunRecord { restriction: None, narrowing: "configured", ..restricted }).await.unwrap();
     let seq = s.commit_step(&step("c1", OutcomeKind::Output), &[set("a", "1"), set("b", "2")], None).await.unwrap();
     let removal = StateChange { key: "a".into(), value: None };
     let seq2 = s.commit_step(&step("c2", OutcomeKind::Output), &[removal, set("b", "3")], None).await.unwrap();
@@ -167,7 +170,8 @@ pub async fn a_step_and_its_changes_commit_together(b: &dyn Backend) {
 pub async fn a_failed_write_rolls_back_step_and_changes(b: &dyn Backend) {
     let j = b.create().await;
     let s = j.store.as_ref();
-    let first = awaiting("t-1", "c1", i64::MAX);
+    // The restriction the call asked under is kept with its ticket.
+    let first = AwaitingRecord { restriction: Some(r#"[{"hosts":[]}]"#.into()), ..awaiting("t-1", "c1", i64::MAX) };
     s.commit_step(&step("c1", OutcomeKind::Awaiting), &[set("k", "before")], Some(&first)).await.unwrap();
     let before_steps = s.steps(None).await.unwrap();
     let before_state = s.tool_state("main", "notes.add").await.unwrap();

@@ -138,6 +138,11 @@ pub enum TicketError {
         "ticket `{0}` was settled as interrupted by another host while this one ran it (its heartbeat lapsed); this result was not recorded — check the call's effects"
     )]
     Settled(String),
+    /// The ticket's call changed between the approval's check and the claim.
+    #[error(
+        "ticket `{0}`: the call changed in the journal while it was being approved; nothing ran — check who writes the journal, then ask the agent to make the call again"
+    )]
+    Changed(String),
     /// The component changed since the ticket was issued.
     #[error(
         "ticket `{ticket}`: the component of `{tool}` changed since the call was requested (was {was}, now {now}); the approval does not carry over, make the call again"
@@ -414,6 +419,12 @@ pub struct AwaitingRecord {
     pub requested_at: i64,
     /// `pending`, `claimed` or `resolved`.
     pub state: String,
+    /// The run's restrictions in force when the call asked (a JSON array of
+    /// [`crate::config::Restriction`]; `None`: none beyond the agent's). An
+    /// approval runs the call held to them, whatever the run's record says:
+    /// a run continued under a narrower restriction is not recorded with the
+    /// run, and the approval must not widen what the ask was made under.
+    pub restriction: Option<String>,
 }
 
 /// A ticket this process claimed: the only value that lets the gate treat an

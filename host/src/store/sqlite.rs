@@ -235,8 +235,13 @@ const SCHEMA_V4: &str = r#"
 CREATE INDEX awaiting_agent_call ON awaiting(agent, tool_id, argument_digest);
 "#;
 
+/// Version 5: a ticket keeps the run restrictions its call asked under.
+const SCHEMA_V5: &str = r#"
+ALTER TABLE awaiting ADD COLUMN restriction TEXT;
+"#;
+
 /// Migrations in order: `user_version` N means the first N are applied.
-const MIGRATIONS: &[&str] = &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4];
+const MIGRATIONS: &[&str] = &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -413,7 +418,7 @@ fn write_step(
     apply_changes(tx, step.agent, step.tool_id, changes)?;
     if let Some(a) = awaiting {
         tx.prepare_cached(&format!(
-            "INSERT INTO awaiting ({AWAITING_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'pending')"
+            "INSERT INTO awaiting ({AWAITING_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'pending', ?11)"
         ))?
         .execute(params![
             a.ticket_id,
@@ -425,7 +430,8 @@ fn write_step(
             a.argument_digest,
             a.component_digest.hex(),
             a.expires_at,
-            a.requested_at
+            a.requested_at,
+            a.restriction
         ])?;
     }
     Ok(seq)
@@ -593,11 +599,12 @@ fn awaiting_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AwaitingRecord> 
         // Journals before version 3 did not record it.
         requested_at: r.get::<_, Option<i64>>(9)?.unwrap_or(0),
         state: r.get(10)?,
+        restriction: r.get(11)?,
     })
 }
 
 const AWAITING_COLS: &str = "ticket_id, run_id, agent, call_id, tool_id, arguments, argument_digest, component_digest, \
-                             expires_at, requested_at, state";
+                             expires_at, requested_at, state, restriction";
 
 const STEP_COLS: &str = "seq, run_id, call_id, tool_id, arguments, verdict, outcome, result, captured, ticket_id, \
                          structured, approved_by, approved_via, approved_at";
@@ -769,7 +776,7 @@ impl StepStore for SqliteJournal {
                     "SELECT {AWAITING_COLS}, delivered FROM awaiting
                      WHERE {column} = ?1 AND tool_id = ?2 AND argument_digest = ?3 {only} ORDER BY rowid DESC LIMIT 1"
                 ))?
-                .query_row(params![key, tool_id, argument_digest], |r| Ok((awaiting_from_row(r)?, r.get(11)?)))
+                .query_row(params![key, tool_id, argument_digest], |r| Ok((awaiting_from_row(r)?, r.get(12)?)))
                 .optional()?;
             let Some((record, delivered)) = found else { return Ok(None) };
             let resolution = if record.state == "resolved" {
@@ -872,6 +879,7 @@ mod tests {
             expires_at,
             requested_at: 1,
             state: "pending".into(),
+            restriction: None,
         }
     }
 

@@ -146,9 +146,13 @@ impl PendingRuns {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
     /// Hold `run` until its first step; gives it back when full (write it now).
+    /// A run already held keeps what it began with, as a written one does
+    /// (a continued run's begin never replaces its narrowing or restriction).
     fn hold(&self, run_id: &str, run: PendingRun) -> Option<PendingRun> {
         let mut runs = self.lock();
-        if runs.len() < MAX_PENDING_RUNS {
+        if runs.contains_key(run_id) {
+            None
+        } else if runs.len() < MAX_PENDING_RUNS {
             runs.insert(run_id.to_owned(), run);
             None
         } else {

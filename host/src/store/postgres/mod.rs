@@ -39,7 +39,11 @@ use super::{
 use crate::digest::Digest;
 
 /// Migrations in order: version N means the first N are applied.
-const MIGRATIONS: &[&str] = &[include_str!("V1__journal.sql"), include_str!("V2__ask_by_agent.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("V1__journal.sql"),
+    include_str!("V2__ask_by_agent.sql"),
+    include_str!("V3__ticket_restriction.sql"),
+];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -499,6 +503,7 @@ async fn steps_pipelined(pool: &Pool, batch: &[Job]) -> R<Vec<i64>> {
                     digest,
                     &a.expires_at,
                     &a.requested_at,
+                    &a.restriction,
                 ],
             ));
         }
@@ -523,7 +528,7 @@ async fn steps_pipelined(pool: &Pool, batch: &[Job]) -> R<Vec<i64>> {
 }
 
 fn insert_awaiting_sql() -> String {
-    format!("INSERT INTO awaiting ({AWAITING_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending')")
+    format!("INSERT INTO awaiting ({AWAITING_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending', $11)")
 }
 
 /// Apply `write` inside the caller's transaction (a savepoint).
@@ -604,6 +609,7 @@ async fn write_step(
                 &a.component_digest.hex(),
                 &a.expires_at,
                 &a.requested_at,
+                &a.restriction,
             ],
         )
         .await?;
@@ -758,7 +764,7 @@ async fn deliver(c: &Tx<'_>, ticket_id: &str, step: &OwnedStep) -> R<Option<i64>
 }
 
 const AWAITING_COLS: &str = "ticket_id, run_id, agent, call_id, tool_id, arguments, argument_digest, component_digest, \
-                             expires_at, requested_at, state";
+                             expires_at, requested_at, state, restriction";
 
 const STEP_COLS: &str = "seq, run_id, call_id, tool_id, arguments, verdict, outcome, result, captured, ticket_id, \
                          structured, approved_by, approved_via, approved_at";
@@ -778,6 +784,7 @@ fn awaiting_from_row(r: &Row) -> AwaitingRecord {
         expires_at: r.get(8),
         requested_at: r.get::<_, Option<i64>>(9).unwrap_or(0),
         state: r.get(10),
+        restriction: r.get(11),
     }
 }
 
@@ -909,7 +916,7 @@ impl StepStore for PostgresJournal {
             .await?;
         let Some(row) = rows.first() else { return Ok(None) };
         let record = awaiting_from_row(row);
-        let delivered: bool = row.get(11);
+        let delivered: bool = row.get(12);
         let resolution = if record.state == "resolved" {
             self.query(
                 &format!(
