@@ -47,7 +47,7 @@
 //! # Layers
 //!
 //! Modules import only from layers below them (no cycles):
-//! [`digest`], [`keys`] → [`authority`], [`policy`] rules, [`catalog`],
+//! [`digest`], [`display`], [`keys`] → [`authority`], [`policy`] rules, [`catalog`],
 //! [`store`] → [`approval`], [`config`] → [`snapshot`] → [`policy::gate`] →
 //! [`sandbox`] → [`runtime`] → [`host`]. Front ends (the CLI, the MCP server, the author-side steps)
 //! live in the `toolgate-cli` crate and only call this API.
@@ -59,6 +59,7 @@ pub mod authority;
 pub mod catalog;
 pub mod config;
 pub mod digest;
+pub mod display;
 pub mod files;
 pub mod host;
 pub mod keys;

@@ -20,7 +20,7 @@ use toolgate::keys::SecretKey;
 use toolgate::store::{AwaitingRecord, TicketError};
 use toolgate::{Approval, Config, Runtime, StepResult};
 
-use crate::safe;
+use crate::field;
 
 /// Whether this process talks to a human on an interactive terminal.
 fn on_terminal() -> bool {
@@ -52,11 +52,11 @@ fn when(unix: i64) -> String {
 
 /// The exact call, as an approver must see it before deciding.
 fn show(r: &AwaitingRecord) {
-    eprintln!("request {} asks to run:", safe(&r.call_id));
-    eprintln!("  tool       {}", safe(&r.tool_id));
-    eprintln!("  arguments  {}", safe(&r.arguments));
+    eprintln!("request {} asks to run:", field(&r.call_id));
+    eprintln!("  tool       {}", field(&r.tool_id));
+    eprintln!("  arguments  {}", field(&r.arguments));
     eprintln!("  component  {}", r.component_digest);
-    eprintln!("  asked by   agent `{}` in run {}", safe(&r.agent), safe(&r.run_id));
+    eprintln!("  asked by   agent `{}` in run {}", field(&r.agent), field(&r.run_id));
     eprintln!("  asked at   {}; expires at {}", when(r.requested_at), when(r.expires_at));
 }
 
@@ -139,11 +139,11 @@ pub async fn list_pending(config: &Config, runtime: &Runtime, key: Option<&Path>
         } else {
             println!(
                 "{}  {} {}  (agent {}, run {}){}",
-                safe(&a.call_id),
-                safe(&a.tool_id),
-                safe(&a.arguments),
-                safe(&a.agent),
-                safe(&a.run_id),
+                field(&a.call_id),
+                field(&a.tool_id),
+                field(&a.arguments),
+                field(&a.agent),
+                field(&a.run_id),
                 ticket.map(|t| format!("  ticket {t}")).unwrap_or_default()
             );
         }

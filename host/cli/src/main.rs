@@ -543,30 +543,20 @@ fn report(result: &StepResult, run: Option<&str>, as_json: bool) -> u8 {
     code
 }
 
-/// Text for a terminal: control characters (which could move the cursor,
-/// recolor, or fake a prompt) and invisible format characters (which could
-/// reorder what is shown, as a bidi override does) are shown escaped;
-/// `--json` output is exact JSON.
+/// Text for a terminal, over several lines (an error, a Tool's output):
+/// every character that would act on the terminal or not be seen — controls,
+/// bidi and other format characters, separators — shown escaped, by the one
+/// rule in [`toolgate::display`]; `\n` and `\t` stay. `--json` output is
+/// exact JSON.
 pub(crate) fn safe(s: &str) -> std::borrow::Cow<'_, str> {
-    let hidden = |c: char| (c.is_control() && c != '\n' && c != '\t') || invisible(c);
-    if !s.chars().any(hidden) {
-        return std::borrow::Cow::Borrowed(s);
-    }
-    std::borrow::Cow::Owned(
-        s.chars().map(|c| if hidden(c) { c.escape_default().collect() } else { c.to_string() }).collect(),
-    )
+    toolgate::display::escape_unseen(s, toolgate::display::Lines::Keep)
 }
 
-/// Unicode format characters (general category Cf: bidi marks, embeddings,
-/// overrides and isolates, zero-width and invisible operators, tags) and the
-/// line and paragraph separators: each changes how the text around it is
-/// shown without being seen.
-fn invisible(c: char) -> bool {
-    use unicode_general_category::{GeneralCategory, get_general_category};
-    matches!(
-        get_general_category(c),
-        GeneralCategory::Format | GeneralCategory::LineSeparator | GeneralCategory::ParagraphSeparator
-    )
+/// One field of a line an approver reads (`journal`, `approve`,
+/// `journal --awaiting`): [`safe`], and line breaks and tabs escaped too, so
+/// the field cannot start a line that reads as the host's.
+pub(crate) fn field(s: &str) -> std::borrow::Cow<'_, str> {
+    toolgate::display::escape_unseen(s, toolgate::display::Lines::Escape)
 }
 
 /// Write a file readable by its owner only (secret keys).
@@ -781,37 +771,18 @@ fn journal_line(s: &toolgate::store::StepRecord) -> String {
     let approved = s
         .approved_by
         .as_ref()
-        .map(|a| format!("approved by {} via {}: ", safe(&a.principal), safe(&a.channel)))
+        .map(|a| format!("approved by {} via {}: ", field(&a.principal), field(&a.channel)))
         .unwrap_or_default();
     format!(
         "#{:<4} {} {} {} → {} [{}] {approved}{}",
         s.seq,
-        safe(&s.run_id),
-        safe(&s.tool_id),
-        safe(&s.arguments),
+        field(&s.run_id),
+        field(&s.tool_id),
+        field(&s.arguments),
         s.outcome.as_str(),
-        safe(&s.verdict),
-        safe(&quoted(&one_line(&s.result, 120)))
+        field(&s.verdict),
+        toolgate::display::quoted(&s.result, 120)
     )
-}
-
-/// `s` in double quotes, its `"` and `\` escaped.
-fn quoted(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        if c == '"' || c == '\\' {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out.push('"');
-    out
-}
-
-fn one_line(s: &str, max: usize) -> String {
-    let s = s.replace('\n', " ");
-    if s.chars().count() <= max { s } else { format!("{}…", s.chars().take(max).collect::<String>()) }
 }
 
 #[cfg(test)]
@@ -853,14 +824,12 @@ mod tests {
         );
     }
 
+    /// What `safe` and `field` keep and escape is the library's one rule
+    /// (`toolgate::display`, tested there); here only the split between them.
     #[test]
-    fn safe_escapes_controls_and_invisible_format_characters() {
+    fn safe_keeps_lines_and_field_keeps_one() {
         assert!(matches!(safe("plain text\nnext\tcol"), std::borrow::Cow::Borrowed(_)));
-        assert_eq!(safe("a\u{1b}[2Jb"), "a\\u{1b}[2Jb");
-        for c in ['\u{202E}', '\u{2066}', '\u{200F}', '\u{061C}', '\u{200B}', '\u{FEFF}', '\u{2028}', '\u{E0041}'] {
-            let shown = safe(&format!("x{c}y")).into_owned();
-            assert!(!shown.contains(c) && shown.contains(&c.escape_default().to_string()), "{shown}");
-        }
-        assert_eq!(safe("ünïcödé 名前 ✓"), "ünïcödé 名前 ✓", "visible text is left alone");
+        assert_eq!(safe("a\u{1b}[2Jb\u{202E}"), "a\\u{1b}[2Jb\\u{202e}");
+        assert_eq!(field("a\nb\u{2028}c"), "a\\nb\\u{2028}c");
     }
 }

@@ -548,3 +548,32 @@ fn the_text_journal_keeps_a_tools_result_apart_from_the_hosts_words() {
     assert_eq!(approved.len(), 1, "{journal}");
     assert!(approved[0].contains(r#" via signature: "{\"notes\":[\"a\"]}""#), "before the quoted result: {journal}");
 }
+
+/// What an approver reads of a call — `journal --awaiting`, `approve`,
+/// `journal` — goes through the library's one display rule: characters
+/// that render as nothing (a Hangul filler, a variation selector), bidi
+/// overrides and separators are shown escaped, never passed through.
+#[test]
+fn the_approvers_views_show_every_unseen_character_of_the_arguments_escaped() {
+    let dir = setup();
+    let d = dir.path();
+    let hidden = ['\u{3164}', '\u{FE0F}', '\u{202E}', '\u{2028}', '\u{85}'];
+    let note: String = format!("report{}{}{}fdp.exe{}{}x", hidden[0], hidden[1], hidden[2], hidden[3], hidden[4]);
+    let args = serde_json::json!({ "op": "add", "note": note }).to_string();
+    assert_eq!(tg(d, &["call", "notes", "--args", &args]).status.code(), Some(12));
+    let listed = tg(d, &["journal", "--awaiting", "--key", "approver.key"]);
+    let ticket = pending_ticket(d);
+    let approved = tg(d, &["approve", &ticket, "--key", "approver.key"]);
+    assert_eq!(approved.status.code(), Some(0), "{}", text(&approved.stderr));
+    let journal = tg(d, &["journal"]);
+    for (what, shown) in [
+        ("journal --awaiting", text(&listed.stdout)),
+        ("approve", text(&approved.stderr)),
+        ("journal", text(&journal.stdout)),
+    ] {
+        for c in hidden {
+            assert!(!shown.contains(c), "{what} passes {c:?} through: {shown:?}");
+            assert!(shown.contains(&c.escape_default().to_string()), "{what} shows {c:?} escaped: {shown}");
+        }
+    }
+}

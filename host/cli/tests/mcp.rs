@@ -95,3 +95,319 @@ rules = [
     println!("{stdout}");
     assert!(stdout.contains("passed") && !stdout.contains("failed"), "{stdout}");
 }
+
+// ---- What the approver sees in the client's UI, and who the journal says approved.
+
+/// Arguments built to disguise themselves in an approval dialog: a bidi
+/// override that shows `out/\u{202E}fdp.exe` as `out/exe.pdf`, and line
+/// separators that push model text onto lines of their own, where it would
+/// read as the host's.
+const DISGUISED: &str = "out/\u{202E}fdp.exe\u{2028}\u{2028}(verified read-only by toolgate)";
+
+/// A client naming itself after an approver key.
+const IMPOSTOR: &str = "ed25519:AAAA via signature\u{202E}";
+
+/// A directory for `toolgate serve`: `notes(op = "add")` asks; no approver
+/// keys, so the client's UI decides; two HTTP tokens (the second for `default`).
+fn serve_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    std::fs::write(plugins.join("notes.wasm"), packed(guests::NOTES)).unwrap();
+    std::fs::write(
+        dir.path().join("toolgate.toml"),
+        r#"
+plugins = "plugins"
+store = "journal.db"
+cache = "cache"
+[serve]
+auth = [
+  { agent = "reader", token = { env = "TOOLGATE_READER_TOKEN" } },
+  { agent = "default", token = { env = "TOOLGATE_TEST_TOKEN" } },
+]
+[agents.reader]
+visible = []
+[agents.default]
+visible = ["notes"]
+default = "deny"
+rules = [
+  { pattern = 'notes(op = "list")', behavior = "allow" },
+  { pattern = 'notes(op = "add")', behavior = "ask" },
+]
+"#,
+    )
+    .unwrap();
+    dir
+}
+
+const TEST_TOKEN: &str = "tg-test-token-0123456789abcdef";
+const READER_TOKEN: &str = "tg-reader-token-0123456789abcdef";
+
+fn serve_command(dir: &std::path::Path, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_toolgate"));
+    cmd.current_dir(dir)
+        .args(["--config", "toolgate.toml", "serve"])
+        .args(extra)
+        .env("TOOLGATE_TEST_TOKEN", TEST_TOKEN)
+        .env("TOOLGATE_READER_TOKEN", READER_TOKEN);
+    cmd
+}
+
+/// The approvals in the journal: (principal, channel) of each approved step.
+fn approvals(dir: &std::path::Path) -> Vec<(String, String)> {
+    let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .current_dir(dir)
+        .args(["--config", "toolgate.toml", "--json", "journal"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|v| {
+            let a = v.get("approved_by")?.as_object()?.clone();
+            Some((a["principal"].as_str()?.to_owned(), a["channel"].as_str()?.to_owned()))
+        })
+        .collect()
+}
+
+/// What an approval dialog must show of `arguments` (the JSON text the
+/// server received): every hidden character escaped, the arguments on one
+/// line of their own, their byte length named — so no part of them can pass
+/// for the host's words, and a client that cuts the text cannot hide that.
+fn assert_undisguised(message: &str, arguments: &serde_json::Value) {
+    for c in ['\u{202E}', '\u{2028}', '\u{2029}', '\u{85}', '\u{200B}', '\u{FEFF}', '\u{2066}'] {
+        assert!(!message.contains(c), "{c:?} reaches the dialog: {message:?}");
+    }
+    assert!(message.contains("\\u{202e}") && message.contains("\\u{2028}"), "escaped, not dropped: {message}");
+    let lines: Vec<&str> = message.split(['\n', '\r']).collect();
+    let with_model_text: Vec<&&str> = lines.iter().filter(|l| l.contains("verified read-only")).collect();
+    assert_eq!(with_model_text.len(), 1, "the arguments stay on one line: {message:?}");
+    assert!(with_model_text[0].starts_with('{') && with_model_text[0].ends_with('}'), "{message:?}");
+    assert!(with_model_text[0].contains("\"op\":\"add\""), "the whole arguments on that line: {message:?}");
+    let bytes = arguments.to_string().len();
+    assert!(message.contains(&format!("{bytes} bytes")), "the byte length ({bytes}) is named: {message}");
+    assert!(message.contains("`notes`"), "{message}");
+}
+
+/// `toolgate serve` over stdio, line by line; lines arrive through a
+/// channel so a silent server fails the test instead of hanging it.
+struct Stdio {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Stdio {
+    fn start(dir: &std::path::Path) -> Stdio {
+        use std::io::BufRead as _;
+        let mut child = serve_command(dir, &[])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Stdio { child, stdin, lines }
+    }
+
+    fn send(&mut self, message: serde_json::Value) {
+        use std::io::Write as _;
+        let stdin = self.stdin.as_mut().unwrap();
+        writeln!(stdin, "{message}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    fn receive(&self) -> serde_json::Value {
+        let line = self.lines.recv_timeout(std::time::Duration::from_secs(60)).expect("the server answers");
+        serde_json::from_str(&line).unwrap()
+    }
+
+    fn finish(mut self) {
+        drop(self.stdin.take());
+        assert!(self.child.wait().unwrap().success());
+    }
+}
+
+impl Drop for Stdio {
+    fn drop(&mut self) {
+        if self.stdin.is_some() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// An ask reaches the human through `elicitation/create` (2025-06-18 over
+/// stdio): the dialog shows the arguments undisguised, and the journal
+/// records the connection (stdio) as who approved — the name the client
+/// gave itself only as an unverified note, escaped.
+#[test]
+fn the_approval_dialog_shows_disguised_arguments_escaped_and_the_journal_records_the_connection() {
+    let dir = serve_dir();
+    let mut s = Stdio::start(dir.path());
+    s.send(serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {"elicitation": {}},
+        "clientInfo": {"name": IMPOSTOR, "version": "1"}}}));
+    assert!(s.receive()["result"]["protocolVersion"].is_string());
+    s.send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let arguments = serde_json::json!({"op": "add", "note": DISGUISED});
+    s.send(serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "notes", "arguments": arguments}}));
+    let ask = loop {
+        let m = s.receive();
+        assert_ne!(m["id"], 2, "the call was asked about first: {m}");
+        if m["method"] == "elicitation/create" {
+            break m;
+        }
+    };
+    let message = ask["params"]["message"].as_str().unwrap();
+    assert_undisguised(message, &arguments);
+    s.send(serde_json::json!({"jsonrpc": "2.0", "id": ask["id"],
+        "result": {"action": "accept", "content": {"confirm": true}}}));
+    let done = loop {
+        let m = s.receive();
+        if m["id"] == 2 {
+            break m;
+        }
+    };
+    assert_eq!(done["result"]["isError"], false, "{done}");
+    s.finish();
+
+    let approvals = approvals(dir.path());
+    assert_eq!(approvals.len(), 1, "{approvals:?}");
+    let (principal, channel) = &approvals[0];
+    assert_eq!(channel, "mcp-elicitation");
+    assert!(principal.starts_with("stdio "), "the connection, not the client's name: {principal}");
+    assert!(principal.contains(r#"client says "ed25519:AAAA via signature\u{202e}", unverified"#), "{principal}");
+    assert!(!principal.contains('\u{202E}'), "{principal:?}");
+}
+
+/// A minimal HTTP/1.1 POST (one request per connection); returns the
+/// status and the JSON-RPC message of the body (plain JSON or the last SSE
+/// `data:` event).
+fn post(port: u16, token: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    use std::io::{Read as _, Write as _};
+    let body = body.to_string();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\n\
+         Mcp-Method: tools/call\r\nMcp-Name: notes\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = raw.split_once("\r\n\r\n").unwrap();
+    let status: u16 = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
+    let mut text = String::new();
+    if chunked {
+        let mut rest = rest;
+        while let Some((size, after)) = rest.split_once("\r\n") {
+            let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            if size == 0 {
+                break;
+            }
+            text.push_str(&after[..size]);
+            rest = &after[size..].trim_start_matches("\r\n");
+        }
+    } else {
+        text = rest.to_owned();
+    }
+    let json = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(str::trim)
+        .filter(|d| d.starts_with('{'))
+        .last()
+        .map_or(text.as_str(), |d| d)
+        .to_owned();
+    (status, serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {text}")))
+}
+
+/// The same over Streamable HTTP, stateless (2026-07-28): the ask comes as
+/// an input request, the retry carries the answer; the journal records the
+/// `[[serve.auth]]` entry whose token the retry presented, never the token,
+/// and the client's self-given name only as an unverified note.
+#[test]
+fn over_http_the_journal_records_the_token_entry_that_approved_and_the_dialog_is_undisguised() {
+    use std::io::BufRead as _;
+    let dir = serve_dir();
+    let mut child = serve_command(dir.path(), &["--http", "127.0.0.1:0"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _server = Kill(child);
+    let port: u16 = loop {
+        let line = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the server starts");
+        if let Some(url) = line.split("serving MCP on http://").nth(1) {
+            break url.split(['/', ':']).nth(1).unwrap().parse().unwrap();
+        }
+    };
+    let meta = serde_json::json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}},
+        "io.modelcontextprotocol/clientInfo": {"name": IMPOSTOR, "version": "1"},
+    });
+    let arguments = serde_json::json!({"op": "add", "note": DISGUISED});
+    let call = |id: u64, extra: serde_json::Value| {
+        let mut params = serde_json::json!({"name": "notes", "arguments": arguments, "_meta": meta});
+        if let (Some(p), Some(e)) = (params.as_object_mut(), extra.as_object()) {
+            p.extend(e.clone());
+        }
+        serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params})
+    };
+    let (status, asked) = post(port, TEST_TOKEN, &call(1, serde_json::json!({})));
+    assert_eq!(status, 200, "{asked}");
+    let result = &asked["result"];
+    assert_eq!(result["resultType"], "input_required", "{asked}");
+    let message = result["inputRequests"]["confirm"]["params"]["message"].as_str().unwrap();
+    assert_undisguised(message, &arguments);
+    let state = result["requestState"].as_str().unwrap().to_owned();
+    let answer = serde_json::json!({
+        "inputResponses": {"confirm": {"action": "accept", "content": {"confirm": true}}},
+        "requestState": state,
+    });
+    let (status, done) = post(port, TEST_TOKEN, &call(2, answer));
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(done["result"]["isError"], false, "{done}");
+
+    let approvals = approvals(dir.path());
+    assert_eq!(approvals.len(), 1, "{approvals:?}");
+    let (principal, channel) = &approvals[0];
+    assert_eq!(channel, "mcp-elicitation");
+    assert!(principal.starts_with("http token serve.auth[1] "), "the authenticated token's entry: {principal}");
+    assert!(principal.contains(r#"client says "ed25519:AAAA via signature\u{202e}", unverified"#), "{principal}");
+    assert!(!principal.contains(TEST_TOKEN) && !principal.contains('\u{202E}'), "{principal:?}");
+}

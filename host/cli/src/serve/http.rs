@@ -13,9 +13,15 @@
 //! that initialized it: a request of any other token naming it gets 404, as
 //! for a session that does not exist.
 //!
+//! A request is known by the `[[serve.auth]]` entry whose token it
+//! presented (`http token serve.auth[N]`, N counting from 0 in the config
+//! the server started with): the journal records that entry as who answered
+//! an ask in the client's UI, never the token or a digest of it.
+//!
 //! Architecture invariant: nothing reaches the MCP service without a valid
-//! token, the agent a request acts for comes only from its token, and a
-//! session is reached only with the token that made it.
+//! token, the agent a request acts for and the principal it approves as come
+//! only from its token, and a session is reached only with the token that
+//! made it.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -39,7 +45,8 @@ use super::{BoundAgent, McpServer, terminated};
 /// The MCP endpoint's path.
 const ENDPOINT: &str = "/mcp";
 
-/// Accepted tokens: SHA-256 of each, with the agent it is bound to.
+/// Accepted tokens: SHA-256 of each, with the agent it is bound to, in the
+/// order of `[[serve.auth]]` (the index names the entry).
 struct Tokens(Vec<([u8; 32], String)>);
 
 impl Tokens {
@@ -61,13 +68,14 @@ impl Tokens {
         Ok(Tokens(tokens))
     }
 
-    /// The digest and agent of `presented`, compared in constant time with every token.
-    fn agent(&self, presented: &str) -> Option<([u8; 32], &str)> {
+    /// The digest, agent and `[[serve.auth]]` index of `presented`, compared
+    /// in constant time with every token.
+    fn agent(&self, presented: &str) -> Option<([u8; 32], &str, usize)> {
         let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
         let mut found = None;
-        for (known, agent) in &self.0 {
+        for (i, (known, agent)) in self.0.iter().enumerate() {
             if bool::from(known.ct_eq(&digest)) {
-                found = Some((digest, agent.as_str()));
+                found = Some((digest, agent.as_str(), i));
             }
         }
         found
@@ -152,8 +160,8 @@ fn no_such_session() -> Response {
 /// a request name only a session its token made.
 async fn authenticate(State(auth): State<Arc<Auth>>, mut request: Request, next: Next) -> Response {
     let presented = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer);
-    let found = presented.and_then(|t| auth.tokens.agent(t)).map(|(digest, agent)| (digest, agent.to_owned()));
-    let Some((digest, agent)) = found else {
+    let found = presented.and_then(|t| auth.tokens.agent(t)).map(|(digest, agent, i)| (digest, agent.to_owned(), i));
+    let Some((digest, agent, entry)) = found else {
         let mut challenge = format!("Bearer resource_metadata=\"{}\"", auth.metadata_url);
         if presented.is_some() {
             challenge.push_str(", error=\"invalid_token\"");
@@ -181,7 +189,10 @@ async fn authenticate(State(auth): State<Arc<Auth>>, mut request: Request, next:
         },
     };
     let deleting = request.method() == Method::DELETE;
-    request.extensions_mut().insert(BoundAgent(agent));
+    // Who the request is, as the journal records an approval it answers:
+    // the configured entry whose token it presented (never the token).
+    let principal = format!("http token serve.auth[{entry}]");
+    request.extensions_mut().insert(BoundAgent { agent, principal });
     let response = next.run(request).await;
     match named {
         // A new session (the `initialize` response names it): this token's.

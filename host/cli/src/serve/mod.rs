@@ -154,9 +154,21 @@ struct AskState {
     digest: String,
 }
 
-/// An HTTP request's agent, as the authentication layer bound it to the token.
+/// What the authentication layer bound an HTTP request to, from its token.
 #[derive(Debug, Clone)]
-pub struct BoundAgent(pub String);
+pub struct BoundAgent {
+    /// The agent the request acts for.
+    pub agent: String,
+    /// Who the request is, as the journal records an approval it answers:
+    /// the `[[serve.auth]]` entry whose token it presented.
+    pub principal: String,
+}
+
+/// Who a stdio connection is: the local process that started `toolgate serve`.
+const STDIO_PRINCIPAL: &str = "stdio";
+
+/// How long a client's self-given name may be in the journal's note.
+const CLIENT_NAME_CHARS: usize = 64;
 
 impl McpServer {
     /// A server over `runtime` (its agent serves stdio); `config` rebuilds
@@ -243,7 +255,7 @@ impl McpServer {
     /// The agent a request acts for: bound to the HTTP token, or the stdio agent.
     fn agent(&self, extensions: &rmcp::model::Extensions) -> Result<String, ErrorData> {
         if let Some(parts) = extensions.get::<::http::request::Parts>()
-            && let Some(BoundAgent(agent)) = parts.extensions.get::<BoundAgent>()
+            && let Some(BoundAgent { agent, .. }) = parts.extensions.get::<BoundAgent>()
         {
             return Ok(agent.clone());
         }
@@ -312,7 +324,11 @@ impl McpServer {
     fn reload(&self) -> anyhow::Result<()> {
         let catalog = Arc::new(toolgate::host::catalog(&self.shared.config)?);
         for r in catalog.refused() {
-            tracing::warn!("refused plugin {}: {}", r.path.display(), r.reason);
+            tracing::warn!(
+                "refused plugin {}: {}",
+                toolgate::display::escape_unseen(&r.path.display().to_string(), toolgate::display::Lines::Escape),
+                toolgate::display::escape_unseen(&r.reason, toolgate::display::Lines::Escape)
+            );
         }
         let mut runtimes = self.shared.runtimes.write().unwrap_or_else(|p| p.into_inner());
         let mut next = HashMap::new();
@@ -495,7 +511,7 @@ impl McpServer {
                 Err("the approval request failed".to_owned())
             }
         };
-        let approval = Approval::by_mcp_client(client_name(context));
+        let approval = Approval::by_mcp_client(approver(context));
         let step = match decision {
             Ok(()) => runtime.approve(ticket, &approval).await,
             Err(why) => runtime.deny(ticket, &why, &approval).await,
@@ -551,7 +567,7 @@ impl McpServer {
             requests.insert(CONFIRM.into(), InputRequest::Elicitation(ElicitRequest::new(question)));
             return Ok(InputRequiredResult::new(Some(requests), Some(sealed.to_owned())).into());
         };
-        let approval = Approval::by_mcp_client(client_name(context));
+        let approval = Approval::by_mcp_client(approver(context));
         let ticket = prior.record.ticket_id.clone();
         let step = match decision_of(answer) {
             Ok(()) => runtime.approve(&ticket, &approval).await,
@@ -611,6 +627,9 @@ fn call_error(e: CallError, request: Option<&str>) -> ErrorData {
             TicketError::Settled(_) => format!(
                 "{named} was settled as interrupted by another host while this one ran it; its result was not recorded — check the call's effects before making it again"
             ),
+            TicketError::Changed(_) => format!(
+                "{named} changed in the journal while it was being approved; nothing ran — make the call again to be asked anew"
+            ),
             TicketError::ComponentChanged { tool, .. } => format!(
                 "the component of `{tool}` changed since {named} was asked; the approval does not carry over, make the call again"
             ),
@@ -669,9 +688,30 @@ fn elicitation(name: &str, arguments: &serde_json::Value) -> ElicitRequestParams
         ElicitationSchema::builder().required_bool_property("confirm", |b| b.title("Run this call?")).build_unchecked();
     ElicitRequestParams::FormElicitationParams {
         meta: None,
-        message: format!("Allow the tool `{name}` to run with these arguments?\n{arguments}"),
+        message: approval_prompt(name, &normalize(arguments).to_string()),
         requested_schema: schema,
     }
+}
+
+/// The text of an ask, for a human deciding it. The host's words come
+/// first; the arguments (`json`, the exact text the gate decided on) come
+/// whole, last, on one line of their own, with every character that would
+/// not be seen (bidi controls, zero-width and format characters, line and
+/// paragraph separators, controls) escaped by [`toolgate::display`] — so
+/// nothing the model wrote can reorder what is shown or start a line that
+/// reads as the host's. Their byte length is named, so a client that cuts
+/// a long message cannot hide that it did. The tool id (from a component's
+/// metadata) is escaped the same way.
+fn approval_prompt(name: &str, json: &str) -> String {
+    use toolgate::display::{Lines, escape_unseen};
+    format!(
+        "Allow the tool `{}` to run with the arguments below?\n\
+         The arguments are {} bytes of JSON, all on the one line after this one; \
+         characters that would not be seen are shown as escapes (\\u{{…}}):\n{}",
+        escape_unseen(name, Lines::Escape),
+        json.len(),
+        escape_unseen(json, Lines::Escape)
+    )
 }
 
 /// An elicitation result (as JSON): approve only on accept with `confirm: true`.
@@ -685,8 +725,24 @@ fn decision_of(answer: &serde_json::Value) -> Result<(), String> {
     }
 }
 
-fn client_name(context: &RequestContext<RoleServer>) -> String {
-    context.client_info().map(|i| i.name).unwrap_or_else(|| "an MCP client".into())
+/// Who answered an ask in the client's UI, as the journal records it: the
+/// authenticated connection — the `[[serve.auth]]` entry whose token an HTTP
+/// request presented, or `stdio` (the local process that started the server)
+/// — never what the client calls itself. That name (`clientInfo.name`, any
+/// text the client chose, e.g. `ed25519:… via signature`) follows only as a
+/// note marked unverified, quoted, escaped and bounded.
+fn approver(context: &RequestContext<RoleServer>) -> String {
+    let connection = match context.extensions.get::<::http::request::Parts>() {
+        Some(parts) => parts.extensions.get::<BoundAgent>().map_or("http, unauthenticated", |b| b.principal.as_str()),
+        None => STDIO_PRINCIPAL,
+    };
+    match context.client_info() {
+        Some(info) => format!(
+            "{connection} (client says {}, unverified)",
+            toolgate::display::quoted(&info.name, CLIENT_NAME_CHARS)
+        ),
+        None => connection.to_owned(),
+    }
 }
 
 /// Completes when the request is withdrawn (its token) or the grace period
