@@ -4,25 +4,31 @@
 //! Owns the check behind DESIGN.md invariant 13. For every secret it builds
 //! *needles*, the secret as an encoder would write it: raw (in any ASCII
 //! letter case, for secrets of [`MIN_SECRET`] bytes or more: servers
-//! normalize ids); base64 and base64url at each of the three byte
-//! alignments (so a secret inside a larger value encoded whole, like
-//! `user:pass` or `Bearer …`, is found; padding does not matter), and base64
-//! of that base64; base32; hex in either case, plain and with `:`, `-` or
-//! space between bytes; a list of decimal byte values (a Node `Buffer` as
-//! JSON); UTF-16 in either byte order. It searches them with one
-//! multi-pattern automaton per case rule (aho-corasick, linear in the
-//! input) over *views* of the data, each built only when the data holds its
-//! escape character:
+//! normalize ids), and in Latin-1 when every character fits a byte;
+//! base64 and base64url at each of the three byte alignments (so a secret
+//! inside a larger value encoded whole, like `user:pass` or `Bearer …`, is
+//! found; padding does not matter), and base64 of that base64; base32; hex
+//! in either case, plain and with `:`, `-` or space between bytes; a list
+//! of decimal byte values (a Node `Buffer` as JSON); UTF-16 in either byte
+//! order, raw and in base64, base32 and hex (.NET's
+//! `ToBase64String(Encoding.Unicode…)`, SQL Server's `VARBINARY`).
+//! It searches them with one multi-pattern automaton per case rule
+//! (aho-corasick, linear in the input) over *views* of the data, each built
+//! only when the data holds its escape character:
 //!
 //! - as sent;
 //! - one escape kind undone: JSON/JavaScript backslash escapes (`\/`,
-//!   `\uXXXX` with surrogate pairs, `\xHH`), HTML/XML character references,
-//!   percent-encoding (with and without `+` as a space), quoted-printable;
+//!   `\uXXXX` and `\u{H…}` with surrogate pairs, `\xHH`, octal `\163`),
+//!   HTML/XML character references (named ones in either documented case,
+//!   the legacy names without `;`), percent-encoding (with and without `+`
+//!   as a space, and JavaScript's `%uXXXX`), quoted-printable;
 //! - every kind undone at once, repeatedly (up to [`MAX_PASSES`] times):
 //!   escapes inside escapes, such as percent-encoding twice or an HTML
 //!   reference inside a JSON escape (`\u0026#x2F;`), each pass scanned;
 //! - as sent and after each repeated pass, with line breaks and blanks
-//!   removed (base64 wrapped at 64 or 76 columns, PEM).
+//!   removed (base64 wrapped at 64 or 76 columns, PEM, blanks put into the
+//!   secret on one line), and with a list of hex byte values joined into
+//!   plain hex (`[]byte{0x73, 0x33}`, `[73, 33]`, `{ 0x73, 0x33 }`).
 //!
 //! What it cannot find is written down in SECURITY.md ("Known limits"): a
 //! secret split across responses, reversed, encrypted, hashed, compressed
@@ -51,12 +57,13 @@ pub const MAX_PASSES: usize = 4;
 pub struct Finding {
     /// The credential's name.
     pub credential: String,
-    /// How the secret was encoded: `raw`, `base64`, `base64url`,
-    /// `base64 twice`, `base32`, `hex`, `hex with separators`, `byte list`,
-    /// `UTF-16`.
+    /// How the secret was encoded: `raw`, `raw, blanks removed`, `Latin-1`, `base64`,
+    /// `base64url`, `base64 twice`, `base32`, `hex`, `hex with separators`,
+    /// `byte list`, `UTF-16`, and `base64 of UTF-16` (and so on for
+    /// base64url, base32, hex, hex with separators).
     pub form: &'static str,
     /// Which view found it, e.g. `as sent`, `JSON-unescaped`,
-    /// `decoded repeatedly`.
+    /// `decoded repeatedly`, `as sent, hex list joined`.
     pub view: &'static str,
 }
 
@@ -70,6 +77,8 @@ pub struct SecretScanner {
     exact_meta: Vec<(usize, &'static str)>,
     folded_meta: Vec<(usize, &'static str)>,
     names: Vec<String>,
+    /// Bytes of the longest needle.
+    longest: usize,
 }
 
 impl std::fmt::Debug for SecretScanner {
@@ -122,6 +131,33 @@ fn escapings(secret: &[u8]) -> Vec<Vec<u8>> {
     out
 }
 
+/// What a finding calls each encoding of one byte string.
+struct Forms {
+    base64: &'static str,
+    base64url: &'static str,
+    base32: &'static str,
+    hex: &'static str,
+    hex_separated: &'static str,
+}
+
+/// The secret's own bytes (UTF-8, or whatever the secret holds).
+const UTF8: Forms = Forms {
+    base64: "base64",
+    base64url: "base64url",
+    base32: "base32",
+    hex: "hex",
+    hex_separated: "hex with separators",
+};
+
+/// The secret's UTF-16 form, in either byte order.
+const UTF16: Forms = Forms {
+    base64: "base64 of UTF-16",
+    base64url: "base64url of UTF-16",
+    base32: "base32 of UTF-16",
+    hex: "hex of UTF-16",
+    hex_separated: "hex with separators of UTF-16",
+};
+
 /// Collects needles, once each.
 #[derive(Default)]
 struct Needles {
@@ -134,6 +170,46 @@ impl Needles {
         if !needle.is_empty() && !self.patterns.contains(&needle) {
             self.patterns.push(needle);
             self.meta.push((credential, form));
+        }
+    }
+
+    /// Base64 and base64url of `bytes` at each of the three byte
+    /// alignments (so `bytes` inside a larger value encoded whole is found;
+    /// padding does not matter).
+    fn add_base64(&mut self, bytes: &[u8], credential: usize, forms: &Forms) {
+        let std = |d: &[u8]| base64::engine::general_purpose::STANDARD_NO_PAD.encode(d);
+        let url = |d: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(d);
+        for offset in 0..3 {
+            for (encode, form) in [(&std as &dyn Fn(&[u8]) -> String, forms.base64), (&url, forms.base64url)] {
+                if let Some(c) = core(bytes, offset, 6, encode) {
+                    self.add(c, credential, form);
+                }
+            }
+        }
+    }
+
+    /// Base32 of `bytes` at each of the five alignments, and hex, plain and
+    /// with `:`, `-` or a space between bytes: each in upper and in lower
+    /// case, as exact needles (a case-insensitive needle of letters
+    /// matches everywhere in text and makes the search several times
+    /// slower).
+    fn add_base32_and_hex(&mut self, bytes: &[u8], credential: usize, forms: &Forms) {
+        let b32 = |d: &[u8]| data_encoding::BASE32_NOPAD.encode(d);
+        for offset in 0..5 {
+            if let Some(c) = core(bytes, offset, 5, b32) {
+                // Upper case (RFC 4648) and lower (DNS names, some libraries).
+                self.add(c.to_ascii_lowercase(), credential, forms.base32);
+                self.add(c, credential, forms.base32);
+            }
+        }
+        let hex = hex::encode(bytes);
+        self.add(hex.to_ascii_uppercase().into_bytes(), credential, forms.hex);
+        self.add(hex.clone().into_bytes(), credential, forms.hex);
+        let pairs: Vec<&str> = hex.as_bytes().chunks(2).filter_map(|p| std::str::from_utf8(p).ok()).collect();
+        for sep in [":", "-", " "] {
+            let joined = pairs.join(sep);
+            self.add(joined.to_ascii_uppercase().into_bytes(), credential, forms.hex_separated);
+            self.add(joined.into_bytes(), credential, forms.hex_separated);
         }
     }
 
@@ -155,10 +231,7 @@ impl SecretScanner {
     /// A scanner for `secrets` (credential name, secret bytes). Secrets
     /// shorter than [`MIN_SECRET`] are searched for raw only.
     pub fn new(secrets: &[(String, Vec<u8>)]) -> Self {
-        let b64 = |e: &'static base64::engine::GeneralPurpose| move |d: &[u8]| e.encode(d);
-        let std = b64(&base64::engine::general_purpose::STANDARD_NO_PAD);
-        let url = b64(&base64::engine::general_purpose::URL_SAFE_NO_PAD);
-        let b32 = |d: &[u8]| data_encoding::BASE32_NOPAD.encode(d);
+        let std = |d: &[u8]| base64::engine::general_purpose::STANDARD_NO_PAD.encode(d);
         let (mut exact, mut folded) = (Needles::default(), Needles::default());
         for (i, (_, secret)) in secrets.iter().enumerate() {
             if secret.len() < MIN_SECRET {
@@ -168,18 +241,31 @@ impl SecretScanner {
             // In any letter case: servers normalize ids and hex keys (a
             // lowercase key or UUID echoed upper-case is the same secret).
             folded.add(secret.clone(), i, "raw");
+            // In Latin-1, if every character fits a byte and some are not
+            // ASCII: a server answering in ISO-8859-1, and JavaScript's
+            // `\xHH` and octal escapes, which stand for characters (the
+            // views decode them as bytes, as C and Python write them).
+            if let Ok(text) = std::str::from_utf8(secret)
+                && !text.is_ascii()
+                && let Ok(latin1) = text.chars().map(|c| u8::try_from(u32::from(c))).collect::<Result<Vec<u8>, _>>()
+                && latin1.len() >= MIN_SECRET
+            {
+                folded.add(latin1, i, "Latin-1");
+            }
+            // A secret with blanks of its own, as the view that removes
+            // blanks leaves it (more blanks put into it).
+            let unblanked: Vec<u8> = secret.iter().copied().filter(|b| !matches!(b, b' ' | b'\t')).collect();
+            if unblanked.len() < secret.len() && unblanked.len() >= MIN_SECRET {
+                folded.add(unblanked, i, "raw, blanks removed");
+            }
             // Base64 of the secret as it stands in a URL or a JSON string
             // too: a query credential comes back inside a base64 cursor or
             // signed URL, a header value inside base64 of escaped JSON.
-            let escaped = escapings(secret);
+            for text in std::iter::once(secret).chain(&escapings(secret)) {
+                exact.add_base64(text, i, &UTF8);
+            }
+            exact.add_base32_and_hex(secret, i, &UTF8);
             for offset in 0..3 {
-                for (encode, form) in [(&std as &dyn Fn(&[u8]) -> String, "base64"), (&url, "base64url")] {
-                    for text in std::iter::once(secret).chain(&escaped) {
-                        if let Some(c) = core(text, offset, 6, encode) {
-                            exact.add(c, i, form);
-                        }
-                    }
-                }
                 // base64 of a base64 value that holds the secret.
                 if let Some(inner) = core(secret, offset, 6, std) {
                     for outer in 0..3 {
@@ -189,37 +275,26 @@ impl SecretScanner {
                     }
                 }
             }
-            for offset in 0..5 {
-                if let Some(c) = core(secret, offset, 5, b32) {
-                    // Upper case (RFC 4648) and lower (DNS names, some
-                    // libraries), as exact needles: a case-insensitive
-                    // needle of letters matches everywhere in text and
-                    // makes the search several times slower.
-                    exact.add(c.to_ascii_lowercase(), i, "base32");
-                    exact.add(c, i, "base32");
-                }
-            }
-            let hex = hex::encode(secret);
-            // Hex in lower and in upper case (exact, for the same reason).
-            exact.add(hex.to_ascii_uppercase().into_bytes(), i, "hex");
-            exact.add(hex.clone().into_bytes(), i, "hex");
-            let pairs: Vec<&str> = hex.as_bytes().chunks(2).filter_map(|p| std::str::from_utf8(p).ok()).collect();
-            for sep in [":", "-", " "] {
-                let joined = pairs.join(sep);
-                exact.add(joined.to_ascii_uppercase().into_bytes(), i, "hex with separators");
-                exact.add(joined.into_bytes(), i, "hex with separators");
-            }
             let decimal: Vec<String> = secret.iter().map(u8::to_string).collect();
             // JSON arrays (`,`, `, `) and Go's `%v` of a byte slice (` `).
             for sep in [",", ", ", " "] {
                 exact.add(decimal.join(sep).into_bytes(), i, "byte list");
             }
+            // UTF-16 in either byte order, raw and through the same
+            // encoders (.NET's `Convert.ToBase64String(Encoding.Unicode
+            // .GetBytes(s))`, SQL Server's `CAST(N'…' AS VARBINARY)`).
             if let Ok(text) = std::str::from_utf8(secret) {
                 let units: Vec<u16> = text.encode_utf16().collect();
-                exact.add(units.iter().flat_map(|u| u.to_le_bytes()).collect(), i, "UTF-16");
-                exact.add(units.iter().flat_map(|u| u.to_be_bytes()).collect(), i, "UTF-16");
+                let le: Vec<u8> = units.iter().flat_map(|u| u.to_le_bytes()).collect();
+                let be: Vec<u8> = units.iter().flat_map(|u| u.to_be_bytes()).collect();
+                for wide in [le, be] {
+                    exact.add_base64(&wide, i, &UTF16);
+                    exact.add_base32_and_hex(&wide, i, &UTF16);
+                    exact.add(wide, i, "UTF-16");
+                }
             }
         }
+        let longest = exact.patterns.iter().chain(&folded.patterns).map(Vec::len).max().unwrap_or(0);
         let (exact, exact_meta) = exact.build(false);
         let (folded, folded_meta) = folded.build(true);
         SecretScanner {
@@ -228,7 +303,14 @@ impl SecretScanner {
             exact_meta,
             folded_meta,
             names: secrets.iter().map(|(n, _)| n.clone()).collect(),
+            longest,
         }
+    }
+
+    /// Bytes of the longest form searched for, as written (before any view
+    /// undoes escapes): what data checked in pieces must overlap by, at least.
+    pub fn longest(&self) -> usize {
+        self.longest
     }
 
     /// Whether there is nothing to look for.
@@ -242,7 +324,7 @@ impl SecretScanner {
             return None;
         }
         self.find_in(data, "as sent")
-            .or_else(|| self.find_unwrapped(data, "as sent, line breaks removed"))
+            .or_else(|| self.find_joined(data, "as sent, blanks removed", "as sent, hex list joined"))
             .or_else(|| {
                 // One kind at a time: a secret that holds another kind's
                 // escape character (a `%` or `\` of its own) stays whole.
@@ -286,13 +368,16 @@ impl SecretScanner {
                     break;
                 };
                 saw_plus |= next.contains(&b'+');
-                let name = if plus { "form-decoded repeatedly" } else { "decoded repeatedly" };
-                let wrapped = if plus {
-                    "form-decoded repeatedly, line breaks removed"
+                let (name, unwrapped, list) = if plus {
+                    (
+                        "form-decoded repeatedly",
+                        "form-decoded repeatedly, blanks removed",
+                        "form-decoded repeatedly, hex list joined",
+                    )
                 } else {
-                    "decoded repeatedly, line breaks removed"
+                    ("decoded repeatedly", "decoded repeatedly, blanks removed", "decoded repeatedly, hex list joined")
                 };
-                if let Some(f) = self.find_in(&next, name).or_else(|| self.find_unwrapped(&next, wrapped)) {
+                if let Some(f) = self.find_in(&next, name).or_else(|| self.find_joined(&next, unwrapped, list)) {
                     return Some(f);
                 }
                 current = Cow::Owned(next);
@@ -301,12 +386,19 @@ impl SecretScanner {
         None
     }
 
-    /// `data` without blanks, if it has line breaks: base64 and hex
-    /// wrapped at a fixed width (MIME, PEM) are contiguous again, and so is
-    /// quoted-printable text (its soft line break, `=` at a line's end,
-    /// goes with the break; its `=XX` are undone too).
+    /// The views that join what a printer spread out: blanks removed, and
+    /// a list of hex byte values joined.
+    fn find_joined(&self, data: &[u8], unwrapped: &'static str, list: &'static str) -> Option<Finding> {
+        self.find_unwrapped(data, unwrapped).or_else(|| self.find_hex_list(data, list))
+    }
+
+    /// `data` without blanks and line breaks, if it has any: base64 and
+    /// hex wrapped at a fixed width (MIME, PEM) are contiguous again, and
+    /// so is quoted-printable text (its soft line break, `=` at a line's
+    /// end, goes with the break; its `=XX` are undone too), and a secret
+    /// with blanks put into it on one line (`s3cr 3t-t oken`).
     fn find_unwrapped(&self, data: &[u8], name: &'static str) -> Option<Finding> {
-        memchr::memchr2(b'\n', b'\r', data)?;
+        memchr::memchr3(b' ', b'\n', b'\t', data).or_else(|| memchr::memchr(b'\r', data))?;
         let blank = |b: Option<&u8>| matches!(b, Some(b'\n' | b'\r' | b' ' | b'\t'));
         let mut joined = Vec::with_capacity(data.len());
         for (i, b) in data.iter().enumerate() {
@@ -315,8 +407,43 @@ impl SecretScanner {
                 joined.push(*b);
             }
         }
-        self.find_in(&joined, name)
-            .or_else(|| self.find_in(&unescape(&joined, Kinds { quoted_printable: true, ..NONE })?, name))
+        self.find_in(&joined, name).or_else(|| {
+            memchr::memchr(b'=', &joined)?;
+            self.find_in(&unescape(&joined, Kinds { quoted_printable: true, ..NONE })?, name)
+        })
+    }
+
+    /// `data` with a list of hex byte values joined into plain hex, if it
+    /// may hold one: `0x`/`0X` before an item and the list's punctuation
+    /// (brackets, braces, commas, quotes, blanks) go, and an item of one
+    /// digit gets its leading zero (Go's `%#v` of a byte slice
+    /// `[]byte{0x73, 0x9}`, Rust's `{:x?}` `[73, 9]`, C and Java array
+    /// literals, Python's `[hex(b) …]`). The hex needles then find it.
+    fn find_hex_list(&self, data: &[u8], name: &'static str) -> Option<Finding> {
+        if !may_hold_hex_list(data) {
+            return None;
+        }
+        let mut view = Vec::with_capacity(data.len());
+        let mut item_start = true;
+        let mut i = 0;
+        while let Some(&b) = data.get(i) {
+            i += 1;
+            if list_punctuation(b) {
+                item_start = true;
+                continue;
+            }
+            if item_start && hex_prefix(data.get(i - 1..)) {
+                // The `0x` goes; the item's digits follow.
+                i += 1;
+                continue;
+            }
+            if item_start && b.is_ascii_hexdigit() && data.get(i).is_none_or(|&n| list_punctuation(n)) {
+                view.push(b'0');
+            }
+            view.push(b);
+            item_start = false;
+        }
+        self.find_in(&view, name)
     }
 
     fn find_in(&self, view: &[u8], name: &'static str) -> Option<Finding> {
@@ -327,6 +454,34 @@ impl SecretScanner {
         };
         hit(&self.exact, &self.exact_meta).or_else(|| hit(&self.folded, &self.folded_meta))
     }
+}
+
+/// What separates the items of a list as printers write one.
+fn list_punctuation(b: u8) -> bool {
+    matches!(b, b'[' | b']' | b'{' | b'}' | b',' | b'\'' | b'"' | b' ' | b'\t' | b'\n' | b'\r')
+}
+
+/// Whether `s` starts with `0x` or `0X` and a hex digit.
+fn hex_prefix(s: Option<&[u8]>) -> bool {
+    matches!(s, Some([b'0', b'x' | b'X', d, ..]) if d.is_ascii_hexdigit())
+}
+
+/// Whether `data` may hold a list of hex byte values, cheaply: a `0x`
+/// before a hex digit, or a `[` opening an item of one or two hex digits
+/// (after blanks or a quote). Data with neither is not given the view.
+fn may_hold_hex_list(data: &[u8]) -> bool {
+    let opens_item = |at: usize| {
+        let Some(after) = data.get(at + 1..) else {
+            return false;
+        };
+        let blanks = after.iter().take(16).take_while(|&&b| matches!(b, b' ' | b'\t' | b'\n' | b'\r')).count();
+        let item = after.get(blanks..).unwrap_or_default();
+        let item = item.strip_prefix(b"\"").or_else(|| item.strip_prefix(b"'")).unwrap_or(item);
+        let digits = item.iter().take(3).take_while(|b| b.is_ascii_hexdigit()).count();
+        (1..=2).contains(&digits) && item.get(digits).is_some_and(|&b| list_punctuation(b))
+    };
+    memchr::memchr_iter(b'[', data).any(opens_item)
+        || [&b"0x"[..], b"0X"].iter().any(|p| memchr::memmem::find_iter(data, p).any(|at| hex_prefix(data.get(at..))))
 }
 
 /// Which escape kinds one decoding pass undoes.
@@ -425,12 +580,52 @@ fn push_char(code: u32, out: &mut Vec<u8>) -> bool {
     }
 }
 
+/// The value of the `n` hex digits at `at` in `s`.
+fn hex_at(s: &[u8], at: usize, n: usize) -> Option<u32> {
+    let digits = s.get(at..at + n)?;
+    if !digits.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    u32::from_str_radix(std::str::from_utf8(digits).ok()?, 16).ok()
+}
+
+/// A character written as one or two escaped UTF-16 units at the start of
+/// `s`: `unit` reads one escape (its value and length); a high surrogate
+/// followed by an escaped low one is the pair's character. Decoded into
+/// `out`, and how many bytes it took; a lone surrogate is not a character.
+fn utf16_escape_at(s: &[u8], out: &mut Vec<u8>, unit: impl Fn(&[u8]) -> Option<(u32, usize)>) -> Option<usize> {
+    let (hi, used) = unit(s)?;
+    if (0xD800..0xDC00).contains(&hi)
+        && let Some((lo, more)) = s.get(used..).and_then(&unit)
+        && (0xDC00..0xE000).contains(&lo)
+    {
+        return push_char(0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00), out).then_some(used + more);
+    }
+    push_char(hi, out).then_some(used)
+}
+
+/// `\uXXXX` or `\u{H…}` (ES2015: one to six hex digits, leading zeros
+/// allowed up to eight) at the start of `s`: its value and length.
+fn js_unicode_unit(s: &[u8]) -> Option<(u32, usize)> {
+    if s.get(..2) != Some(b"\\u") {
+        return None;
+    }
+    if s.get(2) != Some(&b'{') {
+        return Some((hex_at(s, 2, 4)?, 6));
+    }
+    let digits = s.get(3..)?.iter().take(9).take_while(|b| b.is_ascii_hexdigit()).count();
+    if !(1..=8).contains(&digits) || s.get(3 + digits) != Some(&b'}') {
+        return None;
+    }
+    Some((hex_at(s, 3, digits)?, 4 + digits))
+}
+
 /// A JSON or JavaScript escape at the start of `s` (`\"`, `\\`, `\/`,
-/// `\b\f\n\r\t`, `\uXXXX` with surrogate pairs, `\xHH`): decoded into
-/// `out`, and how many bytes it took.
+/// `\b\f\n\r\t`, `\uXXXX` and `\u{H…}` with surrogate pairs, `\xHH`,
+/// octal `\O` to `\377`): decoded into `out`, and how many bytes it took.
+/// `\xHH` and octal are taken as bytes (C, Python); JavaScript's reading,
+/// a character each, is the secret's Latin-1 needle.
 fn backslash_at(s: &[u8], out: &mut Vec<u8>) -> Option<usize> {
-    let hex4 =
-        |at: usize| -> Option<u32> { u32::from_str_radix(std::str::from_utf8(s.get(at..at + 4)?).ok()?, 16).ok() };
     let simple = match *s.get(1)? {
         b'"' => b'"',
         b'\\' => b'\\',
@@ -446,16 +641,22 @@ fn backslash_at(s: &[u8], out: &mut Vec<u8>) -> Option<usize> {
             out.push(byte);
             return Some(4);
         }
-        b'u' => {
-            let hi = hex4(2)?;
-            if (0xD800..0xDC00).contains(&hi)
-                && s.get(6..8) == Some(b"\\u")
-                && let Some(lo) = hex4(8)
-                && (0xDC00..0xE000).contains(&lo)
-            {
-                return push_char(0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00), out).then_some(12);
+        b'u' => return utf16_escape_at(s, out, js_unicode_unit),
+        b'0'..=b'7' => {
+            // Up to three octal digits, as long as the value is a byte
+            // (`\477` is `\47` then `7`, as JavaScript reads it).
+            let mut value = 0u32;
+            let mut used = 1;
+            for &d in s.iter().skip(1).take(3) {
+                let next = value * 8 + u32::from(d.wrapping_sub(b'0'));
+                if !(b'0'..=b'7').contains(&d) || next > 0xFF {
+                    break;
+                }
+                value = next;
+                used += 1;
             }
-            return push_char(hi, out).then_some(6);
+            out.push(u8::try_from(value).ok()?);
+            return Some(used);
         }
         _ => return None,
     };
@@ -466,9 +667,13 @@ fn backslash_at(s: &[u8], out: &mut Vec<u8>) -> Option<usize> {
 /// HTML5 named references for ASCII punctuation, plus the XML five.
 const NAMED: &[(&str, u8)] = &[
     ("amp", b'&'),
+    ("AMP", b'&'),
     ("lt", b'<'),
+    ("LT", b'<'),
     ("gt", b'>'),
+    ("GT", b'>'),
     ("quot", b'"'),
+    ("QUOT", b'"'),
     ("apos", b'\''),
     ("excl", b'!'),
     ("num", b'#'),
@@ -510,8 +715,23 @@ const NAMED: &[(&str, u8)] = &[
     ("NewLine", b'\n'),
 ];
 
+/// The names above that HTML5 also reads without their `;` (its legacy
+/// list, ASCII part): `&ampx` is `&x`.
+const LEGACY: &[(&str, u8)] = &[
+    ("amp", b'&'),
+    ("AMP", b'&'),
+    ("lt", b'<'),
+    ("LT", b'<'),
+    ("gt", b'>'),
+    ("GT", b'>'),
+    ("quot", b'"'),
+    ("QUOT", b'"'),
+    ("nbsp", b' '),
+];
+
 /// A character reference at the start of `s` (`&#NN;`, `&#xHH;` — the `;`
-/// optional, as browsers accept — or a named one above).
+/// optional, as browsers accept — or a named one above, the legacy ones
+/// with or without `;`).
 fn reference_at(s: &[u8], out: &mut Vec<u8>) -> Option<usize> {
     let rest = s.get(1..)?;
     if rest.first() == Some(&b'#') {
@@ -526,15 +746,31 @@ fn reference_at(s: &[u8], out: &mut Vec<u8>) -> Option<usize> {
         return push_char(code, out).then_some(1 + start + digits + semi);
     }
     // The longest name is 16 bytes: look for its `;` no further.
-    let semi = rest.iter().take(17).position(|&b| b == b';')?;
-    let name = &rest[..semi];
-    let (_, b) = NAMED.iter().find(|(n, _)| n.as_bytes() == name)?;
-    out.push(*b);
-    Some(1 + semi + 1)
+    let with_semi = rest.iter().take(17).position(|&b| b == b';').and_then(|semi| {
+        let name = rest.get(..semi)?;
+        NAMED.iter().find(|(n, _)| n.as_bytes() == name).map(|&(_, b)| (b, semi + 1))
+    });
+    let (b, used) = with_semi
+        .or_else(|| LEGACY.iter().find(|(n, _)| rest.starts_with(n.as_bytes())).map(|&(n, b)| (b, n.len())))?;
+    out.push(b);
+    Some(1 + used)
 }
 
-/// `%XX` (either case) at the start of `s`.
+/// `%XX` (either case) at the start of `s`, or `%uXXXX` (JavaScript's
+/// old `escape()`, with surrogate pairs).
 fn percent_at(s: &[u8], out: &mut Vec<u8>) -> Option<usize> {
+    if matches!(s.get(1), Some(b'u' | b'U')) {
+        let unit = |s: &[u8]| match s.get(..2) {
+            Some(b"%u" | b"%U") => Some((hex_at(s, 2, 4)?, 6)),
+            _ => None,
+        };
+        return utf16_escape_at(s, out, unit);
+    }
+    hex_pair_at(s, out)
+}
+
+/// Two hex digits (either case) after the byte at the start of `s`.
+fn hex_pair_at(s: &[u8], out: &mut Vec<u8>) -> Option<usize> {
     out.push(hex_digit(*s.get(1)?)? << 4 | hex_digit(*s.get(2)?)?);
     Some(3)
 }
@@ -545,7 +781,7 @@ fn quoted_printable_at(s: &[u8], out: &mut Vec<u8>) -> Option<usize> {
     match (s.get(1), s.get(2)) {
         (Some(b'\r'), Some(b'\n')) => Some(3),
         (Some(b'\n'), _) => Some(2),
-        _ => percent_at(s, out),
+        _ => hex_pair_at(s, out),
     }
 }
 
@@ -698,6 +934,10 @@ mod tests {
             "%%%&&&\\\\\\u12",
             "&#xFFFFFFFFF;&#;&bogus;",
             "tg/s3+cr=t Zq8v",
+            "[1, 2, 3] [0x1F, 0x2] {0xff,0x00} []byte{}",
+            "&amp &lt &gt &quot &nbsp &AMP &ampx &QUOT;",
+            "\\u{1F600} \\101 \\u{} %u0041%uD83D",
+            "t g / s 3 + c r = t\tZ q 8 v",
         ] {
             assert_eq!(s.find(clean.as_bytes()), None, "{clean}");
         }
@@ -755,6 +995,18 @@ mod tests {
             "%4",
             "%zz",
             "+",
+            "\\u{",
+            "\\u{1",
+            "\\u{12345678",
+            "\\u{d83d}\\u{",
+            "\\1",
+            "\\37",
+            "%u",
+            "%uD83D%u",
+            "%uD83D%uDE0",
+            "&am",
+            "&QUO",
+            "&#x;",
         ] {
             for (_, kinds, _) in SINGLE {
                 let _ = unescape(data.as_bytes(), *kinds);
@@ -763,12 +1015,186 @@ mod tests {
         }
     }
 
+    fn utf16(s: &str, le: bool) -> Vec<u8> {
+        s.encode_utf16().flat_map(|u| if le { u.to_le_bytes() } else { u.to_be_bytes() }).collect()
+    }
+
+    /// Whether `data` is found, naming the credential.
+    fn found(s: &SecretScanner, data: &[u8]) -> Option<String> {
+        s.find(data).map(|f| f.credential)
+    }
+
+    #[test]
+    fn base64_base32_and_hex_of_the_utf16_form_are_found() {
+        let secret = "s3cr3t-token-1234";
+        let s = SecretScanner::new(&[("t".into(), secret.as_bytes().to_vec())]);
+        // .NET Convert.ToBase64String(Encoding.Unicode.GetBytes(s)).
+        assert_eq!(STANDARD.encode(utf16(secret, true)), "cwAzAGMAcgAzAHQALQB0AG8AawBlAG4ALQAxADIAMwA0AA==");
+        for le in [true, false] {
+            for prefix in ["", "a", "ab", "Bearer ", "{\"k\":\""] {
+                let whole = utf16(&format!("{prefix}{secret}\"}}"), le);
+                for (name, form) in [
+                    ("base64", STANDARD.encode(&whole)),
+                    ("base64url", URL_SAFE.encode(&whole)),
+                    ("base32", data_encoding::BASE32.encode(&whole)),
+                    ("base32 lower", data_encoding::BASE32.encode(&whole).to_lowercase()),
+                    // SQL Server CAST(N'…' AS VARBINARY).
+                    ("hex upper", format!("0x{}", hex::encode_upper(&whole))),
+                    ("hex lower", hex::encode(&whole)),
+                    ("hex with colons", wrap(&hex::encode(&whole), 2, ":")),
+                ] {
+                    let data = format!("{{\"v\":\"{form}\"}}");
+                    assert_eq!(found(&s, data.as_bytes()).as_deref(), Some("t"), "{name}, LE {le}, {prefix:?}: {data}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn javascript_braced_octal_and_percent_u_escapes_are_decoded() {
+        let emoji = "k3y-\u{1F600}-s3cret-v4lu\u{e9}";
+        let s =
+            SecretScanner::new(&[("t".into(), SECRET.as_bytes().to_vec()), ("e".into(), emoji.as_bytes().to_vec())]);
+        for (cred, secret) in [("t", SECRET), ("e", emoji)] {
+            let units = || secret.encode_utf16();
+            for (name, form) in [
+                ("\\u{} of every char", secret.chars().map(|c| format!("\\u{{{:x}}}", c as u32)).collect::<String>()),
+                ("\\u{} upper, zero-padded", secret.chars().map(|c| format!("\\u{{{:06X}}}", c as u32)).collect()),
+                ("\\u{} of every UTF-16 unit", units().map(|u| format!("\\u{{{u:X}}}")).collect()),
+                (
+                    "\\u{} and \\uXXXX mixed",
+                    units()
+                        .enumerate()
+                        .map(|(i, u)| if i % 2 == 0 { format!("\\u{u:04x}") } else { format!("\\u{{{u:x}}}") })
+                        .collect(),
+                ),
+                ("octal, 3 digits", secret.bytes().map(|b| format!("\\{b:03o}")).collect()),
+                ("octal, shortest", secret.bytes().map(|b| format!("\\{b:o}")).collect()),
+                ("JS escape() %uXXXX", units().map(|u| format!("%u{u:04X}")).collect()),
+                ("%uxxxx lower", units().map(|u| format!("%u{u:04x}")).collect()),
+                ("%u inside a JSON escape", units().map(|u| format!("\\u0025u{u:04X}")).collect()),
+            ] {
+                let data = format!("{{\"v\":\"{form}\"}}");
+                assert_eq!(found(&s, data.as_bytes()).as_deref(), Some(cred), "{name}: {data}");
+            }
+        }
+        // JavaScript reads `\xHH` and octal as characters, not bytes: `é`
+        // is `\xe9` (`\351`), as it is in Latin-1.
+        let latin1: Vec<u8> = SECRET.chars().map(|c| c as u8).collect();
+        for data in [
+            SECRET.chars().map(|c| format!("\\x{:02x}", c as u32)).collect::<String>().into_bytes(),
+            SECRET.chars().map(|c| format!("\\{:o}", c as u32)).collect::<String>().into_bytes(),
+            [&b"{\"v\":\""[..], &latin1, b"\"}"].concat(),
+        ] {
+            assert_eq!(found(&s, &data).as_deref(), Some("t"), "{}", String::from_utf8_lossy(&data));
+        }
+        let back = |d: &str| unescape(d.as_bytes(), Kinds { backslash: true, ..NONE });
+        // Octal takes at most three digits and stays within a byte.
+        assert_eq!(back("\\1631").as_deref(), Some(&b"s1"[..]));
+        assert_eq!(back("\\477").as_deref(), Some(&b"'7"[..]));
+        assert_eq!(back("\\0").as_deref(), Some(&b"\0"[..]));
+        assert_eq!(back("\\8"), None);
+        for bad in ["\\u{}", "\\u{110000}", "\\u{123456789}", "\\u{73", "\\u{zz}", "\\u{D800}"] {
+            assert_eq!(back(bad), None, "{bad}");
+        }
+        let pct = |d: &str| unescape(d.as_bytes(), Kinds { percent: true, ..NONE });
+        assert_eq!(pct("%u0073%uD83D%uDE00").as_deref(), Some("s\u{1F600}".as_bytes()));
+        for bad in ["%u", "%u12", "%uD800", "%u12G4"] {
+            assert_eq!(pct(bad), None, "{bad}");
+        }
+        // `=u0073` is not quoted-printable.
+        assert_eq!(unescape(b"=u0073", Kinds { quoted_printable: true, ..NONE }), None);
+    }
+
+    #[test]
+    fn html_legacy_references_without_semicolon_and_upper_case_are_decoded() {
+        let secret = "p4ss&w0rd<2024>\"q\" z";
+        let s = SecretScanner::new(&[("t".into(), secret.as_bytes().to_vec())]);
+        for form in [
+            "p4ss&ampw0rd&lt2024&gt&quotq&quot&nbspz",
+            "p4ss&AMP;w0rd&LT;2024&GT;&QUOT;q&QUOT; z",
+            "p4ss&AMPw0rd&LT2024&GT&QUOTq&QUOT z",
+            "p4ss&amp;w0rd&lt2024&gt;&quotq&quot; z",
+            // A `;` further on does not make the legacy name unknown.
+            "p4ss&ampw0rd&lt2024&gt&quotq&quot z;",
+        ] {
+            let data = format!("<p>{form}</p>");
+            assert_eq!(found(&s, data.as_bytes()).as_deref(), Some("t"), "{data}");
+        }
+        let html = |d: &str| unescape(d.as_bytes(), Kinds { html: true, ..NONE });
+        assert_eq!(html("&ampx&LTy").as_deref(), Some(&b"&x<y"[..]));
+        // Only the legacy names go without `;`, and names are case-sensitive.
+        for bad in ["&apos", "&sol", "&Amp;", "&aMp", "&am"] {
+            assert_eq!(html(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_list_of_hex_byte_values_is_found() {
+        let s = scanner();
+        let tab = "tab\there-s3cret";
+        let s2 = SecretScanner::new(&[("tab".into(), tab.as_bytes().to_vec())]);
+        let list = |secret: &str, item: &dyn Fn(u8) -> String, sep: &str| -> String {
+            secret.bytes().map(item).collect::<Vec<_>>().join(sep)
+        };
+        for (scanner, cred, secret) in [(&s, "tracker", SECRET), (&s2, "tab", tab)] {
+            for (name, form) in [
+                ("Go %#v", format!("[]byte{{{}}}", list(secret, &|b| format!("{b:#x}"), ", "))),
+                ("Rust {:x?}", format!("[{}]", list(secret, &|b| format!("{b:x}"), ", "))),
+                ("Rust {:02X?}", format!("[{}]", list(secret, &|b| format!("{b:02X}"), ", "))),
+                ("Rust {:#x?}", format!("[\n{}\n]", list(secret, &|b| format!("    {b:#x}"), ",\n"))),
+                ("C array", format!("{{ {} }}", list(secret, &|b| format!("0X{b:02X}"), ", "))),
+                ("bare 0x list", list(secret, &|b| format!("0x{b:02x}"), ",")),
+                ("Python [hex(b)]", format!("[{}]", list(secret, &|b| format!("'{b:#x}'"), ", "))),
+                ("JSON array of hex strings", format!("[{}]", list(secret, &|b| format!("\"{b:02x}\""), ","))),
+                (
+                    "percent-encoded Rust {:x?}",
+                    format!("[{}]", list(secret, &|b| format!("{b:x}"), ", "))
+                        .bytes()
+                        .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
+                        .collect(),
+                ),
+            ] {
+                let data = format!("{{\"v\":\"{form}\"}}");
+                assert_eq!(found(scanner, data.as_bytes()).as_deref(), Some(cred), "{name}: {data}");
+            }
+        }
+    }
+
+    #[test]
+    fn blanks_inserted_into_the_secret_on_one_line_are_found() {
+        let secret = "s3cr3t-token-1234";
+        let s = SecretScanner::new(&[("t".into(), secret.as_bytes().to_vec())]);
+        for data in [
+            "{\"code\":\"s3cr 3t-t oken -123 4\"}",
+            "{\"code\":\"s3cr\t3t-t\token\t-123\t4\"}",
+            "{\"code\":\"s 3 c r 3 t - t o k e n - 1 2 3 4\"}",
+        ] {
+            assert_eq!(found(&s, data.as_bytes()).as_deref(), Some("t"), "{data}");
+        }
+        // Base64 with blanks on one line too.
+        let b64 = wrap(&STANDARD.encode(secret), 4, " ");
+        assert_eq!(found(&s, b64.as_bytes()).as_deref(), Some("t"), "{b64}");
+        // A secret with a blank of its own, more blanks put into it.
+        let spread = format!("{{\"v\":\"{}\"}}", wrap(SECRET, 3, " "));
+        assert_eq!(found(&scanner(), spread.as_bytes()).as_deref(), Some("tracker"), "{spread}");
+    }
+
     proptest::proptest! {
         #[test]
         fn a_secret_is_found_base64_encoded_inside_any_value(prefix in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..7), suffix in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..7)) {
             let s = scanner();
             let whole = [prefix.as_slice(), SECRET.as_bytes(), suffix.as_slice()].concat();
             for encoded in [STANDARD.encode(&whole), URL_SAFE.encode(&whole), STANDARD_NO_PAD_ENC.encode(&whole)] {
+                proptest::prop_assert!(s.find(encoded.as_bytes()).is_some(), "{}", encoded);
+            }
+        }
+
+        #[test]
+        fn the_utf16_form_is_found_base64_encoded_inside_any_value(prefix in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..7), suffix in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..7), le in proptest::prelude::any::<bool>()) {
+            let s = scanner();
+            let whole = [prefix.as_slice(), &utf16(SECRET, le), suffix.as_slice()].concat();
+            for encoded in [STANDARD.encode(&whole), URL_SAFE.encode(&whole), data_encoding::BASE32.encode(&whole)] {
                 proptest::prop_assert!(s.find(encoded.as_bytes()).is_some(), "{}", encoded);
             }
         }
