@@ -92,6 +92,11 @@ pub struct Limits {
     /// File read/write streams one call may hold at once (each may hold a
     /// 64 KiB host buffer until the guest takes the data).
     pub file_streams: u64,
+    /// Largest file a guest may open for reading while any credential is
+    /// configured, MiB: the host checks a file for every configured secret
+    /// before the guest reads it, and refuses a larger one (naming this
+    /// setting) rather than let it through unchecked.
+    pub file_check_mib: u64,
     /// Longest a component may take to compile, milliseconds; past it the
     /// call fails and the component is marked unhealthy.
     pub compile_timeout_ms: u64,
@@ -125,6 +130,7 @@ impl Default for Limits {
             resource_table_entries: 4096,
             open_files: 256,
             file_streams: 256,
+            file_check_mib: 64,
             compile_timeout_ms: 60_000,
             http_timeout_ms: 30_000,
             max_instances: 64,
@@ -481,6 +487,7 @@ impl Config {
             ("limits.resource_table_entries", l.resource_table_entries, 1_000_000),
             ("limits.open_files", l.open_files, 65_536),
             ("limits.file_streams", l.file_streams, 65_536),
+            ("limits.file_check_mib", l.file_check_mib, 1024 * 1024),
             ("limits.compile_timeout_ms", l.compile_timeout_ms, 3_600_000),
             ("limits.http_timeout_ms", l.http_timeout_ms, 3_600_000),
             ("limits.max_instances", l.max_instances, 10_000),

@@ -21,6 +21,11 @@ struct World {
 }
 
 fn world() -> World {
+    world_with("", "")
+}
+
+/// [`world`] with more `[limits]` lines, and more keys in the grant.
+fn world_with(limits: &str, grant: &str) -> World {
     let api = TestServer::start(SECRET, "http://127.0.0.1:1/");
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -40,6 +45,7 @@ fn world() -> World {
 timeout_ms = 5000
 open_files = 16
 file_streams = 32
+{limits}
 
 [credentials.tracker]
 source = {{ file = "tracker.secret" }}
@@ -59,6 +65,7 @@ directories = [
 ]
 hosts = ["{api}"]
 credentials = ["tracker"]
+{grant}
 
 [agents.default]
 visible = ["hostile.thief"]
@@ -320,4 +327,135 @@ fn assert_no_secret_in(path: &std::path::Path) {
             }
         }
     }
+}
+
+/// Invariants 7 and 13, files: a granted directory that holds a configured
+/// secret — a `.env`, a Git config with the token in its remote's URL, an
+/// `.npmrc`, a `.netrc` with a credential never granted to the Tool, a copy
+/// of the secret file, the secret in every common form — gives the guest
+/// none of it: the open fails with `access` before a byte is read, and the
+/// host records the credential and the guest's path (never the value). A
+/// name holding a secret is left out of a listing; a file larger than the
+/// host checks is refused naming the setting; clean files beside them read.
+#[tokio::test]
+async fn a_file_holding_a_configured_secret_is_never_read_by_the_guest() {
+    let w = world_with("file_check_mib = 1", "");
+    let data = w.host.dir.path().join("data");
+    std::fs::create_dir(data.join(".git")).unwrap();
+    let copy = std::fs::read(w.host.dir.path().join("tracker.secret")).unwrap();
+    let mut files: Vec<(String, Vec<u8>, &str)> = vec![
+        (".env".into(), format!("GH_TOKEN={SECRET}\nDEBUG=1\n").into_bytes(), "tracker"),
+        (
+            ".git/config".into(),
+            format!("[remote \"origin\"]\n\turl = https://x:{}@github.com/o/r\n", encode("form", SECRET)).into_bytes(),
+            "tracker",
+        ),
+        (
+            ".npmrc".into(),
+            format!("//registry.npmjs.org/:_authToken={}\n", encode("b64", SECRET)).into_bytes(),
+            "tracker",
+        ),
+        (".netrc".into(), format!("machine elsewhere.example login bot password {OTHER}\n").into_bytes(), "other"),
+        ("copy.secret".into(), copy, "tracker"),
+    ];
+    for form in FORMS {
+        files.push((format!("leak-{form}.txt"), format!("key = {}\n", encode(form, SECRET)).into_bytes(), "tracker"));
+    }
+    for (name, content, credential) in &files {
+        std::fs::write(data.join(name), content).unwrap();
+        let seen = thief(&w.host, json!({"op": "read", "target": format!("/data/{name}")})).await;
+        assert!(seen.starts_with("err: ") && seen.contains("ermission denied"), "{name}: {seen}");
+        assert_clean(&seen, name);
+        let records = host_records(&w.host).await;
+        assert!(
+            records.iter().any(|r| r.starts_with(&format!("file \"/data/{name}\" refused to the guest (`access`)"))
+                && r.contains(&format!("credential `{credential}`"))),
+            "{name}: {records:?}"
+        );
+        for record in &records {
+            assert_clean(record, name);
+        }
+    }
+    // Opened again in one call, or read through a stream: refused the same way.
+    let seen = thief(&w.host, json!({"op": "hold-streams", "target": "/data/.env", "count": 2})).await;
+    assert!(seen.starts_with("err: ") && seen.contains("name: \"access\""), "{seen}");
+    // A name that holds a secret is left out of the listing; the rest are listed.
+    std::fs::write(data.join(encode("hex", SECRET)), "").unwrap();
+    let seen = thief(&w.host, json!({"op": "list", "target": "/data"})).await;
+    assert!(seen.starts_with("ok: ") && seen.contains("\"a.txt\"") && seen.contains("\".env\""), "{seen}");
+    assert_clean(&seen, "a listing");
+    let records = host_records(&w.host).await;
+    assert!(records.iter().any(|r| r.contains("listing of \"/data\" was left out") && r.contains("`tracker`")));
+    // So is a link's target.
+    std::os::unix::fs::symlink(encode("b64", SECRET), data.join("link")).unwrap();
+    let seen = thief(&w.host, json!({"op": "readlink", "target": "/data/link"})).await;
+    assert!(seen.starts_with("err: "), "{seen}");
+    assert_clean(&seen, "a link");
+    let records = host_records(&w.host).await;
+    assert!(records.iter().any(|r| r.contains("link \"/data/link\" was refused") && r.contains("`tracker`")));
+    // Larger than the host checks: refused, naming the setting.
+    std::fs::write(data.join("big.log"), vec![b'.'; (1 << 20) + 1]).unwrap();
+    let seen = thief(&w.host, json!({"op": "read", "target": "/data/big.log"})).await;
+    assert!(seen.starts_with("err: "), "{seen}");
+    assert!(host_records(&w.host).await.iter().any(|r| r.contains("`limits.file_check_mib` = 1")));
+    // The negative control: clean files read, whole.
+    assert_eq!(thief(&w.host, json!({"op": "read", "target": "/data/a.txt"})).await, "ok: \"alpha\\n\"");
+    std::fs::write(data.join("notes.md"), "GH_TOKEN is read from the environment\n").unwrap();
+    let seen = thief(&w.host, json!({"op": "read", "target": "/data/notes.md"})).await;
+    assert_eq!(seen, "ok: \"GH_TOKEN is read from the environment\\n\"");
+    assert_no_secret_in(&w.host.dir.path().join("journal.db"));
+}
+
+/// Invariants 7 and 13, the Tool's output: a secret the Tool got some other
+/// way (here an environment variable an operator set to the same value) is
+/// withheld from everything the call hands the journal and the model — its
+/// content and Commands (the output becomes a Tool error, nothing changes),
+/// its error text, its stdout, stderr and log (also encoded, also across the
+/// capture's bound) — each replaced by a note naming the credential.
+#[tokio::test]
+async fn a_secret_the_tool_returns_never_reaches_the_journal_or_the_model() {
+    let w = world_with("", &format!("env = {{ LEAK = \"{SECRET}\" }}"));
+    let call = |then: Value, count: u32| {
+        let host = &w.host;
+        async move {
+            let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+            let args = json!({"op": "leak", "target": "LEAK", "then": then, "count": count});
+            let result = run.call("hostile.thief", args).await.unwrap();
+            let step = host.runtime.store().steps(None).await.unwrap().pop().unwrap();
+            let captured: Value = serde_json::from_str(&step.captured).unwrap();
+            (result, step, captured)
+        }
+    };
+    // Everywhere at once: the output is a Tool error naming the credential.
+    let (result, step, captured) = call(json!(["stdout", "stderr", "log", "command", "content"]), 0).await;
+    let StepResult::ToolError { message, .. } = &result else { panic!("{result:?}") };
+    assert!(message.contains("withheld the Tool's output") && message.contains("credential `tracker`"), "{message}");
+    assert_clean(message, "the model's text");
+    assert_clean(&step.result, "the committed result");
+    for stream in ["stdout", "stderr", "log"] {
+        let text = captured[stream].as_str().unwrap();
+        assert!(text.starts_with("[withheld by the host") && text.contains("`tracker`"), "{stream}: {text}");
+    }
+    let host: Vec<&str> = captured["host"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    assert!(host.iter().any(|r| r.contains("output was withheld") && r.contains("`tracker`")), "{host:?}");
+    assert_clean(&step.captured, "the captured output");
+    // The error text.
+    let (result, step, _) = call(json!(["error"]), 0).await;
+    let StepResult::ToolError { message, .. } = &result else { panic!("{result:?}") };
+    assert!(message.contains("withheld by the host: the Tool's error text"), "{message}");
+    assert_clean(&step.result, "the committed error");
+    // Encoded, in a call whose output is clean: only that stream goes.
+    let (result, _, captured) = call(json!(["stdout-hex"]), 0).await;
+    assert!(matches!(&result, StepResult::Output { .. }), "{result:?}");
+    assert!(captured["stdout"].as_str().unwrap().starts_with("[withheld by the host"), "{captured}");
+    assert_clean(&captured.to_string(), "the captured output");
+    // Written across the capture's bound (64 KiB; `token ` comes first): no first bytes are left behind.
+    let (_, _, captured) = call(json!(["stdout"]), (64 << 10) - 6 - 4).await;
+    let stdout = captured["stdout"].as_str().unwrap();
+    assert!(stdout.starts_with("[withheld by the host"), "{}", &stdout[..80.min(stdout.len())]);
+    // A clean call is untouched.
+    let (result, _, captured) = call(json!([]), 0).await;
+    assert!(matches!(&result, StepResult::Output { content: Content::Json(v), .. } if v == "done"), "{result:?}");
+    assert!(captured.get("host").and_then(Value::as_array).is_none_or(|h| h.is_empty()), "{captured}");
+    assert_no_secret_in(&w.host.dir.path().join("journal.db"));
 }

@@ -22,6 +22,7 @@ struct Inner {
 /// A call's three streams (stdout, stderr, log) behind one allocation.
 #[derive(Debug)]
 struct Streams {
+    /// Bytes kept per stream: the bound, plus the lookahead.
     cap: usize,
     streams: Mutex<[Inner; 3]>,
 }
@@ -54,7 +55,15 @@ impl Capture {
 
     /// A call's stdout, stderr and log captures, each keeping at most `cap` bytes.
     pub fn three(cap: usize) -> (Capture, Capture, Capture) {
-        let streams = Arc::new(Streams { cap, streams: Mutex::default() });
+        Capture::three_with_lookahead(cap, 0)
+    }
+
+    /// [`Capture::three`], each keeping `lookahead` bytes more: what
+    /// follows the bound, to be checked with what comes before it and then
+    /// cut ([`Kept::cut_to`]), so a secret written across the bound cannot
+    /// leave its first bytes in what is kept.
+    pub fn three_with_lookahead(cap: usize, lookahead: usize) -> (Capture, Capture, Capture) {
+        let streams = Arc::new(Streams { cap: cap.saturating_add(lookahead), streams: Mutex::default() });
         let at = |which| Capture { streams: streams.clone(), which };
         (at(0), at(1), at(2))
     }
@@ -84,6 +93,22 @@ impl Capture {
         let dropped = all.iter().map(|i| i.dropped).sum();
         let [out, err, log] = &mut *all;
         Kept { stdout: text(out), stderr: text(err), log: text(log), dropped }
+    }
+}
+
+impl Kept {
+    /// Each stream cut (at a character boundary) to at most `cap` bytes,
+    /// what was cut counted as dropped: the lookahead of
+    /// [`Capture::three_with_lookahead`] goes once it has been checked.
+    pub fn cut_to(mut self, cap: usize) -> Self {
+        for text in [&mut self.stdout, &mut self.stderr, &mut self.log] {
+            if text.len() > cap {
+                let end = text.floor_char_boundary(cap);
+                self.dropped += (text.len() - end) as u64;
+                text.truncate(end);
+            }
+        }
+        self
     }
 }
 

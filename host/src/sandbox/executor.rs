@@ -10,6 +10,10 @@
 //! inherited stdio (stdout, stderr and log are captured, bounded), a memory
 //! limit, a deadline and an output limit. A trap, a timeout or an
 //! out-of-memory becomes a [`ToolFailure`] the model reads; the host goes on.
+//! With any credential configured, what a call returns and captured is
+//! checked for every configured secret before anyone reads it
+//! ([`withhold_secrets`]): a part holding one is withheld, with a note
+//! naming the credential, and recorded.
 //!
 //! Architecture invariant: [`Executor::execute`] accepts only an
 //! [`AllowedCall`], which only the gate builds from Allow. Nothing here
@@ -41,9 +45,10 @@ use crate::catalog::{self};
 use crate::config::Limits;
 use crate::digest::{Digest, DigestMap};
 use crate::policy::gate::AllowedCall;
-use crate::sandbox::capture::Capture;
+use crate::sandbox::capture::{Capture, Kept};
 use crate::sandbox::filesystem::{self, FilesystemCall, Held};
 use crate::sandbox::ticker::{PARK_AFTER, Ticker};
+use crate::sandbox::withhold::{self, CallSecrets};
 
 mod bindings {
     wasmtime::component::bindgen!({
@@ -218,6 +223,10 @@ pub enum ToolFailure {
     /// The caller withdrew the call; the guest was stopped (or never started).
     #[error("the call was cancelled by its caller and stopped")]
     Cancelled,
+    /// What the Tool returned held a configured secret: withheld whole (its
+    /// content and Commands), with this note naming the credential.
+    #[error("{0}")]
+    Withheld(String),
 }
 
 impl ToolFailure {
@@ -237,7 +246,21 @@ impl ToolFailure {
             | Self::OutOfMemory(_)
             | Self::Trapped(_)
             | Self::OutputTooLarge { .. }
-            | Self::Cancelled) => other,
+            | Self::Cancelled
+            | Self::Withheld(_)) => other,
+        }
+    }
+
+    /// The text in this failure that came from the guest (its error, or a
+    /// message quoting its output or its stderr), if any.
+    fn guest_text(&mut self) -> Option<&mut String> {
+        match self {
+            Self::InvalidArguments(m) | Self::Failed(m) | Self::Malformed(m) | Self::Trapped(m) => Some(m),
+            Self::Timeout(_)
+            | Self::OutOfMemory(_)
+            | Self::OutputTooLarge { .. }
+            | Self::Cancelled
+            | Self::Withheld(_) => None,
         }
     }
 }
@@ -699,12 +722,17 @@ impl Executor {
         let _optimize =
             OptimizeAfter { executor: self, entry: baseline, path: &component.path, digest: component.digest };
         let limits = &self.settings.limits;
+        let grant = &call.candidate().grant;
+        // With no credential configured (most hosts), nothing to look for: `None`.
+        let secrets = CallSecrets::new(&grant.watched, limits.file_check_mib);
         let capture = (limits.capture_kib as usize) << 10;
-        let (stdout, stderr, log) = Capture::three(capture);
+        // With secrets to look for, a capture keeps what follows its cut too,
+        // so a secret written across the cut is found (and then cut).
+        let lookahead = if secrets.is_some() { withhold::LOOKAHEAD } else { 0 };
+        let (stdout, stderr, log) = Capture::three_with_lookahead(capture, lookahead);
         // What the call wrote is read through this handle once it is over.
         let captured = log.clone();
 
-        let grant = &call.candidate().grant;
         let wasi = sandbox(grant, stdout, stderr)
             .map_err(|reason| ExecutorError::Instantiate { path: component.path.clone(), reason })?;
         let outbound = OutboundPolicy::new(
@@ -726,7 +754,7 @@ impl Executor {
             state,
             log,
             pinned: component.pinned.clone(),
-            held: Held::new(limits),
+            held: Held::new(limits, secrets.clone()),
         };
         let mut store = Store::new(pre.engine(), state);
         store.limiter(|s| &mut s.limits);
@@ -789,16 +817,43 @@ impl Executor {
         // flight among them) go before what the call left is read.
         let CallState { outbound, table, held, .. } = store.into_data();
         drop(table);
-        let (mut host, host_dropped) = outbound.take_records();
+        let (mut host, mut host_dropped) = outbound.take_records();
         host.extend(held.records());
-        let kept = captured.take_all();
-        let result = match raw {
+        let mut kept = captured.take_all();
+        let mut result = match raw {
             Ok(Ok(out)) => self.convert(out, &call.candidate().installed.tool),
             Ok(Err(wit_types::ToolError::InvalidArguments(m))) => Err(ToolFailure::InvalidArguments(m)),
             Ok(Err(wit_types::ToolError::Failed(m))) => Err(ToolFailure::Failed(m)),
             Err(e) => Err(classify(&e, limits, &kept.stderr)),
+        };
+        let output_limit = (limits.output_kib as usize) << 10;
+        if let Some(secrets) = secrets {
+            // CPU in proportion to what the guest wrote: on the blocking pool.
+            let checked = tokio::task::spawn_blocking(move || {
+                let dropped = withhold_secrets(&secrets, &mut result, &mut kept, &mut host, output_limit, capture);
+                (result, kept, host, dropped)
+            })
+            .await;
+            (result, kept, host) = match checked {
+                Ok((r, k, h, dropped)) => {
+                    host_dropped += dropped;
+                    (r, k, h)
+                }
+                // The host cannot vouch for what it did not check: nothing of it is kept.
+                Err(_) => (
+                    Err(ToolFailure::Withheld(
+                        "the host could not check the Tool's output for secrets; nothing it returned was kept".into(),
+                    )),
+                    Kept::default(),
+                    vec![
+                        "the check of the call's output for secrets failed; its output and captures were withheld"
+                            .into(),
+                    ],
+                ),
+            };
         }
-        .map_err(|failure| failure.bounded((limits.output_kib as usize) << 10));
+        let kept = kept.cut_to(capture);
+        let result = result.map_err(|failure| failure.bounded(output_limit));
         Ok(Execution {
             result,
             captured: Captured {
@@ -1051,7 +1106,7 @@ impl Executor {
             state: Arc::default(),
             log: Capture::new(0),
             pinned,
-            held: Held::new(limits),
+            held: Held::new(limits, None),
         };
         let mut store = Store::new(&tier.engine, state);
         store.limiter(|s| &mut s.limits);
@@ -1305,6 +1360,77 @@ fn write_cache(path: &Path, component: &Component) {
     if written.is_err() || std::fs::rename(&tmp, path).is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
+}
+
+/// Withhold every part of a call's result and captures that holds a
+/// configured secret, before the Step commit: the content and Commands
+/// together (the output becomes [`ToolFailure::Withheld`], so nothing it
+/// returned or changed is kept — a changed value would break its declared
+/// output schema, a dropped Command half its changes), the guest's text in
+/// a failure, each of stdout, stderr and log, each host record — each
+/// replaced by a note naming the credential, and recorded. Text the host
+/// cuts to a limit afterwards (`limit` for a failure's, `capture` for a
+/// stream) is checked past the cut too. Returns the host records dropped
+/// over their bound. Blocking: it reads the secrets' sources.
+fn withhold_secrets(
+    secrets: &CallSecrets,
+    result: &mut Result<ToolOutput, ToolFailure>,
+    kept: &mut Kept,
+    host: &mut Vec<String>,
+    limit: usize,
+    capture: usize,
+) -> u64 {
+    let scanner = secrets.scanner();
+    let note = |f: &crate::sandbox::scan::Finding, what: &str| {
+        format!("[withheld by the host: {what} held {}]", withhold::named(f))
+    };
+    if !scanner.is_empty() {
+        if let Ok(out) = &*result {
+            let content = match &out.content {
+                Content::Json(v) => scanner.find(&serde_json::to_vec(v).unwrap_or_default()),
+                Content::Text(t) => scanner.find(t.as_bytes()),
+            };
+            let found = content.map(|f| (f, "content".to_owned())).or_else(|| {
+                out.commands.iter().enumerate().find_map(|(i, c)| {
+                    [c.scope.as_str(), &c.key, c.value.as_deref().unwrap_or_default()]
+                        .iter()
+                        .find_map(|part| scanner.find(part.as_bytes()))
+                        .map(|f| (f, format!("Command #{}", i + 1)))
+                })
+            });
+            if let Some((f, part)) = found {
+                secrets.record(format!("the Tool's output was withheld: its {part} held {}", withhold::named(&f)));
+                *result = Err(ToolFailure::Withheld(format!(
+                    "the host withheld the Tool's output: its {part} held {}; nothing it returned or changed was kept",
+                    withhold::named(&f)
+                )));
+            }
+        }
+        if let Err(failure) = result
+            && let Some(text) = failure.guest_text()
+            && let Some(f) = withhold::find_in_kept(&scanner, text, limit)
+        {
+            secrets.record(format!("the Tool's error text was withheld: it held {}", withhold::named(&f)));
+            *text = note(&f, "the Tool's error text");
+        }
+        for (name, text) in [("stdout", &mut kept.stdout), ("stderr", &mut kept.stderr), ("log", &mut kept.log)] {
+            if let Some(f) = withhold::find_in_kept(&scanner, text, capture) {
+                secrets.record(format!("the guest's {name} was withheld: it held {}", withhold::named(&f)));
+                *text = note(&f, &format!("the guest's {name}"));
+            }
+        }
+    }
+    let (records, dropped) = secrets.take_records();
+    host.extend(records);
+    if !scanner.is_empty() {
+        // Host records quote the guest's text (a path, a destination).
+        for line in host.iter_mut() {
+            if let Some(f) = scanner.find(line.as_bytes()) {
+                *line = note(&f, "a host record");
+            }
+        }
+    }
+    dropped
 }
 
 /// A Tool's content, checked against its declared output schema: JSON as

@@ -1,7 +1,11 @@
 //! The guest's `wasi:filesystem`, checked in front of wasmtime-wasi's own.
 //!
-//! Owns two checks: a FIFO, socket or device inside a grant is never opened
-//! (opening one can block a host thread past any deadline), and what one
+//! Owns three checks: a FIFO, socket or device inside a grant is never opened
+//! (opening one can block a host thread past any deadline); with any
+//! credential configured, a regular file opened for reading is checked for
+//! every configured secret before the guest can read it, and refused
+//! (`access`) if it holds one, and a name holding one is left out of a
+//! listing ([`super::withhold`]); and what one
 //! call holds open in the host is counted *live* against the call's limits:
 //! descriptors of the host process — files and directories the guest opened,
 //! also while only a stream of theirs keeps them open, and directory
@@ -23,15 +27,18 @@
 
 use std::any::Any;
 use std::collections::VecDeque;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Weak};
 
 use wasmtime::component::{Linker, Resource, ResourceTable, ResourceType};
-use wasmtime_wasi::filesystem::{Descriptor, WasiFilesystemCtxView};
+use wasmtime_wasi::filesystem::{Descriptor, OpenMode, WasiFilesystemCtxView};
 use wasmtime_wasi::p2::bindings::filesystem::types::{
     self as fs, DescriptorFlags, ErrorCode, HostDescriptor, OpenFlags, PathFlags,
 };
 use wasmtime_wasi::p2::{DynInputStream, DynOutputStream, FsError};
 
+use super::scan::SecretScanner;
+use super::withhold::{CallSecrets, CancelOnDrop, named, shown};
 use crate::config::Limits;
 
 /// A call's state, as these checks need it.
@@ -55,6 +62,8 @@ pub(super) struct Held {
     /// not come through here (an HTTP body) still counts until it is
     /// dropped: the count can only err towards the guest's own handles.
     streams: Counted<u32>,
+    /// The call's check for secrets; `None` when no credential is configured.
+    secrets: Option<Arc<CallSecrets>>,
 }
 
 #[derive(Debug)]
@@ -94,9 +103,9 @@ impl<T> Counted<T> {
 }
 
 impl Held {
-    /// Nothing held; the limits of `limits`.
-    pub(super) fn new(limits: &Limits) -> Self {
-        Held { files: Counted::new(limits.open_files), streams: Counted::new(limits.file_streams) }
+    /// Nothing held; the limits of `limits`; files and names checked by `secrets`, if any.
+    pub(super) fn new(limits: &Limits, secrets: Option<Arc<CallSecrets>>) -> Self {
+        Held { files: Counted::new(limits.open_files), streams: Counted::new(limits.file_streams), secrets }
     }
 
     fn admit_file(&mut self) -> bool {
@@ -163,23 +172,40 @@ pub(super) struct Listing {
     batch: Batch,
     /// Lives as long as the listing: what [`Held`] counts as its open file.
     open: Arc<()>,
+    /// Names are checked for secrets: by this call's check, with this scanner.
+    names: Option<NameCheck>,
+}
+
+/// What checks the names of a listing: the call's check (for its records),
+/// its scanner, and the guest's path of the directory.
+#[derive(Clone)]
+struct NameCheck {
+    secrets: Arc<CallSecrets>,
+    scanner: Arc<SecretScanner>,
+    dir: String,
 }
 
 impl Listing {
     /// A listing of `dir`, opened on the blocking pool (a directory on a
-    /// network filesystem may take long to open).
-    async fn open(dir: Arc<std::fs::File>) -> Result<Self, ErrorCode> {
+    /// network filesystem may take long to open); its names checked by
+    /// `secrets`, if any.
+    async fn open(dir: Arc<std::fs::File>, secrets: Option<Arc<CallSecrets>>) -> Result<Self, ErrorCode> {
         let opened = tokio::task::spawn_blocking(move || {
             use rustix::fs::{Mode, OFlags};
             // The directory itself, through the guest's descriptor: nothing else is named.
             let own =
                 rustix::fs::openat(&*dir, c".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
-            rustix::fs::Dir::new(own)
+            let names = secrets.map(|secrets| NameCheck {
+                scanner: secrets.listing_scanner(),
+                dir: secrets.guest_path(&dir, ""),
+                secrets,
+            });
+            rustix::fs::Dir::new(own).map(|d| (d, names))
         })
         .await
         .map_err(|_| ErrorCode::Io)?;
-        let dir = opened.map_err(|e| ErrorCode::from(std::io::Error::from(e)))?;
-        Ok(Listing { dir: Some(dir), batch: VecDeque::new(), open: Arc::new(()) })
+        let (dir, names) = opened.map_err(|e| ErrorCode::from(std::io::Error::from(e)))?;
+        Ok(Listing { dir: Some(dir), batch: VecDeque::new(), open: Arc::new(()), names })
     }
 
     /// The next entry; `None` at the end.
@@ -187,7 +213,10 @@ impl Listing {
         if self.batch.is_empty()
             && let Some(dir) = self.dir.take()
         {
-            let (dir, batch) = tokio::task::spawn_blocking(move || read_batch(dir)).await.map_err(|_| ErrorCode::Io)?;
+            let names = self.names.clone();
+            let (dir, batch) = tokio::task::spawn_blocking(move || read_batch(dir, names.as_ref()))
+                .await
+                .map_err(|_| ErrorCode::Io)?;
             self.dir = dir;
             self.batch = batch;
         }
@@ -203,8 +232,9 @@ impl Listing {
 /// Up to [`BATCH`] entries of `dir` (without `.` and `..`), and the reader
 /// if it goes on. As wasmtime-wasi lists them: a name that is not UTF-8 is
 /// `illegal-byte-sequence` and the listing goes on; an error reading the
-/// directory ends it.
-fn read_batch(mut dir: rustix::fs::Dir) -> (Option<rustix::fs::Dir>, Batch) {
+/// directory ends it. A name that holds a secret of `names` is left out,
+/// and recorded.
+fn read_batch(mut dir: rustix::fs::Dir, names: Option<&NameCheck>) -> (Option<rustix::fs::Dir>, Batch) {
     let mut batch = VecDeque::with_capacity(BATCH);
     while batch.len() < BATCH {
         let entry = match dir.read() {
@@ -217,6 +247,16 @@ fn read_batch(mut dir: rustix::fs::Dir) -> (Option<rustix::fs::Dir>, Batch) {
         };
         let name = entry.file_name();
         if name == c"." || name == c".." {
+            continue;
+        }
+        if let Some(check) = names
+            && let Some(f) = check.scanner.find(name.to_bytes())
+        {
+            check.secrets.record(format!(
+                "a name in the listing of {} was left out: it held {}; keep secrets out of granted directories",
+                shown(&check.dir),
+                named(&f)
+            ));
             continue;
         }
         let kind = match entry.file_type() {
@@ -256,15 +296,32 @@ fn descriptor_type(t: rustix::fs::FileType) -> fs::DescriptorType {
 pub(super) fn add_to_linker<S: FilesystemCall>(linker: &mut Linker<S>) -> wasmtime::Result<()> {
     type OpenArgs = (Resource<fs::Descriptor>, PathFlags, String, OpenFlags, DescriptorFlags);
     linker.allow_shadowing(true);
+    // The guest's paths of its preopens, for the records of the secret check.
+    linker.instance("wasi:filesystem/preopens@0.2.12")?.func_wrap("get-directories", |mut store, (): ()| {
+        use wasmtime_wasi::p2::bindings::filesystem::preopens::Host as _;
+        let (mut view, held) = store.data_mut().filesystem_and_held();
+        let dirs = view.get_directories()?;
+        if let Some(secrets) = &held.secrets {
+            for (fd, guest) in &dirs {
+                if let Ok(Descriptor::Dir(d)) = view.table.get(fd) {
+                    secrets.name_dir(&d.dir, guest.clone());
+                }
+            }
+        }
+        Ok((dirs,))
+    })?;
     let mut types = linker.instance("wasi:filesystem/types@0.2.12")?;
     types.func_wrap_async(
         "[method]descriptor.open-at",
         |mut store, (fd, path_flags, path, oflags, flags): OpenArgs| {
             Box::new(async move {
                 let (mut view, held) = store.data_mut().filesystem_and_held();
-                if let Ok(Descriptor::Dir(d)) = view.table.get(&fd) {
-                    let (dir, p, follow) =
-                        (d.dir.clone(), path.clone(), path_flags.contains(PathFlags::SYMLINK_FOLLOW));
+                let base = match view.table.get(&fd) {
+                    Ok(Descriptor::Dir(d)) => Some(d.dir.clone()),
+                    _ => None,
+                };
+                if let Some(dir) = &base {
+                    let (dir, p, follow) = (dir.clone(), path.clone(), path_flags.contains(PathFlags::SYMLINK_FOLLOW));
                     // On the blocking pool, as wasmtime-wasi's own open is.
                     if let Ok(Some(kind)) = tokio::task::spawn_blocking(move || special_file(&dir, &p, follow)).await {
                         tracing::debug!("refused to open {kind} `{path}` inside a grant");
@@ -274,13 +331,81 @@ pub(super) fn add_to_linker<S: FilesystemCall>(linker: &mut Linker<S>) -> wasmti
                 if !held.admit_file() {
                     return Ok((Err(PAST_A_LIMIT),));
                 }
-                match HostDescriptor::open_at(&mut view, fd, path_flags, path, oflags, flags).await {
-                    Ok(opened) => {
-                        held.hold_file(open_file(view.table.get(&opened)?));
-                        Ok((Ok(opened),))
+                // Only with a credential configured: the guest's path, for records.
+                let guest = match (&held.secrets, &base) {
+                    (Some(secrets), Some(dir)) => Some(secrets.guest_path(dir, &path)),
+                    _ => None,
+                };
+                let opened = match HostDescriptor::open_at(&mut view, fd, path_flags, path, oflags, flags).await {
+                    Ok(opened) => opened,
+                    Err(e) => return Ok((Err(code(e)?),)),
+                };
+                let descriptor = view.table.get(&opened)?;
+                held.hold_file(open_file(descriptor));
+                let (Some(secrets), Some(guest)) = (&held.secrets, guest) else { return Ok((Ok(opened),)) };
+                let file = match descriptor {
+                    Descriptor::Dir(d) => {
+                        secrets.name_dir(&d.dir, guest);
+                        return Ok((Ok(opened),));
                     }
-                    Err(e) => Ok((Err(code(e)?),)),
+                    // The host opened it readable (asked for, or not opened for writing): checked first.
+                    Descriptor::File(f) if f.open_mode.contains(OpenMode::READ) => f.file.clone(),
+                    Descriptor::File(_) => return Ok((Ok(opened),)),
+                };
+                let cancel = CancelOnDrop(Arc::new(AtomicBool::new(false)));
+                let (check, stop) = (secrets.clone(), cancel.0.clone());
+                let verdict = tokio::task::spawn_blocking(move || check.check_file(&file, &stop))
+                    .await
+                    .unwrap_or_else(|_| Err("the host's check of it failed".into()));
+                drop(cancel);
+                match verdict {
+                    Ok(()) => Ok((Ok(opened),)),
+                    Err(why) => {
+                        // Closed before the guest could read a byte.
+                        view.table.delete(opened)?;
+                        secrets.record(format!(
+                            "file {} refused to the guest (`access`): {why}. Keep secrets out of granted \
+                             directories, or the file out of the grant",
+                            shown(&guest)
+                        ));
+                        Ok((Err(ErrorCode::Access),))
+                    }
                 }
+            })
+        },
+    )?;
+    types.func_wrap_async(
+        "[method]descriptor.readlink-at",
+        |mut store, (fd, path): (Resource<fs::Descriptor>, String)| {
+            Box::new(async move {
+                let (mut view, held) = store.data_mut().filesystem_and_held();
+                let guest = match (&held.secrets, view.table.get(&fd)) {
+                    (Some(_), Ok(Descriptor::Dir(d))) => held.secrets.as_ref().map(|s| s.guest_path(&d.dir, &path)),
+                    _ => None,
+                };
+                let target = match HostDescriptor::readlink_at(&mut view, fd, path).await {
+                    Ok(target) => target,
+                    Err(e) => return Ok((Err(code(e)?),)),
+                };
+                let (Some(secrets), Some(guest)) = (held.secrets.clone(), guest) else { return Ok((Ok(target),)) };
+                // A link's target is text the guest reads, like a name in a listing.
+                let checked = tokio::task::spawn_blocking(move || {
+                    let found = secrets.listing_scanner().find(target.as_bytes());
+                    if let Some(f) = &found {
+                        secrets.record(format!(
+                            "the target of link {} was refused to the guest (`access`): it held {}; keep secrets \
+                             out of granted directories",
+                            shown(&guest),
+                            named(f)
+                        ));
+                    }
+                    (found.is_none(), target)
+                })
+                .await;
+                Ok((match checked {
+                    Ok((true, target)) => Ok(target),
+                    _ => Err(ErrorCode::Access),
+                },))
             })
         },
     )?;
@@ -300,7 +425,7 @@ pub(super) fn add_to_linker<S: FilesystemCall>(linker: &mut Linker<S>) -> wasmti
             if !held.admit_file() {
                 return Ok((Err(PAST_A_LIMIT),));
             }
-            let listing = match Listing::open(dir).await {
+            let listing = match Listing::open(dir, held.secrets.clone()).await {
                 Ok(listing) => listing,
                 Err(code) => return Ok((Err(code),)),
             };
@@ -433,7 +558,7 @@ mod tests {
     #[test]
     fn streams_are_counted_live_not_cumulatively() {
         let mut table = ResourceTable::new();
-        let mut held = Held::new(&limits(2));
+        let mut held = Held::new(&limits(2), None);
         let a = open(&mut table, &mut held, true).unwrap();
         open(&mut table, &mut held, false).unwrap();
         assert_eq!(open(&mut table, &mut held, true), None, "a third held at once is refused");
@@ -454,7 +579,7 @@ mod tests {
     #[test]
     fn a_number_reused_by_another_kind_is_not_counted() {
         let mut table = ResourceTable::new();
-        let mut held = Held::new(&limits(1));
+        let mut held = Held::new(&limits(1), None);
         let a = open(&mut table, &mut held, true).unwrap();
         table.delete(Resource::<DynInputStream>::new_own(a)).unwrap();
         // The number now holds something that is not a stream (an HTTP field set, say).
@@ -466,7 +591,7 @@ mod tests {
     #[test]
     fn a_file_counts_while_anything_keeps_its_descriptor_open() {
         let dir = tempfile::tempdir().unwrap();
-        let mut held = Held::new(&limits(2));
+        let mut held = Held::new(&limits(2), None);
         let file = || Arc::new(std::fs::File::open(dir.path()).unwrap());
         let (a, b) = (file(), file());
         held.hold_file(Arc::downgrade(&a) as OpenFile);
@@ -492,7 +617,7 @@ mod tests {
         std::os::unix::fs::symlink("f0", dir.path().join("link")).unwrap();
         let fifo = dir.path().join("pipe");
         rustix::fs::mknodat(rustix::fs::CWD, &fifo, rustix::fs::FileType::Fifo, rustix::fs::Mode::RUSR, 0).unwrap();
-        let mut listing = Listing::open(Arc::new(std::fs::File::open(dir.path()).unwrap())).await.unwrap();
+        let mut listing = Listing::open(Arc::new(std::fs::File::open(dir.path()).unwrap()), None).await.unwrap();
         assert_eq!(listing.buffered(), 0, "nothing is read before the guest asks");
         let mut names = std::collections::BTreeMap::new();
         while let Some(e) = listing.next().await.unwrap() {
@@ -511,7 +636,7 @@ mod tests {
     #[test]
     fn each_limit_met_is_recorded_once_with_its_setting() {
         let mut table = ResourceTable::new();
-        let mut held = Held::new(&limits(1));
+        let mut held = Held::new(&limits(1), None);
         open(&mut table, &mut held, true).unwrap();
         assert_eq!(open(&mut table, &mut held, true), None);
         assert_eq!(open(&mut table, &mut held, false), None);

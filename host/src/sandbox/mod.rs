@@ -7,7 +7,9 @@
 //! capture of guest output ([`capture`]), each directory grant bound to
 //! the directory checked when the config was loaded ([`grant_dir`]), and the epoch
 //! [`ticker`] that interrupts running guests, and the checks in front of a
-//! guest's filesystem (special files, what a call holds open: `filesystem`).
+//! guest's filesystem (special files, what a call holds open: `filesystem`),
+//! and the check that keeps every configured secret out of what a guest
+//! reads from its files and out of what a call returns (`withhold`).
 //!
 //! Architecture invariant: the sandbox decides nothing. [`executor::Executor::execute`]
 //! takes only a [`crate::policy::gate::AllowedCall`], and a guest reaches the
@@ -20,3 +22,4 @@ pub mod grant_dir;
 pub mod outbound;
 pub mod scan;
 pub mod ticker;
+mod withhold;

@@ -67,14 +67,14 @@ pub struct HttpLimits {
 /// guest writes (stdout, stderr, log): a guest can neither erase these lines
 /// by flooding its own output nor add to them.
 #[derive(Debug, Default)]
-struct HostRecords(Mutex<(Vec<String>, u64)>);
+pub(super) struct HostRecords(Mutex<(Vec<String>, u64)>);
 
 /// Most host records kept per call; further ones are counted.
 const MAX_RECORDS: usize = 64;
 
 impl HostRecords {
     /// Record one line.
-    fn add(&self, line: String) {
+    pub(super) fn add(&self, line: String) {
         let mut r = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if r.0.len() < MAX_RECORDS {
             r.0.push(line);
@@ -83,7 +83,7 @@ impl HostRecords {
         }
     }
     /// The lines kept, and how many more were dropped.
-    fn take(&self) -> (Vec<String>, u64) {
+    pub(super) fn take(&self) -> (Vec<String>, u64) {
         let mut r = self.0.lock().unwrap_or_else(|p| p.into_inner());
         (std::mem::take(&mut r.0), r.1)
     }
@@ -95,8 +95,9 @@ impl HostRecords {
 /// checked against every value the call has seen — each secret as read at
 /// that response, and the exact value applied to its request — so a
 /// credential rewritten during the call (a token refresh) is watched in its
-/// old and its new value.
-struct SecretWatch {
+/// old and its new value. The same watch checks what a guest reads from its
+/// files and what a call returns ([`super::withhold`]).
+pub(super) struct SecretWatch {
     specs: Arc<[Arc<CredentialSpec>]>,
     seen: Mutex<Seen>,
 }
@@ -113,7 +114,7 @@ struct Seen {
 
 impl SecretWatch {
     /// Watch for the secrets of `specs`.
-    fn new(specs: Arc<[Arc<CredentialSpec>]>) -> Self {
+    pub(super) fn new(specs: Arc<[Arc<CredentialSpec>]>) -> Self {
         SecretWatch { specs, seen: Mutex::default() }
     }
 
@@ -131,7 +132,7 @@ impl SecretWatch {
 
     /// The scanner for a response (the value its request carried is already
     /// in: [`SecretWatch::sent`] took it before the request left).
-    fn scanner(&self, records: &HostRecords) -> Arc<SecretScanner> {
+    pub(super) fn scanner(&self, records: &HostRecords) -> Arc<SecretScanner> {
         let mut current = Vec::with_capacity(self.specs.len() + 1);
         let mut unreadable = Vec::new();
         for spec in self.specs.iter() {
@@ -730,8 +731,12 @@ fn inspect(
         parts.headers.remove(http::header::TRANSFER_ENCODING);
         parts.headers.insert(CONTENT_LENGTH, HeaderValue::from(data.len()));
     }
-    let mut inflate =
-        Inflate { budget: limit.saturating_mul(INFLATE_FACTOR), attempts: MAX_STREAMS, members: MAX_MEMBERS };
+    let mut inflate = Inflate {
+        budget: limit.saturating_mul(INFLATE_FACTOR),
+        attempts: MAX_STREAMS,
+        members: MAX_MEMBERS,
+        budget_is: "4× `limits.http_response_kib`",
+    };
     match check_body(scanner, &data, &mut inflate, 0) {
         Ok(None) => Ok(data),
         Ok(Some(f)) => Err(held(f, "the body")),
@@ -753,6 +758,8 @@ const INFLATE_FACTOR: usize = 4;
 struct Inflate {
     /// Bytes of output left, over every stream at every depth.
     budget: usize,
+    /// What the budget was, as the refusal names it.
+    budget_is: &'static str,
     /// Streams left to try.
     attempts: usize,
     /// Members (of any stream) left to inflate: each costs a decoder.
@@ -766,6 +773,19 @@ fn is_zlib(data: &[u8]) -> bool {
         && data[0] & 0x0f == 8
         && data[0] >> 4 <= 7
         && u16::from_be_bytes([data[0], data[1]]).is_multiple_of(31)
+}
+
+/// [`check_body`] for a file a guest reads ([`super::withhold`]), which is
+/// checked as a response body is: its compressed streams inflate to at most
+/// `budget` bytes in all (`budget_is` names it in a refusal).
+pub(super) fn check_compressed(
+    scanner: &SecretScanner,
+    data: &[u8],
+    budget: usize,
+    budget_is: &'static str,
+) -> Result<Option<super::scan::Finding>, String> {
+    let mut inflate = Inflate { budget, attempts: MAX_STREAMS, members: MAX_MEMBERS, budget_is };
+    check_body(scanner, data, &mut inflate, 0)
 }
 
 /// Check a (decoded) body for secrets, and inside it every gzip stream and
@@ -829,7 +849,8 @@ fn check_body(
         }
         let Some(left) = inflate.budget.checked_sub(out.len()) else {
             return Err(format!(
-                "its compressed streams inflate past {INFLATE_FACTOR}× `limits.http_response_kib`, more than the host checks"
+                "its compressed streams inflate past {}, more than the host checks",
+                inflate.budget_is
             ));
         };
         inflate.budget = left;
@@ -1062,7 +1083,12 @@ mod tests {
         check_body(
             s,
             data,
-            &mut Inflate { budget: limit * INFLATE_FACTOR, attempts: MAX_STREAMS, members: MAX_MEMBERS },
+            &mut Inflate {
+                budget: limit * INFLATE_FACTOR,
+                attempts: MAX_STREAMS,
+                members: MAX_MEMBERS,
+                budget_is: "4× `limits.http_response_kib`",
+            },
             0,
         )
     }

@@ -1,0 +1,428 @@
+//! Withhold: the secret of every configured credential kept out of what a
+//! guest reads through its directory grants, and out of what a call hands
+//! the model and the journal (DESIGN.md invariants 7 and 13).
+//!
+//! Owns the per-call check, [`CallSecrets`], that the filesystem layer and
+//! the executor share. It watches what the outbound boundary watches (every
+//! configured credential, each value the process has read or sent:
+//! [`SecretWatch`]) with the same scanner and encodings as responses:
+//!
+//! - A regular file a guest opens with read access is checked before the
+//!   guest can read a byte of it ([`CallSecrets::check_file`]), on the
+//!   blocking pool, through the descriptor the guest will read (the inode
+//!   it got, not the path). Up to [`WHOLE`] bytes it is read whole and
+//!   checked as a response body is (gzip and zlib streams no header
+//!   declared are inflated, within [`WHOLE_INFLATE`]); a larger one, up to
+//!   `limits.file_check_mib`, is read in [`CHUNK`] pieces, each checked with
+//!   the end of the one before it ([`overlap`]), so a secret across a
+//!   boundary is found. A file over the limit, or that is not a regular
+//!   file, is refused: the host cannot vouch for what it did not read. A
+//!   call checks a file once per (device, inode, size, modification and
+//!   change times) and the values it was checked for.
+//! - Names in a directory listing are checked one by one
+//!   ([`CallSecrets::listing_scanner`]); a name holding a secret is left out.
+//! - What a call returns (content, Commands, error text) and captured
+//!   (stdout, stderr, log, host records) is checked by the executor with
+//!   [`CallSecrets::scanner`] before the Step commit; text the host cuts to a
+//!   limit is checked with what follows the cut ([`find_in_kept`]), so a
+//!   secret across the cut cannot leave its first bytes behind.
+//!
+//! What it cannot catch (a file changed after its check, a secret split
+//! across files or reads, compressed inside a large file) is in SECURITY.md,
+//! "Known limits".
+//!
+//! Architecture invariant: nothing is built or read when no credential is
+//! configured ([`CallSecrets::new`] is `None`); a refusal names the
+//! credential, the form and the guest's path — never the secret.
+
+use std::collections::HashMap;
+use std::os::unix::fs::{FileExt as _, MetadataExt as _};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use super::outbound::{HostRecords, SecretWatch, check_compressed};
+use super::scan::{Finding, SecretScanner};
+use crate::authority::credentials::CredentialSpec;
+
+/// Files up to this size are read whole and checked as a response body is
+/// (the default `limits.http_response_kib`).
+pub(super) const WHOLE: usize = 4 << 20;
+/// What the compressed streams of a file checked whole may inflate to.
+pub(super) const WHOLE_INFLATE: usize = 4 * WHOLE;
+/// A larger file is read and checked this much at a time.
+pub(super) const CHUNK: usize = 4 << 20;
+/// The least that checked pieces overlap by, and the text the host checks
+/// after a cut ([`find_in_kept`]).
+pub(super) const LOOKAHEAD: usize = 64 << 10;
+/// How much longer than its longest needle a secret may be as written and
+/// still be found across a boundary: a view undoes escapes that write a
+/// byte in up to six (`\u002F`, `&#x2F;`).
+const STRETCH: usize = 8;
+
+/// What pieces of data checked one after another must overlap by, so a
+/// secret written across their boundary is whole in one of them.
+pub(super) fn overlap(scanner: &SecretScanner) -> usize {
+    scanner.longest().saturating_mul(STRETCH).max(LOOKAHEAD)
+}
+
+/// The first secret in the part of `text` a cut to `keep` bytes leaves, or
+/// in any form that starts there and runs past the cut: `text` is checked
+/// up to [`overlap`] bytes beyond `keep` (and no further, so a huge text
+/// costs a bounded check).
+pub(super) fn find_in_kept(scanner: &SecretScanner, text: &str, keep: usize) -> Option<Finding> {
+    let end = text.floor_char_boundary(keep.saturating_add(overlap(scanner)));
+    scanner.find(&text.as_bytes()[..end])
+}
+
+/// How a finding is named in a record or a note: the credential, the form
+/// and the view — never the secret.
+pub(super) fn named(f: &Finding) -> String {
+    format!("the secret of credential `{}` ({}, {})", f.credential, f.form, f.view)
+}
+
+/// A path as the guest wrote it, for a record: quoted and cut short, so it
+/// cannot pass for a record of its own.
+pub(super) fn shown(path: &str) -> String {
+    let short: String = path.chars().take(200).collect();
+    format!("{short:?}")
+}
+
+/// Which file, as the call's checks remember it: the same inode with the
+/// same size and times holds the same bytes (a write changes the change
+/// time, which no one can set back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct FileKey {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+/// The per-call check against every configured secret.
+pub(super) struct CallSecrets {
+    watch: SecretWatch,
+    records: HostRecords,
+    state: Mutex<State>,
+    /// Largest file checked (`limits.file_check_mib`), bytes.
+    file_limit: u64,
+}
+
+#[derive(Default)]
+struct State {
+    /// The scanner the call last read the secrets into.
+    scanner: Option<Arc<SecretScanner>>,
+    /// Files checked with that scanner: `Err(why)` for the refused ones.
+    checked: HashMap<FileKey, Result<(), String>>,
+    /// Guest paths of the directories the guest holds (preopens and
+    /// directories it opened), by the host file behind them, for records.
+    dirs: Vec<(Weak<std::fs::File>, String)>,
+}
+
+impl std::fmt::Debug for CallSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallSecrets").field("file_limit", &self.file_limit).finish_non_exhaustive()
+    }
+}
+
+impl CallSecrets {
+    /// The check of one call, watching `watched`; `None` when no credential
+    /// is configured (nothing to look for: nothing is read or built).
+    pub(super) fn new(watched: &Arc<[Arc<CredentialSpec>]>, file_check_mib: u64) -> Option<Arc<Self>> {
+        (!watched.is_empty()).then(|| {
+            Arc::new(CallSecrets {
+                watch: SecretWatch::new(watched.clone()),
+                records: HostRecords::default(),
+                state: Mutex::default(),
+                file_limit: file_check_mib.saturating_mul(1 << 20),
+            })
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The scanner for every watched secret as its source holds it now
+    /// (blocking: it reads the sources), and every value the process saw
+    /// before. New values forget which files were checked clean.
+    pub(super) fn scanner(&self) -> Arc<SecretScanner> {
+        let scanner = self.watch.scanner(&self.records);
+        let mut state = self.state();
+        if !state.scanner.as_ref().is_some_and(|s| Arc::ptr_eq(s, &scanner)) {
+            state.checked.clear();
+            state.scanner = Some(scanner.clone());
+        }
+        scanner
+    }
+
+    /// The scanner for the names of a listing: the call's last one, or one
+    /// read now (blocking) if the call has none yet.
+    pub(super) fn listing_scanner(&self) -> Arc<SecretScanner> {
+        let last = self.state().scanner.clone();
+        last.unwrap_or_else(|| self.scanner())
+    }
+
+    /// Record one line in the call's host records.
+    pub(super) fn record(&self, line: String) {
+        self.records.add(line);
+    }
+
+    /// The call's records from these checks (taken), and how many more were dropped.
+    pub(super) fn take_records(&self) -> (Vec<String>, u64) {
+        self.records.take()
+    }
+
+    /// The guest holds `dir` as `guest` (a preopen, or a directory it opened).
+    pub(super) fn name_dir(&self, dir: &Arc<std::fs::File>, guest: String) {
+        let mut state = self.state();
+        state.dirs.retain(|(d, _)| d.strong_count() > 0);
+        state.dirs.push((Arc::downgrade(dir), guest));
+    }
+
+    /// The guest's path of `path` under `dir`, as the guest named them.
+    pub(super) fn guest_path(&self, dir: &Arc<std::fs::File>, path: &str) -> String {
+        let state = self.state();
+        // A live `Weak` keeps its allocation: no other directory has its address.
+        let base = state.dirs.iter().find(|(d, _)| std::ptr::eq(d.as_ptr(), Arc::as_ptr(dir))).map(|(_, g)| g.as_str());
+        match base {
+            Some(base) if path.is_empty() || path == "." => base.to_owned(),
+            Some(base) => format!("{}/{path}", base.trim_end_matches('/')),
+            None => format!("…/{path}"),
+        }
+    }
+
+    /// Whether the guest may read `file` (blocking): `Err(why)` when it
+    /// holds a secret, is larger than the host checks, is not a regular
+    /// file, or the check could not finish. Stops early once `cancel` is
+    /// set (the call is over).
+    pub(super) fn check_file(&self, file: &std::fs::File, cancel: &AtomicBool) -> Result<(), String> {
+        let meta = file.metadata().map_err(|e| format!("the host could not read what it is ({e})"))?;
+        if !meta.is_file() {
+            return Err("it is not a regular file, which the host cannot check for secrets".into());
+        }
+        if meta.len() > self.file_limit {
+            return Err(self.too_large(meta.len()));
+        }
+        let key = FileKey {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        };
+        // Checked before in this call (for the values read then): not again.
+        if let Some(verdict) = self.state().checked.get(&key) {
+            return verdict.clone();
+        }
+        // The secrets as their sources hold them now (new values forget what was checked).
+        let scanner = self.scanner();
+        if scanner.is_empty() {
+            return Ok(());
+        }
+        let verdict = match self.read_and_check(file, meta.len(), &scanner, cancel) {
+            Ok(None) => Ok(()),
+            Ok(Some(f)) => Err(format!("it holds {}", named(&f))),
+            Err(Stopped::Why(why)) => Err(why),
+            // Not remembered: the call is over.
+            Err(Stopped::Cancelled) => return Err("the call ended before the check did".into()),
+        };
+        self.state().checked.insert(key, verdict.clone());
+        verdict
+    }
+
+    fn too_large(&self, size: u64) -> String {
+        format!(
+            "it is {:.1} MiB, more than `limits.file_check_mib` = {} that the host checks for secrets before a guest \
+             reads a file; raise the limit or keep the file out of the grant",
+            size as f64 / f64::from(1 << 20),
+            self.file_limit >> 20
+        )
+    }
+
+    /// `file` read from its start and checked: whole up to [`WHOLE`] bytes,
+    /// in overlapping pieces beyond.
+    fn read_and_check(
+        &self,
+        file: &std::fs::File,
+        size: u64,
+        scanner: &SecretScanner,
+        cancel: &AtomicBool,
+    ) -> Result<Option<Finding>, Stopped> {
+        let mut data = Vec::new();
+        let hint = usize::try_from(size).unwrap_or(usize::MAX);
+        read_at_most(file, 0, WHOLE + 1, hint, &mut data)?;
+        if data.len() <= WHOLE {
+            return check_compressed(
+                scanner,
+                &data,
+                WHOLE_INFLATE,
+                "16 MiB (4× the 4 MiB a file is checked whole up to)",
+            )
+            .map_err(|why| Stopped::Why(format!("{why}: refused")));
+        }
+        let overlap = overlap(scanner);
+        let mut offset = data.len() as u64;
+        loop {
+            if let Some(f) = scanner.find(&data) {
+                return Ok(Some(f));
+            }
+            if cancel.load(Ordering::Relaxed) {
+                return Err(Stopped::Cancelled);
+            }
+            // Keep the end of this piece: a secret across the boundary is whole in the next.
+            data.drain(..data.len().saturating_sub(overlap));
+            let read = read_at_most(file, offset, CHUNK, CHUNK, &mut data)?;
+            if read == 0 {
+                return Ok(None);
+            }
+            offset += read as u64;
+            if offset > self.file_limit {
+                // It grew past the limit while being read.
+                return Err(Stopped::Why(self.too_large(offset)));
+            }
+        }
+    }
+}
+
+/// Why a file check stopped without a verdict of clean or found.
+enum Stopped {
+    Why(String),
+    Cancelled,
+}
+
+/// Append up to `max` bytes of `file` from `offset` to `buf` (fewer at its
+/// end), reading in steps of about `hint` bytes (the size it said it has),
+/// without moving the descriptor's position.
+fn read_at_most(
+    file: &std::fs::File,
+    offset: u64,
+    max: usize,
+    hint: usize,
+    buf: &mut Vec<u8>,
+) -> Result<usize, Stopped> {
+    let mut got = 0;
+    while got < max {
+        let start = buf.len();
+        let step = (max - got).min(hint.saturating_sub(got).saturating_add(1).clamp(4 << 10, 1 << 20));
+        buf.resize(start + step, 0);
+        let read = loop {
+            match file.read_at(&mut buf[start..], offset + got as u64) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    buf.truncate(start);
+                    return Err(Stopped::Why(format!("the host could not read it to check it ({e})")));
+                }
+            }
+        };
+        buf.truncate(start + read);
+        if read == 0 {
+            break;
+        }
+        got += read;
+    }
+    Ok(got)
+}
+
+/// Sets its flag when dropped: a check on the blocking pool stops once the
+/// call that waits for it is gone (its deadline passed, it was cancelled).
+pub(super) struct CancelOnDrop(pub(super) Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::authority::credentials::{Apply, CredentialConfig, CredentialSpec, Source};
+
+    const SECRET: &str = "tg/s3+cr=t Zq8v";
+
+    fn secrets(limit_mib: u64) -> Arc<CallSecrets> {
+        // A unique variable per test: tests run in parallel in one process.
+        let var = format!("TOOLGATE_WITHHOLD_TEST_{limit_mib}_{}", std::process::id());
+        // SAFETY (edition 2024): the variable is this test's own.
+        unsafe { std::env::set_var(&var, SECRET) };
+        let config = CredentialConfig {
+            source: Source::Env(var),
+            destinations: vec!["https://api.example:443".into()],
+            apply: Apply::Header { name: "authorization".into(), format: "Bearer {}".into() },
+        };
+        let spec = CredentialSpec::new("tracker", &config, std::path::Path::new("/")).unwrap();
+        CallSecrets::new(&Arc::from([Arc::new(spec)]), limit_mib).unwrap()
+    }
+
+    fn check(s: &CallSecrets, bytes: &[u8]) -> Result<(), String> {
+        let mut f = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut f, bytes).unwrap();
+        s.check_file(&f, &AtomicBool::new(false))
+    }
+
+    #[test]
+    fn no_credential_builds_nothing() {
+        assert!(CallSecrets::new(&Arc::from([]), 64).is_none());
+    }
+
+    #[test]
+    fn a_file_holding_a_secret_in_any_form_is_refused_naming_the_credential() {
+        let s = secrets(64);
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD.encode(SECRET);
+        let percent = SECRET.replace('/', "%2F").replace('+', "%2B").replace('=', "%3D").replace(' ', "%20");
+        for content in [
+            format!("GH_TOKEN={SECRET}\n"),
+            format!("token: {b64}\n"),
+            format!("[remote \"origin\"]\n\turl = https://x:{percent}@github.com/o/r\n"),
+        ] {
+            let why = check(&s, content.as_bytes()).unwrap_err();
+            assert!(why.contains("credential `tracker`") && !why.contains(SECRET), "{why}");
+        }
+        // A loose Git object: zlib at the start, inflated for the check.
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+        let object = format!("blob 900\0{}\nGH_TOKEN={SECRET}\n", "# settings\n".repeat(80));
+        std::io::Write::write_all(&mut z, object.as_bytes()).unwrap();
+        let compressed = z.finish().unwrap();
+        assert!(!compressed.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()), "not stored as it is");
+        let why = check(&s, &compressed).unwrap_err();
+        assert!(why.contains("zlib"), "{why}");
+        assert_eq!(check(&s, b"GH_TOKEN=${GH_TOKEN}\n"), Ok(()), "a clean file reads");
+        assert_eq!(check(&s, b""), Ok(()));
+    }
+
+    #[test]
+    fn a_secret_across_a_piece_boundary_of_a_large_file_is_found() {
+        let s = secrets(64);
+        for at in [CHUNK + 1 - 7, 2 * CHUNK + 1 - overlap(&s.scanner()) + 3, 3 * CHUNK] {
+            let mut data = vec![b'.'; 3 * CHUNK + 100];
+            data[at..at + SECRET.len()].copy_from_slice(SECRET.as_bytes());
+            assert!(check(&s, &data).is_err(), "at {at}");
+        }
+        let clean = vec![b'.'; 2 * CHUNK + 5];
+        assert_eq!(check(&s, &clean), Ok(()));
+    }
+
+    #[test]
+    fn a_file_over_the_limit_is_refused_naming_the_setting_and_a_cancelled_check_stops() {
+        let s = secrets(1);
+        let why = check(&s, &vec![b'.'; (1 << 20) + 1]).unwrap_err();
+        assert!(why.contains("`limits.file_check_mib` = 1"), "{why}");
+        let s = secrets(64);
+        let mut f = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut f, &vec![b'.'; 3 * CHUNK]).unwrap();
+        let why = s.check_file(&f, &AtomicBool::new(true)).unwrap_err();
+        assert!(why.contains("ended"), "{why}");
+        assert_eq!(s.check_file(&f, &AtomicBool::new(false)), Ok(()), "a cancelled check is not remembered");
+    }
+
+    #[test]
+    fn a_secret_across_a_cut_is_found_in_what_follows_it() {
+        let s = secrets(64).scanner();
+        let text = format!("{}{SECRET} and more", "x".repeat(100));
+        assert!(find_in_kept(&s, &text, 104).is_some(), "the first 4 bytes would be kept");
+        assert!(find_in_kept(&s, &"y".repeat(10_000_000), 1024).is_none());
+    }
+}
