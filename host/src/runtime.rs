@@ -229,8 +229,27 @@ fn call_id() -> String {
 /// The id of a run that serves one stateless request ([`Run::stateless`]):
 /// marked, so that another stateless request may find its asks and no
 /// conversation's ask is ever found that way.
-pub fn stateless_run_id() -> String {
-    new_id(crate::store::STATELESS_RUN_PREFIX.trim_end_matches('-'))
+///
+/// `principal` is who made the request (e.g. the token it presented, or
+/// the auth entry naming it): the id carries a tag of it, and a stateless
+/// request finds only the asks of its own principal's requests
+/// ([`AskScope::StatelessRequests`]) — another token bound to the same agent
+/// can neither answer nor collect them.
+pub fn stateless_run_id(principal: &str) -> String {
+    let tag = crate::digest::Digest::of(principal.as_bytes()).hex();
+    let tag = tag.get(..16).unwrap_or(&tag);
+    new_id(&format!("{}{tag}", crate::store::STATELESS_RUN_PREFIX))
+}
+
+/// The prefix the run ids of one principal's stateless requests share: up
+/// to and including the `-` after the principal's tag. A run id without a
+/// tag (made before tags) shares it with no other run.
+fn stateless_runs(run_id: &str) -> &str {
+    let tagged = run_id.strip_prefix(crate::store::STATELESS_RUN_PREFIX).and_then(|rest| rest.find('-'));
+    match tagged {
+        Some(at) => &run_id[..crate::store::STATELESS_RUN_PREFIX.len() + at + 1],
+        None => run_id,
+    }
 }
 
 /// `n` in decimal, without the formatting machinery (it is on every call's path).
@@ -683,7 +702,7 @@ impl Run<'_> {
             GateOutcome::AwaitConfirmation { correlation_id } => {
                 if self.stateless {
                     let digest = gate::argument_digest(&call.arguments);
-                    let scope = AskScope::StatelessRequests(snapshot.agent());
+                    let scope = AskScope::StatelessRequests { agent: snapshot.agent(), runs: stateless_runs(&self.id) };
                     if let Some(prior) = rt.store.prior_ask(scope, tool_id, &digest).await?
                         && let Some(result) = step.resume(rt, prior).await?
                     {

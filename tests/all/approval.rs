@@ -173,7 +173,8 @@ async fn ask_in<'r>(run: &toolgate::Run<'r>, note: &str) -> (String, String) {
 }
 
 /// A stateless request (MCP 2026-07-28 over HTTP) finds the identical ask
-/// of an earlier stateless request of its agent, never a conversation's: a
+/// of an earlier stateless request of its principal to its agent, never
+/// another principal's, never a conversation's: a
 /// session's (or a `toolgate call` run's) pending ask, and its decided result,
 /// stay that conversation's.
 #[tokio::test]
@@ -183,13 +184,18 @@ async fn a_stateless_request_finds_only_stateless_asks() {
     let configured = toolgate::ToolCapabilityNarrowing::Configured;
     let conversation = rt.start_run(None, configured).await.unwrap();
     let (ticket, correlation) = ask_in(&conversation, "ours").await;
-    let stateless =
-        || async { rt.start_run(Some(toolgate::runtime::stateless_run_id()), configured).await.unwrap().stateless() };
+    let of = |principal: &'static str| async move {
+        rt.start_run(Some(toolgate::runtime::stateless_run_id(principal)), configured).await.unwrap().stateless()
+    };
+    let stateless = || of("token A");
     let (own, own_correlation) = ask_in(&stateless().await, "ours").await;
     assert!(own != ticket && own_correlation != correlation, "a stateless request found a conversation's ask");
     // Another stateless request finds the first stateless one: the same request, no new ticket.
     let (again, again_correlation) = ask_in(&stateless().await, "ours").await;
-    assert_eq!((again, again_correlation), (own.clone(), own_correlation));
+    assert_eq!((again, again_correlation.clone()), (own.clone(), own_correlation.clone()));
+    // Another principal bound to the same agent (another token) does not: its own request.
+    let (theirs, theirs_correlation) = ask_in(&of("token B").await, "ours").await;
+    assert!(theirs != own && theirs_correlation != own_correlation, "another principal found token A's ask");
     // Decided, the conversation's result is not handed to a stateless request.
     assert!(matches!(rt.approve(&ticket, &approver()).await.unwrap(), StepResult::Output { .. }));
     rt.deny(&own, "not this one", &approver()).await.unwrap();

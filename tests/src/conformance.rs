@@ -301,9 +301,10 @@ pub async fn a_decided_result_is_delivered_once(b: &dyn Backend) {
     assert_eq!((prior.record.ticket_id.as_str(), prior.record.state.as_str()), ("t", "pending"));
     assert!(!prior.delivered && prior.resolution.is_none());
     assert!(s.prior_ask(AskScope::Run("run-2"), "notes.add", &digest).await.unwrap().is_none(), "another run");
-    // The agent's stateless requests: only runs that serve one, never a conversation's ask,
-    // also when a conversation asked the same call after them; no other agent's.
-    let stateless = |agent| s.prior_ask(AskScope::StatelessRequests(agent), "notes.add", &digest);
+    // A principal's stateless requests to the agent: only runs that serve one of
+    // that principal's, never a conversation's ask, also when a conversation
+    // asked the same call after them; no other agent's, no other principal's.
+    let stateless = |agent| s.prior_ask(AskScope::StatelessRequests { agent, runs: "req-a1-" }, "notes.add", &digest);
     assert!(stateless("main").await.unwrap().is_none(), "a conversation's ask");
     let in_run = |run: &'static str, call, ticket: &str| {
         let mut step = step(call, OutcomeKind::Awaiting);
@@ -312,13 +313,18 @@ pub async fn a_decided_result_is_delivered_once(b: &dyn Backend) {
         record.run_id = run.into();
         (step, record)
     };
-    for (run, call, ticket) in [("req-1", "s1", "s"), ("run-9", "c9", "t9")] {
+    for (run, call, ticket) in [("req-a1-1", "s1", "s"), ("run-9", "c9", "t9"), ("req-b2-1", "s2", "s2")] {
         let (step, record) = in_run(run, call, ticket);
         s.commit_step(&step, &[], Some(&record)).await.unwrap();
     }
     let found = stateless("main").await.unwrap().expect("a stateless request's ask");
     assert_eq!(found.record.ticket_id, "s");
     assert!(stateless("other").await.unwrap().is_none(), "another agent");
+    let of = |runs| s.prior_ask(AskScope::StatelessRequests { agent: "main", runs }, "notes.add", &digest);
+    assert_eq!(of("req-b2-").await.unwrap().map(|p| p.record.ticket_id).as_deref(), Some("s2"));
+    assert!(of("req-c3-").await.unwrap().is_none(), "another principal");
+    // A prefix is text, not a pattern: LIKE's wildcards match nothing here.
+    assert!(of("req-%").await.unwrap().is_none() && of("req-__-").await.unwrap().is_none(), "a pattern");
     assert!(
         s.prior_ask(AskScope::Run("run-1"), "notes.add", &"e".repeat(64)).await.unwrap().is_none(),
         "other arguments"

@@ -108,7 +108,7 @@ const DISGUISED: &str = "out/\u{202E}fdp.exe\u{2028}\u{2028}(verified read-only 
 const IMPOSTOR: &str = "ed25519:AAAA via signature\u{202E}";
 
 /// A directory for `toolgate serve`: `notes(op = "add")` asks; no approver
-/// keys, so the client's UI decides; two HTTP tokens (the second for `default`).
+/// keys, so the client's UI decides; three HTTP tokens (the second and third for `default`).
 fn serve_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let plugins = dir.path().join("plugins");
@@ -124,6 +124,7 @@ cache = "cache"
 auth = [
   { agent = "reader", token = { env = "TOOLGATE_READER_TOKEN" } },
   { agent = "default", token = { env = "TOOLGATE_TEST_TOKEN" } },
+  { agent = "default", token = { env = "TOOLGATE_OTHER_TOKEN" } },
 ]
 [agents.reader]
 visible = []
@@ -142,6 +143,7 @@ rules = [
 
 const TEST_TOKEN: &str = "tg-test-token-0123456789abcdef";
 const READER_TOKEN: &str = "tg-reader-token-0123456789abcdef";
+const OTHER_TOKEN: &str = "tg-other-token-0123456789abcdef";
 
 fn serve_command(dir: &std::path::Path, extra: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_toolgate"));
@@ -149,7 +151,8 @@ fn serve_command(dir: &std::path::Path, extra: &[&str]) -> Command {
         .args(["--config", "toolgate.toml", "serve"])
         .args(extra)
         .env("TOOLGATE_TEST_TOKEN", TEST_TOKEN)
-        .env("TOOLGATE_READER_TOKEN", READER_TOKEN);
+        .env("TOOLGATE_READER_TOKEN", READER_TOKEN)
+        .env("TOOLGATE_OTHER_TOKEN", OTHER_TOKEN);
     cmd
 }
 
@@ -340,15 +343,19 @@ fn post(port: u16, token: &str, body: &serde_json::Value) -> (u16, serde_json::V
     (status, serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {text}")))
 }
 
-/// The same over Streamable HTTP, stateless (2026-07-28): the ask comes as
-/// an input request, the retry carries the answer; the journal records the
-/// `[[serve.auth]]` entry whose token the retry presented, never the token,
-/// and the client's self-given name only as an unverified note.
-#[test]
-fn over_http_the_journal_records_the_token_entry_that_approved_and_the_dialog_is_undisguised() {
+/// `toolgate serve --http` in `dir` on a free port: killed when dropped.
+struct HttpServer(std::process::Child);
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn http_server(dir: &std::path::Path) -> (HttpServer, u16) {
     use std::io::BufRead as _;
-    let dir = serve_dir();
-    let mut child = serve_command(dir.path(), &["--http", "127.0.0.1:0"])
+    let mut child = serve_command(dir, &["--http", "127.0.0.1:0"])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -361,20 +368,69 @@ fn over_http_the_journal_records_the_token_entry_that_approved_and_the_dialog_is
             let _ = tx.send(line);
         }
     });
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _server = Kill(child);
+    let server = HttpServer(child);
     let port: u16 = loop {
         let line = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the server starts");
         if let Some(url) = line.split("serving MCP on http://").nth(1) {
             break url.split(['/', ':']).nth(1).unwrap().parse().unwrap();
         }
     };
+    (server, port)
+}
+
+/// Two tokens bound to one agent are two askers (2026-07-28, stateless): the
+/// second's identical call is its own request, not the first's, and the
+/// first's sealed request state answers nothing for the second.
+#[test]
+fn another_token_of_the_same_agent_can_neither_find_nor_answer_an_ask() {
+    let dir = serve_dir();
+    let (_server, port) = http_server(dir.path());
+    let meta = serde_json::json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}},
+        "io.modelcontextprotocol/clientInfo": {"name": "client", "version": "1"},
+    });
+    let call = |id: u64, extra: serde_json::Value| {
+        let mut params =
+            serde_json::json!({"name": "notes", "arguments": {"op": "add", "note": "theirs"}, "_meta": meta});
+        if let (Some(p), Some(e)) = (params.as_object_mut(), extra.as_object()) {
+            p.extend(e.clone());
+        }
+        serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params})
+    };
+    let asked = |token| {
+        let (status, r) = post(port, token, &call(1, serde_json::json!({})));
+        assert_eq!((status, &r["result"]["resultType"]), (200, &serde_json::json!("input_required")), "{r}");
+        r["result"]["requestState"].as_str().unwrap().to_owned()
+    };
+    let first = asked(TEST_TOKEN);
+    let _second = asked(OTHER_TOKEN);
+    let pending = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .current_dir(dir.path())
+        .args(["--config", "toolgate.toml", "--json", "journal", "--awaiting"])
+        .output()
+        .unwrap();
+    let pending = String::from_utf8_lossy(&pending.stdout).lines().count();
+    assert_eq!(pending, 2, "each token's call is its own pending request");
+    // The other token presents the first token's sealed state with an answer.
+    let answer = serde_json::json!({
+        "inputResponses": {"confirm": {"action": "accept", "content": {"confirm": true}}},
+        "requestState": first,
+    });
+    let (_, r) = post(port, OTHER_TOKEN, &call(2, answer));
+    let refused = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(refused.contains("request state was refused"), "{r}");
+    assert!(approvals(dir.path()).is_empty(), "nothing was approved");
+}
+
+/// The same over Streamable HTTP, stateless (2026-07-28): the ask comes as
+/// an input request, the retry carries the answer; the journal records the
+/// `[[serve.auth]]` entry whose token the retry presented, never the token,
+/// and the client's self-given name only as an unverified note.
+#[test]
+fn over_http_the_journal_records_the_token_entry_that_approved_and_the_dialog_is_undisguised() {
+    let dir = serve_dir();
+    let (_server, port) = http_server(dir.path());
     let meta = serde_json::json!({
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}},

@@ -436,9 +436,7 @@ impl StepStore for MemoryJournal {
             let r = &a.record;
             let in_scope = match scope {
                 AskScope::Run(run) => r.run_id == run,
-                AskScope::StatelessRequests(agent) => {
-                    r.agent == agent && r.run_id.starts_with(super::STATELESS_RUN_PREFIX)
-                }
+                AskScope::StatelessRequests { agent, runs } => r.agent == agent && r.run_id.starts_with(runs),
             };
             in_scope && r.tool_id == tool_id && r.argument_digest == argument_digest
         });

@@ -371,11 +371,18 @@ pub struct PriorAsk {
 pub enum AskScope<'a> {
     /// The run (a conversation): asks never cross conversations.
     Run(&'a str),
-    /// The agent's stateless requests (runs whose id starts with
-    /// [`STATELESS_RUN_PREFIX`]): no conversation spans requests there (MCP
-    /// 2026-07-28 over HTTP) and the principal is all that identifies who
-    /// asked. Never a conversation's ask: that stays its conversation's.
-    StatelessRequests(&'a str),
+    /// One principal's stateless requests to an agent: runs whose id starts
+    /// with `runs`, the [`STATELESS_RUN_PREFIX`] and that principal's tag
+    /// ([`crate::runtime::stateless_run_id`]). No conversation spans requests
+    /// there (MCP 2026-07-28 over HTTP) and the principal is all that
+    /// identifies who asked: another principal's ask (another token bound to
+    /// the same agent) is never found, nor is a conversation's.
+    StatelessRequests {
+        /// The agent.
+        agent: &'a str,
+        /// The prefix every run id of the principal's stateless requests has.
+        runs: &'a str,
+    },
 }
 
 /// How the id of a run serving one stateless request starts.

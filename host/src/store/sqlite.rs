@@ -764,19 +764,20 @@ impl StepStore for SqliteJournal {
         tool_id: &str,
         argument_digest: &str,
     ) -> Result<Option<PriorAsk>, CommitError> {
-        let (column, key, only) = match scope {
-            AskScope::Run(run) => ("run_id", run, ""),
-            // The prefix is a constant of ours, not input: no quoting issue.
-            AskScope::StatelessRequests(agent) => ("agent", agent, "AND run_id LIKE 'req-%'"),
+        // `?4` is a prefix of the run id (for a run, the id itself), compared
+        // as text: no LIKE wildcards.
+        let (column, key, runs) = match scope {
+            AskScope::Run(run) => ("run_id", run, run),
+            AskScope::StatelessRequests { agent, runs } => ("agent", agent, runs),
         };
-        debug_assert_eq!(super::STATELESS_RUN_PREFIX, "req-");
         self.with(|c| {
             let found = c
                 .prepare_cached(&format!(
                     "SELECT {AWAITING_COLS}, delivered FROM awaiting
-                     WHERE {column} = ?1 AND tool_id = ?2 AND argument_digest = ?3 {only} ORDER BY rowid DESC LIMIT 1"
+                     WHERE {column} = ?1 AND tool_id = ?2 AND argument_digest = ?3
+                       AND substr(run_id, 1, length(?4)) = ?4 ORDER BY rowid DESC LIMIT 1"
                 ))?
-                .query_row(params![key, tool_id, argument_digest], |r| Ok((awaiting_from_row(r)?, r.get(12)?)))
+                .query_row(params![key, tool_id, argument_digest, runs], |r| Ok((awaiting_from_row(r)?, r.get(12)?)))
                 .optional()?;
             let Some((record, delivered)) = found else { return Ok(None) };
             let resolution = if record.state == "resolved" {

@@ -192,7 +192,9 @@ async fn authenticate(State(auth): State<Arc<Auth>>, mut request: Request, next:
     // Who the request is, as the journal records an approval it answers:
     // the configured entry whose token it presented (never the token).
     let principal = format!("http token serve.auth[{entry}]");
-    request.extensions_mut().insert(BoundAgent { agent, principal });
+    // Whose asks a stateless request may find and answer: this token's (its
+    // digest, stable across restarts and reordered entries).
+    request.extensions_mut().insert(BoundAgent { agent, principal, key: hex::encode(digest) });
     let response = next.run(request).await;
     match named {
         // A new session (the `initialize` response names it): this token's.

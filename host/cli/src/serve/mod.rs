@@ -138,9 +138,15 @@ impl Session {
         Session { run_id: run_id.into(), agent: std::sync::OnceLock::new(), view: Mutex::new(None) }
     }
 
-    /// This conversation's run; `stateless`: it serves one stateless request.
-    fn run_id(&self, stateless: bool) -> &str {
-        self.run_id.get_or_init(|| if stateless { toolgate::runtime::stateless_run_id() } else { new_id("run") })
+    /// This conversation's run; `stateless`: it serves one stateless request
+    /// of `principal` ([`asker`]), whose run id is tagged with it so it finds
+    /// only that principal's asks.
+    fn run_id(&self, stateless: bool, principal: &str) -> &str {
+        self.run_id.get_or_init(
+            || {
+                if stateless { toolgate::runtime::stateless_run_id(principal) } else { new_id("run") }
+            },
+        )
     }
 }
 
@@ -162,6 +168,9 @@ pub struct BoundAgent {
     /// Who the request is, as the journal records an approval it answers:
     /// the `[[serve.auth]]` entry whose token it presented.
     pub principal: String,
+    /// The SHA-256 of the token it presented (hex): whose stateless asks it
+    /// may find and answer.
+    pub key: String,
 }
 
 /// Who a stdio connection is: the local process that started `toolgate serve`.
@@ -369,8 +378,9 @@ impl McpServer {
         generation: u64,
         runtime: &'r Runtime,
         stateless: bool,
+        principal: &str,
     ) -> Result<toolgate::Run<'r>, ErrorData> {
-        let run_id = self.session.run_id(stateless);
+        let run_id = self.session.run_id(stateless, principal);
         let agent = runtime.snapshot().agent();
         let cached = self
             .session
@@ -414,7 +424,7 @@ impl McpServer {
         }
         let structured = structured_output(&runtime, &name);
         let stateless = stateless(context);
-        let mut run = self.session_run(generation, &runtime, stateless).await?;
+        let mut run = self.session_run(generation, &runtime, stateless, asker(context)).await?;
         if stateless {
             run = run.stateless();
         }
@@ -484,7 +494,7 @@ impl McpServer {
             let holder = runtime.store().awaiting(ticket).await.map_err(internal)?;
             let run = match holder {
                 Some(r) if r.call_id == correlation && r.tool_id == name => r.run_id,
-                _ => self.session.run_id(stateless(context)).to_owned(),
+                _ => self.session.run_id(stateless(context), asker(context)).to_owned(),
             };
             let state = AskState {
                 run,
@@ -493,7 +503,7 @@ impl McpServer {
                 digest: toolgate::policy::gate::argument_digest(&normalize(arguments)),
             };
             let ttl = Duration::from_secs(self.shared.config.limits.ticket_ttl_secs);
-            let bound = seal_binding(name, &self.agent(&context.extensions)?);
+            let bound = seal_binding(name, &self.agent(&context.extensions)?, asker(context));
             let sealed = self
                 .shared
                 .codec
@@ -536,7 +546,7 @@ impl McpServer {
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let refused = |why: &str| ErrorData::invalid_params(format!("the request state was refused: {why}"), None);
-        let bound = seal_binding(name, agent);
+        let bound = seal_binding(name, agent, asker(context));
         let state: AskState = self.shared.codec.open_json_with(sealed, &bound).map_err(|e| refused(&e.to_string()))?;
         let digest = toolgate::policy::gate::argument_digest(&normalize(arguments));
         if state.tool != name || state.digest != digest {
@@ -670,9 +680,10 @@ fn scrubbed(mut e: ErrorData) -> ErrorData {
     e
 }
 
-/// What the seal binds a request state to: the tool and the agent.
-fn seal_binding(tool: &str, agent: &str) -> Vec<u8> {
-    format!("toolgate-ask\n{agent}\n{tool}").into_bytes()
+/// What the seal binds a request state to: the tool, the agent and the
+/// asker ([`asker`]): a state is opened only by the token it was sealed for.
+fn seal_binding(tool: &str, agent: &str, asker: &str) -> Vec<u8> {
+    format!("toolgate-ask\n{agent}\n{tool}\n{asker}").into_bytes()
 }
 
 fn normalize(arguments: &serde_json::Value) -> serde_json::Value {
@@ -725,6 +736,26 @@ fn decision_of(answer: &serde_json::Value) -> Result<(), String> {
     }
 }
 
+/// Who a request is, as the server authenticated it: the `[[serve.auth]]`
+/// entry whose token an HTTP request presented (`http token serve.auth[N]`),
+/// or `stdio` — the local process that started the server.
+fn connection(context: &RequestContext<RoleServer>) -> &str {
+    match context.extensions.get::<::http::request::Parts>() {
+        Some(parts) => parts.extensions.get::<BoundAgent>().map_or("http, unauthenticated", |b| b.principal.as_str()),
+        None => STDIO_PRINCIPAL,
+    }
+}
+
+/// Whose asks a request may find and answer: the token an HTTP request
+/// presented (its digest; another token bound to the same agent is another
+/// asker), or `stdio`.
+fn asker(context: &RequestContext<RoleServer>) -> &str {
+    match context.extensions.get::<::http::request::Parts>() {
+        Some(parts) => parts.extensions.get::<BoundAgent>().map_or("http, unauthenticated", |b| b.key.as_str()),
+        None => STDIO_PRINCIPAL,
+    }
+}
+
 /// Who answered an ask in the client's UI, as the journal records it: the
 /// authenticated connection — the `[[serve.auth]]` entry whose token an HTTP
 /// request presented, or `stdio` (the local process that started the server)
@@ -732,10 +763,7 @@ fn decision_of(answer: &serde_json::Value) -> Result<(), String> {
 /// text the client chose, e.g. `ed25519:… via signature`) follows only as a
 /// note marked unverified, quoted, escaped and bounded.
 fn approver(context: &RequestContext<RoleServer>) -> String {
-    let connection = match context.extensions.get::<::http::request::Parts>() {
-        Some(parts) => parts.extensions.get::<BoundAgent>().map_or("http, unauthenticated", |b| b.principal.as_str()),
-        None => STDIO_PRINCIPAL,
-    };
+    let connection = connection(context);
     match context.client_info() {
         Some(info) => format!(
             "{connection} (client says {}, unverified)",

@@ -899,19 +899,20 @@ impl StepStore for PostgresJournal {
         tool_id: &str,
         argument_digest: &str,
     ) -> Result<Option<PriorAsk>, CommitError> {
-        let (column, key, only) = match scope {
-            AskScope::Run(run) => ("run_id", run, ""),
-            // The prefix is a constant of ours, not input: no quoting issue.
-            AskScope::StatelessRequests(agent) => ("agent", agent, "AND run_id LIKE 'req-%'"),
+        // `$4` is a prefix of the run id (for a run, the id itself), compared
+        // as text: no LIKE wildcards.
+        let (column, key, runs) = match scope {
+            AskScope::Run(run) => ("run_id", run, run),
+            AskScope::StatelessRequests { agent, runs } => ("agent", agent, runs),
         };
-        debug_assert_eq!(super::STATELESS_RUN_PREFIX, "req-");
         let rows = self
             .query(
                 &format!(
                     "SELECT {AWAITING_COLS}, delivered FROM awaiting
-                     WHERE {column} = $1 AND tool_id = $2 AND argument_digest = $3 {only} ORDER BY ordinal DESC LIMIT 1"
+                     WHERE {column} = $1 AND tool_id = $2 AND argument_digest = $3
+                       AND left(run_id, char_length($4::text)) = $4 ORDER BY ordinal DESC LIMIT 1"
                 ),
-                &[&key, &tool_id, &argument_digest],
+                &[&key, &tool_id, &argument_digest, &runs],
             )
             .await?;
         let Some(row) = rows.first() else { return Ok(None) };
