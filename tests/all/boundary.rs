@@ -393,6 +393,21 @@ async fn a_file_holding_a_configured_secret_is_never_read_by_the_guest() {
     assert_clean(&seen, "a link");
     let records = host_records(&w.host).await;
     assert!(records.iter().any(|r| r.contains("link \"/data/link\" was refused") && r.contains("`tracker`")));
+    // A file the guest may write but opens for writing only is checked too:
+    // cutting a secret down to what the guest may read (byte by byte, the
+    // refusal telling when the rest is gone) is refused at the open, the file
+    // left whole.
+    let scratch = w.host.dir.path().join("scratch");
+    let env = format!("GH_TOKEN={SECRET}\n");
+    std::fs::write(scratch.join(".env"), &env).unwrap();
+    let cut = thief(&w.host, json!({"op": "cut", "target": "/scratch/.env", "count": 9 + SECRET.len() - 1})).await;
+    assert!(cut.starts_with("err: ") && cut.contains("ermission denied"), "{cut}");
+    assert_eq!(std::fs::read_to_string(scratch.join(".env")).unwrap(), env, "the file is whole");
+    assert!(host_records(&w.host).await.iter().any(|r| r.starts_with("file \"/scratch/.env\" refused")));
+    // Writing a clean file that way still works.
+    std::fs::write(scratch.join("out.txt"), "0123456789").unwrap();
+    assert_eq!(thief(&w.host, json!({"op": "cut", "target": "/scratch/out.txt", "count": 4})).await, "ok: ()");
+    assert_eq!(std::fs::read_to_string(scratch.join("out.txt")).unwrap(), "0123");
     // Larger than the host checks: refused, naming the setting.
     std::fs::write(data.join("big.log"), vec![b'.'; (1 << 20) + 1]).unwrap();
     let seen = thief(&w.host, json!({"op": "read", "target": "/data/big.log"})).await;

@@ -348,15 +348,19 @@ pub(super) fn add_to_linker<S: FilesystemCall>(linker: &mut Linker<S>) -> wasmti
                         secrets.name_dir(&d.dir, guest);
                         return Ok((Ok(opened),));
                     }
-                    // The host opened it readable (asked for, or not opened for writing): checked first.
-                    Descriptor::File(f) if f.open_mode.contains(OpenMode::READ) => f.file.clone(),
-                    Descriptor::File(_) => return Ok((Ok(opened),)),
+                    // Checked whatever it was opened for: a guest that may only
+                    // write a file can still cut a secret in it down to what
+                    // it may read (or guess its last byte by the refusal).
+                    Descriptor::File(f) => (f.file.clone(), f.open_mode.contains(OpenMode::READ)),
                 };
                 let cancel = CancelOnDrop(Arc::new(AtomicBool::new(false)));
                 let (check, stop) = (secrets.clone(), cancel.0.clone());
-                let verdict = tokio::task::spawn_blocking(move || check.check_file(&file, &stop))
-                    .await
-                    .unwrap_or_else(|_| Err("the host's check of it failed".into()));
+                let verdict = tokio::task::spawn_blocking(move || match file {
+                    (file, true) => check.check_file(&file, &stop),
+                    (file, false) => check.check_file(&readable(&file)?, &stop),
+                })
+                .await
+                .unwrap_or_else(|_| Err("the host's check of it failed".into()));
                 drop(cancel);
                 match verdict {
                     Ok(()) => Ok((Ok(opened),)),
@@ -530,6 +534,23 @@ fn special_file(dir: &std::fs::File, path: &str, follow: bool) -> Option<&'stati
     }
     let _ = meta;
     None
+}
+
+/// The file behind a descriptor opened for writing only, opened again for
+/// reading so the host can check it (`/proc/self/fd`: the same file, not
+/// the path). An empty file needs no check; one the host cannot read is refused.
+fn readable(file: &std::fs::File) -> Result<std::fs::File, String> {
+    use std::os::fd::AsRawFd as _;
+    match std::fs::File::open(format!("/proc/self/fd/{}", file.as_raw_fd())) {
+        Ok(f) => Ok(f),
+        Err(_) if file.metadata().is_ok_and(|m| m.len() == 0) => {
+            // Nothing in it to check: the check of an empty file passes.
+            file.try_clone().map_err(|e| format!("the host could not check it ({e})"))
+        }
+        Err(e) => {
+            Err(format!("it was opened for writing only and the host cannot read it to check it for secrets ({e})"))
+        }
+    }
 }
 
 #[cfg(test)]
