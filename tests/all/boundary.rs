@@ -459,6 +459,16 @@ async fn a_secret_the_tool_returns_never_reaches_the_journal_or_the_model() {
     let StepResult::ToolError { message, .. } = &result else { panic!("{result:?}") };
     assert!(message.contains("withheld by the host: the Tool's error text"), "{message}");
     assert_clean(&step.result, "the committed error");
+    // A panic's message, which the host quotes cut short: checked before the
+    // cut, so no first bytes of the secret are left at its end (padding moves
+    // the secret across every place the cut could fall).
+    for count in (150..480).step_by(7) {
+        let (result, step, _) = call(json!(["panic"]), count).await;
+        let StepResult::ToolError { message, .. } = &result else { panic!("{result:?}") };
+        for text in [message.as_str(), &step.result] {
+            assert!(!text.contains(&SECRET[..4]), "count {count}: {text}");
+        }
+    }
     // Encoded, in a call whose output is clean: only that stream goes.
     let (result, _, captured) = call(json!(["stdout-hex"]), 0).await;
     assert!(matches!(&result, StepResult::Output { .. }), "{result:?}");

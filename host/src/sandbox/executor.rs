@@ -251,6 +251,16 @@ impl ToolFailure {
         }
     }
 
+    /// A trap's text (a guest's panic message, an engine's error chain) cut
+    /// to what a reader needs. Applied after the text was checked for
+    /// secrets: a cut before the check could leave a secret's first bytes.
+    fn shortened(self) -> Self {
+        match self {
+            Self::Trapped(m) if m.len() > TRAP_TEXT => Self::Trapped(truncate(&m, TRAP_TEXT)),
+            other => other,
+        }
+    }
+
     /// The text in this failure that came from the guest (its error, or a
     /// message quoting its output or its stderr), if any.
     fn guest_text(&mut self) -> Option<&mut String> {
@@ -853,7 +863,7 @@ impl Executor {
             };
         }
         let kept = kept.cut_to(capture);
-        let result = result.map_err(|failure| failure.bounded(output_limit));
+        let result = result.map_err(|failure| failure.bounded(output_limit).shortened());
         Ok(Execution {
             result,
             captured: Captured {
@@ -1481,7 +1491,8 @@ fn classify(e: &wasmtime::Error, limits: &Limits, stderr: &str) -> ToolFailure {
                 if stderr.contains("memory allocation") {
                     ToolFailure::OutOfMemory(limits.memory_mib)
                 } else {
-                    ToolFailure::Trapped(format!("panic or abort ({})", truncate(&panic_message(stderr), 300)))
+                    // Cut short only once it has been checked for secrets (`shortened`).
+                    ToolFailure::Trapped(format!("panic or abort ({})", panic_message(stderr)))
                 }
             }
             other => ToolFailure::Trapped(other.to_string()),
@@ -1491,7 +1502,7 @@ fn classify(e: &wasmtime::Error, limits: &Limits, stderr: &str) -> ToolFailure {
     if chain.contains("forcing trap when growing memory") {
         return ToolFailure::OutOfMemory(limits.memory_mib);
     }
-    ToolFailure::Trapped(truncate(&chain, 500))
+    ToolFailure::Trapped(chain)
 }
 
 /// The panic message from a Rust guest's stderr (`thread '…' panicked at …:` then the message).
@@ -1508,6 +1519,9 @@ fn panic_message(stderr: &str) -> String {
         .map(|l| l.to_string())
         .unwrap_or_else(|| "no message".into())
 }
+
+/// How much of a trap's text a failure keeps.
+const TRAP_TEXT: usize = 500;
 
 fn truncate(s: &str, max: usize) -> String {
     if s.len() <= max {
