@@ -92,9 +92,9 @@ pub struct Limits {
     /// File read/write streams one call may hold at once (each may hold a
     /// 64 KiB host buffer until the guest takes the data).
     pub file_streams: u64,
-    /// Largest file a guest may open for reading while any credential is
-    /// configured, MiB: the host checks a file for every configured secret
-    /// before the guest reads it, and refuses a larger one (naming this
+    /// Largest file a guest may open while any credential is configured,
+    /// MiB: the host checks a file for every configured secret before the
+    /// guest gets it, and refuses a larger one (naming this
     /// setting) rather than let it through unchecked.
     pub file_check_mib: u64,
     /// Longest a component may take to compile, milliseconds; past it the
