@@ -113,7 +113,7 @@ struct State {
     /// The scanner the call last read the secrets into.
     scanner: Option<Arc<SecretScanner>>,
     /// Files checked with that scanner: `Err(why)` for the refused ones.
-    checked: HashMap<FileKey, Result<(), String>>,
+    checked: HashMap<(u64, u64), (FileKey, Result<(), String>)>,
     /// Guest paths of the directories the guest holds (preopens and
     /// directories it opened), by the host file behind them, for records.
     dirs: Vec<(Weak<std::fs::File>, String)>,
@@ -177,7 +177,11 @@ impl CallSecrets {
     pub(super) fn name_dir(&self, dir: &Arc<std::fs::File>, guest: String) {
         let mut state = self.state();
         state.dirs.retain(|(d, _)| d.strong_count() > 0);
-        state.dirs.push((Arc::downgrade(dir), guest));
+        // Named once: a guest asking for its preopens again and again must
+        // not grow the list (every lookup walks it).
+        if !state.dirs.iter().any(|(d, _)| std::ptr::eq(d.as_ptr(), Arc::as_ptr(dir))) {
+            state.dirs.push((Arc::downgrade(dir), guest));
+        }
     }
 
     /// The guest's path of `path` under `dir`, as the guest named them.
@@ -212,7 +216,9 @@ impl CallSecrets {
             ctime: (meta.ctime(), meta.ctime_nsec()),
         };
         // Checked before in this call (for the values read then): not again.
-        if let Some(verdict) = self.state().checked.get(&key) {
+        if let Some((seen, verdict)) = self.state().checked.get(&(key.dev, key.ino))
+            && *seen == key
+        {
             return verdict.clone();
         }
         // The secrets as their sources hold them now (new values forget what was checked).
@@ -227,7 +233,9 @@ impl CallSecrets {
             // Not remembered: the call is over.
             Err(Stopped::Cancelled) => return Err("the call ended before the check did".into()),
         };
-        self.state().checked.insert(key, verdict.clone());
+        // The latest verdict per file only: a guest rewriting a file and
+        // opening it again and again does not grow this.
+        self.state().checked.insert((key.dev, key.ino), (key, verdict.clone()));
         verdict
     }
 
@@ -354,6 +362,26 @@ mod tests {
         };
         let spec = CredentialSpec::new("tracker", &config, std::path::Path::new("/")).unwrap();
         CallSecrets::new(&Arc::from([Arc::new(spec)]), limit_mib).unwrap()
+    }
+
+    /// What a call remembers of the files and directories it saw stays
+    /// bounded by what it holds: one verdict per file, one name per directory.
+    #[test]
+    fn a_call_remembers_one_verdict_per_file_and_one_name_per_directory() {
+        let s = secrets(2);
+        let mut f = tempfile::tempfile().unwrap();
+        for i in 0..20u8 {
+            // Rewritten (a new size each time), opened again.
+            std::io::Write::write_all(&mut f, &[b'a' + i]).unwrap();
+            assert_eq!(s.check_file(&f, &AtomicBool::new(false)), Ok(()));
+        }
+        assert_eq!(s.state().checked.len(), 1, "one verdict for the one file");
+        let dir = Arc::new(std::fs::File::open(std::env::temp_dir()).unwrap());
+        for _ in 0..20 {
+            s.name_dir(&dir, "/tmp".into());
+        }
+        assert_eq!(s.state().dirs.len(), 1, "one name for the one directory");
+        assert_eq!(s.guest_path(&dir, "x"), "/tmp/x");
     }
 
     fn check(s: &CallSecrets, bytes: &[u8]) -> Result<(), String> {
