@@ -13,8 +13,9 @@
 //! order, raw and in base64, base32 and hex (.NET's
 //! `ToBase64String(Encoding.Unicode…)`, SQL Server's `VARBINARY`).
 //! It searches them with one multi-pattern automaton per case rule
-//! (aho-corasick, linear in the input) over *views* of the data, each built
-//! only when the data holds its escape character:
+//! (aho-corasick, linear in the input; the case-insensitive needles as
+//! lower case over the data lower-cased) over *views* of the data, each
+//! built only when the data holds its escape character:
 //!
 //! - as sent;
 //! - one escape kind undone: JSON/JavaScript backslash escapes (`\/`,
@@ -30,6 +31,14 @@
 //!   secret on one line), and with a list of hex byte values joined into
 //!   plain hex (`[]byte{0x73, 0x33}`, `[73, 33]`, `{ 0x73, 0x33 }`).
 //!
+//! A view with blanks is searched once, blanks removed, with every needle,
+//! and once as it is with the few needles that hold a blank (or end in the
+//! `=` of a soft line break): a needle without one is in the view exactly
+//! when it is in the view with blanks removed too, so searching both with
+//! every needle would find nothing more. For the same reason hex with
+//! spaces between bytes and a byte list with `, ` need no needles of their
+//! own: without their blanks they are plain hex and the `,` list.
+//!
 //! What it cannot find is written down in SECURITY.md ("Known limits"): a
 //! secret split across responses, reversed, encrypted, hashed, compressed
 //! inside a field, or in an encoding not listed.
@@ -40,8 +49,9 @@
 //! to apply them.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 
-use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind, packed};
 use base64::Engine as _;
 
 pub use crate::authority::credentials::MIN_SECRET;
@@ -70,15 +80,133 @@ pub struct Finding {
 /// Every configured secret, ready to be searched for.
 pub struct SecretScanner {
     /// Case-sensitive needles (every encoded form, short secrets).
-    exact: Option<AhoCorasick>,
-    /// ASCII-case-insensitive needles (the raw secrets).
-    folded: Option<AhoCorasick>,
+    exact: Option<Matcher>,
+    /// ASCII-case-insensitive needles (the raw secrets), in lower case:
+    /// searched for in the data lower-cased.
+    folded: Option<Matcher>,
     /// Per pattern of `exact`, then of `folded`: (credential index, form).
     exact_meta: Vec<(usize, &'static str)>,
     folded_meta: Vec<(usize, &'static str)>,
+    /// The needles of `exact` and `folded` that hold a byte the view
+    /// without blanks removes (see [`removes_from`]).
+    exact_blank: Option<Matcher>,
+    folded_blank: Option<Matcher>,
+    /// Plain hex needles, for the view joining a list of hex byte values,
+    /// with their index in `exact`.
+    hex: Option<Matcher>,
+    hex_index: Vec<usize>,
+    /// Bytes of the longest folded needle, and of the longest needle.
+    folded_longest: usize,
+    needle_longest: usize,
     names: Vec<String>,
-    /// Bytes of the longest needle.
+    /// Bytes of the longest form searched for, as written.
     longest: usize,
+}
+
+/// A multi-pattern searcher: Teddy (SIMD) for a few needles, else an
+/// aho-corasick automaton (standard semantics: the first match to end).
+enum Matcher {
+    Packed(packed::Searcher),
+    Automaton(AhoCorasick),
+}
+
+impl Matcher {
+    fn new(patterns: &[Vec<u8>]) -> Option<Matcher> {
+        if patterns.is_empty() {
+            return None;
+        }
+        // Teddy's own limit is 128; past 64 it checks too many candidates.
+        if patterns.len() <= 64
+            && let Some(p) = packed::Config::new().builder().extend(patterns).build()
+        {
+            return Some(Matcher::Packed(p));
+        }
+        AhoCorasickBuilder::new().match_kind(MatchKind::Standard).build(patterns).ok().map(Matcher::Automaton)
+    }
+
+    /// The index of a needle in `data`, if any is.
+    fn find(&self, data: &[u8]) -> Option<usize> {
+        match self {
+            Matcher::Packed(p) => p.find(data).map(|m| m.pattern().as_usize()),
+            Matcher::Automaton(ac) => ac.find(data).map(|m| m.pattern().as_usize()),
+        }
+    }
+
+    /// [`Matcher::find`] in `data` lower-cased (ASCII), a piece at a time.
+    fn find_lowered(&self, data: &[u8], longest: usize) -> Option<usize> {
+        const PIECE: usize = 64 << 10;
+        let overlap = longest.saturating_sub(1);
+        let mut buf = Vec::with_capacity(PIECE.min(data.len()) + overlap);
+        let mut start: usize = 0;
+        loop {
+            let end = data.len().min(start.saturating_add(PIECE).saturating_add(overlap));
+            buf.clear();
+            buf.extend_from_slice(data.get(start..end)?);
+            buf.make_ascii_lowercase();
+            if let Some(i) = self.find(&buf) {
+                return Some(i);
+            }
+            if end >= data.len() {
+                return None;
+            }
+            start += PIECE;
+        }
+    }
+}
+
+/// Whether the view without blanks may not hold `needle` where the view
+/// with them does: the needle holds a byte that view removes (a blank or a
+/// line break), or ends in a `=` that may be read as a soft line break.
+fn removes_from(needle: &[u8]) -> bool {
+    needle.iter().any(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r')) || needle.last() == Some(&b'=')
+}
+
+/// Whether `data` holds a blank or a line break.
+fn has_blank(data: &[u8]) -> bool {
+    memchr::memchr3(b' ', b'\n', b'\t', data).or_else(|| memchr::memchr(b'\r', data)).is_some()
+}
+
+/// `data` without blanks and line breaks, and without the `=` of a
+/// quoted-printable soft line break (a `=` just before a line break).
+fn without_blanks(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len());
+    without_blanks_into(data, 0, data.len(), &mut out);
+    out
+}
+
+/// [`without_blanks`] of `data[start..end]` (a `=` at its end read with
+/// the byte after it in `data`), appended to `out`.
+fn without_blanks_into(data: &[u8], start: usize, end: usize, out: &mut Vec<u8>) {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = ONES * 0x80;
+    let end = end.min(data.len());
+    let removed = |i: usize| match data.get(i) {
+        Some(b' ' | b'\t' | b'\n' | b'\r') => true,
+        Some(b'=') => matches!(data.get(i + 1), Some(b'\r' | b'\n')),
+        _ => false,
+    };
+    // Bytes from `kept` to `i` are to be copied.
+    let (mut kept, mut i) = (start, start);
+    while i < end {
+        // Eight bytes at a time, to the first one below `!` or a `=` (the
+        // lowest byte flagged is always one: a borrow only runs upward).
+        if let Some(word) = data.get(i..i + 8).filter(|_| i + 8 <= end).and_then(|w| <[u8; 8]>::try_from(w).ok()) {
+            let w = u64::from_le_bytes(word);
+            let eq = w ^ (ONES * u64::from(b'='));
+            let candidates = (w.wrapping_sub(ONES * 0x21) & !w & HIGH) | (eq.wrapping_sub(ONES) & !eq & HIGH);
+            if candidates == 0 {
+                i += 8;
+                continue;
+            }
+            i += (candidates.trailing_zeros() / 8) as usize;
+        }
+        if removed(i) {
+            out.extend_from_slice(data.get(kept..i).unwrap_or_default());
+            kept = i + 1;
+        }
+        i += 1;
+    }
+    out.extend_from_slice(data.get(kept..end.max(kept)).unwrap_or_default());
 }
 
 impl std::fmt::Debug for SecretScanner {
@@ -163,14 +291,29 @@ const UTF16: Forms = Forms {
 struct Needles {
     patterns: Vec<Vec<u8>>,
     meta: Vec<(usize, &'static str)>,
+    /// Each needle's index in `patterns`.
+    seen: HashMap<Vec<u8>, usize>,
+    /// Indexes of the plain hex needles, whatever form first added them.
+    hex: Vec<usize>,
+    /// Bytes of the longest form found, needle or not.
+    longest: usize,
 }
 
 impl Needles {
-    fn add(&mut self, needle: Vec<u8>, credential: usize, form: &'static str) {
-        if !needle.is_empty() && !self.patterns.contains(&needle) {
-            self.patterns.push(needle);
-            self.meta.push((credential, form));
+    /// Adds `needle` if it is new; its index either way.
+    fn add(&mut self, needle: Vec<u8>, credential: usize, form: &'static str) -> Option<usize> {
+        self.longest = self.longest.max(needle.len());
+        if needle.is_empty() {
+            return None;
         }
+        if let Some(&at) = self.seen.get(&needle) {
+            return Some(at);
+        }
+        let at = self.patterns.len();
+        self.seen.insert(needle.clone(), at);
+        self.patterns.push(needle);
+        self.meta.push((credential, form));
+        Some(at)
     }
 
     /// Base64 and base64url of `bytes` at each of the three byte
@@ -189,10 +332,10 @@ impl Needles {
     }
 
     /// Base32 of `bytes` at each of the five alignments, and hex, plain and
-    /// with `:`, `-` or a space between bytes: each in upper and in lower
-    /// case, as exact needles (a case-insensitive needle of letters
-    /// matches everywhere in text and makes the search several times
-    /// slower).
+    /// with `:` or `-` between bytes: each in upper and in lower case, as
+    /// exact needles (a case-insensitive needle of letters matches
+    /// everywhere in text and makes the search several times slower). Hex
+    /// with a space between bytes is plain hex in the view without blanks.
     fn add_base32_and_hex(&mut self, bytes: &[u8], credential: usize, forms: &Forms) {
         let b32 = |d: &[u8]| data_encoding::BASE32_NOPAD.encode(d);
         for offset in 0..5 {
@@ -203,27 +346,35 @@ impl Needles {
             }
         }
         let hex = hex::encode(bytes);
-        self.add(hex.to_ascii_uppercase().into_bytes(), credential, forms.hex);
-        self.add(hex.clone().into_bytes(), credential, forms.hex);
+        for h in [hex.to_ascii_uppercase(), hex.clone()] {
+            if let Some(at) = self.add(h.into_bytes(), credential, forms.hex) {
+                self.hex.push(at);
+            }
+        }
         let pairs: Vec<&str> = hex.as_bytes().chunks(2).filter_map(|p| std::str::from_utf8(p).ok()).collect();
-        for sep in [":", "-", " "] {
+        for sep in [":", "-"] {
             let joined = pairs.join(sep);
             self.add(joined.to_ascii_uppercase().into_bytes(), credential, forms.hex_separated);
             self.add(joined.into_bytes(), credential, forms.hex_separated);
         }
+        // With spaces: as long as with `:`, found as plain hex.
+        self.longest = self.longest.max((3 * bytes.len()).saturating_sub(1));
     }
 
-    fn build(self, fold: bool) -> (Option<AhoCorasick>, Vec<(usize, &'static str)>) {
-        let ac = (!self.patterns.is_empty())
-            .then(|| {
-                AhoCorasickBuilder::new()
-                    .match_kind(MatchKind::Standard)
-                    .ascii_case_insensitive(fold)
-                    .build(&self.patterns)
-                    .ok()
-            })
-            .flatten();
-        (ac, self.meta)
+    /// The automaton of every needle.
+    fn build(&self) -> Option<Matcher> {
+        (!self.patterns.is_empty())
+            .then(|| AhoCorasickBuilder::new().match_kind(MatchKind::Standard).build(&self.patterns).ok())
+            .flatten()
+            .map(Matcher::Automaton)
+    }
+
+    /// A searcher for the needles `keep` selects, with their index among all.
+    fn subset(&self, keep: impl Fn(usize, &[u8]) -> bool) -> (Option<Matcher>, Vec<usize>) {
+        let index: Vec<usize> =
+            (0..self.patterns.len()).filter(|&i| self.patterns.get(i).is_some_and(|p| keep(i, p))).collect();
+        let some: Vec<Vec<u8>> = index.iter().filter_map(|&i| self.patterns.get(i).cloned()).collect();
+        (Matcher::new(&some), index)
     }
 }
 
@@ -240,7 +391,9 @@ impl SecretScanner {
             }
             // In any letter case: servers normalize ids and hex keys (a
             // lowercase key or UUID echoed upper-case is the same secret).
-            folded.add(secret.clone(), i, "raw");
+            // Folded needles are kept in lower case and searched for in the
+            // data lower-cased.
+            folded.add(secret.to_ascii_lowercase(), i, "raw");
             // In Latin-1, if every character fits a byte and some are not
             // ASCII: a server answering in ISO-8859-1, and JavaScript's
             // `\xHH` and octal escapes, which stand for characters (the
@@ -250,13 +403,13 @@ impl SecretScanner {
                 && let Ok(latin1) = text.chars().map(|c| u8::try_from(u32::from(c))).collect::<Result<Vec<u8>, _>>()
                 && latin1.len() >= MIN_SECRET
             {
-                folded.add(latin1, i, "Latin-1");
+                folded.add(latin1.to_ascii_lowercase(), i, "Latin-1");
             }
             // A secret with blanks of its own, as the view that removes
             // blanks leaves it (more blanks put into it).
             let unblanked: Vec<u8> = secret.iter().copied().filter(|b| !matches!(b, b' ' | b'\t')).collect();
             if unblanked.len() < secret.len() && unblanked.len() >= MIN_SECRET {
-                folded.add(unblanked, i, "raw, blanks removed");
+                folded.add(unblanked.to_ascii_lowercase(), i, "raw, blanks removed");
             }
             // Base64 of the secret as it stands in a URL or a JSON string
             // too: a query credential comes back inside a base64 cursor or
@@ -276,10 +429,12 @@ impl SecretScanner {
                 }
             }
             let decimal: Vec<String> = secret.iter().map(u8::to_string).collect();
-            // JSON arrays (`,`, `, `) and Go's `%v` of a byte slice (` `).
-            for sep in [",", ", ", " "] {
+            // JSON arrays (`,`; `, ` is that without blanks) and Go's `%v`
+            // of a byte slice (` `).
+            for sep in [",", " "] {
                 exact.add(decimal.join(sep).into_bytes(), i, "byte list");
             }
+            exact.longest = exact.longest.max(decimal.join(", ").len());
             // UTF-16 in either byte order, raw and through the same
             // encoders (.NET's `Convert.ToBase64String(Encoding.Unicode
             // .GetBytes(s))`, SQL Server's `CAST(N'…' AS VARBINARY)`).
@@ -294,14 +449,24 @@ impl SecretScanner {
                 }
             }
         }
-        let longest = exact.patterns.iter().chain(&folded.patterns).map(Vec::len).max().unwrap_or(0);
-        let (exact, exact_meta) = exact.build(false);
-        let (folded, folded_meta) = folded.build(true);
+        let longest = exact.longest.max(folded.longest);
+        let folded_longest = folded.patterns.iter().map(Vec::len).max().unwrap_or(0);
+        let needle_longest = exact.patterns.iter().map(Vec::len).max().unwrap_or(0).max(folded_longest);
+        let (exact_blank, _) = exact.subset(|_, p| removes_from(p));
+        let (hex, hex_index) = exact.subset(|i, _| exact.hex.contains(&i));
+        let (folded_blank, _) = folded.subset(|_, p| removes_from(p));
         SecretScanner {
-            exact,
-            folded,
-            exact_meta,
-            folded_meta,
+            exact: exact.build(),
+            // Few needles: Teddy, which an automaton folding case cannot use.
+            folded: Matcher::new(&folded.patterns),
+            exact_meta: exact.meta,
+            folded_meta: folded.meta,
+            exact_blank,
+            folded_blank,
+            hex,
+            hex_index,
+            folded_longest,
+            needle_longest,
             names: secrets.iter().map(|(n, _)| n.clone()).collect(),
             longest,
         }
@@ -323,8 +488,7 @@ impl SecretScanner {
         if self.is_empty() {
             return None;
         }
-        self.find_in(data, "as sent")
-            .or_else(|| self.find_joined(data, "as sent, blanks removed", "as sent, hex list joined"))
+        self.find_joined(data, "as sent", "as sent, blanks removed", "as sent, hex list joined")
             .or_else(|| {
                 // One kind at a time: a secret that holds another kind's
                 // escape character (a `%` or `\` of its own) stays whole.
@@ -332,7 +496,13 @@ impl SecretScanner {
                     if !data.contains(trigger) {
                         return None;
                     }
-                    self.find_in(&unescape(data, *kinds)?, name)
+                    let view = unescape(data, *kinds)?;
+                    if kinds.quoted_printable {
+                        // Hex or a byte list with spaces, quoted-printable
+                        // (no other view decodes it): found without blanks.
+                        return self.find_spread(&view, name, "quoted-printable-decoded, blanks removed", false);
+                    }
+                    self.find_in(&view, name)
                 })
             })
             .or_else(|| self.find_repeated(data))
@@ -377,7 +547,7 @@ impl SecretScanner {
                 } else {
                     ("decoded repeatedly", "decoded repeatedly, blanks removed", "decoded repeatedly, hex list joined")
                 };
-                if let Some(f) = self.find_in(&next, name).or_else(|| self.find_joined(&next, unwrapped, list)) {
+                if let Some(f) = self.find_joined(&next, name, unwrapped, list) {
                     return Some(f);
                 }
                 current = Cow::Owned(next);
@@ -386,31 +556,68 @@ impl SecretScanner {
         None
     }
 
-    /// The views that join what a printer spread out: blanks removed, and
-    /// a list of hex byte values joined.
-    fn find_joined(&self, data: &[u8], unwrapped: &'static str, list: &'static str) -> Option<Finding> {
-        self.find_unwrapped(data, unwrapped).or_else(|| self.find_hex_list(data, list))
+    /// `data`, then the views that join what a printer spread out: blanks
+    /// removed, and a list of hex byte values joined.
+    fn find_joined(
+        &self,
+        data: &[u8],
+        name: &'static str,
+        unwrapped: &'static str,
+        list: &'static str,
+    ) -> Option<Finding> {
+        self.find_spread(data, name, unwrapped, true).or_else(|| self.find_hex_list(data, list))
     }
 
-    /// `data` without blanks and line breaks, if it has any: base64 and
-    /// hex wrapped at a fixed width (MIME, PEM) are contiguous again, and
-    /// so is quoted-printable text (its soft line break, `=` at a line's
-    /// end, goes with the break; its `=XX` are undone too), and a secret
-    /// with blanks put into it on one line (`s3cr 3t-t oken`).
-    fn find_unwrapped(&self, data: &[u8], name: &'static str) -> Option<Finding> {
-        memchr::memchr3(b' ', b'\n', b'\t', data).or_else(|| memchr::memchr(b'\r', data))?;
-        let blank = |b: Option<&u8>| matches!(b, Some(b'\n' | b'\r' | b' ' | b'\t'));
-        let mut joined = Vec::with_capacity(data.len());
-        for (i, b) in data.iter().enumerate() {
-            let soft_break = *b == b'=' && matches!(data.get(i + 1), Some(b'\r' | b'\n'));
-            if !blank(Some(b)) && !soft_break {
-                joined.push(*b);
-            }
+    /// `data` (as `name`), then, if it has blanks or line breaks, `data`
+    /// without them (as `unwrapped`): base64 and hex wrapped at a fixed
+    /// width (MIME, PEM) are contiguous again, and so is quoted-printable
+    /// text (its soft line break, `=` at a line's end, goes with the break;
+    /// with `qp`, its `=XX` are undone too), hex and byte lists with spaces,
+    /// and a secret with blanks put into it on one line (`s3cr 3t-t oken`).
+    ///
+    /// Searched as the module doc says: `data` without blanks with every
+    /// needle, `data` itself with the needles [`removes_from`] selects.
+    /// When either finds a secret, the finding is the one `data`, then the
+    /// view without blanks, gives.
+    fn find_spread(&self, data: &[u8], name: &'static str, unwrapped: &'static str, qp: bool) -> Option<Finding> {
+        if !has_blank(data) {
+            return self.find_in(data, name);
         }
-        self.find_in(&joined, name).or_else(|| {
-            memchr::memchr(b'=', &joined)?;
-            self.find_in(&unescape(&joined, Kinds { quoted_printable: true, ..NONE })?, name)
-        })
+        let in_data = self.exact_blank.as_ref().and_then(|m| m.find(data)).is_some()
+            || self.folded_blank.as_ref().and_then(|m| m.find_lowered(data, self.folded_longest)).is_some();
+        if in_data {
+            return self.find_in(data, name);
+        }
+        if self.found_without_blanks(data) {
+            let joined = without_blanks(data);
+            return self.find_in(data, name).or_else(|| self.find_in(&joined, unwrapped));
+        }
+        if !qp {
+            return None;
+        }
+        memchr::memchr(b'=', data)?;
+        let joined = without_blanks(data);
+        self.find_in(&unescape(&joined, Kinds { quoted_printable: true, ..NONE })?, unwrapped)
+    }
+
+    /// Whether [`SecretScanner::find_in`] finds anything in `data` without
+    /// blanks, built and searched a piece at a time (pieces overlapping by
+    /// the longest needle).
+    fn found_without_blanks(&self, data: &[u8]) -> bool {
+        const PIECE: usize = 256 << 10;
+        let keep = self.needle_longest.saturating_sub(1);
+        let mut buf = Vec::with_capacity(PIECE.min(data.len()) + keep);
+        let mut start: usize = 0;
+        while start < data.len() {
+            let end = data.len().min(start.saturating_add(PIECE));
+            without_blanks_into(data, start, end, &mut buf);
+            if self.find_in(&buf, "").is_some() {
+                return true;
+            }
+            buf.drain(..buf.len().saturating_sub(keep));
+            start = end;
+        }
+        false
     }
 
     /// `data` with a list of hex byte values joined into plain hex, if it
@@ -443,16 +650,25 @@ impl SecretScanner {
             view.push(b);
             item_start = false;
         }
-        self.find_in(&view, name)
+        // The view is hex joined: of the exact needles, only hex ones (the
+        // folded ones, few and cheap, too: a secret of its own with blanks
+        // and a `0x` in it).
+        let hex = || self.finding(&self.exact_meta, *self.hex_index.get(self.hex.as_ref()?.find(&view)?)?, name);
+        let folded =
+            || self.finding(&self.folded_meta, self.folded.as_ref()?.find_lowered(&view, self.folded_longest)?, name);
+        hex().or_else(folded)
     }
 
     fn find_in(&self, view: &[u8], name: &'static str) -> Option<Finding> {
-        let hit = |ac: &Option<AhoCorasick>, meta: &[(usize, &'static str)]| {
-            let m = ac.as_ref()?.find(view)?;
-            let (i, form) = *meta.get(m.pattern().as_usize())?;
-            Some(Finding { credential: self.names.get(i).cloned().unwrap_or_default(), form, view: name })
-        };
-        hit(&self.exact, &self.exact_meta).or_else(|| hit(&self.folded, &self.folded_meta))
+        let exact = || self.finding(&self.exact_meta, self.exact.as_ref()?.find(view)?, name);
+        let folded =
+            || self.finding(&self.folded_meta, self.folded.as_ref()?.find_lowered(view, self.folded_longest)?, name);
+        exact().or_else(folded)
+    }
+
+    fn finding(&self, meta: &[(usize, &'static str)], at: usize, view: &'static str) -> Option<Finding> {
+        let (i, form) = *meta.get(at)?;
+        Some(Finding { credential: self.names.get(i).cloned().unwrap_or_default(), form, view })
     }
 }
 
@@ -1180,7 +1396,105 @@ mod tests {
         assert_eq!(found(&scanner(), spread.as_bytes()).as_deref(), Some("tracker"), "{spread}");
     }
 
+    #[test]
+    fn hex_and_byte_lists_with_spaces_are_found_without_blanks() {
+        // They have no needles of their own: plain hex and the `,` list
+        // find them in the view without blanks, whichever view decoded them.
+        let secret = "s3cr3t-token-1234";
+        let s = SecretScanner::new(&[("t".into(), secret.as_bytes().to_vec())]);
+        for bytes in [secret.as_bytes().to_vec(), utf16(secret, true), utf16(secret, false)] {
+            let pairs = |h: String| wrap(&h, 2, " ");
+            // A byte list is of the secret's own bytes only.
+            let decimal = |sep: &str| secret.bytes().map(|b| b.to_string()).collect::<Vec<_>>().join(sep);
+            for form in [
+                pairs(hex::encode(&bytes)),
+                pairs(hex::encode_upper(&bytes)),
+                wrap(&hex::encode(&bytes), 2, "  "),
+                decimal(", "),
+                decimal(" "),
+            ] {
+                let pct: String = form.bytes().map(|b| format!("%{b:02X}")).collect();
+                let qp: String = form.bytes().map(|b| format!("={b:02X}")).collect();
+                for data in [form.clone(), format!("{{\"v\":\"{form}\"}}"), pct, form.replace(' ', "+"), qp] {
+                    assert_eq!(found(&s, data.as_bytes()).as_deref(), Some("t"), "{data}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_secret_ending_in_equals_is_found_before_a_line_break() {
+        // Its `=` before a line break is a soft line break to the view
+        // without blanks: the data as sent is searched for it.
+        let secret = "dGhpcyBpcyBhIGtleQ==";
+        let s = SecretScanner::new(&[("t".into(), secret.as_bytes().to_vec())]);
+        for data in [format!("key: {secret}\nnext"), format!("key: {}\r\n", secret.to_ascii_uppercase())] {
+            let f = s.find(data.as_bytes());
+            assert_eq!(f.map(|f| (f.form, f.view)), Some(("raw", "as sent")), "{data}");
+        }
+    }
+
+    #[test]
+    fn a_secret_in_another_letter_case_is_found_across_pieces() {
+        let key = "3f9a1c7e-55aa-4b2e-9d10-aa44bb66cc88";
+        let s = SecretScanner::new(&[("key".into(), key.as_bytes().to_vec())]);
+        for at in [0, 1, (64 << 10) - 20, (64 << 10) - 1, 64 << 10, (128 << 10) - 5, (200 << 10) - key.len()] {
+            let mut data = vec![b'x'; 200 << 10];
+            data.splice(at..at + key.len(), key.to_ascii_uppercase().into_bytes());
+            assert_eq!(found(&s, &data).as_deref(), Some("key"), "at {at}");
+        }
+    }
+
+    #[test]
+    fn blanks_put_into_a_secret_are_found_across_pieces() {
+        let secret = "s3cr3t-token-1234";
+        let s = SecretScanner::new(&[("t".into(), secret.as_bytes().to_vec())]);
+        let spread = wrap(secret, 1, " ");
+        let soft: String = secret.bytes().map(|b| format!("={b:02X}=\n")).collect();
+        for form in [spread, soft] {
+            for at in [0, (256 << 10) - 20, (256 << 10) - 1, 256 << 10, (256 << 10) + 1, (512 << 10) - 7] {
+                let mut data = b"a ".repeat(300 << 10);
+                data.splice(at..at + form.len(), form.bytes());
+                assert_eq!(found(&s, &data).as_deref(), Some("t"), "at {at}: {form}");
+            }
+        }
+    }
+
+    /// `data` without blanks as the view was first written: byte by byte.
+    fn without_blanks_bytewise(data: &[u8]) -> Vec<u8> {
+        let mut joined = Vec::new();
+        for (i, b) in data.iter().enumerate() {
+            let soft_break = *b == b'=' && matches!(data.get(i + 1), Some(b'\r' | b'\n'));
+            if !matches!(b, b'\n' | b'\r' | b' ' | b'\t') && !soft_break {
+                joined.push(*b);
+            }
+        }
+        joined
+    }
+
     proptest::proptest! {
+        #[test]
+        fn the_view_without_blanks_matches_its_definition(data in proptest::collection::vec(proptest::sample::select(b"ab= \t\r\n\x00\x21\x1f\xff".to_vec()), 0..64)) {
+            proptest::prop_assert_eq!(without_blanks(&data), without_blanks_bytewise(&data));
+        }
+
+        /// Searching the view without blanks with every needle and the data
+        /// with the needles holding a blank finds what searching both views
+        /// with every needle finds.
+        #[test]
+        fn splitting_the_needles_by_blanks_finds_what_both_views_find(pieces in proptest::collection::vec(0usize..12, 0..24)) {
+            let s = SecretScanner::new(&[("t".into(), b"p4ss w0rd-x=".to_vec()), ("u".into(), b"k3y-v4lue==".to_vec())]);
+            let words: [&[u8]; 12] = [b"p4ss", b" ", b"w0rd-x=", b"\n", b"k3y-v4", b"lue==", b"=", b"\r\n", b"P4SS W0RD", b"\t", b"7034737320", b"x"];
+            let data: Vec<u8> = pieces.iter().flat_map(|&i| words[i].to_vec()).collect();
+            let both = s.find_in(&data, "as sent").or_else(|| {
+                let joined = without_blanks_bytewise(&data);
+                s.find_in(&joined, "as sent, blanks removed").or_else(|| {
+                    s.find_in(&unescape(&joined, Kinds { quoted_printable: true, ..NONE })?, "as sent, blanks removed")
+                })
+            });
+            proptest::prop_assert_eq!(s.find_spread(&data, "as sent", "as sent, blanks removed", true), both);
+        }
+
         #[test]
         fn a_secret_is_found_base64_encoded_inside_any_value(prefix in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..7), suffix in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..7)) {
             let s = scanner();
