@@ -397,15 +397,22 @@ impl Runtime {
             None => (new_id("run"), false),
         };
         let mut snapshot = self.snapshot.narrowed(narrowing).restricted(restriction.clone());
+        let mut known = false;
         if continued {
-            snapshot = self.run_view(snapshot, &id).await?;
+            (snapshot, known) = self.run_view(snapshot, &id).await?;
         }
-        let n = narrowing_name(snapshot.narrowing());
-        let recorded =
-            (restriction != Restriction::default()).then(|| serde_json::to_string(&restriction).ok()).flatten();
-        let run =
-            RunRecord { run_id: &id, agent: self.snapshot.agent(), narrowing: n, restriction: recorded.as_deref() };
-        self.store.begin_run(&run).await?;
+        // A run the journal knows keeps its record as it began: a
+        // continuation's own narrowing and restriction hold for its calls
+        // (and travel with their tickets), and beginning it again could
+        // stand in for the record until its next step.
+        if !known {
+            let n = narrowing_name(snapshot.narrowing());
+            let recorded =
+                (restriction != Restriction::default()).then(|| serde_json::to_string(&restriction).ok()).flatten();
+            let run =
+                RunRecord { run_id: &id, agent: self.snapshot.agent(), narrowing: n, restriction: recorded.as_deref() };
+            self.store.begin_run(&run).await?;
+        }
         Ok(Run {
             runtime: self,
             id,
@@ -417,12 +424,15 @@ impl Runtime {
 
     /// `snapshot` held to everything the journal says run `run_id` is: its
     /// recorded narrowing and restriction, and every Skill activated in it.
+    /// Also whether the journal knows the run.
     async fn run_view(
         &self,
         mut snapshot: ExecutableAgentSnapshot,
         run_id: &str,
-    ) -> Result<ExecutableAgentSnapshot, CommitError> {
-        if let Some(run) = self.store.run(run_id).await? {
+    ) -> Result<(ExecutableAgentSnapshot, bool), CommitError> {
+        let run = self.store.run(run_id).await?;
+        let known = run.is_some();
+        if let Some(run) = run {
             if run.narrowing == narrowing_name(ToolCapabilityNarrowing::DenyAll) {
                 snapshot = snapshot.narrowed(ToolCapabilityNarrowing::DenyAll);
             }
@@ -441,7 +451,7 @@ impl Runtime {
                 }
             }
         }
-        Ok(snapshot)
+        Ok((snapshot, known))
     }
 
     /// Approve a ticket with `approval`: execute exactly the stored call,
@@ -504,7 +514,7 @@ impl Runtime {
         // The gate decides again on the run's view now (its narrowing,
         // restriction and the Skills activated since), held to the
         // restrictions the call asked under.
-        let mut snapshot = self.run_view(self.snapshot.clone(), &r.run_id).await?;
+        let (mut snapshot, _) = self.run_view(self.snapshot.clone(), &r.run_id).await?;
         for restriction in asked_under(&r) {
             snapshot = snapshot.restricted(restriction);
         }

@@ -488,6 +488,30 @@ async fn a_server_that_never_answers_is_cut_off_at_the_http_timeout() {
     assert!(thief(&w.host, "http", &w.other.url("/echo"), false).await.starts_with("ok: 200"));
 }
 
+/// A recorded run keeps its restriction however it is continued: a
+/// continuation without a restriction of its own does not stand in for the
+/// run's record (the file journal answered from runs begun and not yet
+/// written, so a second continuation before the first's step ran unrestricted).
+#[tokio::test]
+async fn a_restricted_run_continued_again_keeps_its_restriction() {
+    use toolgate::config::Restriction;
+    let w = world();
+    let rt = &w.host.runtime;
+    let configured = toolgate::ToolCapabilityNarrowing::Configured;
+    let scratch_only = Restriction { directories: Some(vec!["/scratch".into()]), ..Default::default() };
+    let first = rt.start_restricted_run(None, configured, scratch_only).await.unwrap();
+    assert_err(&thief_in(&first, "read", "/data/a.txt", false).await, "");
+    let id = first.id().to_owned();
+    let once = rt.start_run(Some(id.clone()), configured).await.unwrap();
+    let twice = rt.start_run(Some(id.clone()), configured).await.unwrap();
+    for run in [&twice, &once] {
+        assert_err(&thief_in(run, "read", "/data/a.txt", false).await, "");
+    }
+    // A fresh run reads it: the restriction is what keeps it out.
+    let fresh = rt.start_run(None, configured).await.unwrap();
+    assert_eq!(thief_in(&fresh, "read", "/data/a.txt", false).await, "ok: \"alpha\\nbeta needle\\n\"");
+}
+
 #[tokio::test]
 async fn a_restricted_run_keeps_its_restriction_when_its_ask_is_approved() {
     use toolgate::config::Restriction;
@@ -511,6 +535,7 @@ async fn a_restricted_run_keeps_its_restriction_when_its_ask_is_approved() {
         (None, scratch_only()),
         (Some((Restriction::default(), true)), scratch_only()),
         (Some((scratch_only(), false)), Restriction::default()),
+        (Some((scratch_only(), true)), Restriction::default()),
         (None, Restriction::default()),
     ];
     for (began, restriction) in cases {
@@ -523,13 +548,18 @@ async fn a_restricted_run_keeps_its_restriction_when_its_ask_is_approved() {
                 assert!(matches!(r, StepResult::ToolError { .. }), "{r:?}");
             }
             id = Some(first.id().to_owned());
+            // Continued once more in between, without a restriction of its own.
+            drop(asker.start_run(id.clone(), configured).await.unwrap());
         }
         let run = asker.start_restricted_run(id, configured, restriction).await.unwrap();
         let StepResult::Awaiting { ticket, .. } = run.call("hostile.thief", read.clone()).await.unwrap() else {
             panic!("the asker's call awaits approval")
         };
-        // Approved by another runtime (as another process would be): it knows the run only from the journal.
-        let approver = toolgate_tests::runtime_for(&config, "asker");
+        // Approved by another runtime (as another process would be): it knows
+        // the run only from the journal; and by the asking one, which also
+        // knows the runs it began and has not written yet.
+        let other = toolgate_tests::runtime_for(&config, "asker");
+        let approver = if results.len() % 2 == 0 { &other } else { &asker };
         match approver.approve(&ticket, &approval).await.unwrap() {
             StepResult::Output { content: Content::Json(serde_json::Value::String(s)), .. } => results.push(s),
             other => panic!("{other:?}"),
@@ -546,5 +576,10 @@ async fn a_restricted_run_keeps_its_restriction_when_its_ask_is_approved() {
         "a restricted run continued: its approval ran without /data: {}",
         results[2]
     );
-    assert!(results[3].contains("needle"), "without the restriction the same approval reads it: {}", results[3]);
+    assert!(
+        results[3].starts_with("err: "),
+        "a restricted run continued twice: its approval ran without /data: {}",
+        results[3]
+    );
+    assert!(results[4].contains("needle"), "without the restriction the same approval reads it: {}", results[4]);
 }

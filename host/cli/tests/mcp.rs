@@ -299,6 +299,13 @@ fn the_approval_dialog_shows_disguised_arguments_escaped_and_the_journal_records
 /// status and the JSON-RPC message of the body (plain JSON or the last SSE
 /// `data:` event).
 fn post(port: u16, token: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    let headers = "MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: notes\r\n";
+    let (status, _, json) = post_with(port, token, headers, body);
+    (status, json)
+}
+
+/// [`post`] with `headers` (each line ending in CRLF); also the response's head.
+fn post_with(port: u16, token: &str, headers: &str, body: &serde_json::Value) -> (u16, String, serde_json::Value) {
     use std::io::{Read as _, Write as _};
     let body = body.to_string();
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -306,8 +313,7 @@ fn post(port: u16, token: &str, body: &serde_json::Value) -> (u16, serde_json::V
     write!(
         s,
         "POST /mcp HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\n\
-         Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\n\
-         Mcp-Method: tools/call\r\nMcp-Name: notes\r\n\
+         Accept: application/json, text/event-stream\r\n{headers}\
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
@@ -340,7 +346,12 @@ fn post(port: u16, token: &str, body: &serde_json::Value) -> (u16, serde_json::V
         .last()
         .map_or(text.as_str(), |d| d)
         .to_owned();
-    (status, serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {text}")))
+    let json = if json.trim().is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {text}"))
+    };
+    (status, head.to_owned(), json)
 }
 
 /// `toolgate serve --http` in `dir` on a free port: killed when dropped.
@@ -421,6 +432,70 @@ fn another_token_of_the_same_agent_can_neither_find_nor_answer_an_ask() {
     let refused = r["error"]["message"].as_str().unwrap_or_default();
     assert!(refused.contains("request state was refused"), "{r}");
     assert!(approvals(dir.path()).is_empty(), "nothing was approved");
+    // The runs' ids tell the tokens apart by a keyed tag: no plain digest of
+    // a token is in the journal to test guesses against.
+    use sha2::Digest as _;
+    let journal = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .current_dir(dir.path())
+        .args(["--config", "toolgate.toml", "--json", "journal"])
+        .output()
+        .unwrap();
+    let journal = String::from_utf8_lossy(&journal.stdout).into_owned();
+    assert!(journal.contains("\"req-"), "{journal}");
+    for token in [TEST_TOKEN, OTHER_TOKEN] {
+        let digest = hex::encode(sha2::Sha256::digest(token.as_bytes()));
+        for plain in [digest.clone(), hex::encode(sha2::Sha256::digest(digest.as_bytes()))] {
+            assert!(!journal.contains(&plain[..16]), "{journal}");
+        }
+    }
+}
+
+/// A request inside a session is the session's, whatever revision its
+/// `_meta` claims: its ask is the conversation's, never found by a
+/// stateless request of the same token.
+#[test]
+fn a_session_request_claiming_the_stateless_revision_keeps_its_ask_in_the_session() {
+    let dir = serve_dir();
+    let (_server, port) = http_server(dir.path());
+    let init = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {"elicitation": {}},
+        "clientInfo": {"name": "client", "version": "1"},
+    }});
+    let (status, head, r) = post_with(port, TEST_TOKEN, "", &init);
+    assert_eq!(status, 200, "{r}");
+    let session = head
+        .lines()
+        .find_map(|l| l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("mcp-session-id")))
+        .map(|(_, v)| v.trim().to_owned())
+        .expect("a session");
+    let in_session = format!("Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-11-25\r\n");
+    let initialized = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    post_with(port, TEST_TOKEN, &in_session, &initialized);
+    let call = |id: u64, meta: serde_json::Value| {
+        serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+            "name": "notes", "arguments": {"op": "add", "note": "ours"}, "_meta": meta}})
+    };
+    let modern = serde_json::json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    });
+    // No elicitation declared on this call: the ask stays pending, named.
+    let claiming = format!(
+        "Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: notes\r\n"
+    );
+    let (_, _, asked) = post_with(port, TEST_TOKEN, &claiming, &call(2, modern.clone()));
+    assert!(asked.to_string().contains("needs human approval"), "{asked}");
+    // A stateless request of the same token, the identical call: its own request.
+    let (status, stateless) = post(port, TEST_TOKEN, &call(3, modern));
+    assert_eq!(status, 200, "{stateless}");
+    let pending = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .current_dir(dir.path())
+        .args(["--config", "toolgate.toml", "--json", "journal", "--awaiting"])
+        .output()
+        .unwrap();
+    let pending = String::from_utf8_lossy(&pending.stdout).lines().count();
+    assert_eq!(pending, 2, "the session's ask is not a stateless one: {stateless}");
 }
 
 /// The same over Streamable HTTP, stateless (2026-07-28): the ask comes as

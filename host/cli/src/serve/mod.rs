@@ -92,6 +92,10 @@ struct Shared {
     next_peer: std::sync::atomic::AtomicU64,
     /// Seals the `requestState` of an ask (HMAC, TTL, bound to tool and agent).
     codec: RequestStateCodec,
+    /// Keys the tag of a token in the ids of its stateless runs (derived
+    /// from the request-state key): the journal holds no plain digest of a
+    /// token to test guesses against.
+    asker_key: [u8; 32],
     /// Calls in flight, waited for at shutdown.
     inflight: TaskTracker,
     /// Fired when the grace period is over: calls still running are cancelled.
@@ -141,12 +145,9 @@ impl Session {
     /// This conversation's run; `stateless`: it serves one stateless request
     /// of `principal` ([`asker`]), whose run id is tagged with it so it finds
     /// only that principal's asks.
-    fn run_id(&self, stateless: bool, principal: &str) -> &str {
-        self.run_id.get_or_init(
-            || {
-                if stateless { toolgate::runtime::stateless_run_id(principal) } else { new_id("run") }
-            },
-        )
+    fn run_id(&self, stateless: bool, principal: impl FnOnce() -> String) -> &str {
+        self.run_id
+            .get_or_init(|| if stateless { toolgate::runtime::stateless_run_id(&principal()) } else { new_id("run") })
     }
 }
 
@@ -212,6 +213,7 @@ impl McpServer {
                 key.to_vec()
             }
         };
+        let asker_key: [u8; 32] = Sha256::digest([b"toolgate stateless asker v1\0".as_slice(), &key].concat()).into();
         let codec = RequestStateCodec::try_new(key)
             .map_err(|e| anyhow::anyhow!("cannot build the request-state codec: {e}"))?;
         Ok(McpServer {
@@ -227,6 +229,7 @@ impl McpServer {
                 legacy_peers: Mutex::new(Vec::new()),
                 next_peer: std::sync::atomic::AtomicU64::new(0),
                 codec,
+                asker_key,
                 inflight: TaskTracker::new(),
                 stopping: CancellationToken::new(),
                 settings,
@@ -378,7 +381,7 @@ impl McpServer {
         generation: u64,
         runtime: &'r Runtime,
         stateless: bool,
-        principal: &str,
+        principal: impl FnOnce() -> String,
     ) -> Result<toolgate::Run<'r>, ErrorData> {
         let run_id = self.session.run_id(stateless, principal);
         let agent = runtime.snapshot().agent();
@@ -424,7 +427,7 @@ impl McpServer {
         }
         let structured = structured_output(&runtime, &name);
         let stateless = stateless(context);
-        let mut run = self.session_run(generation, &runtime, stateless, asker(context)).await?;
+        let mut run = self.session_run(generation, &runtime, stateless, || self.asker_tag(context)).await?;
         if stateless {
             run = run.stateless();
         }
@@ -494,7 +497,7 @@ impl McpServer {
             let holder = runtime.store().awaiting(ticket).await.map_err(internal)?;
             let run = match holder {
                 Some(r) if r.call_id == correlation && r.tool_id == name => r.run_id,
-                _ => self.session.run_id(stateless(context), asker(context)).to_owned(),
+                _ => self.session.run_id(stateless(context), || self.asker_tag(context)).to_owned(),
             };
             let state = AskState {
                 run,
@@ -609,8 +612,10 @@ fn is_traceparent(t: &str) -> bool {
 }
 
 /// A 2026-07-28 request over HTTP: no session, no conversation beyond it.
+/// A request inside a session (it names one) is the session's, whatever
+/// revision its `_meta` claims: its asks stay the conversation's.
 fn stateless(context: &RequestContext<RoleServer>) -> bool {
-    context.extensions.get::<::http::request::Parts>().is_some()
+    context.extensions.get::<::http::request::Parts>().is_some_and(|p| !p.headers.contains_key("mcp-session-id"))
         && context.protocol_version().is_some_and(|v| v >= ProtocolVersion::V_2026_07_28)
 }
 
@@ -743,6 +748,14 @@ fn connection(context: &RequestContext<RoleServer>) -> &str {
     match context.extensions.get::<::http::request::Parts>() {
         Some(parts) => parts.extensions.get::<BoundAgent>().map_or("http, unauthenticated", |b| b.principal.as_str()),
         None => STDIO_PRINCIPAL,
+    }
+}
+
+impl McpServer {
+    /// The tag of a request's asker in its stateless runs' ids: keyed, so
+    /// the journal holds no plain digest of a token.
+    fn asker_tag(&self, context: &RequestContext<RoleServer>) -> String {
+        hex::encode(Sha256::digest([self.shared.asker_key.as_slice(), asker(context).as_bytes()].concat()))
     }
 }
 
