@@ -740,11 +740,20 @@ fn unescape(data: &[u8], kinds: Kinds) -> Option<Vec<u8>> {
     ] {
         special[usize::from(b)] = on;
     }
+    let on: Vec<u8> = (0..=255u8).filter(|&b| special[usize::from(b)]).collect();
+    // The next escape character: memchr's vector search for one or two
+    // (for three, dense in escaped text, a table is faster).
+    let next = |hay: &[u8]| match on.as_slice() {
+        [] => None,
+        [a] => memchr::memchr(*a, hay),
+        [a, b] => memchr::memchr2(*a, *b, hay),
+        _ => hay.iter().position(|&b| special[usize::from(b)]),
+    };
     let mut out = Vec::new();
     let mut changed = false;
     // Input up to `copied` is in `out`.
     let (mut i, mut copied) = (0, 0);
-    while let Some(at) = data[i..].iter().position(|&b| special[usize::from(b)]) {
+    while let Some(at) = next(&data[i..]) {
         i += at;
         if out.capacity() == 0 {
             out.reserve(data.len());
