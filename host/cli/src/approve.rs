@@ -20,7 +20,7 @@ use toolgate::keys::SecretKey;
 use toolgate::store::{AwaitingRecord, TicketError};
 use toolgate::{Approval, Config, Runtime, StepResult};
 
-use crate::field;
+use crate::{field, json_text};
 
 /// Whether this process talks to a human on an interactive terminal.
 fn on_terminal() -> bool {
@@ -135,7 +135,7 @@ pub async fn list_pending(config: &Config, runtime: &Runtime, key: Option<&Path>
             if let Some(t) = ticket {
                 v["ticket"] = json!(t);
             }
-            println!("{v}");
+            println!("{}", json_text(&v)?);
         } else {
             println!(
                 "{}  {} {}  (agent {}, run {}){}",

@@ -524,7 +524,10 @@ fn report(result: &StepResult, run: Option<&str>, as_json: bool) -> u8 {
         if let Some(r) = run {
             v["run"] = json!(r);
         }
-        println!("{v}");
+        match toolgate::display::json(&v) {
+            Ok(line) => println!("{line}"),
+            Err(e) => eprintln!("toolgate: cannot write the result as JSON: {e}"),
+        }
     } else {
         match result {
             StepResult::Output { .. } => println!("{}", safe(&result.model_text())),
@@ -547,9 +550,19 @@ fn report(result: &StepResult, run: Option<&str>, as_json: bool) -> u8 {
 /// every character that would act on the terminal or not be seen — controls,
 /// bidi and other format characters, separators — shown escaped, by the one
 /// rule in [`toolgate::display`]; `\n` and `\t` stay. `--json` output is
-/// exact JSON.
+/// exact JSON, with the same characters escaped ([`json_text`]).
 pub(crate) fn safe(s: &str) -> std::borrow::Cow<'_, str> {
     toolgate::display::escape_unseen(s, toolgate::display::Lines::Keep)
+}
+
+/// A `--json` view's line: compact JSON in which every character
+/// [`safe`] would escape is a `\uXXXX` escape ([`toolgate::display::json`]),
+/// so text from a Tool, the model or a client (a bidi override, a line
+/// separator) reaches whoever reads it — an approver about to sign with
+/// `--key`, perhaps without another view — escaped, and still parses back
+/// to the same strings.
+pub(crate) fn json_text<T: serde::Serialize + ?Sized>(value: &T) -> Result<String> {
+    toolgate::display::json(value).context("cannot write JSON")
 }
 
 /// One field of a line an approver reads (`journal`, `approve`,
@@ -663,7 +676,9 @@ fn inspect(file: &Path, as_json: bool) -> Result<u8> {
         let pinned = pinned_json(&component.pinned);
         println!(
             "{}",
-            json!({ "file": file, "digest": component.digest.to_string(), "tools": tools, "pinned": pinned })
+            json_text(
+                &json!({ "file": file, "digest": component.digest.to_string(), "tools": tools, "pinned": pinned })
+            )?
         );
     } else {
         println!("{}  {}", safe(&file.display().to_string()), component.digest);
@@ -705,7 +720,7 @@ fn list(config: &Config, snapshot: &ExecutableAgentSnapshot, all: bool, as_json:
     if !all {
         let tools = snapshot.list(&unhealthy);
         if as_json {
-            println!("{}", serde_json::to_string(&tools)?);
+            println!("{}", json_text(&tools)?);
         } else {
             for d in tools {
                 println!("{}  {}", safe(&d.id), safe(&d.description));
@@ -729,7 +744,7 @@ fn list(config: &Config, snapshot: &ExecutableAgentSnapshot, all: bool, as_json:
             })
             .collect();
         let refused: Vec<_> = refused.iter().map(|r| json!({ "file": r.path, "reason": r.reason })).collect();
-        println!("{}", json!({ "plugins": config.plugins, "tools": tools, "refused": refused }));
+        println!("{}", json_text(&json!({ "plugins": config.plugins, "tools": tools, "refused": refused }))?);
     } else {
         for l in &listings {
             match &l.removed {
@@ -750,12 +765,12 @@ async fn journal(store: &dyn StepStore, run: Option<&str>, as_json: bool) -> Res
         if as_json {
             println!(
                 "{}",
-                json!({
+                json_text(&json!({
                     "seq": s.seq, "run": s.run_id, "call": s.call_id, "tool": s.tool_id,
                     "arguments": s.arguments, "verdict": s.verdict, "outcome": s.outcome.as_str(),
                     "result": s.result, "captured": serde_json::from_str::<serde_json::Value>(&s.captured).unwrap_or_default(),
                     "approved_by": approved.map(|a| json!({ "principal": a.principal, "channel": a.channel, "at": a.at })),
-                })
+                }))?
             );
         } else {
             println!("{}", journal_line(&s));

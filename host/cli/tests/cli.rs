@@ -562,10 +562,14 @@ fn the_approvers_views_show_every_unseen_character_of_the_arguments_escaped() {
     let args = serde_json::json!({ "op": "add", "note": note }).to_string();
     assert_eq!(tg(d, &["call", "notes", "--args", &args]).status.code(), Some(12));
     let listed = tg(d, &["journal", "--awaiting", "--key", "approver.key"]);
+    // With `--key`, `approve` signs without a prompt: the JSON listing may
+    // be the only view an approver has.
+    let listed_json = tg(d, &["--json", "journal", "--awaiting", "--key", "approver.key"]);
     let ticket = pending_ticket(d);
     let approved = tg(d, &["approve", &ticket, "--key", "approver.key"]);
     assert_eq!(approved.status.code(), Some(0), "{}", text(&approved.stderr));
     let journal = tg(d, &["journal"]);
+    let journal_json = tg(d, &["--json", "journal"]);
     for (what, shown) in [
         ("journal --awaiting", text(&listed.stdout)),
         ("approve", text(&approved.stderr)),
@@ -575,5 +579,20 @@ fn the_approvers_views_show_every_unseen_character_of_the_arguments_escaped() {
             assert!(!shown.contains(c), "{what} passes {c:?} through: {shown:?}");
             assert!(shown.contains(&c.escape_default().to_string()), "{what} shows {c:?} escaped: {shown}");
         }
+    }
+    for (what, shown) in
+        [("--json journal --awaiting", text(&listed_json.stdout)), ("--json journal", text(&journal_json.stdout))]
+    {
+        for c in hidden {
+            assert!(!shown.contains(c), "{what} passes {c:?} through: {shown:?}");
+            let mut units = [0; 2];
+            let escape: String = c.encode_utf16(&mut units).iter().map(|u| format!("\\u{u:04x}")).collect();
+            assert!(shown.contains(&escape), "{what} shows {c:?} as {escape}: {shown}");
+        }
+        // Still exact JSON: the arguments parse back to the model's very note.
+        let lines: Vec<serde_json::Value> = shown.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let arguments = lines.iter().filter_map(|l| l["arguments"].as_str()).find(|a| a.contains("fdp.exe"));
+        let arguments: serde_json::Value = serde_json::from_str(arguments.expect("the call is listed")).unwrap();
+        assert_eq!(arguments["note"].as_str(), Some(note.as_str()), "{what}");
     }
 }
