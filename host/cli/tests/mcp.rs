@@ -174,6 +174,17 @@ fn approvals(dir: &std::path::Path) -> Vec<(String, String)> {
         .collect()
 }
 
+/// How many asks are pending in the journal of `dir`.
+fn pending(dir: &std::path::Path) -> usize {
+    let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .current_dir(dir)
+        .args(["--config", "toolgate.toml", "--json", "journal", "--awaiting"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
 /// What an approval dialog must show of `arguments` (the JSON text the
 /// server received): every hidden character escaped, the arguments on one
 /// line of their own, their byte length named — so no part of them can pass
@@ -416,12 +427,7 @@ fn another_token_of_the_same_agent_can_neither_find_nor_answer_an_ask() {
     };
     let first = asked(TEST_TOKEN);
     let _second = asked(OTHER_TOKEN);
-    let pending = Command::new(env!("CARGO_BIN_EXE_toolgate"))
-        .current_dir(dir.path())
-        .args(["--config", "toolgate.toml", "--json", "journal", "--awaiting"])
-        .output()
-        .unwrap();
-    let pending = String::from_utf8_lossy(&pending.stdout).lines().count();
+    let pending = pending(dir.path());
     assert_eq!(pending, 2, "each token's call is its own pending request");
     // The other token presents the first token's sealed state with an answer.
     let answer = serde_json::json!({
@@ -489,12 +495,7 @@ fn a_session_request_claiming_the_stateless_revision_keeps_its_ask_in_the_sessio
     // A stateless request of the same token, the identical call: its own request.
     let (status, stateless) = post(port, TEST_TOKEN, &call(3, modern));
     assert_eq!(status, 200, "{stateless}");
-    let pending = Command::new(env!("CARGO_BIN_EXE_toolgate"))
-        .current_dir(dir.path())
-        .args(["--config", "toolgate.toml", "--json", "journal", "--awaiting"])
-        .output()
-        .unwrap();
-    let pending = String::from_utf8_lossy(&pending.stdout).lines().count();
+    let pending = pending(dir.path());
     assert_eq!(pending, 2, "the session's ask is not a stateless one: {stateless}");
 }
 

@@ -942,17 +942,7 @@ const NAMED: &[(&str, u8)] = &[
 
 /// The names above that HTML5 also reads without their `;` (its legacy
 /// list, ASCII part): `&ampx` is `&x`.
-const LEGACY: &[(&str, u8)] = &[
-    ("amp", b'&'),
-    ("AMP", b'&'),
-    ("lt", b'<'),
-    ("LT", b'<'),
-    ("gt", b'>'),
-    ("GT", b'>'),
-    ("quot", b'"'),
-    ("QUOT", b'"'),
-    ("nbsp", b' '),
-];
+const LEGACY: &[&str] = &["amp", "AMP", "lt", "LT", "gt", "GT", "quot", "QUOT", "nbsp"];
 
 /// A character reference at the start of `s` (`&#NN;`, `&#xHH;` — the `;`
 /// optional, as browsers accept — or a named one above, the legacy ones
@@ -975,8 +965,10 @@ fn reference_at(s: &[u8], out: &mut Vec<u8>) -> Option<usize> {
         let name = rest.get(..semi)?;
         NAMED.iter().find(|(n, _)| n.as_bytes() == name).map(|&(_, b)| (b, semi + 1))
     });
-    let (b, used) = with_semi
-        .or_else(|| LEGACY.iter().find(|(n, _)| rest.starts_with(n.as_bytes())).map(|&(n, b)| (b, n.len())))?;
+    let (b, used) = with_semi.or_else(|| {
+        let n = LEGACY.iter().find(|n| rest.starts_with(n.as_bytes()))?;
+        NAMED.iter().find(|(name, _)| name == n).map(|&(_, b)| (b, n.len()))
+    })?;
     out.push(b);
     Some(1 + used)
 }
