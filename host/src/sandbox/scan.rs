@@ -91,10 +91,6 @@ pub struct SecretScanner {
     /// without blanks removes (see [`removes_from`]).
     exact_blank: Option<Matcher>,
     folded_blank: Option<Matcher>,
-    /// Plain hex needles, for the view joining a list of hex byte values,
-    /// with their index in `exact`.
-    hex: Option<Matcher>,
-    hex_index: Vec<usize>,
     /// Bytes of the longest folded needle, and of the longest needle.
     folded_longest: usize,
     needle_longest: usize,
@@ -293,8 +289,6 @@ struct Needles {
     meta: Vec<(usize, &'static str)>,
     /// Each needle's index in `patterns`.
     seen: HashMap<Vec<u8>, usize>,
-    /// Indexes of the plain hex needles, whatever form first added them.
-    hex: Vec<usize>,
     /// Bytes of the longest form found, needle or not.
     longest: usize,
 }
@@ -347,9 +341,7 @@ impl Needles {
         }
         let hex = hex::encode(bytes);
         for h in [hex.to_ascii_uppercase(), hex.clone()] {
-            if let Some(at) = self.add(h.into_bytes(), credential, forms.hex) {
-                self.hex.push(at);
-            }
+            self.add(h.into_bytes(), credential, forms.hex);
         }
         let pairs: Vec<&str> = hex.as_bytes().chunks(2).filter_map(|p| std::str::from_utf8(p).ok()).collect();
         for sep in [":", "-"] {
@@ -453,7 +445,6 @@ impl SecretScanner {
         let folded_longest = folded.patterns.iter().map(Vec::len).max().unwrap_or(0);
         let needle_longest = exact.patterns.iter().map(Vec::len).max().unwrap_or(0).max(folded_longest);
         let (exact_blank, _) = exact.subset(|_, p| removes_from(p));
-        let (hex, hex_index) = exact.subset(|i, _| exact.hex.contains(&i));
         let (folded_blank, _) = folded.subset(|_, p| removes_from(p));
         SecretScanner {
             exact: exact.build(),
@@ -463,8 +454,6 @@ impl SecretScanner {
             folded_meta: folded.meta,
             exact_blank,
             folded_blank,
-            hex,
-            hex_index,
             folded_longest,
             needle_longest,
             names: secrets.iter().map(|(n, _)| n.clone()).collect(),
@@ -650,13 +639,9 @@ impl SecretScanner {
             view.push(b);
             item_start = false;
         }
-        // The view is hex joined: of the exact needles, only hex ones (the
-        // folded ones, few and cheap, too: a secret of its own with blanks
-        // and a `0x` in it).
-        let hex = || self.finding(&self.exact_meta, *self.hex_index.get(self.hex.as_ref()?.find(&view)?)?, name);
-        let folded =
-            || self.finding(&self.folded_meta, self.folded.as_ref()?.find_lowered(&view, self.folded_longest)?, name);
-        hex().or_else(folded)
+        // Every needle: the view joins more than hex — base64, base32 or
+        // UTF-16 forms split across the items of a list are joined too.
+        self.find_in(&view, name)
     }
 
     fn find_in(&self, view: &[u8], name: &'static str) -> Option<Finding> {
@@ -1344,6 +1329,16 @@ mod tests {
         for bad in ["&apos", "&sol", "&Amp;", "&aMp", "&am"] {
             assert_eq!(html(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn a_form_split_across_list_items_beside_a_hex_list_is_found() {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD.encode(SECRET);
+        let (a, b) = b64.split_at(b64.len() / 2);
+        let data = format!(r#"{{"id":"0x1f","parts":["{a}","{b}"]}}"#);
+        let f = scanner().find(data.as_bytes()).expect("base64 split across a list's items, beside a hex item");
+        assert_eq!(f.credential, "tracker");
     }
 
     #[test]
