@@ -23,7 +23,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -184,6 +184,29 @@ pub struct Runtime {
     settings: RuntimeSettings,
     /// This host instance, as claims and heartbeats name it.
     holder: String,
+    /// Skill activations committed by this runtime (and its reloads).
+    skill_marks: Arc<SkillMarks>,
+}
+
+/// Skill activations committed in this process, counted per bucket of run
+/// ids. A run's view records its bucket's count when it was last brought
+/// up to date; a call that finds the count moved reads the run's Skills
+/// from the journal before the gate. So a Skill whose output was committed
+/// by another path than the run's own call — an approval, a concurrent call
+/// of the same run through another `Run` (a server session's requests) —
+/// narrows every later call of the run, and a run with no Skill activated
+/// in its bucket pays one atomic load per call.
+struct SkillMarks([AtomicU64; SKILL_BUCKETS]);
+
+const SKILL_BUCKETS: usize = 64;
+
+impl SkillMarks {
+    fn of(&self, run_id: &str) -> &AtomicU64 {
+        use std::hash::BuildHasher;
+        // Fixed seed: a bucket only spreads the work of looking again.
+        let h = foldhash::fast::FixedState::with_seed(0).hash_one(run_id);
+        &self.0[(h % SKILL_BUCKETS as u64) as usize]
+    }
 }
 
 /// A run: a sequence of steps under one narrowing.
@@ -284,7 +307,8 @@ impl Runtime {
         store: Arc<dyn StepStore>,
         settings: RuntimeSettings,
     ) -> Self {
-        Runtime { snapshot, executor, store, settings, holder: new_id("host") }
+        let skill_marks = Arc::new(SkillMarks(std::array::from_fn(|_| AtomicU64::new(0))));
+        Runtime { snapshot, executor, store, settings, holder: new_id("host"), skill_marks }
     }
 
     /// Settle claims whose holder stopped before committing the result (its
@@ -328,6 +352,7 @@ impl Runtime {
             store: self.store.clone(),
             settings: self.settings.clone(),
             holder: self.holder.clone(),
+            skill_marks: self.skill_marks.clone(),
         }
     }
 
@@ -360,7 +385,10 @@ impl Runtime {
     /// Continue run `id` with `view`, the run's current view as an earlier
     /// [`Run::snapshot`] of this runtime returned it: nothing is looked up
     /// in the journal, so a long-lived front end (a server session) pays
-    /// nothing per call for the run's length. A view from another runtime
+    /// nothing per call for the run's length — unless a Skill's output was
+    /// committed in this process since the view was taken (an approval,
+    /// another request of the run), which the first call reads from the
+    /// journal before the gate. A view from another runtime
     /// (before a reload) must be rebuilt with [`Runtime::start_run`].
     pub fn continue_run(&self, id: &str, view: Arc<ExecutableAgentSnapshot>) -> Run<'_> {
         Run {
@@ -396,6 +424,8 @@ impl Runtime {
             Some(id) => (id, true),
             None => (new_id("run"), false),
         };
+        // Read before the journal: a Skill committed meanwhile is looked for again.
+        let mark = self.skill_marks.of(&id).load(Ordering::Acquire);
         let mut snapshot = self.snapshot.narrowed(narrowing).restricted(restriction.clone());
         let mut known = false;
         if continued {
@@ -416,7 +446,7 @@ impl Runtime {
         Ok(Run {
             runtime: self,
             id,
-            snapshot: std::sync::Mutex::new(Arc::new(snapshot)),
+            snapshot: std::sync::Mutex::new(Arc::new(snapshot.skills_checked_at(mark))),
             asked: AtomicBool::new(continued),
             stateless: false,
         })
@@ -552,7 +582,14 @@ impl Runtime {
                 let _ = step.args.set(allowed.arguments_json().clone());
                 let state = Arc::new(self.store.tool_state(&r.agent, &call.tool_id).await?);
                 let exec = self.executor.execute(&allowed, state.clone()).await;
-                step.finish(self, Some((ticket, approved_by, in_conversation)), exec, &state, false).await
+                let result = step.finish(self, Some((ticket, approved_by, in_conversation)), exec, &state, false).await;
+                // An approved Skill narrows its run: every `Run` of it looks again.
+                if let Ok(StepResult::Output { .. }) = &result
+                    && snapshot.catalog().narrowing_skills().contains_key(&call.tool_id)
+                {
+                    self.skill_marks.of(&r.run_id).fetch_add(1, Ordering::AcqRel);
+                }
+                result
             }
             GateOutcome::Blocked { reason } => {
                 let seq =
@@ -619,7 +656,7 @@ impl Run<'_> {
 
     /// Make one call: the whole path of DESIGN.md, ending in one Step commit.
     pub async fn call(&self, tool_id: &str, arguments: Value) -> Result<StepResult, CallError> {
-        self.call_in(&self.snapshot(), tool_id, arguments, std::future::pending()).await
+        self.call_in(tool_id, arguments, std::future::pending()).await
     }
 
     /// [`Run::call`], withdrawn when `cancel` completes: the guest is stopped
@@ -631,10 +668,55 @@ impl Run<'_> {
         arguments: Value,
         cancel: impl Future<Output = ()> + Send,
     ) -> Result<StepResult, CallError> {
-        self.call_in(&self.snapshot(), tool_id, arguments, cancel).await
+        self.call_in(tool_id, arguments, cancel).await
     }
 
+    /// One call on the run's current view; a Skill's output — the call's
+    /// own, or a decided result it collects — narrows the run after it.
     async fn call_in(
+        &self,
+        tool_id: &str,
+        arguments: Value,
+        cancel: impl Future<Output = ()> + Send,
+    ) -> Result<StepResult, CallError> {
+        let view = self.view().await?;
+        let result = self.call_on(&view, tool_id, arguments, cancel).await;
+        if let Ok(StepResult::Output { .. }) = &result
+            && let Some(allowed) = view.catalog().narrowing_skills().get(tool_id)
+        {
+            self.activate(&view, tool_id, allowed);
+        }
+        result
+    }
+
+    /// The run's view, first brought up to date with the journal when a
+    /// Skill was activated in the run's bucket since it was last looked at
+    /// (by an approval, or by another `Run` of the same run).
+    async fn view(&self) -> Result<Arc<ExecutableAgentSnapshot>, CommitError> {
+        let rt = self.runtime;
+        let view = self.snapshot();
+        let mark = rt.skill_marks.of(&self.id).load(Ordering::Acquire);
+        if view.skills_as_of() == mark {
+            return Ok(view);
+        }
+        let skills = view.catalog().narrowing_skills();
+        let outputs = rt.store.output_tools(&self.id).await?;
+        let mut current = self.snapshot.lock().unwrap_or_else(|p| p.into_inner());
+        // From the current view (a Skill this run activated meanwhile stays), only narrower.
+        let mut next = (**current).clone();
+        for id in outputs {
+            if let Some(allowed) = skills.get(&id)
+                && !next.has_skill(&id)
+            {
+                next = next.with_skill(&id, allowed);
+            }
+        }
+        // `mark` was read before the journal: an activation after it is looked for again.
+        *current = Arc::new(next.skills_checked_at(mark));
+        Ok(current.clone())
+    }
+
+    async fn call_on(
         &self,
         snapshot: &ExecutableAgentSnapshot,
         tool_id: &str,
@@ -700,9 +782,6 @@ impl Run<'_> {
                         other => break other?,
                     }
                 };
-                if let (StepResult::Output { .. }, Some(skill)) = (&result, &candidate.installed.tool.metadata.skill) {
-                    self.activate(tool_id, skill);
-                }
                 Ok(result)
             }
             GateOutcome::Blocked { reason } => {
@@ -736,12 +815,21 @@ impl Run<'_> {
 }
 
 impl Run<'_> {
-    /// A Skill ran: from now on this run may only call its `allowed-tools`
-    /// (intersected with everything already in force — it only narrows).
-    fn activate(&self, skill_id: &str, skill: &toolgate_sdk::metadata::SkillInfo) {
-        let Some(allowed) = &skill.allowed_tools else { return };
+    /// A Skill ran (its output committed on `view`): from now on this run
+    /// may only call its `allowed-tools` (intersected with everything
+    /// already in force — it only narrows). Every other `Run` of the run
+    /// in this process looks in the journal again before its next call.
+    fn activate(&self, view: &ExecutableAgentSnapshot, skill_id: &str, allowed: &[String]) {
+        let was = self.runtime.skill_marks.of(&self.id).fetch_add(1, Ordering::AcqRel);
         let mut current = self.snapshot.lock().unwrap_or_else(|p| p.into_inner());
-        *current = Arc::new(current.with_skill(skill_id, allowed));
+        let mut next =
+            if current.has_skill(skill_id) { (**current).clone() } else { current.with_skill(skill_id, allowed) };
+        // Up to date only if nothing else was activated since this call's
+        // view was: otherwise the next call looks in the journal.
+        if was == view.skills_as_of() && current.skills_as_of() == was {
+            next = next.skills_checked_at(was + 1);
+        }
+        *current = Arc::new(next);
     }
 }
 

@@ -141,6 +141,10 @@ pub struct ExecutableAgentSnapshot {
     restrictions: Vec<Restriction>,
     /// Skills activated in the run, each limiting calls to its allowed-tools.
     skills: Vec<(String, GlobSet)>,
+    /// The count of Skill activations in the run's bucket of the runtime
+    /// (`Runtime`'s marks) this view was last brought up to date with: a
+    /// call finding the count moved looks in the journal first.
+    skills_as_of: u64,
     grants: Arc<Vec<(globset::GlobMatcher, Grant)>>,
     credentials: Arc<BTreeMap<String, Arc<CredentialSpec>>>,
     /// Every configured credential, for checking responses (built once).
@@ -191,6 +195,7 @@ impl ExecutableAgentSnapshot {
             narrowing: a.narrowing,
             restrictions: vec![a.authority.clone()],
             skills: Vec::new(),
+            skills_as_of: 0,
             grants: Arc::new(grants),
             credentials: Arc::new(config.credentials.clone()),
             watched: config.credentials.values().cloned().collect(),
@@ -240,6 +245,23 @@ impl ExecutableAgentSnapshot {
         let mut s = self.clone();
         s.skills.push((skill_id.to_owned(), set.build().unwrap_or_else(|_| GlobSet::empty())));
         s
+    }
+
+    /// Whether Skill `skill_id` is active in this view.
+    pub fn has_skill(&self, skill_id: &str) -> bool {
+        self.skills.iter().any(|(id, _)| id == skill_id)
+    }
+
+    /// The count of Skill activations this view is up to date with (see
+    /// `Runtime`'s marks); 0 for a view no run has used.
+    pub fn skills_as_of(&self) -> u64 {
+        self.skills_as_of
+    }
+
+    /// The same view, up to date with `mark` Skill activations.
+    pub(crate) fn skills_checked_at(mut self, mark: u64) -> Self {
+        self.skills_as_of = mark;
+        self
     }
 
     /// The first active Skill whose allowed-tools exclude `tool_id`.

@@ -115,3 +115,79 @@ async fn each_component_reads_only_its_own_pinned_data() {
     let plain = toolgate::catalog::descriptor::read_pinned(&packed(guests::TEXT)).unwrap();
     assert!(plain.is_empty(), "a component without pinned data reads none");
 }
+
+/// A Skill's narrowing belongs to its run, whatever path committed the
+/// Skill's output: an approval (in the conversation, or out of band and
+/// collected by the identical retry) and another `Run` of the same run (a
+/// server session's requests each hold one, with the view they began on)
+/// all narrow every later call of the run. Before, only the `Run` whose own
+/// call ran the Skill was narrowed.
+#[tokio::test]
+async fn a_skill_narrows_its_run_whichever_path_committed_its_output() {
+    let host = TestHost::new(
+        r#"
+[agents.default]
+visible = ["*"]
+default = "allow"
+rules = [{ pattern = "skill.*", behavior = "ask" }]
+"#,
+        &[
+            ("release-notes.wasm", skill_component()),
+            ("text.wasm", packed(guests::TEXT)),
+            ("hostile.wasm", packed(guests::HOSTILE)),
+        ],
+    );
+    let narrowed = |r: &StepResult| matches!(r, StepResult::Blocked { reason, .. } if reason.contains("allowed-tools of skill `skill.release-notes`"));
+    let ticket = |r: StepResult| match r {
+        StepResult::Awaiting { ticket, .. } => ticket,
+        other => panic!("expected an ask: {other:?}"),
+    };
+    let rt = &host.runtime;
+    let configured = toolgate::ToolCapabilityNarrowing::Configured;
+
+    // 1. Approved in the conversation (MCP elicitation, an embedder's dialog):
+    // the result goes to the approver's caller, not through the run.
+    let run = rt.start_run(None, configured).await.unwrap();
+    let before = run.snapshot();
+    let t = ticket(run.call("skill.release-notes", json!({})).await.unwrap());
+    let approved = rt.approve(&t, &toolgate::Approval::by_embedder("dialog")).await.unwrap();
+    assert!(text(&approved).contains("Group the items"));
+    let r = run.call("hostile.big", json!({"bytes": 1})).await.unwrap();
+    assert!(narrowed(&r), "the run that asked: {r:?}");
+    // A server session continues the run with the view it kept from before the approval.
+    let session = rt.continue_run(run.id(), before);
+    let r = session.call("hostile.big", json!({"bytes": 1})).await.unwrap();
+    assert!(narrowed(&r), "a Run continued on an older view: {r:?}");
+    assert!(matches!(session.call("text.count", json!({"text": "a"})).await.unwrap(), StepResult::Output { .. }));
+
+    // 2. Approved out of band (`toolgate approve`): the retry collects the result.
+    let run = rt.start_run(None, configured).await.unwrap();
+    let t = ticket(run.call("skill.release-notes", json!({})).await.unwrap());
+    let left = rt.approve(&t, &toolgate::Approval::on_terminal("operator")).await.unwrap();
+    assert!(text(&left).contains("Group the items"));
+    let collected = run.call("skill.release-notes", json!({})).await.unwrap();
+    assert!(text(&collected).contains("Group the items"), "{collected:?}");
+    let r = run.call("hostile.big", json!({"bytes": 1})).await.unwrap();
+    assert!(narrowed(&r), "after the retry collected the Skill's output: {r:?}");
+
+    // 3. Two `Run`s of one run (two requests of a session): one runs the
+    // Skill, the other — begun before — is narrowed too.
+    let allow = TestHost::new(
+        "[agents.default]\nvisible = [\"*\"]\ndefault = \"allow\"\n",
+        &[
+            ("release-notes.wasm", skill_component()),
+            ("text.wasm", packed(guests::TEXT)),
+            ("hostile.wasm", packed(guests::HOSTILE)),
+        ],
+    );
+    let rt = &allow.runtime;
+    let first = rt.start_run(None, configured).await.unwrap();
+    let second = rt.continue_run(first.id(), first.snapshot());
+    assert!(matches!(second.call("hostile.big", json!({"bytes": 1})).await.unwrap(), StepResult::Output { .. }));
+    assert!(text(&first.call("skill.release-notes", json!({})).await.unwrap()).contains("Group the items"));
+    let r = second.call("hostile.big", json!({"bytes": 1})).await.unwrap();
+    assert!(narrowed(&r), "the other Run of the run: {r:?}");
+    // Another run is not narrowed.
+    let other = rt.start_run(None, configured).await.unwrap();
+    assert!(matches!(other.call("hostile.big", json!({"bytes": 1})).await.unwrap(), StepResult::Output { .. }));
+}
