@@ -19,6 +19,15 @@ fn skill_component() -> Vec<u8> {
     .unwrap()
 }
 
+/// The Skill beside a tool it allows (`text.*`) and one it does not (`hostile.*`).
+fn with_text_and_hostile() -> [(&'static str, Vec<u8>); 3] {
+    [
+        ("release-notes.wasm", skill_component()),
+        ("text.wasm", packed(guests::TEXT)),
+        ("hostile.wasm", packed(guests::HOSTILE)),
+    ]
+}
+
 fn text(r: &StepResult) -> String {
     match r {
         StepResult::Output { content: Content::Json(serde_json::Value::String(s)), .. } => s.clone(),
@@ -35,11 +44,7 @@ visible = ["*"]
 default = "allow"
 rules = [{ pattern = "text.repeat", behavior = "deny" }]
 "#,
-        &[
-            ("release-notes.wasm", skill_component()),
-            ("text.wasm", packed(guests::TEXT)),
-            ("hostile.wasm", packed(guests::HOSTILE)),
-        ],
+        &with_text_and_hostile(),
     );
     // Listed with name and description only: the instructions are not in the listing.
     let d = host.runtime.list().into_iter().find(|d| d.id == "skill.release-notes").unwrap();
@@ -131,11 +136,7 @@ visible = ["*"]
 default = "allow"
 rules = [{ pattern = "skill.*", behavior = "ask" }]
 "#,
-        &[
-            ("release-notes.wasm", skill_component()),
-            ("text.wasm", packed(guests::TEXT)),
-            ("hostile.wasm", packed(guests::HOSTILE)),
-        ],
+        &with_text_and_hostile(),
     );
     let narrowed = |r: &StepResult| matches!(r, StepResult::Blocked { reason, .. } if reason.contains("allowed-tools of skill `skill.release-notes`"));
     let ticket = |r: StepResult| match r {
@@ -172,14 +173,7 @@ rules = [{ pattern = "skill.*", behavior = "ask" }]
 
     // 3. Two `Run`s of one run (two requests of a session): one runs the
     // Skill, the other — begun before — is narrowed too.
-    let allow = TestHost::new(
-        "[agents.default]\nvisible = [\"*\"]\ndefault = \"allow\"\n",
-        &[
-            ("release-notes.wasm", skill_component()),
-            ("text.wasm", packed(guests::TEXT)),
-            ("hostile.wasm", packed(guests::HOSTILE)),
-        ],
-    );
+    let allow = TestHost::new("[agents.default]\nvisible = [\"*\"]\ndefault = \"allow\"\n", &with_text_and_hostile());
     let rt = &allow.runtime;
     let first = rt.start_run(None, configured).await.unwrap();
     let second = rt.continue_run(first.id(), first.snapshot());
