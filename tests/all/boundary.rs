@@ -26,6 +26,11 @@ fn world() -> World {
 
 /// [`world`] with more `[limits]` lines, and more keys in the grant.
 fn world_with(limits: &str, grant: &str) -> World {
+    world_with_credentials(limits, grant, "")
+}
+
+/// [`world_with`] with more credentials (tables after the two of [`world`]).
+fn world_with_credentials(limits: &str, grant: &str, credentials: &str) -> World {
     let api = TestServer::start(SECRET, "http://127.0.0.1:1/");
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -56,6 +61,7 @@ apply = {{ header = {{ name = "Authorization", format = "Bearer {{}}" }} }}
 source = {{ file = "other.secret" }}
 destinations = ["https://elsewhere.example:443"]
 apply = {{ header = {{ name = "Authorization", format = "Bearer {{}}" }} }}
+{credentials}
 
 [[grants]]
 tools = "hostile.*"
@@ -419,6 +425,40 @@ async fn a_file_holding_a_configured_secret_is_never_read_by_the_guest() {
     let seen = thief(&w.host, json!({"op": "read", "target": "/data/notes.md"})).await;
     assert_eq!(seen, "ok: \"GH_TOKEN is read from the environment\\n\"");
     assert_no_secret_in(&w.host.dir.path().join("journal.db"));
+}
+
+/// Invariants 7 and 13 for a credential the host refuses to use: its secret
+/// file is readable by others (a Kubernetes secret volume's default 0644).
+/// Refusing to send it does not stop watching for it: a granted `.env`
+/// holding it is refused to the guest, a response echoing it is withheld.
+#[tokio::test]
+async fn a_secret_the_host_refuses_to_apply_is_still_kept_from_the_guest() {
+    const LOOSE: &str = "l00se/k8s-v0lume+t0ken";
+    let loose = r#"
+[credentials.loose]
+source = { file = "loose.secret" }
+destinations = ["https://loose.example:443"]
+apply = { header = { name = "Authorization", format = "Bearer {}" } }
+"#;
+    let w = world_with_credentials("", "", loose);
+    let secret = w.host.dir.path().join("loose.secret");
+    std::fs::write(&secret, format!("{LOOSE}\n")).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::write(w.host.dir.path().join("data/.env"), format!("LOOSE_TOKEN={LOOSE}\n")).unwrap();
+    let seen = thief(&w.host, json!({"op": "read", "target": "/data/.env"})).await;
+    assert!(seen.starts_with("err: ") && seen.contains("ermission denied"), "{seen}");
+    assert!(!seen.contains(LOOSE), "{seen}");
+    let records = host_records(&w.host).await;
+    assert!(records.iter().any(|r| r.contains("\"/data/.env\" refused") && r.contains("`loose`")), "{records:?}");
+    for form in ["raw", "b64", "hex"] {
+        let headers = json!([["x-relay", encode(form, LOOSE)]]);
+        let seen = thief(&w.host, json!({"op": "http", "target": w.api.url("/echo"), "headers": headers})).await;
+        assert!(seen.contains("withheld") && !seen.contains(&encode(form, LOOSE)), "{form}: {seen}");
+        assert!(host_records(&w.host).await.iter().any(|r| r.contains("credential `loose`")), "{form}");
+    }
+    // Clean files beside it still read.
+    assert_eq!(thief(&w.host, json!({"op": "read", "target": "/data/a.txt"})).await, "ok: \"alpha\\n\"");
 }
 
 /// Invariants 7 and 13, the Tool's output: a secret the Tool got some other

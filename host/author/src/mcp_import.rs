@@ -138,7 +138,7 @@ impl ConfiguredSecrets {
         let mut secrets = ConfiguredSecrets::none();
         for spec in specs {
             match spec.read_to_check() {
-                Ok(s) => secrets.values.push((spec.name.clone(), s.expose().as_bytes().to_vec())),
+                Ok(s) => secrets.values.push((spec.name.clone(), s.expose().to_vec())),
                 Err(e) => secrets.unreadable.push((spec.name.clone(), e.to_string())),
             }
         }

@@ -11,6 +11,13 @@
 //! [`CredentialSpec::materialize`] for one outbound request to a destination
 //! bound to it, and is used to write that request — or, through
 //! [`CredentialSpec::read_to_check`], to check what comes back to a guest.
+//!
+//! Applying and watching differ in what they refuse. A secret is applied
+//! only from an owner-only file or a UTF-8 environment variable, and only
+//! when it is long enough to be checked for; but whatever the host *can*
+//! read of it is watched for, refusals aside: a secret file left readable
+//! by others (a Kubernetes secret volume's default 0644), a short secret
+//! or one that is not UTF-8 is still a secret a guest must not get.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -167,16 +174,46 @@ impl CredentialSpec {
 
     /// Read the secret to check what comes back to a guest against it (the
     /// response check looks for every configured secret, bound or not). It
-    /// never leaves the host this way.
-    pub fn read_to_check(&self) -> Result<Secret, CredentialError> {
-        self.read()
+    /// never leaves the host this way. Whatever the host can read is
+    /// returned, whether or not it would apply it: a file readable by
+    /// others, a secret shorter than [`MIN_SECRET`], an environment value
+    /// that is not UTF-8 — each refused by [`CredentialSpec::materialize`],
+    /// none of them less of a secret.
+    pub fn read_to_check(&self) -> Result<WatchedSecret, CredentialError> {
+        let unavailable = |problem: String| CredentialError::Unavailable { name: self.name.clone(), problem };
+        let mut value = match &self.source {
+            Source::Env(var) => {
+                let value = std::env::var_os(var).ok_or_else(|| {
+                    unavailable(format!("environment variable `{var}` is not set in the host process"))
+                })?;
+                os_bytes(value)
+            }
+            Source::File(path) => crate::files::read_bounded(path, MAX_SECRET_FILE).map_err(|e| {
+                unavailable(format!(
+                    "cannot read {}: {e}; point `source.file` at the secret's own regular file",
+                    path.display()
+                ))
+            })?,
+        };
+        while value.last().is_some_and(|b| matches!(b, b'\n' | b'\r')) {
+            value.pop();
+        }
+        Ok(WatchedSecret(value))
     }
 
     fn read(&self) -> Result<Secret, CredentialError> {
         let unavailable = |problem: String| CredentialError::Unavailable { name: self.name.clone(), problem };
         let value = match &self.source {
-            Source::Env(var) => std::env::var(var)
-                .map_err(|_| unavailable(format!("environment variable `{var}` is not set in the host process")))?,
+            Source::Env(var) => std::env::var(var).map_err(|e| {
+                unavailable(match e {
+                    std::env::VarError::NotPresent => {
+                        format!("environment variable `{var}` is not set in the host process")
+                    }
+                    std::env::VarError::NotUnicode(_) => {
+                        format!("environment variable `{var}` is not UTF-8, which a request cannot carry")
+                    }
+                })
+            })?,
             Source::File(path) => read_owner_only(path).map_err(unavailable)?,
         };
         let value = value.trim_end_matches(['\n', '\r']).to_owned();
@@ -225,6 +262,44 @@ fn read_owner_only(path: &Path) -> Result<String, String> {
     crate::files::read_text(path, MAX_SECRET_FILE).map_err(|e| {
         format!("cannot read {}: {e}; point `source.file` at the secret's own regular file", path.display())
     })
+}
+
+/// The bytes of an environment value (on Unix, whatever they are).
+fn os_bytes(value: std::ffi::OsString) -> Vec<u8> {
+    #[cfg(unix)]
+    {
+        std::os::unix::ffi::OsStringExt::into_vec(value)
+    }
+    #[cfg(not(unix))]
+    {
+        value.to_string_lossy().into_owned().into_bytes()
+    }
+}
+
+/// A secret's bytes as the host can read them, to watch for in what comes
+/// back to a guest ([`CredentialSpec::read_to_check`]). Never printed;
+/// never applied to a request.
+#[derive(Clone, PartialEq, Eq)]
+pub struct WatchedSecret(Vec<u8>);
+
+impl WatchedSecret {
+    /// The bytes, for building the check's needles.
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for WatchedSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("WatchedSecret([redacted])")
+    }
+}
+
+impl Drop for WatchedSecret {
+    fn drop(&mut self) {
+        // Best effort, as for `Secret`.
+        self.0.fill(0);
+    }
 }
 
 /// A secret's plaintext. Never printed; compared and written only by the
@@ -304,6 +379,41 @@ mod tests {
         let c = spec(Apply::Query { param: "k".into() }, Source::File(dir.path().to_owned()));
         let e = c.materialize("http", "127.0.0.1", 8080).unwrap_err().to_string();
         assert!(e.contains("not a regular file"), "{e}");
+        let e = c.read_to_check().unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "not read to be watched either: {e}");
+    }
+
+    /// What the host refuses to apply it still reads to watch for: a file
+    /// readable by others, a short secret, an environment value that is not
+    /// UTF-8 (each refused by `materialize`, as above).
+    #[cfg(unix)]
+    #[test]
+    fn what_the_host_refuses_to_apply_it_still_reads_to_watch() {
+        use std::os::unix::ffi::OsStrExt as _;
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("s");
+        let c = spec(Apply::Query { param: "k".into() }, Source::File(f.clone()));
+        for (mode, content, watched) in [
+            (0o644, "v3ry-s3cret\r\n", "v3ry-s3cret"),
+            (0o444, "v3ry-s3cret", "v3ry-s3cret"),
+            (0o600, "short\n", "short"),
+        ] {
+            std::fs::write(&f, content).unwrap();
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+            assert!(c.materialize("http", "127.0.0.1", 8080).is_err(), "{mode:o} {content:?}: refused for use");
+            assert_eq!(c.read_to_check().unwrap().expose(), watched.as_bytes(), "{mode:o} {content:?}: watched");
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        let var = format!("TOOLGATE_CREDENTIALS_TEST_NOT_UTF8_{}", std::process::id());
+        // SAFETY (edition 2024): the variable is this test's own.
+        unsafe { std::env::set_var(&var, std::ffi::OsStr::from_bytes(b"k3y-\xff-v4lue\n")) };
+        let c = spec(Apply::Query { param: "k".into() }, Source::Env(var.clone()));
+        let e = c.materialize("http", "127.0.0.1", 8080).unwrap_err().to_string();
+        assert!(e.contains("not UTF-8") && e.contains(&var), "{e}");
+        assert_eq!(c.read_to_check().unwrap().expose(), b"k3y-\xff-v4lue");
+        let c = spec(Apply::Query { param: "k".into() }, Source::Env("TOOLGATE_TEST_UNSET_VAR".into()));
+        assert!(c.read_to_check().unwrap_err().to_string().contains("not set"));
     }
 
     #[test]

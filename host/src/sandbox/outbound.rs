@@ -136,8 +136,10 @@ impl SecretWatch {
         let mut current = Vec::with_capacity(self.specs.len() + 1);
         let mut unreadable = Vec::new();
         for spec in self.specs.iter() {
+            // Whatever the host can read, also a value it would refuse to
+            // apply (a file readable by others, a short or non-UTF-8 value).
             match spec.read_to_check() {
-                Ok(s) => current.push((spec.name.clone(), s.expose().as_bytes().to_vec())),
+                Ok(s) => current.push((spec.name.clone(), s.expose().to_vec())),
                 // Unreadable now: its earlier values are still in the history below.
                 Err(e) => unreadable.push((spec.name.clone(), e.to_string())),
             }
@@ -1212,6 +1214,36 @@ mod tests {
             assert!(s.find(v.as_bytes()).is_some(), "{v}");
         }
         assert!(records.take().0.iter().any(|r| r.contains("response check")), "the unreadable source is recorded");
+    }
+
+    /// A response is checked for a secret the host refuses to apply (its
+    /// file readable by others): refusing to send a secret does not make it
+    /// less of one.
+    #[test]
+    fn a_credential_refused_for_use_is_still_watched_in_responses() {
+        use crate::authority::credentials::{CredentialConfig, Source};
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "w0rld-r3adable-t0ken\n").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let config = CredentialConfig {
+            source: Source::File(file.clone()),
+            destinations: vec!["http://127.0.0.1:8080".into()],
+            apply: Apply::Header { name: "authorization".into(), format: "Bearer {}".into() },
+        };
+        let spec = Arc::new(CredentialSpec::new("k8s", &config, dir.path()).unwrap());
+        let e = spec.materialize("http", "127.0.0.1", 8080).unwrap_err().to_string();
+        assert!(e.contains("chmod 600"), "{e}");
+        let watch = SecretWatch::new(Arc::from([spec]));
+        let records = HostRecords::default();
+        let s = watch.scanner(&records);
+        let f = s.find(br#"{"echo":"Bearer w0rld-r3adable-t0ken"}"#).expect("watched");
+        assert_eq!(f.credential, "k8s");
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD.encode("w0rld-r3adable-t0ken");
+        assert!(s.find(b64.as_bytes()).is_some(), "in its encodings");
+        assert!(records.take().0.is_empty(), "read, so not reported unreadable");
     }
 
     #[test]

@@ -446,6 +446,49 @@ mod tests {
         assert_eq!(s.check_file(&f, &AtomicBool::new(false)), Ok(()), "a cancelled check is not remembered");
     }
 
+    /// A credential the host refuses to apply is still watched: a secret
+    /// file readable by others (a Kubernetes secret volume's 0644, Docker
+    /// swarm's 0444), a secret too short to apply, an environment value
+    /// that is not UTF-8. Each as the only credential configured (nothing
+    /// else would make the host read the file), each in a granted `.env`.
+    #[test]
+    fn a_secret_the_host_refuses_to_apply_is_still_kept_from_the_guest() {
+        use std::os::unix::ffi::OsStrExt as _;
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let one = |source: Source| {
+            let config = CredentialConfig {
+                source,
+                destinations: vec!["https://api.example:443".into()],
+                apply: Apply::Header { name: "authorization".into(), format: "Bearer {}".into() },
+            };
+            let spec = CredentialSpec::new("loose", &config, dir.path()).unwrap();
+            assert!(spec.materialize("https", "api.example", 443).is_err(), "refused for use");
+            CallSecrets::new(&Arc::from([Arc::new(spec)]), 64).unwrap()
+        };
+        for mode in [0o644, 0o640, 0o444] {
+            let file = dir.path().join(format!("k8s-{mode:o}.secret"));
+            std::fs::write(&file, format!("l00se-{mode:o}-s3cret-v4lue\n")).unwrap();
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+            let s = one(Source::File(file));
+            let why = check(&s, format!("API_TOKEN=l00se-{mode:o}-s3cret-v4lue\n").as_bytes()).unwrap_err();
+            assert!(why.contains("credential `loose`"), "{mode:o}: {why}");
+            assert_eq!(check(&s, b"API_TOKEN=${API_TOKEN}\n"), Ok(()), "{mode:o}: a clean file reads");
+        }
+        let var = |tag: &str| format!("TOOLGATE_WITHHOLD_LOOSE_{tag}_{}", std::process::id());
+        // Too short to apply (and to search for in its encodings): raw only.
+        // SAFETY (edition 2024): the variables are this test's own.
+        unsafe { std::env::set_var(var("SHORT"), "k7#Qz") };
+        let s = one(Source::Env(var("SHORT")));
+        assert!(check(&s, b"PIN=k7#Qz\n").is_err());
+        // Not UTF-8: no header can carry it, but a file can hold it.
+        let bytes = b"n0t-utf8-\xff\xfe-s3cret";
+        unsafe { std::env::set_var(var("BYTES"), std::ffi::OsStr::from_bytes(bytes)) };
+        let s = one(Source::Env(var("BYTES")));
+        assert!(check(&s, &[&b"KEY="[..], bytes, b"\n"].concat()).is_err());
+        assert!(check(&s, hex::encode(bytes).as_bytes()).is_err(), "in its encodings too");
+    }
+
     #[test]
     fn a_secret_across_a_cut_is_found_in_what_follows_it() {
         let s = secrets(64).scanner();
