@@ -543,3 +543,96 @@ fn over_http_the_journal_records_the_token_entry_that_approved_and_the_dialog_is
     assert!(principal.contains(r#"client says "ed25519:AAAA via signature\u{202e}", unverified"#), "{principal}");
     assert!(!principal.contains(TEST_TOKEN) && !principal.contains('\u{202E}'), "{principal:?}");
 }
+
+/// Over stdio, initialized with `capabilities`; the call `notes add` sent as request 2.
+fn asked_over_stdio(dir: &std::path::Path, capabilities: serde_json::Value) -> Stdio {
+    let mut s = Stdio::start(dir);
+    s.send(serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": capabilities,
+        "clientInfo": {"name": "test", "version": "1"}}}));
+    assert!(s.receive()["result"]["protocolVersion"].is_string());
+    s.send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    s.send(serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "notes", "arguments": {"op": "add", "note": "n"}}}));
+    s
+}
+
+/// The next message that is not a ping from the server (answered).
+fn next_from_server(s: &mut Stdio) -> serde_json::Value {
+    loop {
+        let m = s.receive();
+        if m["method"] == "ping" {
+            s.send(serde_json::json!({"jsonrpc": "2.0", "id": m["id"], "result": {}}));
+            continue;
+        }
+        return m;
+    }
+}
+
+/// A client that declared only URL-mode elicitation cannot show the form
+/// an approval is: it is never sent one (2025-11-25: servers MUST NOT send
+/// a mode the client did not declare), and the request stays pending for an
+/// approver — before, the form went out, the client refused it, and the
+/// refusal denied the ticket in the human's name.
+#[test]
+fn a_client_that_declared_only_url_elicitation_is_not_sent_a_form_and_the_ask_stays_pending() {
+    let dir = serve_dir();
+    let mut s = asked_over_stdio(dir.path(), serde_json::json!({"elicitation": {"url": {}}}));
+    let m = next_from_server(&mut s);
+    assert_eq!(m["id"], 2, "no elicitation was sent first: {m}");
+    assert_eq!(m["result"]["isError"], true, "{m}");
+    let text = m["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(text.contains("cannot ask") && !text.contains("tkt-"), "{text}");
+    s.finish();
+    assert_eq!(pending(dir.path()), 1, "the ask stays pending for an approver");
+}
+
+/// Only the human's answer decides. A call the client withdrew while the
+/// human read (`notifications/cancelled`, as SDKs send at their request
+/// timeout) is not run by an answer that arrives afterwards, and an ask the
+/// client could not show (an error instead of an answer) denies nothing:
+/// both leave the request pending for an approver, and the same call asks again.
+#[test]
+fn a_withdrawn_or_failed_ask_decides_nothing_and_the_request_stays_pending() {
+    let dir = serve_dir();
+    let mut s = asked_over_stdio(dir.path(), serde_json::json!({"elicitation": {}}));
+    let ask = next_from_server(&mut s);
+    assert_eq!(ask["method"], "elicitation/create", "{ask}");
+    s.send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 2, "reason": "timed out"}}));
+    // Synchronise: the server has read the cancellation when it answers this.
+    s.send(serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}));
+    loop {
+        let m = next_from_server(&mut s);
+        if m["id"] == 3 {
+            break;
+        }
+    }
+    // The human accepts after the call was withdrawn.
+    s.send(serde_json::json!({"jsonrpc": "2.0", "id": ask["id"],
+        "result": {"action": "accept", "content": {"confirm": true}}}));
+    // The same call again: the pending request is asked anew; the client fails to show it.
+    s.send(serde_json::json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+        "params": {"name": "notes", "arguments": {"op": "add", "note": "n"}}}));
+    let again = loop {
+        let m = next_from_server(&mut s);
+        if m["method"] == "elicitation/create" {
+            break m;
+        }
+        assert_ne!(m["id"], 4, "asked again before answering: {m}");
+    };
+    s.send(serde_json::json!({"jsonrpc": "2.0", "id": again["id"],
+        "error": {"code": -32602, "message": "Client does not support form-mode elicitation requests"}}));
+    let done = loop {
+        let m = next_from_server(&mut s);
+        if m["id"] == 4 {
+            break m;
+        }
+    };
+    assert_eq!(done["result"]["isError"], true, "{done}");
+    let text = done["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(text.contains("stays pending") && !text.contains("tkt-"), "{text}");
+    s.finish();
+    assert!(approvals(dir.path()).is_empty(), "nothing was approved: {:?}", approvals(dir.path()));
+    assert_eq!(pending(dir.path()), 1, "one request, still pending");
+}

@@ -39,8 +39,8 @@ use std::time::{Duration, SystemTime};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ElicitRequest, ElicitRequestParams,
     ElicitationSchema, Implementation, InitializeResult, InputRequest, InputRequests, InputRequiredResult,
-    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities, SubscriptionFilter, Tool,
-    ToolAnnotations,
+    ListToolsResult, PaginatedRequestParams, PingRequest, ProtocolVersion, ServerCapabilities, ServerRequest,
+    SubscriptionFilter, Tool, ToolAnnotations,
 };
 use rmcp::model::{RequestStateCodec, SealOptions};
 use rmcp::service::{NotificationContext, Peer, RequestContext, RoleServer, SubscriptionContext};
@@ -63,6 +63,9 @@ const VERSIONS: &[ProtocolVersion] =
 
 /// The key of the one input request an ask makes.
 const CONFIRM: &str = "confirm";
+/// How often a server waiting on a human's answer pings the client: well
+/// inside rmcp's idle timeout of an HTTP session (5 min).
+const KEEP_ASKING: Duration = Duration::from_secs(60);
 
 /// How a server runs: the grace period for calls in flight at shutdown.
 #[derive(Debug, Clone, Copy)]
@@ -121,6 +124,9 @@ struct Session {
     /// The agent of its first call; a request of another agent is refused.
     agent: std::sync::OnceLock<String>,
     view: Mutex<Option<CachedView>>,
+    /// Told of tool list changes (its peer kept once, however many
+    /// `notifications/initialized` the client sends).
+    announced: std::sync::atomic::AtomicBool,
 }
 
 struct CachedView {
@@ -135,11 +141,17 @@ impl Session {
             run_id: std::sync::OnceLock::new(),
             agent: std::sync::OnceLock::new(),
             view: Mutex::new(None),
+            announced: Default::default(),
         })
     }
 
     fn of_run(run_id: String) -> Self {
-        Session { run_id: run_id.into(), agent: std::sync::OnceLock::new(), view: Mutex::new(None) }
+        Session {
+            run_id: run_id.into(),
+            agent: std::sync::OnceLock::new(),
+            view: Mutex::new(None),
+            announced: Default::default(),
+        }
     }
 
     /// This conversation's run; `stateless`: it serves one stateless request
@@ -203,7 +215,8 @@ impl McpServer {
                 Sha256::digest([b"toolgate request-state v1\0".as_slice(), secret.as_bytes()].concat()).to_vec()
             }
             // A per-process key: states sealed by another process (or before a
-            // restart) fail to open, and the retry asks again. Never a fixed
+            // restart) fail to open and the retry is refused (the client calls
+            // again without it and is asked anew). Never a fixed
             // key: a guessable one would let a client forge request states.
             None => {
                 let mut key = [0u8; 32];
@@ -480,7 +493,12 @@ impl McpServer {
             );
             return Ok(CallToolResult::error(vec![ContentBlock::text(message)]).into());
         }
-        let can_elicit = context.client_capabilities().is_some_and(|c| c.elicitation.is_some());
+        // A form is what the human answers: a client declaring only URL-mode
+        // elicitation cannot show one (servers MUST NOT send it a mode it
+        // did not declare); one declaring neither mode takes forms (2025-06-18).
+        let can_elicit = context
+            .client_capabilities()
+            .is_some_and(|c| c.elicitation.as_ref().is_some_and(|e| e.form.is_some() || e.url.is_none()));
         if !can_elicit {
             let message =
                 format!("`{name}` needs human approval and this client cannot ask: {}", awaiting.model_text());
@@ -516,12 +534,47 @@ impl McpServer {
             requests.insert(CONFIRM.into(), InputRequest::Elicitation(ElicitRequest::new(question)));
             return Ok(InputRequiredResult::new(Some(requests), Some(sealed)).into());
         }
-        let answer = context.peer.create_elicitation(question).await;
+        // Only the human's answer decides. A call withdrawn while the human
+        // reads (the client cancelled it, e.g. at its request timeout, or the
+        // server stops) and an ask that failed (the client refused it, the
+        // connection went) leave the request pending for an approver: an
+        // answer arriving after the call was withdrawn runs nothing.
+        let answer = {
+            let ask = context.peer.create_elicitation(question);
+            tokio::pin!(ask);
+            let withdrawn = withdrawn(context.ct.clone(), self.shared.stopping.clone());
+            tokio::pin!(withdrawn);
+            // While the human decides, a ping now and then: an HTTP session
+            // with no traffic is closed after rmcp's idle timeout (5 min).
+            let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + KEEP_ASKING, KEEP_ASKING);
+            loop {
+                tokio::select! {
+                    biased;
+                    () = &mut withdrawn => break None,
+                    a = &mut ask => break Some(a),
+                    _ = beat.tick() => {
+                        let peer = context.peer.clone();
+                        tokio::spawn(async move {
+                            let ping = ServerRequest::PingRequest(PingRequest::default());
+                            let _ = tokio::time::timeout(KEEP_ASKING, peer.send_request(ping)).await;
+                        });
+                    }
+                }
+            }
+        };
+        let still_pending = |why: &str| {
+            let message = format!(
+                "`{name}` needs human approval and {why}; request `{correlation}` stays pending: an approver can \
+                 decide it with `toolgate approve`, or make the same call again to be asked anew"
+            );
+            Ok(CallToolResult::error(vec![ContentBlock::text(without_tickets(&message))]).into())
+        };
         let decision = match &answer {
-            Ok(r) => decision_of(&serde_json::to_value(r).unwrap_or_default()),
-            Err(e) => {
+            None => return still_pending("the call was withdrawn before the human answered"),
+            Some(Ok(r)) => decision_of(&serde_json::to_value(r).unwrap_or_default()),
+            Some(Err(e)) => {
                 tracing::warn!("elicitation failed: {e}");
-                Err("the approval request failed".to_owned())
+                return still_pending("asking in the client failed");
             }
         };
         let approval = Approval::by_mcp_client(approver(context));
@@ -939,8 +992,15 @@ impl ServerHandler for McpServer {
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        if self.session.announced.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
         let id = self.shared.next_peer.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.shared.legacy_peers.lock().unwrap_or_else(|p| p.into_inner()).push((id, context.peer.clone()));
+        let mut peers = self.shared.legacy_peers.lock().unwrap_or_else(|p| p.into_inner());
+        // Sessions that ended go (each peer holds what its client sent at
+        // `initialize`): the list holds live sessions, not every one served.
+        peers.retain(|(_, p)| !p.is_transport_closed());
+        peers.push((id, context.peer.clone()));
     }
 }
 
