@@ -349,6 +349,11 @@ pub struct ServeConfig {
     pub allowed_origins: Vec<String>,
     /// Largest HTTP request body, KiB.
     pub max_body_kib: u64,
+    /// HTTP connections served at once; more wait in the listen backlog.
+    pub max_connections: usize,
+    /// How long a client has to send a request's headers, milliseconds
+    /// (from the connection, or from the end of its previous request).
+    pub header_timeout_ms: u64,
     /// The endpoint's public URL (for the OAuth protected-resource metadata), if not `http://ADDR/mcp`.
     pub public_url: Option<String>,
     /// Authorization servers named in the protected-resource metadata.
@@ -368,6 +373,8 @@ impl Default for ServeConfig {
             allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
             allowed_origins: Vec::new(),
             max_body_kib: 4096,
+            max_connections: 1024,
+            header_timeout_ms: 30_000,
             public_url: None,
             authorization_servers: Vec::new(),
             auth: Vec::new(),
@@ -531,6 +538,18 @@ impl Config {
             return Err(field(
                 "serve.max_body_kib",
                 format!("{} is out of range; use 1 to 1048576", raw.serve.max_body_kib),
+            ));
+        }
+        if !(1..=65_536).contains(&raw.serve.max_connections) {
+            return Err(field(
+                "serve.max_connections",
+                format!("{} is out of range; use 1 to 65536", raw.serve.max_connections),
+            ));
+        }
+        if !(1..=600_000).contains(&raw.serve.header_timeout_ms) {
+            return Err(field(
+                "serve.header_timeout_ms",
+                format!("{} is out of range; use 1 to 600000", raw.serve.header_timeout_ms),
             ));
         }
         if raw.serve.grace_ms > 600_000 {

@@ -636,3 +636,37 @@ fn a_withdrawn_or_failed_ask_decides_nothing_and_the_request_stays_pending() {
     assert!(approvals(dir.path()).is_empty(), "nothing was approved: {:?}", approvals(dir.path()));
     assert_eq!(pending(dir.path()), 1, "one request, still pending");
 }
+
+/// A client that never finishes its request's headers (nothing sent, or a
+/// byte now and then: slowloris) is disconnected at `[serve]
+/// header_timeout_ms` — before, it held a task and a descriptor for as
+/// long as it liked, before authentication could refuse it.
+#[test]
+fn a_connection_that_does_not_finish_its_headers_is_closed() {
+    use std::io::{Read as _, Write as _};
+    let dir = serve_dir();
+    let toml = dir.path().join("toolgate.toml");
+    let text = std::fs::read_to_string(&toml).unwrap().replace("[serve]\n", "[serve]\nheader_timeout_ms = 300\n");
+    std::fs::write(&toml, text).unwrap();
+    let (_server, port) = http_server(dir.path());
+    let started = std::time::Instant::now();
+    let mut slow = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    slow.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+    for part in ["POST /mcp HTTP/1.1\r\n", "Host: 127.0.0.1\r\n", "X-Slow: 1\r\n"] {
+        slow.write_all(part.as_bytes()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(150));
+    }
+    let mut rest = Vec::new();
+    let closed = match slow.read_to_end(&mut rest) {
+        Ok(_) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+    };
+    assert!(closed, "the server kept the connection open for {:?}", started.elapsed());
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    // The server goes on serving whoever sends a request.
+    let mut ok = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    ok.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    ok.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}

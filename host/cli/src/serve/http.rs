@@ -26,6 +26,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Request, State};
@@ -293,10 +294,69 @@ pub async fn serve(server: McpServer, addr: SocketAddr) -> anyhow::Result<()> {
             stop.cancel();
         }
     };
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await?;
+    let header_timeout = Duration::from_millis(config.header_timeout_ms);
+    serve_connections(listener, app, shutdown, config.max_connections, header_timeout).await;
     watcher.abort();
     server.drain().await;
     Ok(())
+}
+
+/// How long a stopping server waits for open connections to finish.
+const DRAIN_CONNECTIONS: Duration = Duration::from_secs(30);
+
+/// Serve `app` on `listener` until `shutdown`, then stop accepting and let
+/// open connections finish. What `axum::serve` does, with what it leaves
+/// out: a deadline for a request's headers (`header_timeout`; hyper has none without a timer,
+/// so a client sending nothing, or a byte at a time, held a task and a
+/// descriptor for ever — before authentication, which needs the headers) and
+/// at most `max` connections at once (more wait in the listen backlog).
+async fn serve_connections(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: impl std::future::Future<Output = ()>,
+    max: usize,
+    header_timeout: Duration,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let slots = Arc::new(tokio::sync::Semaphore::new(max.max(1)));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let slot = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            // Never closed: `Err` cannot happen.
+            slot = slots.clone().acquire_owned() => match slot { Ok(s) => s, Err(_) => break },
+        };
+        let stream = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors, a connection reset before accept: wait, go on.
+                    tracing::warn!("accepting a connection failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_timeout)
+            .serve_connection(TokioIo::new(stream), service);
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            let _ = connection.await;
+            drop(slot);
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(DRAIN_CONNECTIONS, graceful.shutdown()).await.is_err() {
+        tracing::warn!("connections still open {}s after the stop were closed", DRAIN_CONNECTIONS.as_secs());
+    }
 }
 
 #[cfg(test)]
