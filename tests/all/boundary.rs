@@ -461,6 +461,47 @@ apply = { header = { name = "Authorization", format = "Bearer {}" } }
     assert_eq!(thief(&w.host, json!({"op": "read", "target": "/data/a.txt"})).await, "ok: \"alpha\\n\"");
 }
 
+/// Invariant 13 for a secret stored with more than the token: blanks
+/// around it (sent as `Bearer tok-… `, read by the server without them),
+/// or a scheme before it (`Bearer s3cr3t…` applied with the format `{}`).
+/// What the destination reads as the credential is watched in every form.
+#[tokio::test]
+async fn a_secret_is_watched_as_the_destination_reads_it() {
+    let extra = r#"
+[credentials.spaced]
+source = { file = "spaced.secret" }
+destinations = ["https://spaced.example:443"]
+apply = { header = { name = "Authorization", format = "Bearer {}" } }
+
+[credentials.schemed]
+source = { file = "schemed.secret" }
+destinations = ["https://schemed.example:443"]
+apply = { header = { name = "Authorization" } }
+"#;
+    let w = world_with_credentials("", "", extra);
+    use std::os::unix::fs::PermissionsExt as _;
+    for (name, stored) in [("spaced", "tok-abcdef0123456789 \n"), ("schemed", "Bearer s3cr3t-t0ken-value\n")] {
+        let path = w.host.dir.path().join(format!("{name}.secret"));
+        std::fs::write(&path, stored).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let data = w.host.dir.path().join("data");
+    for (file, content, credential) in [
+        ("spaced.txt", format!("token_hex = {}\n", encode("hex", "tok-abcdef0123456789")), "spaced"),
+        ("schemed.json", "{\"token\":\"s3cr3t-t0ken-value\"}\n".to_owned(), "schemed"),
+    ] {
+        std::fs::write(data.join(file), &content).unwrap();
+        let seen = thief(&w.host, json!({"op": "read", "target": format!("/data/{file}")})).await;
+        assert!(seen.starts_with("err: ") && seen.contains("ermission denied"), "{file}: {seen}");
+        let records = host_records(&w.host).await;
+        assert!(records.iter().any(|r| r.contains(&format!("credential `{credential}`"))), "{file}: {records:?}");
+    }
+    let headers = json!([["x-relay", encode("b64", "Bearer tok-abcdef0123456789")]]);
+    let seen = thief(&w.host, json!({"op": "http", "target": w.api.url("/echo"), "headers": headers})).await;
+    assert!(seen.contains("withheld"), "{seen}");
+    assert!(host_records(&w.host).await.iter().any(|r| r.contains("credential `spaced`")));
+}
+
 /// Invariants 7 and 13, the Tool's output: a secret the Tool got some other
 /// way (here an environment variable an operator set to the same value) is
 /// withheld from everything the call hands the journal and the model — its

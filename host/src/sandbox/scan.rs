@@ -1,8 +1,11 @@
 //! Scan: finding a configured secret in what comes back to a guest, in the
 //! encodings servers and HTTP libraries commonly produce.
 //!
-//! Owns the check behind DESIGN.md invariant 13. For every secret it builds
-//! *needles*, the secret as an encoder would write it: raw (in any ASCII
+//! Owns the check behind DESIGN.md invariant 13. A secret is watched for
+//! in each value a destination may read as the credential
+//! ([`watched_values`]): as stored, trimmed of blanks, and each long
+//! enough word of it (the token of a stored `Bearer …`). For every value
+//! it builds *needles*, the value as an encoder would write it: raw (in any ASCII
 //! letter case, for secrets of [`MIN_SECRET`] bytes or more: servers
 //! normalize ids), and in Latin-1 when every character fits a byte;
 //! base64 and base64url at each of the three byte alignments (so a secret
@@ -370,75 +373,110 @@ impl Needles {
     }
 }
 
+/// The values watched for one credential's secret as stored: the value
+/// itself; trimmed of ASCII whitespace (a header value or form field is
+/// read without the blanks around it, so a secret file holding
+/// `tok-… ` is sent as `Bearer tok-… ` and is `tok-…` to the server,
+/// and to every encoder after it); and each whitespace-separated word of
+/// at least [`MIN_SECRET`] bytes (a file holding `Bearer s3cr3t…`,
+/// applied with the format `{}`, carries a token the server reads as the
+/// word after its scheme). Each gets every needle. A value that is all
+/// whitespace is no secret: nothing is watched for it.
+fn watched_values(stored: &[u8]) -> Vec<&[u8]> {
+    let trimmed = stored.trim_ascii();
+    if trimmed.is_empty() {
+        return Vec::new();
+    }
+    let mut values = vec![stored];
+    if trimmed.len() < stored.len() {
+        values.push(trimmed);
+    }
+    for word in trimmed.split(u8::is_ascii_whitespace) {
+        if word.len() >= MIN_SECRET && word.len() < trimmed.len() && !values.contains(&word) {
+            values.push(word);
+        }
+    }
+    values
+}
+
+/// Every needle of one watched value, `secret`, of credential `i`.
+/// Values shorter than [`MIN_SECRET`] are searched for raw only.
+fn add_needles(secret: &[u8], i: usize, exact: &mut Needles, folded: &mut Needles) {
+    let std = |d: &[u8]| base64::engine::general_purpose::STANDARD_NO_PAD.encode(d);
+    if secret.len() < MIN_SECRET {
+        exact.add(secret.to_vec(), i, "raw");
+        return;
+    }
+    // In any letter case: servers normalize ids and hex keys (a
+    // lowercase key or UUID echoed upper-case is the same secret).
+    // Folded needles are kept in lower case and searched for in the
+    // data lower-cased.
+    folded.add(secret.to_ascii_lowercase(), i, "raw");
+    // In Latin-1, if every character fits a byte and some are not
+    // ASCII: a server answering in ISO-8859-1, and JavaScript's
+    // `\xHH` and octal escapes, which stand for characters (the
+    // views decode them as bytes, as C and Python write them).
+    if let Ok(text) = std::str::from_utf8(secret)
+        && !text.is_ascii()
+        && let Ok(latin1) = text.chars().map(|c| u8::try_from(u32::from(c))).collect::<Result<Vec<u8>, _>>()
+        && latin1.len() >= MIN_SECRET
+    {
+        folded.add(latin1.to_ascii_lowercase(), i, "Latin-1");
+    }
+    // A secret with blanks of its own, as the view that removes
+    // blanks leaves it (more blanks put into it).
+    let unblanked: Vec<u8> = secret.iter().copied().filter(|b| !matches!(b, b' ' | b'\t')).collect();
+    if unblanked.len() < secret.len() && unblanked.len() >= MIN_SECRET {
+        folded.add(unblanked.to_ascii_lowercase(), i, "raw, blanks removed");
+    }
+    // Base64 of the secret as it stands in a URL or a JSON string
+    // too: a query credential comes back inside a base64 cursor or
+    // signed URL, a header value inside base64 of escaped JSON.
+    for text in std::iter::once(secret).chain(escapings(secret).iter().map(Vec::as_slice)) {
+        exact.add_base64(text, i, &UTF8);
+    }
+    exact.add_base32_and_hex(secret, i, &UTF8);
+    for offset in 0..3 {
+        // base64 of a base64 value that holds the secret.
+        if let Some(inner) = core(secret, offset, 6, std) {
+            for outer in 0..3 {
+                if let Some(c) = core(&inner, outer, 6, std) {
+                    exact.add(c, i, "base64 twice");
+                }
+            }
+        }
+    }
+    let decimal: Vec<String> = secret.iter().map(u8::to_string).collect();
+    // JSON arrays (`,`; `, ` is that without blanks) and Go's `%v`
+    // of a byte slice (` `).
+    for sep in [",", " "] {
+        exact.add(decimal.join(sep).into_bytes(), i, "byte list");
+    }
+    exact.longest = exact.longest.max(decimal.join(", ").len());
+    // UTF-16 in either byte order, raw and through the same
+    // encoders (.NET's `Convert.ToBase64String(Encoding.Unicode
+    // .GetBytes(s))`, SQL Server's `CAST(N'…' AS VARBINARY)`).
+    if let Ok(text) = std::str::from_utf8(secret) {
+        let units: Vec<u16> = text.encode_utf16().collect();
+        let le: Vec<u8> = units.iter().flat_map(|u| u.to_le_bytes()).collect();
+        let be: Vec<u8> = units.iter().flat_map(|u| u.to_be_bytes()).collect();
+        for wide in [le, be] {
+            exact.add_base64(&wide, i, &UTF16);
+            exact.add_base32_and_hex(&wide, i, &UTF16);
+            exact.add(wide, i, "UTF-16");
+        }
+    }
+}
+
 impl SecretScanner {
-    /// A scanner for `secrets` (credential name, secret bytes). Secrets
-    /// shorter than [`MIN_SECRET`] are searched for raw only.
+    /// A scanner for `secrets` (credential name, secret bytes as stored),
+    /// each watched in the values [`watched_values`] gives. Values shorter
+    /// than [`MIN_SECRET`] are searched for raw only.
     pub fn new(secrets: &[(String, Vec<u8>)]) -> Self {
-        let std = |d: &[u8]| base64::engine::general_purpose::STANDARD_NO_PAD.encode(d);
         let (mut exact, mut folded) = (Needles::default(), Needles::default());
-        for (i, (_, secret)) in secrets.iter().enumerate() {
-            if secret.len() < MIN_SECRET {
-                exact.add(secret.clone(), i, "raw");
-                continue;
-            }
-            // In any letter case: servers normalize ids and hex keys (a
-            // lowercase key or UUID echoed upper-case is the same secret).
-            // Folded needles are kept in lower case and searched for in the
-            // data lower-cased.
-            folded.add(secret.to_ascii_lowercase(), i, "raw");
-            // In Latin-1, if every character fits a byte and some are not
-            // ASCII: a server answering in ISO-8859-1, and JavaScript's
-            // `\xHH` and octal escapes, which stand for characters (the
-            // views decode them as bytes, as C and Python write them).
-            if let Ok(text) = std::str::from_utf8(secret)
-                && !text.is_ascii()
-                && let Ok(latin1) = text.chars().map(|c| u8::try_from(u32::from(c))).collect::<Result<Vec<u8>, _>>()
-                && latin1.len() >= MIN_SECRET
-            {
-                folded.add(latin1.to_ascii_lowercase(), i, "Latin-1");
-            }
-            // A secret with blanks of its own, as the view that removes
-            // blanks leaves it (more blanks put into it).
-            let unblanked: Vec<u8> = secret.iter().copied().filter(|b| !matches!(b, b' ' | b'\t')).collect();
-            if unblanked.len() < secret.len() && unblanked.len() >= MIN_SECRET {
-                folded.add(unblanked.to_ascii_lowercase(), i, "raw, blanks removed");
-            }
-            // Base64 of the secret as it stands in a URL or a JSON string
-            // too: a query credential comes back inside a base64 cursor or
-            // signed URL, a header value inside base64 of escaped JSON.
-            for text in std::iter::once(secret).chain(&escapings(secret)) {
-                exact.add_base64(text, i, &UTF8);
-            }
-            exact.add_base32_and_hex(secret, i, &UTF8);
-            for offset in 0..3 {
-                // base64 of a base64 value that holds the secret.
-                if let Some(inner) = core(secret, offset, 6, std) {
-                    for outer in 0..3 {
-                        if let Some(c) = core(&inner, outer, 6, std) {
-                            exact.add(c, i, "base64 twice");
-                        }
-                    }
-                }
-            }
-            let decimal: Vec<String> = secret.iter().map(u8::to_string).collect();
-            // JSON arrays (`,`; `, ` is that without blanks) and Go's `%v`
-            // of a byte slice (` `).
-            for sep in [",", " "] {
-                exact.add(decimal.join(sep).into_bytes(), i, "byte list");
-            }
-            exact.longest = exact.longest.max(decimal.join(", ").len());
-            // UTF-16 in either byte order, raw and through the same
-            // encoders (.NET's `Convert.ToBase64String(Encoding.Unicode
-            // .GetBytes(s))`, SQL Server's `CAST(N'…' AS VARBINARY)`).
-            if let Ok(text) = std::str::from_utf8(secret) {
-                let units: Vec<u16> = text.encode_utf16().collect();
-                let le: Vec<u8> = units.iter().flat_map(|u| u.to_le_bytes()).collect();
-                let be: Vec<u8> = units.iter().flat_map(|u| u.to_be_bytes()).collect();
-                for wide in [le, be] {
-                    exact.add_base64(&wide, i, &UTF16);
-                    exact.add_base32_and_hex(&wide, i, &UTF16);
-                    exact.add(wide, i, "UTF-16");
-                }
+        for (i, (_, stored)) in secrets.iter().enumerate() {
+            for secret in watched_values(stored) {
+                add_needles(secret, i, &mut exact, &mut folded);
             }
         }
         let longest = exact.longest.max(folded.longest);
@@ -1131,21 +1169,68 @@ mod tests {
         let s = scanner();
         for clean in [
             "",
-            "tg/s3+cr=t",
+            "tg/s3+cr",
             "{\"token\":\"tg\\/s3\"}",
             "%%%&&&\\\\\\u12",
             "&#xFFFFFFFFF;&#;&bogus;",
-            "tg/s3+cr=t Zq8v",
+            "tg/s3+cr Zq8v",
             "[1, 2, 3] [0x1F, 0x2] {0xff,0x00} []byte{}",
             "&amp &lt &gt &quot &nbsp &AMP &ampx &QUOT;",
             "\\u{1F600} \\101 \\u{} %u0041%uD83D",
-            "t g / s 3 + c r = t\tZ q 8 v",
+            "t g / s 3 + c r\tZ q 8 v",
+            // A word of the secret under 8 bytes is not watched alone.
+            "Zq8v~\u{e9}",
         ] {
             assert_eq!(s.find(clean.as_bytes()), None, "{clean}");
         }
+        // Its word of 8 bytes or more is (`tg/s3+cr=t`: a destination may
+        // read the secret as words).
+        assert_eq!(s.find(b"tg/s3+cr=t").map(|f| f.credential), Some("tracker".into()));
         let f = s.find(SECRET.as_bytes()).unwrap();
         assert_eq!((f.form, f.view), ("raw", "as sent"));
         assert!(!format!("{f:?}{s:?}").contains("Zq8v"), "no secret in findings or Debug");
+    }
+
+    /// A secret stored with blanks around it is sent with them, and read
+    /// without them: the trimmed value is watched in every form, not only
+    /// the raw echo of it.
+    #[test]
+    fn a_secret_stored_with_blanks_around_it_is_found_trimmed_in_every_form() {
+        let token = "tok-abcdef0123456789";
+        for stored in [format!("{token} "), format!("{token}\t"), format!(" {token}"), format!("\t{token} \r")] {
+            let s = SecretScanner::new(&[("t".into(), stored.as_bytes().to_vec())]);
+            for (name, data) in [
+                ("base64 of the header value, trimmed", STANDARD.encode(format!("Bearer {token}"))),
+                ("base64", STANDARD.encode(token)),
+                ("hex", hex::encode(token)),
+                ("base32", data_encoding::BASE32.encode(token.as_bytes())),
+                ("base64 of UTF-16", STANDARD.encode(utf16(token, true))),
+                ("JSON \\u", json_escape_all(token)),
+            ] {
+                let data = format!("{{\"v\":\"{data}\"}}");
+                assert_eq!(found(&s, data.as_bytes()).as_deref(), Some("t"), "{stored:?}, {name}: {data}");
+            }
+        }
+    }
+
+    /// A secret stored as `Bearer <token>`, applied with the format `{}`:
+    /// the server reads the token as the word after the scheme, and echoes
+    /// that. Each word of 8 bytes or more is watched in every form; the
+    /// scheme alone, shorter, is not.
+    #[test]
+    fn each_long_word_of_a_stored_secret_is_found_alone() {
+        let s = SecretScanner::new(&[("t".into(), b"Bearer s3cr3t-t0ken-value\n".to_vec())]);
+        for data in [
+            r#"{"token":"s3cr3t-t0ken-value"}"#.to_owned(),
+            format!("{{\"token\":\"{}\"}}", STANDARD.encode("s3cr3t-t0ken-value")),
+            format!("{{\"token\":\"{}\"}}", hex::encode_upper("s3cr3t-t0ken-value")),
+            format!("{{\"token\":\"{}\"}}", STANDARD.encode("user:s3cr3t-t0ken-value")),
+        ] {
+            assert_eq!(found(&s, data.as_bytes()).as_deref(), Some("t"), "{data}");
+        }
+        assert_eq!(found(&s, b"Authorization: Bearer another-token-0000"), None);
+        // Blanks only are no secret: nothing is watched for them.
+        assert!(SecretScanner::new(&[("t".into(), b" \t \r".to_vec())]).is_empty());
     }
 
     #[test]
