@@ -776,20 +776,21 @@ INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
     "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}
 
 
-def test_http_without_a_valid_token_is_401_with_a_challenge_naming_the_metadata(http_server):
+def test_http_without_a_valid_token_is_401_with_a_bearer_challenge(http_server):
+    # No `[serve] authorization_servers`: the challenge names no metadata and
+    # none is served (RFC 9728 metadata MUST name an authorization server; a
+    # client given one with none looked for one at this origin and failed).
     for headers, invalid in [({}, False), ({"Authorization": "Bearer not-the-token-0123456789"}, True),
                              ({"Authorization": f"Basic {TOKEN}"}, False)]:
         status, h, body = http("POST", http_server.url, INIT, headers)
         assert status == 401, (status, body)
         challenge = h.get("WWW-Authenticate") or h.get("www-authenticate")
-        assert challenge.startswith("Bearer resource_metadata=\""), challenge
-        assert ("invalid_token" in challenge) == invalid, challenge
+        assert challenge == ('Bearer error="invalid_token"' if invalid else "Bearer"), challenge
         assert TOKEN not in body
-    metadata_url = challenge.split('resource_metadata="', 1)[1].split('"', 1)[0]
-    status, _, body = http("GET", metadata_url)
-    assert status == 200
-    metadata = json.loads(body)
-    assert metadata["resource"] == http_server.url and metadata["bearer_methods_supported"] == ["header"]
+    origin = http_server.url.rsplit("/mcp", 1)[0]
+    status, _, _ = http("GET", origin + "/.well-known/oauth-protected-resource/mcp",
+                        headers={"Authorization": f"Bearer {TOKEN}"})
+    assert status == 404
 
 
 def test_http_refuses_foreign_origins_and_hosts_and_oversized_bodies(http_server):

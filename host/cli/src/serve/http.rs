@@ -148,7 +148,10 @@ struct Auth {
     tokens: Tokens,
     sessions: Sessions,
     /// Where the protected-resource metadata is, for the 401 challenge.
-    metadata_url: String,
+    /// Where the RFC 9728 metadata is, named in the challenge: only when it
+    /// names an authorization server (the metadata MUST name one; without,
+    /// clients went looking for one at this origin and failed).
+    metadata_url: Option<String>,
 }
 
 /// The answer to a session this token may not reach: the same as rmcp's for
@@ -163,10 +166,14 @@ async fn authenticate(State(auth): State<Arc<Auth>>, mut request: Request, next:
     let presented = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer);
     let found = presented.and_then(|t| auth.tokens.agent(t)).map(|(digest, agent, i)| (digest, agent.to_owned(), i));
     let Some((digest, agent, entry)) = found else {
-        let mut challenge = format!("Bearer resource_metadata=\"{}\"", auth.metadata_url);
-        if presented.is_some() {
-            challenge.push_str(", error=\"invalid_token\"");
+        let mut params = Vec::new();
+        if let Some(url) = &auth.metadata_url {
+            params.push(format!("resource_metadata=\"{url}\""));
         }
+        if presented.is_some() {
+            params.push("error=\"invalid_token\"".to_owned());
+        }
+        let challenge = if params.is_empty() { "Bearer".to_owned() } else { format!("Bearer {}", params.join(", ")) };
         let mut response = (
             StatusCode::UNAUTHORIZED,
             axum::Json(serde_json::json!({
@@ -227,7 +234,8 @@ pub async fn serve(server: McpServer, addr: SocketAddr) -> anyhow::Result<()> {
     let bound = listener.local_addr()?;
     let public = config.public_url.clone().unwrap_or_else(|| format!("http://{bound}{ENDPOINT}"));
     let origin = public.split(ENDPOINT).next().unwrap_or(&public).trim_end_matches('/').to_owned();
-    let metadata_url = format!("{origin}/.well-known/oauth-protected-resource{ENDPOINT}");
+    let metadata_url = (!config.authorization_servers.is_empty())
+        .then(|| format!("{origin}/.well-known/oauth-protected-resource{ENDPOINT}"));
     let manager = Arc::new(LocalSessionManager::default());
     let auth = Arc::new(Auth { tokens, sessions: Sessions::new(manager.clone()), metadata_url });
     let stop = CancellationToken::new();
@@ -271,8 +279,13 @@ pub async fn serve(server: McpServer, addr: SocketAddr) -> anyhow::Result<()> {
                     }
                 }
             }),
-        )
-        .route(
+        );
+    // The metadata only when it names an authorization server (RFC 9728 via
+    // the MCP authorization spec: it MUST name at least one).
+    let app = if config.authorization_servers.is_empty() {
+        app
+    } else {
+        app.route(
             "/.well-known/oauth-protected-resource",
             get({
                 let m = metadata.clone();
@@ -282,7 +295,8 @@ pub async fn serve(server: McpServer, addr: SocketAddr) -> anyhow::Result<()> {
         .route(
             &format!("/.well-known/oauth-protected-resource{ENDPOINT}"),
             get(move || async move { axum::Json(metadata) }),
-        );
+        )
+    };
 
     // Announced only once listening, for whoever started us (a test reads the port here).
     eprintln!("toolgate: serving MCP on http://{bound}{ENDPOINT}");
