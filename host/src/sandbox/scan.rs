@@ -22,7 +22,9 @@
 //!
 //! - as sent;
 //! - one escape kind undone: JSON/JavaScript backslash escapes (`\/`,
-//!   `\uXXXX` and `\u{H…}` with surrogate pairs, `\xHH`, octal `\163`),
+//!   `\uXXXX` and `\u{H…}` with surrogate pairs, `\xHH`, octal `\163`;
+//!   any ASCII punctuation or blank escaped, as Markdown, `re.escape` and
+//!   JavaScript write it; a line continuation, `\` before a line break),
 //!   HTML/XML character references (named ones in either documented case,
 //!   the legacy names without `;`), percent-encoding (with and without `+`
 //!   as a space, and JavaScript's `%uXXXX`), quoted-printable;
@@ -75,7 +77,7 @@ pub struct Finding {
     /// `byte list`, `UTF-16`, and `base64 of UTF-16` (and so on for
     /// base64url, base32, hex, hex with separators).
     pub form: &'static str,
-    /// Which view found it, e.g. `as sent`, `JSON-unescaped`,
+    /// Which view found it, e.g. `as sent`, `backslash-unescaped`,
     /// `decoded repeatedly`, `as sent, hex list joined`.
     pub view: &'static str,
 }
@@ -741,7 +743,7 @@ const ALL: Kinds = Kinds { backslash: true, html: true, percent: true, ..NONE };
 
 /// The one-kind views: the byte that triggers each, its kinds, its name.
 const SINGLE: &[(u8, Kinds, &str)] = &[
-    (b'\\', Kinds { backslash: true, ..NONE }, "JSON-unescaped"),
+    (b'\\', Kinds { backslash: true, ..NONE }, "backslash-unescaped"),
     (b'&', Kinds { html: true, ..NONE }, "HTML-unescaped"),
     (b'%', Kinds { percent: true, ..NONE }, "percent-decoded"),
     (b'+', Kinds { percent: true, plus: true, ..NONE }, "form-decoded"),
@@ -868,11 +870,17 @@ fn js_unicode_unit(s: &[u8]) -> Option<(u32, usize)> {
     Some((hex_at(s, 3, digits)?, 4 + digits))
 }
 
-/// A JSON or JavaScript escape at the start of `s` (`\"`, `\\`, `\/`,
-/// `\b\f\n\r\t`, `\uXXXX` and `\u{H…}` with surrogate pairs, `\xHH`,
-/// octal `\O` to `\377`): decoded into `out`, and how many bytes it took.
-/// `\xHH` and octal are taken as bytes (C, Python); JavaScript's reading,
-/// a character each, is the secret's Latin-1 needle.
+/// A backslash escape at the start of `s`: JSON's and JavaScript's (`\"`,
+/// `\\`, `\/`, `\b\f\n\r\t`, `\uXXXX` and `\u{H…}` with surrogate pairs,
+/// `\xHH`, octal `\O` to `\377`); any other ASCII punctuation or a blank
+/// escaped, read as itself (Markdown's `sk\_live\_…` from Google Docs,
+/// turndown or markdownify, Python's `re.escape` `sk\-proj\-…`,
+/// JavaScript's identity escapes, a shell's `\ `); and a line continuation,
+/// `\` before LF or CRLF, read as nothing (shell, Dockerfile, C and Python
+/// source; indentation after it goes in the views without blanks).
+/// Decoded into `out`, and how many bytes it took. `\xHH` and octal are
+/// taken as bytes (C, Python); JavaScript's reading, a character each, is
+/// the secret's Latin-1 needle.
 fn backslash_at(s: &[u8], out: &mut Vec<u8>) -> Option<usize> {
     let simple = match *s.get(1)? {
         b'"' => b'"',
@@ -906,6 +914,9 @@ fn backslash_at(s: &[u8], out: &mut Vec<u8>) -> Option<usize> {
             out.push(u8::try_from(value).ok()?);
             return Some(used);
         }
+        b'\n' => return Some(2),
+        b'\r' if s.get(2) == Some(&b'\n') => return Some(3),
+        c if c.is_ascii_punctuation() || c == b' ' || c == b'\t' => c,
         _ => return None,
     };
     out.push(simple);
@@ -1294,6 +1305,10 @@ mod tests {
             "&am",
             "&QUO",
             "&#x;",
+            "\\\r",
+            "\\\r\n",
+            "\\\n",
+            "\\_",
         ] {
             for (_, kinds, _) in SINGLE {
                 let _ = unescape(data.as_bytes(), *kinds);
@@ -1391,6 +1406,40 @@ mod tests {
         }
         // `=u0073` is not quoted-printable.
         assert_eq!(unescape(b"=u0073", Kinds { quoted_printable: true, ..NONE }), None);
+    }
+
+    /// Backslash escapes other than JSON's: Markdown (every ASCII
+    /// punctuation character may be escaped; Google Docs' export, turndown
+    /// and markdownify escape `_`, `*`, `-`, `.`, `+`, …), Python's
+    /// `re.escape`, JavaScript identity escapes, and a shell or Dockerfile
+    /// line continuation, with and without indentation after it.
+    #[test]
+    fn backslash_escapes_of_markdown_regex_javascript_and_line_continuations_are_undone() {
+        let secret = "sk_live_51HxQ-4f9.XqL2+mNv*w";
+        let s = SecretScanner::new(&[("t".into(), secret.as_bytes().to_vec())]);
+        let escape = |set: &str| -> String {
+            secret.chars().map(|c| if set.contains(c) { format!("\\{c}") } else { c.to_string() }).collect()
+        };
+        let markdown = escape("\\`*_{}[]()#+-.!|~<>");
+        assert!(markdown.starts_with("sk\\_live\\_51HxQ\\-4f9\\.XqL2\\+"), "{markdown}");
+        // Python 3.7+ re.escape: the regex metacharacters and blanks.
+        let regex = escape("()[]{}?*+-|^$\\.&~# \t\n\r\x0b\x0c");
+        let (head, tail) = secret.split_at(12);
+        for (name, data) in [
+            ("Markdown", format!("Your key: `{markdown}`\n")),
+            ("Markdown, in a JSON string", format!("{{\"body\":\"key {}\"}}", markdown.replace('\\', "\\\\"))),
+            ("re.escape", format!("pattern = r'{regex}'")),
+            ("JavaScript identity escapes", format!("const k = \"{}\";", escape("-._+*"))),
+            ("shell line continuation", format!("export TOKEN={head}\\\n{tail}\n")),
+            ("Dockerfile, CRLF and indentation", format!("ENV TOKEN={head}\\\r\n    {tail}\r\n")),
+            ("continuation inside escaped JSON", format!("{{\"run\":\"TOKEN={head}\\\\\\n  {tail}\"}}")),
+        ] {
+            assert_eq!(found(&s, data.as_bytes()).as_deref(), Some("t"), "{name}: {data}");
+        }
+        let back = |d: &str| unescape(d.as_bytes(), Kinds { backslash: true, ..NONE });
+        assert_eq!(back("a\\_b\\-c\\ d\\\ne\\\r\nf").as_deref(), Some(&b"a_b-c def"[..]));
+        // A backslash before a letter or digit it does not know stays.
+        assert_eq!(back("\\q\\8\\\r"), None);
     }
 
     #[test]
