@@ -670,3 +670,53 @@ fn a_connection_that_does_not_finish_its_headers_is_closed() {
     ok.read_to_string(&mut answer).unwrap();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
+
+/// A browser page of an origin in `[serve] allowed_origins` can call: its
+/// preflight (`OPTIONS`, which carries no token) is answered with what it
+/// may send, and the response lets it read `Mcp-Session-Id`. Before, the
+/// preflight got 401 and no response allowed the origin: the setting could
+/// not work. Another origin is allowed nothing.
+#[test]
+fn a_browser_page_of_an_allowed_origin_passes_its_preflight_and_reads_the_session() {
+    use std::io::{Read as _, Write as _};
+    let dir = serve_dir();
+    let toml = dir.path().join("toolgate.toml");
+    let text = std::fs::read_to_string(&toml)
+        .unwrap()
+        .replace("[serve]\n", "[serve]\nallowed_origins = [\"http://app.example\"]\n");
+    std::fs::write(&toml, text).unwrap();
+    let (_server, port) = http_server(dir.path());
+    let exchange = |request: String| {
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.write_all(request.as_bytes()).unwrap();
+        let mut answer = String::new();
+        c.read_to_string(&mut answer).unwrap();
+        answer.to_ascii_lowercase()
+    };
+    let preflight = |origin: &str| {
+        exchange(format!(
+            "OPTIONS /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: {origin}\r\nAccess-Control-Request-Method: POST\r\n\
+             Access-Control-Request-Headers: authorization, content-type, mcp-protocol-version\r\nConnection: close\r\n\r\n"
+        ))
+    };
+    let allowed = preflight("http://app.example");
+    assert!(allowed.starts_with("http/1.1 200"), "{allowed}");
+    assert!(allowed.contains("access-control-allow-origin: http://app.example"), "{allowed}");
+    assert!(allowed.contains("mcp-protocol-version") && allowed.contains("authorization"), "{allowed}");
+    let foreign = preflight("http://evil.example");
+    assert!(!foreign.contains("access-control-allow-origin"), "{foreign}");
+
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "page", "version": "1"}}})
+    .to_string();
+    let answer = exchange(format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://app.example\r\nAuthorization: Bearer {TEST_TOKEN}\r\n\
+         Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    ));
+    assert!(answer.starts_with("http/1.1 200"), "{answer}");
+    assert!(answer.contains("access-control-allow-origin: http://app.example"), "{answer}");
+    let exposed = answer.lines().find(|l| l.starts_with("access-control-expose-headers:")).unwrap_or_default();
+    assert!(exposed.contains("mcp-session-id"), "{answer}");
+}

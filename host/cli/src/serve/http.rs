@@ -298,6 +298,12 @@ pub async fn serve(server: McpServer, addr: SocketAddr) -> anyhow::Result<()> {
         )
     };
 
+    // Browsers: a page of an allowed origin sends a preflight (`OPTIONS`,
+    // no token) and reads only what the response allows it to. Outermost,
+    // so a preflight is answered before authentication; only the origins
+    // rmcp also accepts (it refuses any other `Origin` with 403).
+    let app = if config.allowed_origins.is_empty() { app } else { app.layer(cors(&config.allowed_origins)) };
+
     // Announced only once listening, for whoever started us (a test reads the port here).
     eprintln!("toolgate: serving MCP on http://{bound}{ENDPOINT}");
     let watcher = tokio::spawn(server.clone().watch());
@@ -313,6 +319,25 @@ pub async fn serve(server: McpServer, addr: SocketAddr) -> anyhow::Result<()> {
     watcher.abort();
     server.drain().await;
     Ok(())
+}
+
+/// What a browser page of one of `origins` may send and read.
+fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    let origins: Vec<HeaderValue> = origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()).collect();
+    let name = axum::http::HeaderName::from_static;
+    CorsLayer::new()
+        .allow_origin(AllowOrigin::list(origins))
+        .allow_methods([Method::GET, Method::POST, Method::DELETE])
+        .allow_headers([
+            header::AUTHORIZATION,
+            header::CONTENT_TYPE,
+            header::ACCEPT,
+            name("mcp-session-id"),
+            name("mcp-protocol-version"),
+            name("last-event-id"),
+        ])
+        .expose_headers([name("mcp-session-id"), name("mcp-protocol-version"), header::WWW_AUTHENTICATE])
 }
 
 /// How long a stopping server waits for open connections to finish.
