@@ -97,6 +97,10 @@ pub struct Limits {
     /// guest gets it, and refuses a larger one (naming this
     /// setting) rather than let it through unchecked.
     pub file_check_mib: u64,
+    /// Largest state one Tool keeps for one agent (keys and values), KiB:
+    /// every call of the Tool reads it whole. A call whose Commands would
+    /// grow it past this gets a Tool error and changes nothing.
+    pub state_kib: u64,
     /// Longest a component may take to compile, milliseconds; past it the
     /// call fails and the component is marked unhealthy.
     pub compile_timeout_ms: u64,
@@ -131,6 +135,7 @@ impl Default for Limits {
             open_files: 256,
             file_streams: 256,
             file_check_mib: 64,
+            state_kib: 1024,
             compile_timeout_ms: 60_000,
             http_timeout_ms: 30_000,
             max_instances: 64,
@@ -495,6 +500,7 @@ impl Config {
             ("limits.open_files", l.open_files, 65_536),
             ("limits.file_streams", l.file_streams, 65_536),
             ("limits.file_check_mib", l.file_check_mib, 1024 * 1024),
+            ("limits.state_kib", l.state_kib, 1024 * 1024),
             ("limits.compile_timeout_ms", l.compile_timeout_ms, 3_600_000),
             ("limits.http_timeout_ms", l.http_timeout_ms, 3_600_000),
             ("limits.max_instances", l.max_instances, 10_000),

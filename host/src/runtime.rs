@@ -1137,7 +1137,9 @@ impl<'a> Step<'a> {
             }
         };
         match exec.result {
-            Ok(out) => match scope_commands(&self.call.tool_id, out.commands) {
+            Ok(out) => match scope_commands(&self.call.tool_id, out.commands).and_then(|changes| {
+                within_state_limit(&self.call.tool_id, read, changes, rt.executor.limits().state_kib)
+            }) {
                 Ok(changes) => {
                     let (text, structured) = match &out.content {
                         Content::Json(v) => (gate::with_json(v, str::to_owned), true),
@@ -1248,6 +1250,43 @@ fn scope_commands(tool_id: &str, commands: Vec<GuestCommand>) -> Result<Vec<Stat
         out.push(StateChange { key: c.key, value: c.value });
     }
     Ok(out)
+}
+
+/// `changes` if the Tool's state after them (`read` is what it will replace:
+/// the commit checks it is unchanged) stays within `limit_kib`, or shrinks.
+/// Every call of the Tool reads its whole state: a Tool that grew it without
+/// bound made each of its calls load more.
+fn within_state_limit(
+    tool_id: &str,
+    read: &BTreeMap<String, String>,
+    changes: Vec<StateChange>,
+    limit_kib: u64,
+) -> Result<Vec<StateChange>, String> {
+    if changes.is_empty() {
+        return Ok(changes);
+    }
+    let size = |k: &str, v: &str| k.len() + v.len();
+    let before: usize = read.iter().map(|(k, v)| size(k, v)).sum();
+    // The last change of a key wins.
+    let mut last: BTreeMap<&str, Option<&str>> = BTreeMap::new();
+    for c in &changes {
+        last.insert(&c.key, c.value.as_deref());
+    }
+    let mut after = before;
+    for (k, v) in &last {
+        after -= read.get(*k).map_or(0, |old| size(k, old));
+        after += v.map_or(0, |v| size(k, v));
+    }
+    let limit = (limit_kib as usize).saturating_mul(1024);
+    if after > limit && after > before {
+        return Err(format!(
+            "`{tool_id}` returned Commands that would grow its state to {} KiB, over limits.state_kib ({limit_kib}); \
+             nothing was changed — remove keys it no longer needs, keep bulk data in a granted directory, or raise \
+             limits.state_kib",
+            after.div_ceil(1024)
+        ));
+    }
+    Ok(changes)
 }
 
 #[cfg(test)]

@@ -118,3 +118,32 @@ async fn concurrent_calls_of_one_tool_never_lose_an_update() {
     let state = runtime.store().tool_state("default", "notes").await.unwrap();
     assert_eq!(serde_json::from_str::<serde_json::Value>(&state["notes"]).unwrap(), json!(replay));
 }
+
+/// `limits.state_kib` bounds what one Tool keeps for one agent (every call
+/// of the Tool reads it whole): a call whose Commands would grow it past the
+/// limit is a Tool error naming the setting, and nothing changes; a call
+/// that shrinks it, or keeps it within, commits.
+#[tokio::test]
+async fn a_tools_state_cannot_grow_past_limits_state_kib() {
+    let host = TestHost::new(
+        "[limits]\nstate_kib = 1\n[agents.default]\nvisible = [\"*\"]\ndefault = \"allow\"\n",
+        &[("notes.wasm", packed(guests::NOTES))],
+    );
+    let note = "n".repeat(300);
+    for _ in 0..3 {
+        assert!(matches!(call(&host, "notes", json!({"op": "add", "note": note})).await, StepResult::Output { .. }));
+    }
+    let r = call(&host, "notes", json!({"op": "add", "note": note})).await;
+    match &r {
+        StepResult::ToolError { message, .. } => {
+            assert!(message.contains("limits.state_kib") && message.contains("nothing was changed"), "{message}")
+        }
+        other => panic!("the fourth note went over 1 KiB: {other:?}"),
+    }
+    assert_eq!(notes(&call(&host, "notes", json!({"op": "list"})).await).as_array().unwrap().len(), 3);
+    let state = host.runtime.store().tool_state("default", "notes").await.unwrap();
+    assert!(state.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>() <= 1024, "{state:?}");
+    // Shrinking is always allowed.
+    assert!(matches!(call(&host, "notes", json!({"op": "clear"})).await, StepResult::Output { .. }));
+    assert_eq!(notes(&call(&host, "notes", json!({"op": "list"})).await), json!([]));
+}

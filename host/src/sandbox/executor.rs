@@ -649,6 +649,11 @@ impl Executor {
         (total, tools.get(tool).map_or(0, |t| t.peak.load(Ordering::Relaxed)))
     }
 
+    /// The limits every call runs under.
+    pub fn limits(&self) -> &crate::config::Limits {
+        &self.settings.limits
+    }
+
     /// How many component instances this executor has created. Tests use it
     /// to prove that denied and awaiting calls instantiate nothing.
     pub fn instantiations(&self) -> u64 {
