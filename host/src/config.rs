@@ -78,6 +78,12 @@ pub struct Limits {
     pub http_response_kib: u64,
     /// Response bytes one call may buffer over all its requests, KiB.
     pub http_response_total_kib: u64,
+    /// What one call may hold in the host for outbound requests not yet
+    /// sent, KiB: header fields it builds, requests' method, authority and
+    /// path, and body bytes the HTTP client has not yet taken. Past it a
+    /// body write fails (an `error-code` naming this setting) and a header
+    /// or target change stops the call.
+    pub http_request_total_kib: u64,
     /// Outbound requests of one call in flight at once; more wait.
     pub http_requests_in_flight: u64,
     /// Outbound requests in flight in the whole host; more wait.
@@ -128,6 +134,7 @@ impl Default for Limits {
             http_request_kib: 1024,
             http_response_kib: 4096,
             http_response_total_kib: 16384,
+            http_request_total_kib: 4096,
             http_requests_in_flight: 8,
             http_requests_in_flight_host: 64,
             http_field_kib: 64,
@@ -493,6 +500,7 @@ impl Config {
             ("limits.http_request_kib", l.http_request_kib, 1024 * 1024),
             ("limits.http_response_kib", l.http_response_kib, 1024 * 1024),
             ("limits.http_response_total_kib", l.http_response_total_kib, 4 * 1024 * 1024),
+            ("limits.http_request_total_kib", l.http_request_total_kib, 4 * 1024 * 1024),
             ("limits.http_requests_in_flight", l.http_requests_in_flight, 1024),
             ("limits.http_requests_in_flight_host", l.http_requests_in_flight_host, 65_536),
             ("limits.http_field_kib", l.http_field_kib, 16 * 1024),
