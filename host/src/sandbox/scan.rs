@@ -517,7 +517,7 @@ impl SecretScanner {
         if self.is_empty() {
             return None;
         }
-        self.find_joined(data, "as sent", "as sent, blanks removed", "as sent, hex list joined")
+        self.find_joined(data, &AS_SENT)
             .or_else(|| {
                 // One kind at a time: a secret that holds another kind's
                 // escape character (a `%` or `\` of its own) stays whole.
@@ -567,16 +567,8 @@ impl SecretScanner {
                     break;
                 };
                 saw_plus |= next.contains(&b'+');
-                let (name, unwrapped, list) = if plus {
-                    (
-                        "form-decoded repeatedly",
-                        "form-decoded repeatedly, blanks removed",
-                        "form-decoded repeatedly, hex list joined",
-                    )
-                } else {
-                    ("decoded repeatedly", "decoded repeatedly, blanks removed", "decoded repeatedly, hex list joined")
-                };
-                if let Some(f) = self.find_joined(&next, name, unwrapped, list) {
+                let stage = if plus { &FORM_DECODED_REPEATEDLY } else { &DECODED_REPEATEDLY };
+                if let Some(f) = self.find_joined(&next, stage) {
                     return Some(f);
                 }
                 current = Cow::Owned(next);
@@ -586,15 +578,26 @@ impl SecretScanner {
     }
 
     /// `data`, then the views that join what a printer spread out: blanks
-    /// removed, and a list of hex byte values joined.
-    fn find_joined(
-        &self,
-        data: &[u8],
-        name: &'static str,
-        unwrapped: &'static str,
-        list: &'static str,
-    ) -> Option<Finding> {
-        self.find_spread(data, name, unwrapped, true).or_else(|| self.find_hex_list(data, list))
+    /// removed, a list of hex byte values joined, and a dump's lines joined.
+    fn find_joined(&self, data: &[u8], stage: &Stage) -> Option<Finding> {
+        self.find_spread(data, stage.name, stage.unwrapped, true)
+            .or_else(|| self.find_hex_list(data, stage.list))
+            .or_else(|| self.find_dump(data, stage))
+    }
+
+    /// `data` read as a dump — curl's `--trace-ascii` (64 characters a
+    /// line) and `--trace`, `xxd`, `hexdump -C`, Go's `hex.Dump`, `od -A x
+    /// -t x1z`, `tcpdump -X` (16 bytes a line) — if at least two of its
+    /// lines start with an offset ([`dump_offset`]): each such line's
+    /// offset dropped and the lines joined, so what the dump cut is whole
+    /// again. A hex-dump line gives its ASCII column to that text and its
+    /// hex groups, decoded, to a second view (where a secret whose bytes the
+    /// ASCII column shows as `.` is whole too). Other lines (curl's `=>
+    /// Send header`) are left out. Linear; built only when the data has
+    /// those two lines.
+    fn find_dump(&self, data: &[u8], stage: &Stage) -> Option<Finding> {
+        let (text, bytes) = dump_views(data)?;
+        self.find_in(&text, stage.dump).or_else(|| self.find_in(&bytes, stage.dump_hex))
     }
 
     /// `data` (as `name`), then, if it has blanks or line breaks, `data`
@@ -695,6 +698,175 @@ impl SecretScanner {
         let (i, form) = *meta.get(at)?;
         Some(Finding { credential: self.names.get(i).cloned().unwrap_or_default(), form, view })
     }
+}
+
+/// What a finding calls the views of one stage of decoding (see
+/// [`SecretScanner::find_joined`]).
+struct Stage {
+    name: &'static str,
+    unwrapped: &'static str,
+    list: &'static str,
+    dump: &'static str,
+    dump_hex: &'static str,
+}
+
+const AS_SENT: Stage = Stage {
+    name: "as sent",
+    unwrapped: "as sent, blanks removed",
+    list: "as sent, hex list joined",
+    dump: "as sent, dump joined",
+    dump_hex: "as sent, dump's hex decoded",
+};
+
+const DECODED_REPEATEDLY: Stage = Stage {
+    name: "decoded repeatedly",
+    unwrapped: "decoded repeatedly, blanks removed",
+    list: "decoded repeatedly, hex list joined",
+    dump: "decoded repeatedly, dump joined",
+    dump_hex: "decoded repeatedly, dump's hex decoded",
+};
+
+const FORM_DECODED_REPEATEDLY: Stage = Stage {
+    name: "form-decoded repeatedly",
+    unwrapped: "form-decoded repeatedly, blanks removed",
+    list: "form-decoded repeatedly, hex list joined",
+    dump: "form-decoded repeatedly, dump joined",
+    dump_hex: "form-decoded repeatedly, dump's hex decoded",
+};
+
+/// [`HEX_VALUE`] of a byte that is not a hex digit.
+const NOT_HEX: u8 = 0xFF;
+
+/// The value of each byte as a hex digit (either case), or [`NOT_HEX`].
+static HEX_VALUE: [u8; 256] = {
+    let mut table = [NOT_HEX; 256];
+    let mut i = 0;
+    while i < 16 {
+        table[b"0123456789abcdef"[i] as usize] = i as u8;
+        table[b"0123456789ABCDEF"[i] as usize] = i as u8;
+        i += 1;
+    }
+    table
+};
+
+/// Where the rest of a dump line begins, if it starts with an offset:
+/// blanks, an optional `0x`, 4 to 16 hex digits, an optional `:`, and a
+/// blank (`0040: ` curl, `00000040: ` xxd, `00000040  ` hexdump and Go,
+/// `\t0x0040:  ` tcpdump). The one blank after the offset is the
+/// separator; a text line of curl's `--trace-ascii` starts right after it.
+fn dump_offset(line: &[u8]) -> Option<usize> {
+    let mut at = line.iter().take_while(|&&b| matches!(b, b' ' | b'\t')).count();
+    if matches!(line.get(at..at + 2), Some([b'0', b'x' | b'X'])) {
+        at += 2;
+    }
+    let digits = line.get(at..)?.iter().take(17).take_while(|b| b.is_ascii_hexdigit()).count();
+    if !(4..=16).contains(&digits) {
+        return None;
+    }
+    at += digits;
+    if line.get(at) == Some(&b':') {
+        at += 1;
+    }
+    matches!(line.get(at), Some(b' ' | b'\t')).then_some(at + 1)
+}
+
+/// The lines of `data` that start with an offset, each after it (without
+/// a `\r` ending it).
+fn dump_lines(data: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut start = 0;
+    memchr::memchr_iter(b'\n', data).map(Some).chain(std::iter::once(None)).filter_map(move |newline| {
+        let end = newline.unwrap_or(data.len());
+        let line = data.get(start..end);
+        start = end + 1;
+        let line = line?;
+        let rest = line.get(dump_offset(line)?..)?;
+        Some(rest.strip_suffix(b"\r").unwrap_or(rest))
+    })
+}
+
+/// [`SecretScanner::find_dump`]'s two views of `data`: the text of its
+/// offset lines joined (a hex-dump line's ASCII column, any other line's
+/// rest), and the bytes of its hex-dump lines' hex groups. `None` when
+/// fewer than two lines start with an offset.
+fn dump_views(data: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+    memchr::memchr(b'\n', data)?;
+    if dump_lines(data).nth(1).is_none() {
+        return None;
+    }
+    let (mut text, mut bytes) = (Vec::with_capacity(data.len() / 4), Vec::with_capacity(data.len() / 4));
+    for rest in dump_lines(data) {
+        match hex_dump_line(rest, &mut bytes) {
+            Some(ascii) => text.extend_from_slice(ascii),
+            None => text.extend_from_slice(rest),
+        }
+    }
+    Some((text, bytes))
+}
+
+/// A hex-dump line after its offset: hex groups of whole bytes (`7b 22`,
+/// xxd's `7b22`), blanks, and an ASCII column of as many characters as the
+/// groups hold bytes, at the line's end (inside `|…|` or `>…<` if the line
+/// ends in one). The groups' bytes are appended to `bytes` and the ASCII
+/// column returned. A line of hex groups only gives its bytes and `None`;
+/// a line that is neither (curl's `--trace-ascii` text), `None`.
+fn hex_dump_line<'a>(rest: &'a [u8], bytes: &mut Vec<u8>) -> Option<&'a [u8]> {
+    let len = rest.len();
+    let blank = |i: usize| matches!(rest.get(i), Some(b' ' | b'\t'));
+    let digit = |i: usize| rest.get(i).map_or(NOT_HEX, |&b| HEX_VALUE[usize::from(b)]);
+    // Each group: where it starts and ends, and the bytes up to its end.
+    let mut groups = [(0usize, 0usize, 0usize); 64];
+    let (mut count, mut i, mut held) = (0, 0, 0);
+    // Where the first non-blank after the last group starts.
+    let after = loop {
+        while blank(i) {
+            i += 1;
+        }
+        let Some(slot) = groups.get_mut(count) else { break i };
+        let start = i;
+        while digit(i) != NOT_HEX {
+            i += 1;
+        }
+        if i == start || (i - start) % 2 != 0 || (i < len && !blank(i)) {
+            break start;
+        }
+        held += (i - start) / 2;
+        *slot = (start, i, held);
+        count += 1;
+    };
+    let decode = |through: usize, bytes: &mut Vec<u8>| {
+        for &(start, end, _) in groups.get(..through).unwrap_or_default() {
+            for at in (start..end).step_by(2) {
+                bytes.push(digit(at) << 4 | digit(at + 1));
+            }
+        }
+    };
+    if count > 0 && after == len {
+        decode(count, bytes);
+        return None;
+    }
+    // The delimiter that opens an ASCII column the line ends in (`|…|`, `>…<`).
+    let open = match rest.last() {
+        Some(b'|') => Some(b'|'),
+        Some(b'<') => Some(b'>'),
+        _ => None,
+    };
+    // The most groups whose bytes the end of the line spells as a column,
+    // right after blanks that follow them.
+    for k in (0..count).rev() {
+        let Some(&(_, end, held)) = groups.get(k) else { continue };
+        let next = groups.get(k + 1).filter(|_| k + 1 < count).map_or(after, |g| g.0);
+        let column = |s: usize| (end < s && s <= next).then_some(s);
+        let delimited = open.and_then(|open| {
+            let o = column(len.checked_sub(held + 2)?)?;
+            (rest.get(o) == Some(&open)).then_some(o + 1..len - 1)
+        });
+        let ascii = delimited.or_else(|| len.checked_sub(held).and_then(column).map(|s| s..len));
+        if let Some(range) = ascii {
+            decode(k + 1, bytes);
+            return rest.get(range);
+        }
+    }
+    None
 }
 
 /// What separates the items of a list as printers write one.
@@ -1442,6 +1614,141 @@ mod tests {
         assert_eq!(back("\\q\\8\\\r"), None);
     }
 
+    /// The output of curl 7.88.1 `--trace-ascii` for a request carrying a
+    /// GitHub token: the header is cut at 64 characters, mid-token.
+    const CURL_TRACE_ASCII: &str = "== Info:   Trying 127.0.0.1:18767...
+== Info: Connected to 127.0.0.1 (127.0.0.1) port 18767 (#0)
+=> Send header, 208 bytes (0xd0)
+0000: GET /sess.json HTTP/1.1
+0019: Host: 127.0.0.1:18767
+0030: User-Agent: curl/7.88.1
+0049: Accept: */*
+0056: Authorization: Bearer github_pat_11BKQ7Z3A0rT5mWq9xYz2C_h4NfLp8V
+0096: bS6dE1gJkR0uXoPw3yTq7sZa2HcMv5nB9LdF4jK8xQe6rU1tY3iO0p
+00ce: 
+== Info: HTTP 1.0, assume close after body
+<= Recv header, 17 bytes (0x11)
+0000: HTTP/1.0 200 OK
+";
+
+    /// A response body holding a token, as curl 7.88.1 `--trace`, xxd and
+    /// `hexdump -C` print it (16 bytes a line: the token across three).
+    const CURL_TRACE: &str = r#"<= Recv data, 105 bytes (0x69)
+0000: 7b 22 73 65 73 73 69 6f 6e 22 3a 7b 22 75 73 65 {"session":{"use
+0010: 72 22 3a 22 62 75 69 6c 64 2d 62 6f 74 22 2c 22 r":"build-bot","
+0020: 73 63 6f 70 65 73 22 3a 5b 22 72 65 70 6f 22 2c scopes":["repo",
+0030: 22 72 65 61 64 3a 6f 72 67 22 5d 2c 22 74 6f 6b "read:org"],"tok
+0040: 65 6e 22 3a 22 73 6b 2d 70 72 6f 6a 2d 34 66 39 en":"sk-proj-4f9
+0050: 58 71 4c 32 6d 4e 76 42 37 74 52 31 63 57 38 79 XqL2mNvB7tR1cW8y
+0060: 5a 30 61 4b 64 22 7d 7d 0a                      Z0aKd"}}.
+== Info: Closing connection 0
+"#;
+    const XXD: &str = r#"00000000: 7b22 7365 7373 696f 6e22 3a7b 2275 7365  {"session":{"use
+00000010: 7222 3a22 6275 696c 642d 626f 7422 2c22  r":"build-bot","
+00000020: 7363 6f70 6573 223a 5b22 7265 706f 222c  scopes":["repo",
+00000030: 2272 6561 643a 6f72 6722 5d2c 2274 6f6b  "read:org"],"tok
+00000040: 656e 223a 2273 6b2d 7072 6f6a 2d34 6639  en":"sk-proj-4f9
+00000050: 5871 4c32 6d4e 7642 3774 5231 6357 3879  XqL2mNvB7tR1cW8y
+00000060: 5a30 614b 6422 7d7d 0a                   Z0aKd"}}.
+"#;
+    const HEXDUMP_C: &str = r#"00000000  7b 22 73 65 73 73 69 6f  6e 22 3a 7b 22 75 73 65  |{"session":{"use|
+00000010  72 22 3a 22 62 75 69 6c  64 2d 62 6f 74 22 2c 22  |r":"build-bot","|
+00000020  73 63 6f 70 65 73 22 3a  5b 22 72 65 70 6f 22 2c  |scopes":["repo",|
+00000030  22 72 65 61 64 3a 6f 72  67 22 5d 2c 22 74 6f 6b  |"read:org"],"tok|
+00000040  65 6e 22 3a 22 73 6b 2d  70 72 6f 6a 2d 34 66 39  |en":"sk-proj-4f9|
+00000050  58 71 4c 32 6d 4e 76 42  37 74 52 31 63 57 38 79  |XqL2mNvB7tR1cW8y|
+00000060  5a 30 61 4b 64 22 7d 7d  0a                       |Z0aKd"}}.|
+00000069
+"#;
+
+    /// A dump with its lines starting at an offset: curl's
+    /// `--trace-ascii`, `--trace`, xxd, `hexdump -C` (real output above),
+    /// and the same lines with CRLF, inside a JSON string, and in a log
+    /// beside other lines.
+    #[test]
+    fn a_secret_cut_across_the_lines_of_a_dump_is_found() {
+        let pat = "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O0p";
+        let token = "sk-proj-4f9XqL2mNvB7tR1cW8yZ0aKd";
+        let s = SecretScanner::new(&[("pat".into(), pat.as_bytes().to_vec()), ("t".into(), token.as_bytes().to_vec())]);
+        for (name, dump, cred) in [
+            ("curl --trace-ascii", CURL_TRACE_ASCII, "pat"),
+            ("curl --trace", CURL_TRACE, "t"),
+            ("xxd", XXD, "t"),
+            ("hexdump -C", HEXDUMP_C, "t"),
+        ] {
+            assert!(!dump.contains(if cred == "pat" { pat } else { token }), "{name}: the fixture cuts it");
+            let in_json = serde_json::to_string(&serde_json::json!({ "log": dump })).unwrap();
+            let in_log = format!("2024-05-01 12:00:00 debug trace follows\n{dump}2024-05-01 12:00:01 done\n");
+            for data in [dump.to_owned(), dump.replace('\n', "\r\n"), in_json, in_log] {
+                let f = s.find(data.as_bytes());
+                assert_eq!(f.as_ref().map(|f| f.credential.as_str()), Some(cred), "{name}: {data}");
+            }
+        }
+        // The hex groups, decoded: a secret whose bytes are not ASCII (the
+        // ASCII column shows `.`), at every place a line can cut it.
+        let wide = "k\u{e9}y-\u{fc}ber-s3cr3t-\u{263a}-v4lue";
+        let s = SecretScanner::new(&[("w".into(), wide.as_bytes().to_vec())]);
+        for pad in 0..16 {
+            let body = format!("{}{wide}\"}}", "x".repeat(pad));
+            for (name, dump) in [("xxd", xxd(body.as_bytes())), ("hexdump -C", hexdump_c(body.as_bytes()))] {
+                let f = s.find(dump.as_bytes());
+                assert_eq!(f.map(|f| f.view), Some("as sent, dump's hex decoded"), "{name}, {pad}: {dump}");
+            }
+        }
+    }
+
+    /// Dump lines as xxd writes them.
+    fn xxd(data: &[u8]) -> String {
+        let mut out = String::new();
+        for (i, line) in data.chunks(16).enumerate() {
+            let hex: Vec<String> = line.chunks(2).map(hex::encode).collect();
+            let ascii: String = line.iter().map(|&b| if (0x20..0x7f).contains(&b) { b as char } else { '.' }).collect();
+            out += &format!("{:08x}: {:<40} {ascii}\n", i * 16, hex.join(" "));
+        }
+        out
+    }
+
+    /// Dump lines as `hexdump -C` (and Go's `hex.Dump`) writes them.
+    fn hexdump_c(data: &[u8]) -> String {
+        let mut out = String::new();
+        for (i, line) in data.chunks(16).enumerate() {
+            let mut hex = String::new();
+            for (j, b) in line.iter().enumerate() {
+                hex += &format!("{}{b:02x} ", if j == 8 { " " } else { "" });
+            }
+            let ascii: String = line.iter().map(|&b| if (0x20..0x7f).contains(&b) { b as char } else { '.' }).collect();
+            out += &format!("{:08x}  {hex:<49} |{ascii}|\n", i * 16);
+        }
+        out + &format!("{:08x}\n", data.len())
+    }
+
+    #[test]
+    fn a_dump_line_is_read_by_its_columns() {
+        let line = |rest: &str| {
+            let mut bytes = Vec::new();
+            let ascii = hex_dump_line(rest.as_bytes(), &mut bytes).map(|a| String::from_utf8_lossy(a).into_owned());
+            (ascii, String::from_utf8_lossy(&bytes).into_owned())
+        };
+        // An ASCII column that starts with what looks like hex groups.
+        let rest = "63 20 32 30 32 36 20 30 31 3a 31 34 3a 35 33 20 c 2026 01:14:53 ";
+        assert_eq!(line(rest), (Some("c 2026 01:14:53 ".into()), "c 2026 01:14:53 ".into()));
+        let rest = "32 30 32 36 20 30 31 3a 31 34 3a 35 33 20 61 62 2026 01:14:53 ab";
+        assert_eq!(line(rest), (Some("2026 01:14:53 ab".into()), "2026 01:14:53 ab".into()));
+        // The last line, padded; ASCII columns in `|…|` and `>…<`; blanks in them.
+        assert_eq!(line("7d7d 0a                                  }}.").0.as_deref(), Some("}}."));
+        assert_eq!(line(" 20 7c 61 20  | |a |").0.as_deref(), Some(" |a "));
+        assert_eq!(line("7b 22 20 20 >{\"  <").0.as_deref(), Some("{\"  "));
+        // Hex groups only; text.
+        assert_eq!(line("6869 2121"), (None, "hi!!".into()));
+        assert_eq!(line("Authorization: Bearer abc"), (None, String::new()));
+        assert_eq!(dump_offset(b"\t0x0040:  4500"), Some(9));
+        for no in [&b"12:00:00 x"[..], b"2024-05-01 x", b"0123456789abcdef0 x", b"abc x", b"00000069"] {
+            assert_eq!(dump_offset(no), None, "{}", String::from_utf8_lossy(no));
+        }
+        // One offset line is no dump.
+        assert!(dump_views(b"0000: abc\nmore\n").is_none());
+    }
+
     #[test]
     fn html_legacy_references_without_semicolon_and_upper_case_are_decoded() {
         let secret = "p4ss&w0rd<2024>\"q\" z";
@@ -1641,6 +1948,12 @@ mod tests {
             for encoded in [STANDARD.encode(&whole), URL_SAFE.encode(&whole), data_encoding::BASE32.encode(&whole)] {
                 proptest::prop_assert!(s.find(encoded.as_bytes()).is_some(), "{}", encoded);
             }
+        }
+
+        #[test]
+        fn reading_a_dump_never_panics(data in proptest::collection::vec(proptest::sample::select(b"0a7f: |<>\n\r\tx".to_vec()), 0..300)) {
+            let (text, bytes) = dump_views(&data).unwrap_or_default();
+            proptest::prop_assert!(text.len() <= data.len() && bytes.len() <= data.len());
         }
 
         #[test]
