@@ -1661,8 +1661,28 @@ mod tests {
 00000069
 "#;
 
+    /// The same body as `od -A x -t x1z -v` (GNU coreutils 9.1) prints it.
+    const OD: &str = r#"000000 7b 22 73 65 73 73 69 6f 6e 22 3a 7b 22 75 73 65  >{"session":{"use<
+000010 72 22 3a 22 62 75 69 6c 64 2d 62 6f 74 22 2c 22  >r":"build-bot","<
+000020 73 63 6f 70 65 73 22 3a 5b 22 72 65 70 6f 22 2c  >scopes":["repo",<
+000030 22 72 65 61 64 3a 6f 72 67 22 5d 2c 22 74 6f 6b  >"read:org"],"tok<
+000040 65 6e 22 3a 22 73 6b 2d 70 72 6f 6a 2d 34 66 39  >en":"sk-proj-4f9<
+000050 58 71 4c 32 6d 4e 76 42 37 74 52 31 63 57 38 79  >XqL2mNvB7tR1cW8y<
+000060 5a 30 61 4b 64 22 7d 7d 0a                       >Z0aKd"}}.<
+000069
+"#;
+
+    /// The same bytes in the layout of `tcpdump -X` (its
+    /// `hex_and_ascii_print_with_offset`: a tab, `0x%04x: `, ` %02x%02x`
+    /// a pair padded to 40, two blanks, the ASCII column).
+    const TCPDUMP_X: &str = "\t0x0030:  2272 6561 643a 6f72 6722 5d2c 2274 6f6b  \"read:org\"],\"tok
+\t0x0040:  656e 223a 2273 6b2d 7072 6f6a 2d34 6639  en\":\"sk-proj-4f9
+\t0x0050:  5871 4c32 6d4e 7642 3774 5231 6357 3879  XqL2mNvB7tR1cW8y
+\t0x0060:  5a30 614b 6422 7d7d 0a                    Z0aKd\"}}.
+";
+
     /// A dump with its lines starting at an offset: curl's
-    /// `--trace-ascii`, `--trace`, xxd, `hexdump -C` (real output above),
+    /// `--trace-ascii`, `--trace`, xxd, `hexdump -C`, od, tcpdump (above),
     /// and the same lines with CRLF, inside a JSON string, and in a log
     /// beside other lines.
     #[test]
@@ -1675,6 +1695,8 @@ mod tests {
             ("curl --trace", CURL_TRACE, "t"),
             ("xxd", XXD, "t"),
             ("hexdump -C", HEXDUMP_C, "t"),
+            ("od -A x -t x1z", OD, "t"),
+            ("tcpdump -X", TCPDUMP_X, "t"),
         ] {
             assert!(!dump.contains(if cred == "pat" { pat } else { token }), "{name}: the fixture cuts it");
             let in_json = serde_json::to_string(&serde_json::json!({ "log": dump })).unwrap();
