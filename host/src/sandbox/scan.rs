@@ -1026,8 +1026,8 @@ fn utf16_escape_at(s: &[u8], out: &mut Vec<u8>, unit: impl Fn(&[u8]) -> Option<(
     push_char(hi, out).then_some(used)
 }
 
-/// `\uXXXX` or `\u{H…}` (ES2015: one to six hex digits, leading zeros
-/// allowed up to eight) at the start of `s`: its value and length.
+/// `\uXXXX` or `\u{H…}` (ES2015: hex digits, any number of leading
+/// zeros) at the start of `s`: its value and length.
 fn js_unicode_unit(s: &[u8]) -> Option<(u32, usize)> {
     if s.get(..2) != Some(b"\\u") {
         return None;
@@ -1035,11 +1035,24 @@ fn js_unicode_unit(s: &[u8]) -> Option<(u32, usize)> {
     if s.get(2) != Some(&b'{') {
         return Some((hex_at(s, 2, 4)?, 6));
     }
-    let digits = s.get(3..)?.iter().take(9).take_while(|b| b.is_ascii_hexdigit()).count();
-    if !(1..=8).contains(&digits) || s.get(3 + digits) != Some(&b'}') {
+    let (zeros, significant) = leading_zeros_and_digits(s.get(3..)?, 16);
+    let digits = zeros + significant;
+    if digits == 0 || significant > 8 || s.get(3 + digits) != Some(&b'}') {
         return None;
     }
-    Some((hex_at(s, 3, digits)?, 4 + digits))
+    let value = if significant == 0 { 0 } else { hex_at(s, 3 + zeros, significant)? };
+    Some((value, 4 + digits))
+}
+
+/// The leading zeros of the digits (of `radix`, 10 or 16) at the start of
+/// `s`, and how many digits follow them (up to 9: more is no character).
+/// A browser reads `&#0000000115;` and JavaScript `\u{000000073}` with any
+/// number of zeros.
+fn leading_zeros_and_digits(s: &[u8], radix: u32) -> (usize, usize) {
+    let zeros = s.iter().take_while(|&&b| b == b'0').count();
+    let digit = |b: &&u8| if radix == 16 { b.is_ascii_hexdigit() } else { b.is_ascii_digit() };
+    let significant = s.get(zeros..).unwrap_or_default().iter().take(9).take_while(digit).count();
+    (zeros, significant)
 }
 
 /// A backslash escape at the start of `s`: JSON's and JavaScript's (`\"`,
@@ -1158,11 +1171,15 @@ fn reference_at(s: &[u8], out: &mut Vec<u8>) -> Option<usize> {
     if rest.first() == Some(&b'#') {
         let (radix, start) = if matches!(rest.get(1), Some(b'x' | b'X')) { (16, 2) } else { (10, 1) };
         let tail = rest.get(start..)?;
-        let digits = tail.iter().take_while(|b| b.is_ascii_hexdigit() && (radix == 16 || b.is_ascii_digit())).count();
-        if digits == 0 || digits > 8 {
+        let (zeros, significant) = leading_zeros_and_digits(tail, radix);
+        let digits = zeros + significant;
+        if digits == 0 || significant > 8 {
             return None;
         }
-        let code = u32::from_str_radix(std::str::from_utf8(&tail[..digits]).ok()?, radix).ok()?;
+        let code = match tail.get(zeros..digits)? {
+            [] => 0,
+            d => u32::from_str_radix(std::str::from_utf8(d).ok()?, radix).ok()?,
+        };
         let semi = usize::from(tail.get(digits) == Some(&b';'));
         return push_char(code, out).then_some(1 + start + digits + semi);
     }
@@ -1769,6 +1786,25 @@ mod tests {
         }
         // One offset line is no dump.
         assert!(dump_views(b"0000: abc\nmore\n").is_none());
+    }
+
+    /// Browsers read a numeric character reference with any number of
+    /// leading zeros, and JavaScript a `\u{…}` escape likewise.
+    #[test]
+    fn numeric_escapes_with_many_leading_zeros_are_decoded() {
+        let s = scanner();
+        for (name, data) in [
+            ("decimal", SECRET.chars().map(|c| format!("&#{:012};", c as u32)).collect::<String>()),
+            ("hex, no semicolon", SECRET.chars().map(|c| format!("&#x{:016X}", c as u32)).collect()),
+            ("JavaScript \\u{}", SECRET.chars().map(|c| format!("\\u{{{:020x}}}", c as u32)).collect()),
+        ] {
+            assert_eq!(found(&s, data.as_bytes()).as_deref(), Some("tracker"), "{name}: {data}");
+        }
+        let html = |d: &str| unescape(d.as_bytes(), Kinds { html: true, ..NONE });
+        assert_eq!(html("&#0000000000;&#x00000000000073;").as_deref(), Some(&b"\0s"[..]));
+        assert_eq!(html("&#0000123456789;"), None, "nine digits after the zeros: no character");
+        let back = |d: &str| unescape(d.as_bytes(), Kinds { backslash: true, ..NONE });
+        assert_eq!(back("\\u{0000000000}\\u{000000000000073}").as_deref(), Some(&b"\0s"[..]));
     }
 
     #[test]
