@@ -45,6 +45,14 @@ pub enum ConfigError {
         /// The parser's message, which names the key and line.
         message: String,
     },
+    /// The config file itself is where a Tool could change it.
+    #[error("refused config {}: {message}", path.display())]
+    Unsafe {
+        /// The file.
+        path: PathBuf,
+        /// Why, and what to do.
+        message: String,
+    },
     /// A value is out of range or inconsistent.
     #[error("invalid config {}: field `{field}`: {message}", path.display())]
     Field {
@@ -698,23 +706,51 @@ impl Config {
         if let Some(file) = store.file() {
             protected.push(("the journal".into(), file.to_owned(), false));
         }
+        // The files among them no second name (hard link) may reach, with
+        // their fields: `true` for those whose content is secret.
+        let mut single: Vec<(String, PathBuf, bool)> = vec![("lock".into(), lock.clone(), false)];
+        if let Some(file) = store.file() {
+            // It holds tickets.
+            single.push(("store".into(), file.to_owned(), true));
+        }
         if let StoreLocation::Postgres(PostgresStore { password: Some(Source::File(p)), .. }) = &store {
             protected.push(("the PostgreSQL password file".into(), p.clone(), false));
+            single.push(("postgres.password".into(), p.clone(), true));
+        }
+        if let StoreLocation::Postgres(PostgresStore { ca_file: Some(p), .. }) = &store {
+            // Whoever writes it chooses whom the journal's TLS connection trusts.
+            protected.push(("the PostgreSQL CA file (postgres.ca_file)".into(), p.clone(), false));
+            single.push(("postgres.ca_file".into(), p.clone(), false));
         }
         for (name, c) in &credentials {
             if let Some(file) = c.source_file() {
                 protected.push((format!("the secret file of credential `{name}`"), file.to_owned(), false));
+                single.push((format!("credentials.{name}.source"), file.to_owned(), true));
             }
         }
         for (i, a) in serve.auth.iter().enumerate() {
             if let Source::File(p) = &a.token {
                 protected.push((format!("the token file of serve.auth[{i}]"), p.clone(), false));
+                single.push((format!("serve.auth[{i}].token"), p.clone(), true));
             }
         }
         if let Some(Source::File(p)) = &serve.state_key {
             protected.push(("the key file of serve.state_key".into(), p.clone(), false));
+            single.push(("serve.state_key".into(), p.clone(), true));
+        }
+        if let Err(message) = crate::files::single_link(path, false) {
+            return Err(ConfigError::Unsafe { path: path.to_owned(), message });
+        }
+        for (name, p, secret) in &single {
+            crate::files::single_link(p, *secret).map_err(|message| field(name, message))?;
         }
         use crate::sandbox::grant_dir::{self, GrantDir};
+        // Each bound where it exists (checked on the directory opened), so
+        // nothing done after load redirects it.
+        let protected: grant_dir::Protected = protected.into();
+        for d in grants.iter_mut().flat_map(|g| g.directories.iter_mut()) {
+            d.bound = GrantDir::new(protected.clone(), d.access == toolgate_sdk::Access::ReadWrite);
+        }
         let dirs: Vec<(String, &DirectoryGrant)> = grants
             .iter()
             .enumerate()
@@ -724,7 +760,7 @@ impl Config {
             .collect();
         for (at, d) in &dirs {
             let refuse = |message: String| Err(field(&format!("{at}.host"), message));
-            for (what, p, owned_dir) in &protected {
+            for (what, p, owned_dir) in protected.iter() {
                 if let Some(relation) = grant_dir::overlap(&d.host, p, *owned_dir) {
                     return refuse(format!(
                         "{} {relation} {what} ({}); a Tool must never reach the host's own state — grant a \
@@ -733,6 +769,18 @@ impl Config {
                         p.display()
                     ));
                 }
+            }
+            // Compared by identity too: a second mount of a directory is the same directory.
+            if let Err(grant_dir::Refusal { checked, relation, what, path }) = d.bound.bind(&d.host) {
+                let found =
+                    if checked == d.host { String::new() } else { format!(" (found at {})", checked.display()) };
+                return refuse(format!(
+                    "{}{found} {relation} {what} ({}); a Tool must never reach the host's own state — grant a \
+                     directory that holds only the Tool's data (a bind mount or a second mount of a directory is \
+                     the same directory)",
+                    d.host.display(),
+                    path.display()
+                ));
             }
             // A Tool holding a read-write grant above this directory could
             // rename it away and put a symlink in its place before it is
@@ -752,12 +800,28 @@ impl Config {
                 ));
             }
         }
-        // Each bound now where it exists (checked again on the directory
-        // opened), so nothing done after load redirects it.
-        let protected: grant_dir::Protected = protected.into();
-        for d in grants.iter_mut().flat_map(|g| g.directories.iter_mut()) {
-            d.bound = GrantDir::new(protected.clone());
-            let _ = d.bound.path(&d.host);
+        // The same by identity: inside another name of a read-write grant,
+        // or of a mount inside it, or found through a name in it.
+        let reaches: Vec<_> = dirs.iter().map(|(_, d)| d.bound.reach(&d.host)).collect();
+        for (k, (at, d)) in dirs.iter().enumerate() {
+            for (m, (other, o)) in dirs.iter().enumerate() {
+                let Some(outer) = reaches[m].as_ref().filter(|_| m != k && o.access == toolgate_sdk::Access::ReadWrite)
+                else {
+                    continue;
+                };
+                if let Some(how) = outer.holds_dir(reaches[k].as_ref(), &d.host) {
+                    return Err(field(
+                        &format!("{at}.host"),
+                        format!(
+                            "{} is inside {} ({how}), granted read-write by {other}; a Tool holding that grant \
+                             could replace this directory with a link to anywhere — grant directories that do \
+                             not nest under a read-write one",
+                            d.host.display(),
+                            o.host.display()
+                        ),
+                    ));
+                }
+            }
         }
         Ok(Config {
             source: Some(path.to_owned()),
@@ -776,6 +840,21 @@ impl Config {
             mcp_elicitation,
             serve,
         })
+    }
+
+    /// Where Tools may write — every read-write directory grant, by
+    /// identity — for the catalog to keep component files out of
+    /// ([`crate::sandbox::grant_dir::Writable::check_component`]).
+    pub fn writable(&self) -> crate::sandbox::grant_dir::Writable {
+        crate::sandbox::grant_dir::Writable::new(
+            self.grants
+                .iter()
+                .enumerate()
+                .flat_map(|(i, g)| g.directories.iter().enumerate().map(move |(j, d)| (i, j, d)))
+                .filter(|(_, _, d)| d.access == toolgate_sdk::Access::ReadWrite)
+                .map(|(i, j, d)| (format!("grants[{i}].directories[{j}]"), d.host.clone(), d.bound.reach(&d.host)))
+                .collect(),
+        )
     }
 
     /// The agent named `name`; the error lists the configured ones.
@@ -1003,6 +1082,76 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("PostgreSQL password file"), "{e}");
+    }
+
+    #[test]
+    fn a_grant_cannot_reach_the_postgres_ca_file() {
+        // Whoever writes it chooses whom the journal's TLS connection trusts.
+        let e = parse(
+            "store = \"postgres://tg@db/x\"\n[postgres]\nca_file = \"/srv/ca/pg-ca.pem\"\n\
+             [[grants]]\ntools = \"fs.*\"\ndirectories = [{ path = \"/s\", host = \"/srv/ca\", access = \"read-write\" }]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("grants[0].directories[0].host") && e.contains("postgres.ca_file"), "{e}");
+        // Nor a link on the way to it: the file is outside the grant, a link to it inside.
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        for sub in ["work", "pki"] {
+            std::fs::create_dir(d.join(sub)).unwrap();
+        }
+        std::fs::write(d.join("pki/ca.pem"), "-----BEGIN CERTIFICATE-----\n").unwrap();
+        std::os::unix::fs::symlink(d.join("pki/ca.pem"), d.join("work/ca-link")).unwrap();
+        std::os::unix::fs::symlink(d.join("work/ca-link"), d.join("ca.pem")).unwrap();
+        let text = "store = \"postgres://tg@db/x\"\n[postgres]\nca_file = \"ca.pem\"\n\
+                    [[grants]]\ntools = \"fs.*\"\ndirectories = [{ path = \"/w\", host = \"work\", access = \"read-write\" }]\n";
+        let e = Config::parse(text, &d.join("toolgate.toml"), d).unwrap_err().to_string();
+        assert!(e.contains("grants[0].directories[0].host") && e.contains("postgres.ca_file"), "{e}");
+        // Read-only, that link cannot be changed; the file itself is not in the grant.
+        Config::parse(&text.replace("read-write", "read"), &d.join("toolgate.toml"), d).unwrap();
+    }
+
+    /// A hard link is a second name of the same file, anywhere on its file
+    /// system — inside a grant, where a Tool would read or rewrite it — and
+    /// the host cannot list every grant's files to find it: a protected
+    /// file with more than one link is refused, naming it and what to do.
+    #[cfg(unix)]
+    #[test]
+    fn a_protected_file_with_a_second_link_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir(d.join("work")).unwrap();
+        for f in ["api.secret", "journal.db", "toolgate.lock", "ca.pem", "state.key"] {
+            std::fs::write(d.join(f), "x".repeat(40)).unwrap();
+        }
+        let text = "store = \"journal.db\"\n\
+                    [credentials.api]\nsource = { file = \"api.secret\" }\ndestinations = [\"https://a.example:443\"]\n\
+                    apply = { header = { name = \"Authorization\" } }\n\
+                    [serve]\nstate_key = { file = \"state.key\" }\n\
+                    [[grants]]\ntools = \"*\"\ndirectories = [{ path = \"/w\", host = \"work\", access = \"read-write\" }]\n";
+        let file = d.join("toolgate.toml");
+        std::fs::write(&file, text).unwrap();
+        Config::load(&file).unwrap();
+        for (name, field) in [
+            ("toolgate.toml", "config"),
+            ("api.secret", "credentials.api"),
+            ("journal.db", "store"),
+            ("toolgate.lock", "lock"),
+            ("state.key", "serve.state_key"),
+        ] {
+            let link = d.join("work").join(name);
+            std::fs::hard_link(d.join(name), &link).unwrap();
+            let e = Config::load(&file).expect_err(name).to_string();
+            assert!(e.contains(field) && e.contains("2 links") && e.contains("samefile"), "{name}: {e}");
+            std::fs::remove_file(&link).unwrap();
+        }
+        Config::load(&file).unwrap();
+        let pg = d.join("pg.toml");
+        std::fs::write(&pg, "store = \"postgres://tg@db/x\"\n[postgres]\nca_file = \"ca.pem\"\n").unwrap();
+        Config::load(&pg).unwrap();
+        std::fs::hard_link(d.join("ca.pem"), d.join("work/ca.pem")).unwrap();
+        let e = Config::load(&pg).unwrap_err().to_string();
+        assert!(e.contains("postgres.ca_file") && e.contains("2 links"), "{e}");
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! Owns refusing anything but a regular file, before reading it (the file is
 //! opened without blocking, then checked on the open descriptor, so a FIFO,
 //! socket or device swapped in cannot stall a host thread), and bounding
-//! what is read, so a huge file cannot exhaust the host's memory.
+//! what is read, so a huge file cannot exhaust the host's memory; and
+//! refusing one of the host's own files that has a second name (a hard
+//! link) a Tool might reach.
 //!
 //! A leaf: it imports nothing of the crate.
 
@@ -35,6 +37,46 @@ pub fn read_bounded(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
         return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("more than the {max} bytes allowed")));
     }
     Ok(bytes)
+}
+
+/// Refuse a regular file at `path` with more than one link: a hard link is
+/// another name of the same file anywhere on its file system — inside a
+/// directory granted to a Tool, say — and the host cannot list every
+/// grant's files to find it. `secret` (its content must not be read):
+/// always; otherwise only when this process could write the file (through
+/// any of its names: the permission is the file's). Nothing there, or not a
+/// regular file: nothing to refuse. The error names the file and what to do.
+pub fn single_link(path: &Path, secret: bool) -> Result<(), String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt as _;
+        let Ok(meta) = std::fs::metadata(path) else { return Ok(()) };
+        if !meta.is_file() || meta.nlink() <= 1 {
+            return Ok(());
+        }
+        let writable = || {
+            rustix::fs::accessat(rustix::fs::CWD, path, rustix::fs::Access::WRITE_OK, rustix::fs::AtFlags::EACCESS)
+                .is_ok()
+        };
+        if !secret && !writable() {
+            return Ok(());
+        }
+        let path = &std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+        Err(format!(
+            "{} has {} links (hard links: other names of the same file, anywhere on its file system — one inside a \
+             directory granted to a Tool would let it {} the file); remove the other links (`find / -xdev -samefile \
+             {}` lists them) or replace the file with a copy of its own",
+            path.display(),
+            meta.nlink(),
+            if secret { "read or rewrite" } else { "rewrite" },
+            path.display()
+        ))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (path, secret);
+        Ok(())
+    }
 }
 
 /// [`read_bounded`] as UTF-8 text.

@@ -59,11 +59,13 @@ pub enum HostError {
 }
 
 /// The config's plugin directory, checked against its lockfile when one
-/// exists and against its trusted signing keys when it lists any. Reads
-/// metadata only: nothing is compiled.
+/// exists and against its trusted signing keys when it lists any; a
+/// component a Tool could change (found through a read-write grant, or with
+/// a second link) is refused. Reads metadata only: nothing is compiled.
 pub fn catalog(config: &Config) -> Result<Catalog, CatalogError> {
     let lock = Lockfile::read(&config.lock)?;
-    Catalog::load_checked(&config.plugins, lock.as_ref(), &config.trusted_keys)
+    let writable = config.writable();
+    Catalog::load_guarded(&config.plugins, lock.as_ref(), &config.trusted_keys, &|p| writable.check_component(p))
 }
 
 /// The journal the config's `store` names.

@@ -291,7 +291,168 @@ async fn a_grant_path_that_leads_into_the_hosts_state_at_first_use_is_refused() 
     assert!(e.contains("the plugin directory") && e.contains("refused"), "{e}");
 }
 
+/// The world's host directory copied to a new one (`plugins/` holding only
+/// `hostile.wasm`), for a test to change before a host loads it.
+fn world_copy(w: &World) -> tempfile::TempDir {
+    let (from, dir) = (w.host.dir.path(), tempfile::tempdir().unwrap());
+    let d = dir.path();
+    for sub in ["plugins", "data", "scratch", "outside"] {
+        std::fs::create_dir(d.join(sub)).unwrap();
+    }
+    for f in ["toolgate.toml", "tracker.secret", "plugins/hostile.wasm", "data/a.txt"] {
+        std::fs::copy(from.join(f), d.join(f)).unwrap();
+    }
+    dir
+}
+
+/// A component a Tool could change is refused at load, naming the file, the
+/// grant and what to do: one the plugin directory links to inside a
+/// read-write grant, one reached through a link inside it (the file itself
+/// elsewhere), one with a second link (which may be inside a grant). Else a
+/// Tool rewrites a component, or points the link at its own, and the next
+/// process loads it under that Tool's id, with its grants.
+#[tokio::test]
+async fn a_component_a_tool_could_rewrite_is_refused_at_load() {
+    let w = world();
+    let dir = world_copy(&w);
+    let d = dir.path();
+    std::fs::write(d.join("scratch/files.wasm"), Lang::Rust.files()).unwrap();
+    std::os::unix::fs::symlink(d.join("scratch/files.wasm"), d.join("plugins/files.wasm")).unwrap();
+    std::fs::write(d.join("outside/tracker.wasm"), Lang::Rust.tracker()).unwrap();
+    std::os::unix::fs::symlink(d.join("outside/tracker.wasm"), d.join("scratch/tracker-link")).unwrap();
+    std::os::unix::fs::symlink("../scratch/tracker-link", d.join("plugins/tracker.wasm")).unwrap();
+    std::fs::write(d.join("plugins/notes.wasm"), Lang::Rust.notes()).unwrap();
+    std::fs::hard_link(d.join("plugins/notes.wasm"), d.join("scratch/notes.wasm")).unwrap();
+    // A link to a component outside every grant is the operator's choice.
+    std::fs::write(d.join("outside/text.wasm"), Lang::Rust.text()).unwrap();
+    std::os::unix::fs::symlink(d.join("outside/text.wasm"), d.join("plugins/text.wasm")).unwrap();
+    let config = toolgate::Config::load(&d.join("toolgate.toml")).unwrap();
+    let catalog = toolgate::host::catalog(&config).unwrap();
+    let reason = |name: &str| {
+        let r = catalog.refused().iter().find(|r| r.path.ends_with(name));
+        r.unwrap_or_else(|| panic!("{name} must be refused: {:?}", catalog.refused())).reason.clone()
+    };
+    for name in ["files.wasm", "tracker.wasm"] {
+        let r = reason(name);
+        assert!(r.contains("grants[0].directories[1]") && r.contains("read-write") && r.contains("scratch"), "{r}");
+    }
+    let r = reason("notes.wasm");
+    assert!(r.contains("2 links") && r.contains("samefile"), "{r}");
+    assert_eq!(catalog.refused().len(), 3, "{:?}", catalog.refused());
+    assert!(catalog.get("hostile.thief").is_some() && catalog.get("text.count").is_some());
+    assert!(catalog.get("files.read").is_none() && catalog.get("tracker.issues").is_none());
+}
+
+/// A hard link to the host's own files put inside a grant (the config, a
+/// credential's secret file, the journal) is refused at load, naming the
+/// file and how to find the other link: the host cannot list every grant's
+/// files to find it.
+#[tokio::test]
+async fn a_second_link_to_the_hosts_files_is_refused_at_load() {
+    let w = world();
+    let dir = world_copy(&w);
+    let d = dir.path();
+    std::fs::write(d.join("journal.db"), "").unwrap();
+    let config = d.join("toolgate.toml");
+    toolgate::Config::load(&config).unwrap();
+    for (name, what) in
+        [("toolgate.toml", "config"), ("tracker.secret", "credentials.tracker"), ("journal.db", "store")]
+    {
+        std::fs::hard_link(d.join(name), d.join("scratch/copy")).unwrap();
+        let e = toolgate::Config::load(&config).expect_err(name).to_string();
+        assert!(e.contains(what) && e.contains("2 links") && e.contains("samefile"), "{name}: {e}");
+        std::fs::remove_file(d.join("scratch/copy")).unwrap();
+    }
+    toolgate::Config::load(&config).unwrap();
+}
+
+/// A bind mount for the length of a test, or `None` (with the reason
+/// printed) where this process cannot mount (not root, no mount namespace
+/// rights, no `mount` program).
+struct BindMount(std::path::PathBuf);
+
+impl BindMount {
+    fn new(from: &Path, at: &Path) -> Option<BindMount> {
+        std::fs::create_dir_all(at).unwrap();
+        match std::process::Command::new("mount").arg("--bind").arg(from).arg(at).output() {
+            Ok(out) if out.status.success() => Some(BindMount(at.to_owned())),
+            Ok(out) => {
+                eprintln!("skipped: cannot bind-mount here: {}", String::from_utf8_lossy(&out.stderr).trim());
+                None
+            }
+            Err(e) => {
+                eprintln!("skipped: cannot run `mount`: {e}");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for BindMount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// A grant is compared with the host's state by what it is, not by its
+/// name: a second mount of the journal's directory, a directory holding a
+/// mount of the cache, one inside a second mount of the plugin directory —
+/// names no string comparison relates — are each refused at load, naming
+/// the field and what they would reach; and a grant bound at its first use
+/// to a second mount of the journal's directory refuses the call. Needs
+/// mount rights: skipped (saying so) without them.
+#[tokio::test]
+async fn a_grant_on_a_second_mount_of_the_hosts_state_is_refused() {
+    let w = world();
+    let dir = world_copy(&w);
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("state")).unwrap();
+    std::fs::create_dir_all(d.join("cache")).unwrap();
+    let text = std::fs::read_to_string(d.join("toolgate.toml"))
+        .unwrap()
+        .replace("store = \"journal.db\"", "store = \"state/journal.db\"");
+    assert!(text.contains("state/journal.db"), "the preamble names the journal: {text}");
+    let grant_at = |host: &str| {
+        text.replace(
+            "{ path = \"/data\", host = \"data\", access = \"read\" }",
+            &format!("{{ path = \"/data\", host = \"{host}\", access = \"read\" }}"),
+        )
+    };
+    let load = |text: String| {
+        std::fs::write(d.join("toolgate.toml"), text).unwrap();
+        toolgate::Config::load(&d.join("toolgate.toml"))
+    };
+    let Some(_state) = BindMount::new(&d.join("state"), &d.join("mnt/state")) else { return };
+    let Some(_cache) = BindMount::new(&d.join("cache"), &d.join("vol/c")) else { return };
+    let Some(_plugins) = BindMount::new(&d.join("plugins"), &d.join("p2")) else { return };
+    std::fs::create_dir_all(d.join("plugins/inner")).unwrap();
+    for (host, what) in [
+        ("mnt/state", "the journal"),
+        ("mnt", "the journal"),
+        ("vol", "the compiled-code cache"),
+        ("p2/inner", "the plugin directory"),
+    ] {
+        let e = load(grant_at(host)).expect_err(host).to_string();
+        assert!(
+            e.contains("grants[0].directories[0].host") && e.contains(what) && e.contains("another name"),
+            "{host}: {e}"
+        );
+    }
+    load(grant_at("data")).unwrap();
+    drop((_state, _cache, _plugins));
+    // Not there at load: bound at its first use — to a second mount of the journal's directory.
+    load(grant_at("late")).unwrap();
+    let host = TestHost::open(dir, "default");
+    let d = host.dir.path();
+    let Some(_late) = BindMount::new(&d.join("state"), &d.join("late")) else { return };
+    let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+    let r = run.call("hostile.thief", json!({"op": "list", "target": "/data", "credential": false})).await;
+    let e = r.expect_err("the call must not run").to_string();
+    assert!(e.contains("the journal") && e.contains("another name") && e.contains("refused"), "{e}");
+}
+
 each_lang! {
+/// A Tool written in either SDK whose response would carry the secret backeach_lang! {
 /// A Tool written in either SDK whose response would carry the secret back
 /// (a server reflecting the Authorization header) gets an error, never the
 /// secret; the host applied it on the way out all the same.

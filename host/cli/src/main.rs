@@ -420,8 +420,11 @@ async fn dispatch(cli: Cli) -> Result<u8> {
         }
         Command::Lock => {
             let config = Config::load(&cli.config)?;
-            // Read without the old lock: the operator is accepting what is there now.
-            let catalog = Catalog::load(&config.plugins)?;
+            // Read without the old lock: the operator is accepting what is there now
+            // (never a component a Tool could have changed).
+            let writable = config.writable();
+            let catalog =
+                Catalog::load_guarded(&config.plugins, None, &Default::default(), &|p| writable.check_component(p))?;
             let mut pinned = std::collections::BTreeMap::new();
             for c in catalog.components() {
                 let name = c.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();

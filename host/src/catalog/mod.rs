@@ -108,6 +108,21 @@ impl Catalog {
     /// [`Catalog::load_locked`], and with `keys`, a file without a valid
     /// signature by one of them is refused before its metadata is read.
     pub fn load_checked(dir: &Path, lock: Option<&Lockfile>, keys: &TrustedKeys) -> Result<Catalog, CatalogError> {
+        Self::load_guarded(dir, lock, keys, &|_| Ok(()))
+    }
+
+    /// [`Catalog::load_checked`], each file first passed to `guard`, which
+    /// refuses (with the reason) one a Tool could change — e.g.
+    /// [`crate::sandbox::grant_dir::Writable::check_component`]: a file
+    /// found through a directory granted read-write (the file, or a link on
+    /// the way to it, may be a symlink out of the plugin directory), or with
+    /// a second link. Nothing of a refused file is read.
+    pub fn load_guarded(
+        dir: &Path,
+        lock: Option<&Lockfile>,
+        keys: &TrustedKeys,
+        guard: &dyn Fn(&Path) -> Result<(), String>,
+    ) -> Result<Catalog, CatalogError> {
         let entries =
             std::fs::read_dir(dir).map_err(|source| CatalogError::Directory { path: dir.to_owned(), source })?;
         let mut paths: Vec<PathBuf> = entries
@@ -127,7 +142,7 @@ impl Catalog {
                 }
                 Ok(())
             };
-            match load_file_checked(&path, checked) {
+            match guard(&path).and_then(|()| load_file_checked(&path, checked)) {
                 Ok(c) => catalog.components.push(Arc::new(c)),
                 Err(reason) => catalog.refused.push(Refused { path, reason }),
             }
