@@ -582,7 +582,32 @@ impl SecretScanner {
     fn find_joined(&self, data: &[u8], stage: &Stage) -> Option<Finding> {
         self.find_spread(data, stage.name, stage.unwrapped, true)
             .or_else(|| self.find_hex_list(data, stage.list))
+            .or_else(|| self.find_char_list(data, stage.chars))
             .or_else(|| self.find_dump(data, stage))
+    }
+
+    /// `data` with a list of one-character strings joined, if it may hold
+    /// one ([`may_hold_char_list`]): Python's `list(s)` `['s', '3', …]`,
+    /// Rust's `{:?}` of a `Vec<char>`, a JSON array of characters, Go's
+    /// `%q` `["s" "3" …]`. The view is the character of every quoted
+    /// one-character string in order. (The hex-list view reads `"3"` as a
+    /// byte and pads it to `03`: a list of characters needs its own view.)
+    fn find_char_list(&self, data: &[u8], name: &'static str) -> Option<Finding> {
+        if !may_hold_char_list(data) {
+            return None;
+        }
+        let mut view = Vec::new();
+        let mut at = 0;
+        while let Some(quote) = data.get(at..).and_then(|rest| memchr::memchr2(b'"', b'\'', rest)).map(|q| at + q) {
+            match data.get(quote..).and_then(char_item) {
+                Some(len) => {
+                    view.extend_from_slice(data.get(quote + 1..quote + len - 1).unwrap_or_default());
+                    at = quote + len;
+                }
+                None => at = quote + 1,
+            }
+        }
+        self.find_in(&view, name)
     }
 
     /// `data` read as a dump — curl's `--trace-ascii` (64 characters a
@@ -708,6 +733,7 @@ struct Stage {
     list: &'static str,
     dump: &'static str,
     dump_hex: &'static str,
+    chars: &'static str,
 }
 
 const AS_SENT: Stage = Stage {
@@ -716,6 +742,7 @@ const AS_SENT: Stage = Stage {
     list: "as sent, hex list joined",
     dump: "as sent, dump joined",
     dump_hex: "as sent, dump's hex decoded",
+    chars: "as sent, character list joined",
 };
 
 const DECODED_REPEATEDLY: Stage = Stage {
@@ -724,6 +751,7 @@ const DECODED_REPEATEDLY: Stage = Stage {
     list: "decoded repeatedly, hex list joined",
     dump: "decoded repeatedly, dump joined",
     dump_hex: "decoded repeatedly, dump's hex decoded",
+    chars: "decoded repeatedly, character list joined",
 };
 
 const FORM_DECODED_REPEATEDLY: Stage = Stage {
@@ -732,6 +760,7 @@ const FORM_DECODED_REPEATEDLY: Stage = Stage {
     list: "form-decoded repeatedly, hex list joined",
     dump: "form-decoded repeatedly, dump joined",
     dump_hex: "form-decoded repeatedly, dump's hex decoded",
+    chars: "form-decoded repeatedly, character list joined",
 };
 
 /// [`HEX_VALUE`] of a byte that is not a hex digit.
@@ -867,6 +896,43 @@ fn hex_dump_line<'a>(rest: &'a [u8], bytes: &mut Vec<u8>) -> Option<&'a [u8]> {
         }
     }
     None
+}
+
+/// The length of the quoted one-character string at the start of `s`
+/// (`'s'`, `"3"`, `'é'`), if one is there.
+fn char_item(s: &[u8]) -> Option<usize> {
+    let quote = *s.first()?;
+    if !matches!(quote, b'"' | b'\'') {
+        return None;
+    }
+    let width = match *s.get(1)? {
+        0x00..=0x7F => 1,
+        0xC2..=0xDF => 2,
+        0xE0..=0xEF => 3,
+        0xF0..=0xF4 => 4,
+        _ => return None,
+    };
+    std::str::from_utf8(s.get(1..1 + width)?).ok()?;
+    (s.get(1 + width) == Some(&quote)).then_some(width + 2)
+}
+
+/// Whether `data` may hold a list of one-character strings, cheaply: a
+/// `[` or `(` opening one whose first two items are such strings, apart
+/// by a `,` or blanks.
+fn may_hold_char_list(data: &[u8]) -> bool {
+    let blanks = |s: &[u8]| s.iter().take(16).take_while(|b| b.is_ascii_whitespace()).count();
+    memchr::memchr2_iter(b'[', b'(', data).any(|at| {
+        let Some(rest) = data.get(at + 1..) else { return false };
+        let first = blanks(rest);
+        let Some(len) = rest.get(first..).and_then(char_item) else { return false };
+        let mut next = first + len;
+        next += blanks(rest.get(next..).unwrap_or_default());
+        if rest.get(next) == Some(&b',') {
+            next += 1;
+            next += blanks(rest.get(next..).unwrap_or_default());
+        }
+        next > first + len && rest.get(next..).and_then(char_item).is_some()
+    })
 }
 
 /// What separates the items of a list as printers write one.
@@ -1805,6 +1871,39 @@ mod tests {
         assert_eq!(html("&#0000123456789;"), None, "nine digits after the zeros: no character");
         let back = |d: &str| unescape(d.as_bytes(), Kinds { backslash: true, ..NONE });
         assert_eq!(back("\\u{0000000000}\\u{000000000000073}").as_deref(), Some(&b"\0s"[..]));
+    }
+
+    /// A secret printed as a list of its characters: Python's `list(s)`,
+    /// Rust's `{:?}` of a `Vec<char>`, JSON arrays (compact and pretty),
+    /// Go's `%q` of a `[]string`, and one inside a JSON string. Its digits
+    /// and `a`-`f` are not hex bytes there.
+    #[test]
+    fn a_secret_as_a_list_of_its_characters_is_found() {
+        let s = scanner();
+        let items = |q: char, sep: &str| -> String {
+            SECRET.chars().map(|c| format!("{q}{c}{q}")).collect::<Vec<_>>().join(sep)
+        };
+        let python = format!("[{}]", items('\'', ", "));
+        for (name, data) in [
+            ("Python list(s)", python.clone()),
+            ("a Python tuple", format!("({})", items('\'', ", "))),
+            ("JSON, compact", serde_json::to_string(&SECRET.chars().map(String::from).collect::<Vec<_>>()).unwrap()),
+            (
+                "JSON, pretty",
+                serde_json::to_string_pretty(&SECRET.chars().map(String::from).collect::<Vec<_>>()).unwrap(),
+            ),
+            ("Go %q", format!("[{}]", items('"', " "))),
+            ("inside a JSON string", serde_json::to_string(&python).unwrap()),
+        ] {
+            let data = format!("chars: {data}\n");
+            assert_eq!(found(&s, data.as_bytes()).as_deref(), Some("tracker"), "{name}: {data}");
+        }
+        // Quotes and digits as items; one character of several bytes.
+        let odd = "q'u\"0-9a-f\u{263a}-k3y";
+        let s = SecretScanner::new(&[("odd".into(), odd.as_bytes().to_vec())]);
+        let data = format!("{:?}", odd.chars().collect::<Vec<_>>());
+        assert_eq!(found(&s, data.as_bytes()).as_deref(), Some("odd"), "{data}");
+        assert!(!may_hold_char_list(b"[\"ab\", \"c\"] ('x') [1, 2]"));
     }
 
     #[test]
