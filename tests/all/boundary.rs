@@ -309,6 +309,53 @@ async fn what_a_call_holds_open_is_bounded_live_by_its_limits() {
     assert!(names.contains("n000") && names.contains("n299") && names.contains("sub"), "{seen}");
 }
 
+/// What a call holds in the host for requests it has not sent — body bytes
+/// the HTTP client has not taken, header fields, authorities — is bounded
+/// live by `limits.http_request_total_kib`, whatever the Tool's grants
+/// (`wasi:http` is linked into every component, and the review's attack never
+/// calls `handle`, where the outbound policy runs): requests each holding a
+/// full body buffer, never sent, are refused past the budget with an error
+/// code naming the setting, and the host records it; what the guest drops
+/// frees its place; a request body larger than the budget still streams out
+/// whole (only what the client has not taken counts).
+#[tokio::test]
+async fn what_a_call_holds_in_requests_it_has_not_sent_is_bounded_by_its_budget() {
+    const SETTING: &str = "limits.http_request_total_kib";
+    let w = world_with("http_request_total_kib = 256", "");
+    // Each body buffers at most two 64 KiB chunks in the host: two requests fit.
+    let seen = thief(&w.host, json!({"op": "hoard", "target": "bodies", "count": 10})).await;
+    assert!(seen.starts_with("held 2 of 10 ("), "{seen}");
+    assert!(seen.contains(SETTING), "the guest's error code names the setting: {seen}");
+    assert!(seen.contains("; 256 KiB written at once;"), "{seen}");
+    assert!(seen.ends_with("one at a time 10 of 10"), "what is dropped frees its place: {seen}");
+    let records = host_records(&w.host).await;
+    assert!(
+        records.iter().any(|r| r.starts_with("8 writes or header changes were refused") && r.contains(SETTING)),
+        "the host records the limit the call met: {records:?}"
+    );
+    // Header fields (60 KiB each: four fit) and authorities (100 KiB each:
+    // two fit): dropped, they free their place; past the budget the call is
+    // stopped, naming the setting.
+    for (what, fit) in [("fields", 4), ("authority", 2)] {
+        let seen = thief(&w.host, json!({"op": "hoard", "target": what, "count": fit})).await;
+        assert!(seen.starts_with(&format!("held {fit} of {fit} (no error)")), "{what}: {seen}");
+        assert!(seen.ends_with(&format!("one at a time {fit} of {fit}")), "{what}: {seen}");
+        let run = w.host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+        match run.call("hostile.thief", json!({"op": "hoard", "target": what, "count": 10})).await.unwrap() {
+            StepResult::ToolError { message, .. } => assert!(message.contains(SETTING), "{what}: {message}"),
+            other => panic!("{what}: {other:?}"),
+        }
+        let records = host_records(&w.host).await;
+        assert!(
+            records.iter().any(|r| r.starts_with("1 write or header change was refused") && r.contains(SETTING)),
+            "{what}: {records:?}"
+        );
+    }
+    // A body of 900 KiB (more than the budget) streams to the server whole.
+    let seen = thief(&w.host, json!({"op": "post", "target": w.api.url("/upload"), "count": 900})).await;
+    assert_eq!(seen, format!("ok: 200 received {} bytes", (900 << 10) + 2), "a JSON string: its quotes too");
+}
+
 #[tokio::test]
 async fn a_fifo_inside_a_grant_is_refused_without_blocking_a_host_thread() {
     let w = world();

@@ -211,7 +211,8 @@ impl Recorded {
 /// Routes: `/issues?state=S` (needs `Authorization: Bearer <token>`, answers
 /// JSON issues), `/echo` (reflects the request line and headers in body and
 /// headers), `/redirect` (302 to the configured location), `/slow` (never
-/// answers), `/big` (64 KiB), `/bytes?kib=N` (N KiB), `/reflect?form=F&in=body|header&coding=C`
+/// answers), `/big` (64 KiB), `/bytes?kib=N` (N KiB), `/upload` (reads the
+/// request's body and answers `received N bytes`), `/reflect?form=F&in=body|header&coding=C`
 /// (reflects the token it received in encoding `F` — see [`encode`] — and
 /// stores it), `/rotate` (writes the value given to [`TestServer::on_rotate`]
 /// to its file), `/recall?form=F&in=…&coding=…` (the stored token, asked for
@@ -258,6 +259,38 @@ fn percent_decode(s: &str) -> String {
         i += 1;
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The length of the body of `rec`, read from `reader` (length-delimited or
+/// chunked); `None` if it cannot be read.
+fn read_body(reader: &mut impl std::io::BufRead, rec: &Recorded) -> Option<usize> {
+    if let Some(n) = rec.header("content-length") {
+        let n: usize = n.parse().ok()?;
+        std::io::copy(&mut std::io::Read::take(&mut *reader, n as u64), &mut std::io::sink())
+            .ok()
+            .filter(|&got| got == n as u64)?;
+        return Some(n);
+    }
+    if !rec.header("transfer-encoding").is_some_and(|t| t.contains("chunked")) {
+        return Some(0);
+    }
+    let mut total = 0;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).ok()?;
+        let size = usize::from_str_radix(line.trim().split(';').next()?, 16).ok()?;
+        if size == 0 {
+            // Trailers, then the blank line.
+            loop {
+                let mut t = String::new();
+                if reader.read_line(&mut t).ok()? == 0 || t.trim().is_empty() {
+                    return Some(total);
+                }
+            }
+        }
+        std::io::copy(&mut std::io::Read::take(&mut *reader, size as u64 + 2), &mut std::io::sink()).ok()?;
+        total += size;
+    }
 }
 
 /// Every encoding the reflecting routes produce, by name.
@@ -493,6 +526,12 @@ impl TestServer {
                         // Never answers in time: hold the connection, then give up.
                         std::thread::sleep(std::time::Duration::from_secs(3));
                         return;
+                    } else if target.starts_with("/upload") {
+                        // Reads the whole body (length-delimited or chunked) and says how long it was.
+                        match read_body(&mut reader, &rec) {
+                            Some(n) => ("200 OK".into(), String::new(), format!("received {n} bytes").into_bytes()),
+                            None => ("400 Bad Request".into(), String::new(), b"unreadable body".to_vec()),
+                        }
                     } else if target.starts_with("/bytes") {
                         let kib: usize = query_param(&target, "kib").and_then(|k| k.parse().ok()).unwrap_or(1);
                         ("200 OK".into(), String::new(), vec![b'x'; kib << 10])

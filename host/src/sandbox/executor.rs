@@ -47,6 +47,7 @@ use crate::digest::{Digest, DigestMap};
 use crate::policy::gate::AllowedCall;
 use crate::sandbox::capture::{Capture, Kept};
 use crate::sandbox::filesystem::{self, FilesystemCall, Held};
+use crate::sandbox::http_held::{self, HttpCall, HttpHeld};
 use crate::sandbox::ticker::{PARK_AFTER, Ticker};
 use crate::sandbox::withhold::{self, CallSecrets};
 
@@ -384,6 +385,8 @@ struct CallState {
     pinned: Arc<[u8]>,
     /// What the call holds open through its filesystem, against its limits.
     held: Held,
+    /// What the call holds through `wasi:http` before its requests leave.
+    http_held: HttpHeld,
 }
 
 impl FilesystemCall for CallState {
@@ -403,6 +406,13 @@ impl WasiView for CallState {
 impl WasiHttpView for CallState {
     fn http(&mut self) -> WasiHttpCtxView<'_> {
         WasiHttpCtxView { ctx: &mut self.http, table: &mut self.table, hooks: &mut self.outbound }
+    }
+}
+
+impl HttpCall for CallState {
+    fn http_and_held(&mut self) -> (WasiHttpCtxView<'_>, &mut HttpHeld) {
+        let view = WasiHttpCtxView { ctx: &mut self.http, table: &mut self.table, hooks: &mut self.outbound };
+        (view, &mut self.http_held)
     }
 }
 
@@ -770,6 +780,7 @@ impl Executor {
             log,
             pinned: component.pinned.clone(),
             held: Held::new(limits, secrets.clone()),
+            http_held: HttpHeld::new(limits),
         };
         let mut store = Store::new(pre.engine(), state);
         store.limiter(|s| &mut s.limits);
@@ -830,10 +841,11 @@ impl Executor {
         };
         // The instances, then every handle the guest held (requests in
         // flight among them) go before what the call left is read.
-        let CallState { outbound, table, held, .. } = store.into_data();
+        let CallState { outbound, table, held, http_held, .. } = store.into_data();
         drop(table);
         let (mut host, mut host_dropped) = outbound.take_records();
         host.extend(held.records());
+        host.extend(http_held.record());
         let mut kept = captured.take_all();
         let mut result = match raw {
             Ok(Ok(out)) => self.convert(out, &call.candidate().installed.tool),
@@ -1122,6 +1134,7 @@ impl Executor {
             log: Capture::new(0),
             pinned,
             held: Held::new(limits, None),
+            http_held: HttpHeld::new(limits),
         };
         let mut store = Store::new(&tier.engine, state);
         store.limiter(|s| &mut s.limits);
@@ -1195,6 +1208,8 @@ fn tier(settings: &ExecutorSettings, n: u32, strategy: wasmtime::Strategy) -> wa
     filesystem::add_to_linker(&mut linker)?;
     // The only network a guest gets: HTTP through the outbound policy.
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
+    // What a call holds for requests not yet sent counted, in front of wasmtime-wasi-http's own.
+    http_held::add_to_linker(&mut linker)?;
     bindings::Adapter::add_to_linker::<CallState, wasmtime::component::HasSelf<CallState>>(&mut linker, |s| s)?;
     Ok(Tier { engine, linker })
 }
@@ -1486,6 +1501,9 @@ fn compile_failure(e: &wasmtime::Error, memory_mib: u64) -> String {
 
 /// Turn a wasmtime error into the model-visible failure.
 fn classify(e: &wasmtime::Error, limits: &Limits, stderr: &str) -> ToolFailure {
+    if let Some(over) = e.downcast_ref::<http_held::OverBudget>() {
+        return ToolFailure::Trapped(over.to_string());
+    }
     if let Some(trap) = e.downcast_ref::<Trap>() {
         return match trap {
             Trap::Interrupt => ToolFailure::Timeout(limits.timeout_ms),

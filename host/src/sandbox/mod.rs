@@ -8,6 +8,8 @@
 //! the directory checked when the config was loaded ([`grant_dir`]), and the epoch
 //! [`ticker`] that interrupts running guests, and the checks in front of a
 //! guest's filesystem (special files, what a call holds open: `filesystem`),
+//! what a call holds through `wasi:http` before its requests leave
+//! (`http_held`),
 //! and the check that keeps every configured secret out of what a guest
 //! reads from its files and out of what a call returns (`withhold`).
 //!
@@ -19,6 +21,7 @@ pub mod capture;
 pub mod executor;
 mod filesystem;
 pub mod grant_dir;
+mod http_held;
 pub mod outbound;
 pub mod scan;
 pub mod ticker;

@@ -892,7 +892,23 @@ type Sent = Result<(http::Response<WasiBody>, Box<dyn Future<Output = Result<(),
 /// the server's bytes, and the host records it only after checking it.
 type P2Code = wasmtime_wasi_http::p2::bindings::http::types::ErrorCode;
 
+/// Most a guest may write to a request or response body at once; a body's
+/// channel holds two such writes (one buffered chunk, and the slot
+/// wasmtime-wasi-http always adds): 128 KiB per body. wasmtime-wasi-http's
+/// default, 1 MiB chunks, let every body a guest made, sent or not, hold
+/// 2 MiB. What a call's bodies hold together is counted against
+/// `limits.http_request_total_kib` ([`super::http_held`]).
+pub(super) const BODY_CHUNK_BYTES: usize = 64 << 10;
+
 impl WasiHttpHooks for OutboundPolicy {
+    fn p2_outgoing_body_buffer_chunks(&mut self) -> usize {
+        1
+    }
+
+    fn p2_outgoing_body_chunk_size(&mut self) -> usize {
+        BODY_CHUNK_BYTES
+    }
+
     fn p2_error_from_hyper(&mut self, _: &hyper::Error) -> P2Code {
         P2Code::HttpProtocolError
     }
@@ -943,6 +959,11 @@ impl WasiHttpHooks for OutboundPolicy {
             }
             let (parts, body) = request.into_parts();
             let request_bytes = limits.request_bytes;
+            // The client gets a copy of each chunk: the guest's bytes, counted
+            // against the call's `limits.http_request_total_kib` while they
+            // live, go as soon as the client takes them (what the client then
+            // buffers is bounded per request in flight).
+            let body = body.map_frame(|frame| frame.map_data(|data| Bytes::copy_from_slice(&data)));
             let body = Limited::new(body, request_bytes)
                 .map_err(move |_| HttpError::HttpRequestBodySize(Some(request_bytes as u64)))
                 .boxed_unsync();
