@@ -923,21 +923,7 @@ impl Executor {
 
     fn convert(&self, out: wit_types::ToolOutput, tool: &CheckedTool) -> Result<ToolOutput, ToolFailure> {
         let limit = (self.settings.limits.output_kib as usize) << 10;
-        let command_bytes: usize = out
-            .commands
-            .iter()
-            .map(|c| {
-                c.scope.len()
-                    + c.key.len()
-                    + match &c.op {
-                        wit_types::CommandOp::Set(v) => v.len(),
-                        wit_types::CommandOp::Remove => 0,
-                    }
-            })
-            .sum();
-        let size = match &out.content {
-            wit_types::Content::Json(s) | wit_types::Content::Text(s) => s.len(),
-        } + command_bytes;
+        let size = output_size(&out);
         if size > limit {
             return Err(ToolFailure::OutputTooLarge { size, limit });
         }
@@ -1499,6 +1485,42 @@ fn compile_failure(e: &wasmtime::Error, memory_mib: u64) -> String {
     }
 }
 
+/// What a Command takes in the guest's memory besides its text (the
+/// canonical ABI's record of two strings and a variant of one): counted
+/// against `limits.output_kib`, so Commands with empty strings are not free.
+/// They were: hundreds of thousands of them passed the check, each lifted
+/// into the host (~72 bytes) and converted again (~72 more) — up to ~5 times
+/// the guest's memory, per call.
+///
+/// The lift itself still happens before the host sees the list (inside
+/// wasmtime's typed call of the export, which runs the guest's post-return
+/// at once, so a `WasmList` read after it would read memory the guest has
+/// freed): bounded by `limits.memory_mib`, ~2.6 host bytes per guest byte
+/// at most.
+const COMMAND_ABI_BYTES: usize = 28;
+
+/// The size of a Tool's output, as `limits.output_kib` bounds it: its
+/// content, and each Command's text and [`COMMAND_ABI_BYTES`].
+fn output_size(out: &wit_types::ToolOutput) -> usize {
+    let command_bytes: usize = out
+        .commands
+        .iter()
+        .map(|c| {
+            COMMAND_ABI_BYTES
+                + c.scope.len()
+                + c.key.len()
+                + match &c.op {
+                    wit_types::CommandOp::Set(v) => v.len(),
+                    wit_types::CommandOp::Remove => 0,
+                }
+        })
+        .sum();
+    let content = match &out.content {
+        wit_types::Content::Json(s) | wit_types::Content::Text(s) => s.len(),
+    };
+    content + command_bytes
+}
+
 /// Turn a wasmtime error into the model-visible failure.
 fn classify(e: &wasmtime::Error, limits: &Limits, stderr: &str) -> ToolFailure {
     if let Some(over) = e.downcast_ref::<http_held::OverBudget>() {
@@ -1588,6 +1610,19 @@ mod tests {
             matches!(checked_content(wit_types::Content::Text("short".into()), &string), Ok(Content::Text(t)) if t == "short")
         );
         assert!(checked_content(wit_types::Content::Text("too long".into()), &string).is_err());
+    }
+
+    /// Every Command counts against the output limit, also one with empty
+    /// strings: its size in the guest's memory besides its text.
+    #[test]
+    fn every_command_counts_against_the_output_limit() {
+        let command =
+            |key: &str| wit_types::Command { scope: String::new(), key: key.into(), op: wit_types::CommandOp::Remove };
+        let out = wit_types::ToolOutput {
+            content: wit_types::Content::Text("ok".into()),
+            commands: vec![command(""), command("k")],
+        };
+        assert_eq!(output_size(&out), 2 + 2 * COMMAND_ABI_BYTES + 1);
     }
 
     /// The text a failure carries from the Tool is cut to the output limit at
