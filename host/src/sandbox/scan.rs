@@ -11,7 +11,8 @@
 //! base64 and base64url at each of the three byte alignments (so a secret
 //! inside a larger value encoded whole, like `user:pass` or `Bearer …`, is
 //! found; padding does not matter), and base64 of that base64; base32; hex
-//! in either case, plain and with `:`, `-` or space between bytes; a list
+//! in either case, plain and with `:`, `-`, `,`, `.` or space between
+//! bytes (Python's `bytes.hex(sep)`; UTF-16's with `:`, `-` or space); a list
 //! of decimal byte values (a Node `Buffer` as JSON); UTF-16 in either byte
 //! order, raw and in base64, base32 and hex (.NET's
 //! `ToBase64String(Encoding.Unicode…)`, SQL Server's `VARBINARY`).
@@ -331,7 +332,8 @@ impl Needles {
     }
 
     /// Base32 of `bytes` at each of the five alignments, and hex, plain and
-    /// with `:` or `-` between bytes: each in upper and in lower case, as
+    /// with `:` or `-` between bytes (and `,` or `.` for the secret's own
+    /// bytes): each in upper and in lower case, as
     /// exact needles (a case-insensitive needle of letters matches
     /// everywhere in text and makes the search several times slower). Hex
     /// with a space between bytes is plain hex in the view without blanks.
@@ -349,7 +351,12 @@ impl Needles {
             self.add(h.into_bytes(), credential, forms.hex);
         }
         let pairs: Vec<&str> = hex.as_bytes().chunks(2).filter_map(|p| std::str::from_utf8(p).ok()).collect();
-        for sep in [":", "-"] {
+        // `,` and `.` (Python's `bytes.hex(sep)`) for the secret's own
+        // bytes only: each separated form is three times the secret's
+        // length, the longest needles there are, and UTF-16 ones would
+        // cost the automaton more than the rare form is worth.
+        let seps: &[&str] = if forms.hex == UTF8.hex { &[":", "-", ",", "."] } else { &[":", "-"] };
+        for sep in seps {
             let joined = pairs.join(sep);
             self.add(joined.to_ascii_uppercase().into_bytes(), credential, forms.hex_separated);
             self.add(joined.into_bytes(), credential, forms.hex_separated);
@@ -1904,6 +1911,27 @@ mod tests {
         let data = format!("{:?}", odd.chars().collect::<Vec<_>>());
         assert_eq!(found(&s, data.as_bytes()).as_deref(), Some("odd"), "{data}");
         assert!(!may_hold_char_list(b"[\"ab\", \"c\"] ('x') [1, 2]"));
+    }
+
+    /// Hex with a separator between bytes and nothing around it, as
+    /// Python's `bytes.hex(sep)` writes it: `:`, `-`, `,`, `.` or a space
+    /// (of the UTF-16 form: `:`, `-` or a space).
+    #[test]
+    fn hex_with_any_common_separator_between_bytes_is_found() {
+        let secret = "s3cr3t-token-1234";
+        let s = SecretScanner::new(&[("t".into(), secret.as_bytes().to_vec())]);
+        for (bytes, seps) in [
+            (secret.as_bytes().to_vec(), &[":", "-", ",", ".", " "][..]),
+            (utf16(secret, true), &[":", "-", " "][..]),
+            (utf16(secret, false), &[":", "-", " "][..]),
+        ] {
+            for sep in seps {
+                for hex in [hex::encode(&bytes), hex::encode_upper(&bytes)] {
+                    let data = format!("{{\"digest\":\"{}\"}}", wrap(&hex, 2, sep));
+                    assert_eq!(found(&s, data.as_bytes()).as_deref(), Some("t"), "{data}");
+                }
+            }
+        }
     }
 
     #[test]
