@@ -1358,6 +1358,15 @@ fn trusted_cache_file(path: &Path) -> bool {
             tracing::warn!("ignoring cached artifact {}: wrong owner or mode; recompiling", path.display());
             return false;
         }
+        // A second name (a hard link, e.g. inside a grant a Tool can write)
+        // is a way to change the native code this host would load.
+        if meta.nlink() != 1 {
+            tracing::warn!(
+                "ignoring cached artifact {}: it has another name (a hard link); recompiling",
+                path.display()
+            );
+            return false;
+        }
     }
     true
 }
@@ -1581,6 +1590,21 @@ mod tests {
 
     /// A declared output schema holds whatever kind of content the Tool
     /// answers with: text is checked as a JSON string.
+    #[cfg(unix)]
+    #[test]
+    fn a_cached_artifact_with_a_second_name_is_not_trusted() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a.cwasm");
+        std::fs::write(&file, b"artifact").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(super::trusted_cache_file(&file));
+        std::fs::hard_link(&file, dir.path().join("elsewhere")).unwrap();
+        assert!(!super::trusted_cache_file(&file), "a hard-linked artifact is loaded");
+        std::fs::remove_file(dir.path().join("elsewhere")).unwrap();
+        assert!(super::trusted_cache_file(&file));
+    }
+
     #[test]
     fn text_content_is_held_to_the_declared_output_schema() {
         let tool = |output_schema: serde_json::Value| {
