@@ -202,7 +202,8 @@ fn check_policy_error(rules: &[RuleSpec], e: &PolicyError) {
         | PolicyError::TrailingText { rule, pattern, .. }
         | PolicyError::EmptyArguments { rule, pattern, .. }
         | PolicyError::InvalidGlob { rule, pattern, .. }
-        | PolicyError::InvalidCondition { rule, pattern, .. } => (*rule, pattern),
+        | PolicyError::InvalidCondition { rule, pattern, .. }
+        | PolicyError::NoPrimaryArgument { rule, pattern, .. } => (*rule, pattern),
     };
     let Some(spec) = rules.get(index) else { panic!("error names rule {index} of {}: {e}", rules.len()) };
     assert_eq!(&spec.pattern, pattern, "error names the wrong pattern: {e}");

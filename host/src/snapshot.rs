@@ -183,6 +183,13 @@ impl ExecutableAgentSnapshot {
         let visible = visible.build().map_err(|e| field(format!("agents.{agent}.visible"), e.to_string()))?;
         let policy =
             Policy::new(&a.rules, a.default).map_err(|e| field(format!("agents.{agent}.rules"), e.to_string()))?;
+        // A primary-argument glob on a Tool without a primary argument never matches: refused here, where descriptors are known.
+        policy
+            .check_primary_arguments(|id| match catalog.get(id) {
+                Some(Availability::Installed(t)) => Some(t.tool.metadata.descriptor.primary_argument.is_some()),
+                _ => None,
+            })
+            .map_err(|e| field(format!("agents.{agent}.rules"), e.to_string()))?;
         let mut grants = Vec::new();
         for (i, g) in config.grants.iter().enumerate() {
             let m = glob(&g.tools).map_err(|e| field(format!("grants[{i}].tools"), e.to_string()))?.compile_matcher();

@@ -123,3 +123,34 @@ async fn two_components_claiming_one_id_make_it_ambiguous_and_both_are_refused()
     );
     assert_eq!(host.instantiations(), 0);
 }
+
+/// A primary-argument glob on a Tool that declares no primary argument
+/// (`notes(op=clear)`, meant as `op = "clear"`) can never match: a deny
+/// written that way does nothing. Building the agent's snapshot, where the
+/// descriptors are known, refuses it, naming the rule and what to write.
+#[test]
+fn a_rule_that_can_never_match_its_tool_is_refused_when_the_snapshot_is_built() {
+    let build = |rule: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("plugins")).unwrap();
+        std::fs::write(dir.path().join("plugins/notes.wasm"), packed(guests::NOTES)).unwrap();
+        let config = format!(
+            "{}[agents.default]\nvisible = [\"*\"]\ndefault = \"allow\"\nrules = [{{ pattern = '{rule}', behavior = \"deny\" }}]\n",
+            toolgate_tests::Lang::Rust.preamble()
+        );
+        std::fs::write(dir.path().join("toolgate.toml"), config).unwrap();
+        let config = toolgate::config::Config::load(&dir.path().join("toolgate.toml")).unwrap();
+        let catalog = std::sync::Arc::new(toolgate::host::catalog(&config).unwrap());
+        toolgate::ExecutableAgentSnapshot::build(&config, "default", catalog).map(|_| ())
+    };
+    let e = build("notes(op=clear)").unwrap_err().to_string();
+    assert!(
+        e.contains("agents.default.rules")
+            && e.contains("rule 0 \"notes(op=clear)\"")
+            && e.contains("write `notes(op = \"clear\")`"),
+        "{e}"
+    );
+    assert!(build(r#"notes(op = "clear")"#).is_ok());
+    // An id glob may cover Tools with a primary argument: not refused.
+    assert!(build("note*(op=clear)").is_ok());
+}

@@ -5,7 +5,7 @@ use serde_json::json;
 use toolgate::sandbox::executor::Content;
 use toolgate::store::OutcomeKind;
 use toolgate::{CallError, StepResult, ToolCapabilityNarrowing};
-use toolgate_tests::{TestHost, guests, packed};
+use toolgate_tests::{Lang, TestHost, TestServer, guests, packed};
 
 use super::{call, steps, text_and_notes, text_and_notes_in};
 
@@ -204,4 +204,89 @@ async fn a_component_that_fails_to_compile_is_an_executor_error_then_unhealthy()
     assert!(matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("unhealthy")), "{r:?}");
     // The other component still serves.
     assert!(matches!(run.call("notes", json!({"op": "list"})).await.unwrap(), StepResult::Output { .. }));
+}
+
+/// A host with the Rust tracker, granted two servers (`http://127.0.0.1:PORT`)
+/// with the `tracker` credential bound to both, and an agent with `default`
+/// and `rules` (TOML array text).
+fn tracker_host(servers: [&TestServer; 2], default: &str, rules: &str) -> TestHost {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir(d.join("plugins")).unwrap();
+    std::fs::write(d.join("plugins/tracker.wasm"), Lang::Rust.tracker()).unwrap();
+    let secret = d.join("tracker.secret");
+    std::fs::write(&secret, format!("{TRACKER_SECRET}\n")).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let hosts = servers.map(|s| format!("\"{}\"", s.origin())).join(", ");
+    let config = format!(
+        r#"{preamble}
+[credentials.tracker]
+source = {{ file = "tracker.secret" }}
+destinations = [{hosts}]
+apply = {{ header = {{ name = "Authorization", format = "Bearer {{}}" }} }}
+
+[[grants]]
+tools = "tracker.*"
+hosts = [{hosts}]
+credentials = ["tracker"]
+
+[agents.default]
+visible = ["*"]
+default = "{default}"
+rules = {rules}
+"#,
+        preamble = Lang::Rust.preamble(),
+    );
+    std::fs::write(d.join("toolgate.toml"), config).unwrap();
+    TestHost::open(dir, "default")
+}
+
+const TRACKER_SECRET: &str = "tg-url-rule-s3cr3t";
+
+/// Review F1, end to end: URL rules were matched as file paths, so a deny on
+/// a server missed it spelled with `..` after the host, with its scheme in
+/// capitals, a port in leading zeros or no path — and an allow on one server let a
+/// `..` reach another, credential and all. The gate now reads a URL as a
+/// URL: each spelling of the denied server is blocked before the Tool runs
+/// and the server sees nothing; the allowed server still serves. Fails on the
+/// previous code (every spelling was allowed and reached the server).
+#[tokio::test]
+async fn a_url_rule_holds_against_every_spelling_of_the_url() {
+    let internal = TestServer::start(TRACKER_SECRET, "http://127.0.0.1:1/");
+    let acme = TestServer::start(TRACKER_SECRET, "http://127.0.0.1:1/");
+    let (ip, ap) = (internal.port, acme.port);
+    let deny =
+        format!(r#"[{{ pattern = 'tracker.issues(base_url ~ "http://127.0.0.1:{ip}/**")', behavior = "deny" }}]"#);
+    let host = tracker_host([&internal, &acme], "allow", &deny);
+    for url in [
+        format!("http://127.0.0.1:{ip}"),
+        format!("http://127.0.0.1:{ip}/.."),
+        format!("HTTP://127.0.0.1:{ip}/x"),
+        format!("Http://127.0.0.1:0{ip}"),
+        format!("http://127.0.0.1:{ip}/a/%2e%2e/.."),
+    ] {
+        let r = call(&host, "tracker.issues", json!({"base_url": url})).await;
+        assert!(matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("base_url ~")), "{url}: {r:?}");
+    }
+    assert!(internal.requests().is_empty(), "the denied server saw nothing");
+    let r = call(&host, "tracker.issues", json!({"base_url": format!("http://127.0.0.1:{ap}")})).await;
+    assert!(matches!(&r, StepResult::Output { .. }), "another server is not denied: {r:?}");
+    assert_eq!(acme.requests().len(), 1);
+
+    let allow =
+        format!(r#"[{{ pattern = 'tracker.issues(base_url ~ "http://127.0.0.1:{ap}/**")', behavior = "allow" }}]"#);
+    let host = tracker_host([&internal, &acme], "deny", &allow);
+    let sneaky = format!("http://127.0.0.1:{ip}/..//127.0.0.1:{ap}/x");
+    let r = call(&host, "tracker.issues", json!({"base_url": sneaky})).await;
+    assert!(
+        matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("the agent's default")),
+        "{sneaky}: {r:?}"
+    );
+    assert!(internal.requests().is_empty(), "the allow on one server is no way to the other");
+    let r = call(&host, "tracker.issues", json!({"base_url": format!("HTTP://127.0.0.1:000{ap}/")})).await;
+    assert!(matches!(&r, StepResult::Output { .. }), "the allowed server, in any spelling: {r:?}");
+    assert_eq!(acme.requests().len(), 2);
 }

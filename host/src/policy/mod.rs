@@ -37,17 +37,40 @@
 //!
 //! # Matching
 //!
-//! - A missing field never matches, whatever the operator (also `!=` and `!~`). `~` and
-//!   `!~` never match a non-string. `=` / `!=` compare JSON values; numbers compare by
-//!   value (`1` equals `1.0`).
 //! - Conservative quantifiers: for `deny` and `ask` rules a condition holds when ANY
 //!   reading of the call satisfies it; for `allow` rules only when EVERY reading does
-//!   (and there is at least one). Readings are the elements selected by `[*]`; a
-//!   path is compared in one normal form (`.` / `..` segments resolved lexically,
+//!   (and there is at least one). Readings are the elements selected by `[*]` and the
+//!   readings of a string below.
+//! - A path is compared in one normal form (`.` / `..` segments resolved lexically,
 //!   see [`normalize_path`]), so `data/../secret` is neither allowed by `data/**`
 //!   nor escapes a deny on `secret/**`. Rules see the argument's text, not the
 //!   filesystem: a symlink inside a grant gives one file two names, and only the
 //!   grant (which directory a Tool holds) bounds the objects it reaches.
+//! - A URL (`scheme://…`, in a rule or an argument) is compared as a URL, never as
+//!   a path, in one standard form (the private `url` module): scheme and host
+//!   lowercase, the host's trailing dot and the scheme's default port dropped, an
+//!   empty path `/`, dot segments resolved inside the path only (they never remove
+//!   the host). A URL glob in a rule matches only URL readings; a path glob sees a
+//!   URL argument's path normal form and its URL form. A URL-shaped argument with
+//!   no single reading (user information, a host that is not a plain name or
+//!   address, whitespace, a backslash, `https:host`) satisfies every deny or ask
+//!   condition on it and no allow condition.
+//! - A glob ending in `/**` also matches its base: `secret/**` matches `secret`
+//!   (a Tool given a directory acts on everything under it), for every behavior.
+//!   It does not match an ancestor (`.`): see SECURITY.md's known limits.
+//! - `=` / `!=` compare JSON values; numbers compare by value (`1` equals `1.0`).
+//!   A string is read as written and in path normal form: for deny / ask either
+//!   reading equal is enough (`/secrets/key` is `secrets/key`), an allow needs the
+//!   text as written. A URL literal compares in URL standard form.
+//! - A missing field satisfies no positive condition (`~`, `=`) and no allow
+//!   condition. A negated condition (`!~`, `!=`) of a deny or ask rule holds
+//!   exactly when the positive condition, read as an allow would read it, does
+//!   not: a missing field, `null`, a non-string for `!~`, an empty `[*]` or one
+//!   element failing all match. In an allow rule it needs the value to be there
+//!   (a string for `!~`) and no reading of it to satisfy the positive condition.
+//! - A primary-argument glob on an exact id whose Tool declares no primary
+//!   argument could never match; [`Policy::check_primary_arguments`] refuses it
+//!   when the agent's snapshot is built.
 //! - Precedence is a floor, not a contest (DESIGN.md invariant 12): any
 //!   matching `deny` rule decides; otherwise any matching `ask` rule decides;
 //!   only then a matching `allow` rule; with no matching rule the default
@@ -66,6 +89,7 @@ use serde_json::Value;
 
 pub mod gate;
 mod rules;
+mod url;
 
 use rules::{IdPattern, decision_rank, parse_pattern};
 
@@ -186,6 +210,23 @@ pub enum PolicyError {
         /// What is wrong and how to fix it.
         reason: String,
     },
+    /// A primary-argument glob on a Tool that declares no primary argument:
+    /// it could never match, so the rule would do nothing.
+    #[error(
+        "rule {rule} {pattern:?}: `{tool}` declares no primary argument, so the glob {glob:?} never matches and the rule does nothing; {fix}"
+    )]
+    NoPrimaryArgument {
+        /// 0-based index of the rule.
+        rule: usize,
+        /// The pattern text as configured.
+        pattern: String,
+        /// The Tool the rule names.
+        tool: String,
+        /// The glob text.
+        glob: String,
+        /// What to write instead.
+        fix: String,
+    },
 }
 
 /// Parsed, pre-compiled permission rules plus the default behavior.
@@ -208,6 +249,8 @@ pub struct Policy {
 
 #[derive(Debug, Clone)]
 struct Rule {
+    /// 0-based index in the configuration.
+    index: usize,
     pattern: String,
     behavior: Behavior,
     args: ArgMatch,
@@ -216,8 +259,27 @@ struct Rule {
 #[derive(Debug, Clone)]
 enum ArgMatch {
     Any,
-    Primary(GlobMatcher),
+    Primary(Pattern),
     Conditions(Box<[Condition]>),
+}
+
+/// A compiled path or URL glob: the glob as written stands for one or more
+/// texts in standard form (a trailing `/**` also stands for its base, a
+/// glob port also for the default port), and a value matches when any does.
+#[derive(Debug, Clone)]
+struct Pattern {
+    /// A URL glob (`scheme://…`): it matches only URL readings of a value.
+    url: bool,
+    variants: Box<[Variant]>,
+    /// The glob as written in the rule.
+    source: Box<str>,
+}
+
+#[derive(Debug, Clone)]
+enum Variant {
+    /// No glob characters: the text itself.
+    Literal(Box<str>),
+    Glob(GlobMatcher),
 }
 
 #[derive(Debug, Clone)]
@@ -235,15 +297,24 @@ enum Step {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Glob(GlobMatcher),
-    NotGlob(GlobMatcher),
+    Glob(Pattern),
+    NotGlob(Pattern),
     Eq(Literal),
     Ne(Literal),
 }
 
 #[derive(Debug, Clone, PartialEq)]
 enum Literal {
-    Str(Box<str>),
+    /// A string that is not URL-shaped, and its path normal form.
+    Str {
+        raw: Box<str>,
+        path: Box<str>,
+    },
+    /// A URL, in standard form (and its merged-slashes reading, if different).
+    Url {
+        text: Box<str>,
+        merged: Option<Box<str>>,
+    },
     Num(serde_json::Number),
     Bool(bool),
     Null,
@@ -265,6 +336,21 @@ impl Quantifier {
             Behavior::Ask | Behavior::Deny => Quantifier::Any,
         }
     }
+
+    /// Combine `test` over the readings: any of them, or all of them.
+    fn over<'r>(self, readings: impl IntoIterator<Item = &'r str>, test: impl Fn(&str) -> bool) -> bool {
+        let mut readings = readings.into_iter();
+        match self {
+            Quantifier::Any => readings.any(test),
+            Quantifier::All => readings.all(test),
+        }
+    }
+
+    /// What a value whose reading is unknown (an unplain URL) does to a
+    /// condition: satisfies it for deny / ask, never for allow.
+    fn unknown(self) -> bool {
+        self == Quantifier::Any
+    }
 }
 
 impl Policy {
@@ -278,7 +364,7 @@ impl Policy {
         let mut parsed = Vec::with_capacity(rules.len());
         for (index, spec) in rules.iter().enumerate() {
             let (id, args) = parse_pattern(&spec.pattern).map_err(|f| f.into_error(index, spec))?;
-            parsed.push((index, id, Rule { pattern: spec.pattern.clone(), behavior: spec.behavior, args }));
+            parsed.push((index, id, Rule { index, pattern: spec.pattern.clone(), behavior: spec.behavior, args }));
         }
         parsed.sort_by_key(|(index, id, rule)| decision_rank(*index, id, rule));
 
@@ -316,6 +402,45 @@ impl Policy {
         Ok(Policy { rules: ordered, exact, globs, glob_rules, default, id })
     }
 
+    /// Refuse a rule that can never match because of the Tool it names: a
+    /// primary-argument glob (`notes(op=clear)`) on an exact id whose Tool
+    /// declares no primary argument. `declares_primary(id)` says, for an
+    /// installed Tool, whether its descriptor names a primary argument
+    /// (`None`: not installed, nothing to check). Rules on id globs are not
+    /// checked: they may cover Tools with and without one.
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::NoPrimaryArgument`] for the first such rule in
+    /// configuration order, with what to write instead.
+    pub fn check_primary_arguments(&self, declares_primary: impl Fn(&str) -> Option<bool>) -> Result<(), PolicyError> {
+        let mut found: Option<(&Rule, &str)> = None;
+        for (id, indices) in &self.exact {
+            if declares_primary(id) != Some(false) {
+                continue;
+            }
+            for rule in indices.iter().filter_map(|&i| self.rules.get(i)) {
+                if matches!(rule.args, ArgMatch::Primary(_)) && found.is_none_or(|(f, _)| rule.index < f.index) {
+                    found = Some((rule, id));
+                }
+            }
+        }
+        let Some((rule, tool)) = found else {
+            return Ok(());
+        };
+        let glob = match &rule.args {
+            ArgMatch::Primary(p) => p.source.to_string(),
+            _ => String::new(),
+        };
+        Err(PolicyError::NoPrimaryArgument {
+            rule: rule.index,
+            pattern: rule.pattern.clone(),
+            tool: tool.to_owned(),
+            fix: rules::primary_fix(tool, &glob),
+            glob,
+        })
+    }
+
     /// Evaluate the exact call. `primary_argument` is the name of the top-level argument
     /// field that primary-argument globs match, if the tool declares one.
     pub fn evaluate(&self, tool_id: &str, primary_argument: Option<&str>, arguments: &Value) -> Decision {
@@ -349,11 +474,12 @@ impl Policy {
         if rules.policy != self.id {
             return self.decide(tool_id, &self.rules_for(tool_id), primary_argument, arguments);
         }
+        let readings = Readings::default();
         let rule = rules
             .indices
             .iter()
             .filter_map(|&i| self.rules.get(i))
-            .find(|rule| rule.args_match(primary_argument, arguments));
+            .find(|rule| rule.args_match(primary_argument, arguments, &readings));
         match rule {
             Some(rule) => (rule.behavior, Some(&rule.pattern)),
             None => (self.default, None),
@@ -370,41 +496,140 @@ pub struct ToolRules {
     indices: Arc<[usize]>,
 }
 
+/// The URL readings of one call's argument strings, each computed once
+/// per decision however many rules look at it (found by address: they all
+/// borrow from the one arguments value).
+#[derive(Default)]
+struct Readings<'v> {
+    urls: std::cell::RefCell<Vec<(&'v str, url::UrlReading<'v>)>>,
+}
+
+impl<'v> Readings<'v> {
+    /// Apply `f` to the URL reading of `s`.
+    fn url<R>(&self, s: &'v str, f: impl FnOnce(&url::UrlReading<'v>) -> R) -> R {
+        // A path, the common case, is told apart on its first bytes and not kept.
+        if !url::url_shaped(s) {
+            return f(&url::UrlReading::NotUrl);
+        }
+        let Ok(mut kept) = self.urls.try_borrow_mut() else {
+            return f(&url::read(s));
+        };
+        let at = match kept.iter().position(|(k, _)| std::ptr::eq(*k, s)) {
+            Some(at) => at,
+            None => {
+                kept.push((s, url::read(s)));
+                kept.len() - 1
+            }
+        };
+        match kept.get(at) {
+            Some((_, reading)) => f(reading),
+            None => f(&url::read(s)),
+        }
+    }
+}
+
 impl Rule {
-    fn args_match(&self, primary_argument: Option<&str>, arguments: &Value) -> bool {
+    fn args_match<'v>(&self, primary_argument: Option<&str>, arguments: &'v Value, readings: &Readings<'v>) -> bool {
         let q = Quantifier::of(self.behavior);
         match &self.args {
             ArgMatch::Any => true,
             ArgMatch::Primary(glob) => primary_argument
                 .and_then(|name| arguments.get(name))
                 .and_then(Value::as_str)
-                .is_some_and(|s| path_readings(s, q, |p| glob.is_match(p))),
-            ArgMatch::Conditions(conds) => conds.iter().all(|c| c.holds(arguments, q)),
+                .is_some_and(|s| glob.holds(s, q, readings)),
+            ArgMatch::Conditions(conds) => conds.iter().all(|c| c.holds(arguments, q, readings)),
         }
     }
 }
 
 impl Condition {
-    fn holds(&self, arguments: &Value, q: Quantifier) -> bool {
-        select(arguments, &self.path, q, &|v| self.op.holds(v, q))
-    }
-}
-
-impl Op {
-    fn holds(&self, value: &Value, q: Quantifier) -> bool {
-        match self {
-            Op::Glob(g) => value.as_str().is_some_and(|s| path_readings(s, q, |p| g.is_match(p))),
-            Op::NotGlob(g) => value.as_str().is_some_and(|s| path_readings(s, q, |p| !g.is_match(p))),
-            Op::Eq(lit) => lit.equals(value),
-            Op::Ne(lit) => !lit.equals(value),
+    fn holds<'v>(&self, arguments: &'v Value, q: Quantifier, readings: &Readings<'v>) -> bool {
+        use Quantifier::{All, Any};
+        let path = &self.path;
+        match (&self.op, q) {
+            (Op::Glob(_) | Op::Eq(_), q) => select(arguments, path, q, &|v| self.op.positive(v, q, readings)),
+            // Allow: a value must be there (for `!~`, a string), and no reading
+            // of it may satisfy the positive condition.
+            (Op::NotGlob(_) | Op::Ne(_), All) => {
+                select(arguments, path, All, &|v| self.op.negated_for_allow(v, readings))
+            }
+            // Deny / ask: the complement of what would satisfy the positive
+            // condition as an allow. A missing field, `null`, a non-string, an
+            // empty `[*]` or one element failing all match: the Tool sees a
+            // value the positive condition does not vouch for.
+            (Op::NotGlob(_) | Op::Ne(_), Any) => !select(arguments, path, All, &|v| self.op.positive(v, All, readings)),
         }
     }
 }
 
+impl Op {
+    /// The condition without its negation (`~` for `!~`, `=` for `!=`), with quantifier `q` over readings.
+    fn positive<'v>(&self, value: &'v Value, q: Quantifier, readings: &Readings<'v>) -> bool {
+        match self {
+            Op::Glob(g) | Op::NotGlob(g) => value.as_str().is_some_and(|s| g.holds(s, q, readings)),
+            Op::Eq(lit) | Op::Ne(lit) => lit.equals(value, q, readings),
+        }
+    }
+
+    /// A negated condition in an allow rule, on one present value.
+    fn negated_for_allow<'v>(&self, value: &'v Value, readings: &Readings<'v>) -> bool {
+        match self {
+            Op::NotGlob(g) => value.as_str().is_some_and(|s| !g.holds(s, Quantifier::Any, readings)),
+            Op::Ne(lit) => !lit.equals(value, Quantifier::Any, readings),
+            Op::Glob(_) | Op::Eq(_) => false,
+        }
+    }
+}
+
+impl Pattern {
+    fn is_match(&self, text: &str) -> bool {
+        self.variants.iter().any(|v| match v {
+            Variant::Literal(l) => **l == *text,
+            Variant::Glob(g) => g.is_match(text),
+        })
+    }
+
+    /// Whether string `s` matches, over its readings combined by `q`: a URL
+    /// glob sees the URL readings of `s` only; a path glob sees its path
+    /// normal form and, if `s` is a URL, its URL readings too. A URL-shaped
+    /// `s` with no known destination is [`Quantifier::unknown`].
+    fn holds<'v>(&self, s: &'v str, q: Quantifier, readings: &Readings<'v>) -> bool {
+        readings.url(s, |reading| match (self.url, reading) {
+            (_, url::UrlReading::Unknown) => q.unknown(),
+            (true, url::UrlReading::NotUrl) => false,
+            (true, url::UrlReading::Known(text, merged)) => {
+                q.over(std::iter::once(&**text).chain(merged.as_deref()), |r| self.is_match(r))
+            }
+            (false, url::UrlReading::NotUrl) => self.is_match(&normalize_path(s)),
+            (false, url::UrlReading::Known(text, merged)) => {
+                let path = normalize_path(s);
+                q.over([&*path, &**text].into_iter().chain(merged.as_deref()), |r| self.is_match(r))
+            }
+        })
+    }
+}
+
 impl Literal {
-    fn equals(&self, value: &Value) -> bool {
+    /// Equality with `value`, over the readings of a string combined by `q`:
+    /// a plain string as written and in path normal form (so for deny / ask
+    /// either reading equal is enough — `./secrets/key` is `secrets/key` —
+    /// while an allow needs the text as written); a URL in standard form.
+    fn equals<'v>(&self, value: &'v Value, q: Quantifier, readings: &Readings<'v>) -> bool {
         match (self, value) {
-            (Literal::Str(a), Value::String(b)) => **a == **b,
+            (Literal::Str { raw, path }, Value::String(s)) => match q {
+                _ if **raw == **s => true,
+                // A URL-shaped value never equals a plain literal, unless its destination is unknown.
+                _ if readings.url(s, |r| *r == url::UrlReading::Unknown) => q.unknown(),
+                Quantifier::Any => *normalize_path(s) == **path,
+                Quantifier::All => false,
+            },
+            (Literal::Url { text, merged }, Value::String(s)) => readings.url(s, |reading| match reading {
+                url::UrlReading::NotUrl => false,
+                url::UrlReading::Unknown => q.unknown(),
+                url::UrlReading::Known(t, m) => q.over(std::iter::once(&**t).chain(m.as_deref()), |r| {
+                    *r == **text || merged.as_deref().is_some_and(|m| *m == *r)
+                }),
+            }),
             (Literal::Num(a), Value::Number(b)) => numbers_equal(a, b),
             (Literal::Bool(a), Value::Bool(b)) => a == b,
             (Literal::Null, Value::Null) => true,
@@ -433,7 +658,7 @@ fn numbers_equal(a: &serde_json::Number, b: &serde_json::Number) -> bool {
 /// Resolve `path` against `value` and apply `pred` to every selected value, combined
 /// by `q`. A missing field, an out-of-range index or `[*]` on a non-array selects
 /// nothing, and selecting nothing never satisfies.
-fn select(value: &Value, path: &[Step], q: Quantifier, pred: &dyn Fn(&Value) -> bool) -> bool {
+fn select<'v>(value: &'v Value, path: &[Step], q: Quantifier, pred: &dyn Fn(&'v Value) -> bool) -> bool {
     let Some((step, rest)) = path.split_first() else {
         return pred(value);
     };
@@ -445,13 +670,6 @@ fn select(value: &Value, path: &[Step], q: Quantifier, pred: &dyn Fn(&Value) -> 
             Quantifier::All => !items.is_empty() && items.iter().all(|v| select(v, rest, q, pred)),
         }),
     }
-}
-
-/// Apply `test` to the one normalized spelling of path `s` (see [`normalize_path`]),
-/// the same normalization rule globs get, so every spelling of a path gets one
-/// verdict. (One reading: the quantifier has nothing to combine.)
-fn path_readings(s: &str, _q: Quantifier, test: impl Fn(&str) -> bool) -> bool {
-    test(&normalize_path(s))
 }
 
 /// The one spelling of a path that rules and arguments are compared in: a
@@ -627,7 +845,7 @@ mod tests {
             case("~ against number", GLOB, "fs.write", json!({"path": 3}), Deny, None),
             case("!~ hit", NOT_GLOB, "fs.write", json!({"path": "src/a"}), Ask, Some(NOT_GLOB[0].0)),
             case("!~ miss", NOT_GLOB, "fs.write", json!({"path": "out/a"}), Deny, None),
-            case("!~ against number", NOT_GLOB, "fs.write", json!({"path": 3}), Deny, None),
+            case("!~ against number: not a path the glob vouches for", NOT_GLOB, "fs.write", json!({"path": 3}), Ask, Some(NOT_GLOB[0].0)),
             case("= hit", EQ, "fs.write", json!({"mode": "append"}), Allow, Some(EQ[0].0)),
             case("= miss", EQ, "fs.write", json!({"mode": "truncate"}), Deny, None),
             case("= other type", EQ, "fs.write", json!({"mode": ["append"]}), Deny, None),
@@ -648,24 +866,37 @@ mod tests {
         ]);
     }
 
+    /// A missing field satisfies no positive condition and no allow rule's
+    /// condition. It satisfies a negated condition (`!~`, `!=`) of a deny or
+    /// ask rule: the Tool does not see "nothing" but its default (serde
+    /// makes a missing `dir` "" and searches everything), which the positive
+    /// condition does not vouch for. Before, the deny missed it (review F3).
     #[test]
-    fn missing_field_never_matches() {
-        for (pattern, behavior) in [
-            (r#"t(f ~ "*")"#, Deny),
-            (r#"t(f !~ "x")"#, Deny),
-            (r#"t(f = "x")"#, Deny),
-            (r#"t(f != "x")"#, Deny),
-            ("t(f != null)", Deny),
-            (r#"t(a.f != "x")"#, Deny),
-            (r#"t(a[3] != "x")"#, Deny),
-            (r#"t(a[*].f != "x")"#, Deny),
-            (r#"t(f != "x")"#, Allow),
-            (r#"t(a[*].f != "x")"#, Allow),
+    fn a_missing_field_matches_only_negated_deny_and_ask_conditions() {
+        for (pattern, behavior, matches) in [
+            (r#"t(f ~ "*")"#, Deny, false),
+            (r#"t(f = "x")"#, Deny, false),
+            (r#"t(a[*].f = "x")"#, Ask, false),
+            (r#"t(f !~ "x")"#, Deny, true),
+            (r#"t(f != "x")"#, Deny, true),
+            ("t(f != null)", Deny, true),
+            (r#"t(a.f != "x")"#, Deny, true),
+            (r#"t(a[3] != "x")"#, Ask, true),
+            (r#"t(a[*].f != "x")"#, Deny, true),
+            (r#"t(a[*].f !~ "x")"#, Ask, true),
+            (r#"t(f != "x")"#, Allow, false),
+            (r#"t(f !~ "x")"#, Allow, false),
+            (r#"t(a[*].f != "x")"#, Allow, false),
         ] {
             let p = policy(&[(pattern, behavior)], Ask);
             for args in [json!({}), json!({"a": {"g": 1}}), json!({"a": [{"g": 1}]}), json!(null)] {
                 let got = p.evaluate("t", None, &args);
-                assert_eq!(got, Decision { behavior: Ask, rule: None }, "{pattern} on {args}");
+                let want = if matches {
+                    Decision { behavior, rule: Some(pattern.to_owned()) }
+                } else {
+                    Decision { behavior: Ask, rule: None }
+                };
+                assert_eq!(got, want, "{pattern} on {args}");
             }
         }
     }
@@ -771,6 +1002,295 @@ mod tests {
             assert_eq!(n(spelling), normal, "{spelling}");
         }
         assert!(matches!(normalize_path("data/x.csv"), std::borrow::Cow::Borrowed(_)), "the common case allocates nothing");
+    }
+
+    /// The tracker's rules of review F1, with its primary argument.
+    fn tracker(rules: &[(&str, Behavior)], default: Behavior, url: &str) -> Decision {
+        policy(rules, default).evaluate("tracker.issues", Some("base_url"), &json!({"base_url": url}))
+    }
+
+    /// Review F1: URL rules were compared as file paths, so `..` removed the
+    /// host (`https://internal/..//acme/x` read as `https:/acme/x`, inside an
+    /// allow on acme, while the guest connects to internal), and case, the
+    /// default port or a missing path dodged a deny or ask. A URL is now read
+    /// as a URL, in one standard form on both sides. Fails on the previous code.
+    #[test]
+    fn a_url_rule_sees_the_destination_a_client_reaches() {
+        const ALLOW_PRIMARY: &[(&str, Behavior)] = &[("tracker.issues(https://acme.tracker.example/**)", Allow)];
+        const ALLOW_COND: &[(&str, Behavior)] =
+            &[(r#"tracker.issues(base_url ~ "https://acme.tracker.example/**")"#, Allow)];
+        const ALLOW_PORT: &[(&str, Behavior)] =
+            &[(r#"tracker.issues(base_url ~ "HTTPS://Acme.Tracker.Example.:443/**")"#, Allow)];
+        for rules in [ALLOW_PRIMARY, ALLOW_COND, ALLOW_PORT] {
+            let by = Some(rules[0].0.to_owned());
+            for url in [
+                "https://internal.tracker.example/..//acme.tracker.example/x",
+                "https://internal.tracker.example/../acme.tracker.example/x",
+                "https://internal.tracker.example//acme.tracker.example/x",
+                "https://acme.tracker.example@internal.tracker.example/x",
+                "https://acme.tracker.example:pw@internal.tracker.example/",
+                "https://acme.tracker.example.internal.tracker.example/",
+                "https://acme.tracker.example:8443/x",
+                "http://acme.tracker.example/x",
+                "https:acme.tracker.example/x",
+                " https://acme.tracker.example/x",
+                "https://acme.tracker.example\\@internal.tracker.example/",
+                "https://%61cme.tracker.example/x",
+                "acme.tracker.example/x",
+                "https://acme.tracker.example/a b",
+            ] {
+                assert_eq!(
+                    tracker(rules, Deny, url),
+                    Decision { behavior: Deny, rule: None },
+                    "{} on {url}",
+                    rules[0].0
+                );
+            }
+            for url in [
+                "https://acme.tracker.example",
+                "https://acme.tracker.example/",
+                "https://acme.tracker.example/issues?state=open",
+                "HTTPS://ACME.tracker.example:443/x/../y",
+                "https://acme.tracker.example.:0443/%78",
+                "https://acme.tracker.example/..",
+            ] {
+                assert_eq!(
+                    tracker(rules, Deny, url),
+                    Decision { behavior: Allow, rule: by.clone() },
+                    "{} on {url}",
+                    rules[0].0
+                );
+            }
+        }
+
+        const ASK: &[(&str, Behavior)] =
+            &[(r#"tracker.issues(base_url ~ "https://internal.tracker.example/**")"#, Ask), ("tracker.*", Allow)];
+        const ASK_PRIMARY: &[(&str, Behavior)] =
+            &[("tracker.issues(https://internal.tracker.example/**)", Ask), ("tracker.*", Allow)];
+        for rules in [ASK, ASK_PRIMARY] {
+            let by = Some(rules[0].0.to_owned());
+            for url in [
+                "https://internal.tracker.example/x",
+                "https://internal.tracker.example/..",
+                "https://Internal.tracker.example/x",
+                "https://internal.tracker.example:443/x",
+                "https://internal.tracker.example",
+                "https://internal.tracker.example:",
+                "https://internal.tracker.example:00443",
+                "HTTPS://INTERNAL.TRACKER.EXAMPLE./x",
+                "https://internal.tracker.example/a/%2e%2e/../x",
+                "https://internal.tracker.example?x",
+                "https://internal.tracker.example#x",
+                // No known destination: every deny and ask condition holds.
+                "https://acme.tracker.example@internal.tracker.example/",
+                "https:internal.tracker.example",
+                "https:///internal.tracker.example",
+                "\thttps://internal.tracker.example/",
+                "https://%69nternal.tracker.example/",
+                "https://internal.tracker.example\\x",
+                "https://ínternal.tracker.example/",
+            ] {
+                assert_eq!(
+                    tracker(rules, Deny, url),
+                    Decision { behavior: Ask, rule: by.clone() },
+                    "{} on {url}",
+                    rules[0].0
+                );
+            }
+            for url in [
+                "https://acme.tracker.example/x",
+                "https://acme.tracker.example",
+                "https://internal.tracker.example:8443/x",
+                "https://internal.tracker.example.acme/x",
+                "http://internal.tracker.example/x",
+                "https://acme.tracker.example/internal.tracker.example/x",
+                "https://acme.tracker.example/../internal.tracker.example/x",
+                "internal.tracker.example/x",
+            ] {
+                assert_eq!(
+                    tracker(rules, Deny, url),
+                    Decision { behavior: Allow, rule: Some("tracker.*".into()) },
+                    "{} on {url}",
+                    rules[0].0
+                );
+            }
+        }
+
+        // A glob port also stands for the default port; a scheme glob for every scheme.
+        const ANY_PORT: &[(&str, Behavior)] = &[(r#"t(u ~ "https://internal.example:*/**")"#, Deny), ("t", Allow)];
+        const ANY_SCHEME: &[(&str, Behavior)] = &[(r#"t(u ~ "*://internal.example/**")"#, Deny), ("t", Allow)];
+        for rules in [ANY_PORT, ANY_SCHEME] {
+            let p = policy(rules, Allow);
+            for (u, denied) in [
+                ("https://internal.example/x", true),
+                ("https://internal.example:443/x", true),
+                ("https://internal.example:8443/x", rules == ANY_PORT),
+                ("http://internal.example/x", rules == ANY_SCHEME),
+                ("https://other.example/x", false),
+            ] {
+                let got = p.evaluate("t", None, &json!({"u": u})).behavior;
+                assert_eq!(got == Deny, denied, "{} on {u}", rules[0].0);
+            }
+        }
+        // A path glob still reads a URL-shaped value as a path too.
+        let p = policy(&[("fs.read(secrets/**)", Deny), ("fs.read", Allow)], Deny);
+        let got = p.evaluate("fs.read", Some("path"), &json!({"path": "http://x/../../secrets/key"}));
+        assert_eq!(got.behavior, Deny);
+    }
+
+    /// Review F2: `P/**` did not match `P`, though a Tool acts on `P` as a
+    /// whole (searching `secrets` searches everything under it). A trailing
+    /// `/**` now also matches its base, for every behavior. Fails on the previous code.
+    #[test]
+    #[rustfmt::skip] // one case per line reads as a table
+    fn a_trailing_double_star_covers_the_directory_itself() {
+        const DENY: &[(&str, Behavior)] = &[(r#"files.search(dir ~ "secrets/**")"#, Deny), ("files.*", Allow)];
+        const DENY_PRIMARY: &[(&str, Behavior)] = &[("files.search(secrets/**)", Deny), ("files.*", Allow)];
+        const DEEP: &[(&str, Behavior)] = &[(r#"files.search(dir ~ "**/secrets/**")"#, Deny), ("files.*", Allow)];
+        const ALLOW: &[(&str, Behavior)] = &[("files.search(data/**)", Allow)];
+        const URL: &[(&str, Behavior)] = &[(r#"t(u ~ "https://h.example/admin/**")"#, Deny), ("t", Allow)];
+        let search = |rules, dir: &str, want, by| Case { primary: Some("dir"), ..case("search", rules, "files.search", json!({"dir": dir}), want, by) };
+        let mut cases = Vec::new();
+        for rules in [DENY, DENY_PRIMARY] {
+            for dir in ["secrets", "secrets/", "./secrets", "/secrets", "x/../secrets", "secrets/.", "secrets/a"] {
+                cases.push(search(rules, dir, Deny, Some(rules[0].0)));
+            }
+            for dir in ["secretsx", "public", ".", "secrets/.."] {
+                cases.push(search(rules, dir, Allow, Some("files.*")));
+            }
+        }
+        for dir in ["secrets", "a/secrets", "a/secrets/b"] {
+            cases.push(search(DEEP, dir, Deny, Some(DEEP[0].0)));
+        }
+        cases.push(search(DEEP, "a/secretsx", Allow, Some("files.*")));
+        for dir in ["data", "data/", "data/a"] {
+            cases.push(search(ALLOW, dir, Allow, Some(ALLOW[0].0)));
+        }
+        cases.push(search(ALLOW, "datax", Deny, None));
+        run(&cases);
+        let p = policy(URL, Allow);
+        for (u, want) in [("https://h.example/admin", Deny), ("https://h.example/admin/", Deny), ("https://h.example/x/../admin", Deny), ("https://h.example/administrator", Allow), ("https://h.example/", Allow)] {
+            assert_eq!(p.evaluate("t", None, &json!({"u": u})).behavior, want, "{u}");
+        }
+    }
+
+    /// Review F3: a negated condition in a deny or ask rule never matched a
+    /// missing, null or non-string value, so `deny files.search(dir !~
+    /// "public/**")` let `{"query": "password"}` search everything (the
+    /// Tool's default `dir` is ""). For deny and ask, `!~` / `!=` now match
+    /// whenever the positive condition does not hold — as an allow would
+    /// read it — for the value the Tool sees. Fails on the previous code.
+    #[test]
+    #[rustfmt::skip] // one case per line reads as a table
+    fn a_negated_deny_catches_every_value_its_positive_does_not_vouch_for() {
+        const NOT_PUBLIC: &[(&str, Behavior)] = &[(r#"files.search(dir !~ "public/**")"#, Deny), ("files.*", Allow)];
+        const EACH: &[(&str, Behavior)] = &[(r#"t(dirs[*] !~ "public/**")"#, Deny), ("t", Allow)];
+        const NE: &[(&str, Behavior)] = &[(r#"t(mode != "read")"#, Ask), ("t", Allow)];
+        const ALLOW_NOT: &[(&str, Behavior)] = &[(r#"t(dir !~ "secrets/**")"#, Allow)];
+        let s = |rules, args, want, by| case("search", rules, "files.search", args, want, by);
+        let t = |rules, args, want, by| case("t", rules, "t", args, want, by);
+        run(&[
+            s(NOT_PUBLIC, json!({"query": "password"}), Deny, Some(NOT_PUBLIC[0].0)),
+            s(NOT_PUBLIC, json!({"query": "password", "dir": null}), Deny, Some(NOT_PUBLIC[0].0)),
+            s(NOT_PUBLIC, json!({"dir": 5}), Deny, Some(NOT_PUBLIC[0].0)),
+            s(NOT_PUBLIC, json!({"dir": ["public/a"]}), Deny, Some(NOT_PUBLIC[0].0)),
+            s(NOT_PUBLIC, json!({"dir": ""}), Deny, Some(NOT_PUBLIC[0].0)),
+            s(NOT_PUBLIC, json!({"dir": "secrets"}), Deny, Some(NOT_PUBLIC[0].0)),
+            s(NOT_PUBLIC, json!({"dir": "public/../secrets"}), Deny, Some(NOT_PUBLIC[0].0)),
+            s(NOT_PUBLIC, json!({"dir": "https://h/public/x"}), Deny, Some(NOT_PUBLIC[0].0)),
+            s(NOT_PUBLIC, json!({"dir": "public/a"}), Allow, Some("files.*")),
+            s(NOT_PUBLIC, json!({"dir": "./public/a/"}), Allow, Some("files.*")),
+            s(NOT_PUBLIC, json!({"dir": "public"}), Allow, Some("files.*")),
+            t(EACH, json!({"dirs": ["public/a", "secrets"]}), Deny, Some(EACH[0].0)),
+            t(EACH, json!({"dirs": ["public/a", null]}), Deny, Some(EACH[0].0)),
+            t(EACH, json!({"dirs": []}), Deny, Some(EACH[0].0)),
+            t(EACH, json!({"dirs": "public/a"}), Deny, Some(EACH[0].0)),
+            t(EACH, json!({}), Deny, Some(EACH[0].0)),
+            t(EACH, json!({"dirs": ["public/a", "public/b"]}), Allow, Some("t")),
+            t(NE, json!({}), Ask, Some(NE[0].0)),
+            t(NE, json!({"mode": null}), Ask, Some(NE[0].0)),
+            t(NE, json!({"mode": "write"}), Ask, Some(NE[0].0)),
+            t(NE, json!({"mode": "read"}), Allow, Some("t")),
+            // Allow keeps its strict reading: a value must be there.
+            t(ALLOW_NOT, json!({}), Deny, None),
+            t(ALLOW_NOT, json!({"dir": null}), Deny, None),
+            t(ALLOW_NOT, json!({"dir": 5}), Deny, None),
+            t(ALLOW_NOT, json!({"dir": "secrets"}), Deny, None),
+            t(ALLOW_NOT, json!({"dir": "https://h@x/"}), Deny, None),
+            t(ALLOW_NOT, json!({"dir": "public"}), Allow, Some(ALLOW_NOT[0].0)),
+        ]);
+    }
+
+    /// Review F4: `=` / `!=` compared raw text, so `deny files.read(path =
+    /// "secrets/key")` missed `/secrets/key`. A deny or ask now compares a
+    /// path in its normal form too, a URL in its standard form; an allow `=`
+    /// holds for the text as written (a plain `cmd = "ls"` must not allow
+    /// `./ls`), or for a URL's standard form. Fails on the previous code.
+    #[test]
+    #[rustfmt::skip] // one case per line reads as a table
+    fn equality_sees_every_spelling_of_a_path_or_url() {
+        const DENY: &[(&str, Behavior)] = &[(r#"files.read(path = "secrets/key")"#, Deny), ("files.*", Allow)];
+        const DENY_NE: &[(&str, Behavior)] = &[(r#"t(path != "public/readme")"#, Deny), ("t", Allow)];
+        const ALLOW: &[(&str, Behavior)] = &[(r#"t(cmd = "ls")"#, Allow)];
+        const ALLOW_NE: &[(&str, Behavior)] = &[(r#"t(path != "secrets/key")"#, Allow)];
+        const DENY_URL: &[(&str, Behavior)] = &[(r#"t(u = "https://internal.example/x")"#, Deny), ("t", Allow)];
+        const ALLOW_URL: &[(&str, Behavior)] = &[(r#"t(u = "HTTPS://Acme.example:443")"#, Allow)];
+        let r = |rules, args, want, by| case("read", rules, "files.read", args, want, by);
+        let t = |rules, args, want, by| case("t", rules, "t", args, want, by);
+        let mut cases = Vec::new();
+        for path in ["secrets/key", "/secrets/key", "./secrets/key", "secrets//key", "secrets/key/", "a/../secrets/key"] {
+            cases.push(r(DENY, json!({"path": path}), Deny, Some(DENY[0].0)));
+        }
+        for path in ["secrets/key2", "secrets", "key"] {
+            cases.push(r(DENY, json!({"path": path}), Allow, Some("files.*")));
+        }
+        cases.extend([
+            t(DENY_NE, json!({"path": "public/readme"}), Allow, Some("t")),
+            t(DENY_NE, json!({"path": "./public/readme"}), Deny, Some(DENY_NE[0].0)),
+            t(ALLOW, json!({"cmd": "ls"}), Allow, Some(ALLOW[0].0)),
+            t(ALLOW, json!({"cmd": "./ls"}), Deny, None),
+            t(ALLOW, json!({"cmd": "/ls"}), Deny, None),
+            t(ALLOW_NE, json!({"path": "data/x"}), Allow, Some(ALLOW_NE[0].0)),
+            t(ALLOW_NE, json!({"path": "./secrets/key"}), Deny, None),
+            t(ALLOW_NE, json!({"path": "secrets//key"}), Deny, None),
+            t(DENY_URL, json!({"u": "HTTPS://Internal.example:443/a/../x"}), Deny, Some(DENY_URL[0].0)),
+            t(DENY_URL, json!({"u": "https://internal.example/x"}), Deny, Some(DENY_URL[0].0)),
+            t(DENY_URL, json!({"u": "https://a@internal.example/x"}), Deny, Some(DENY_URL[0].0)),
+            t(DENY_URL, json!({"u": "https://internal.example/y"}), Allow, Some("t")),
+            t(ALLOW_URL, json!({"u": "https://acme.example/"}), Allow, Some(ALLOW_URL[0].0)),
+            t(ALLOW_URL, json!({"u": "https://ACME.example"}), Allow, Some(ALLOW_URL[0].0)),
+            t(ALLOW_URL, json!({"u": "https://acme.example@evil.example"}), Deny, None),
+            t(ALLOW_URL, json!({"u": "https://evil.example/..//acme.example"}), Deny, None),
+        ]);
+        run(&cases);
+    }
+
+    /// A primary-argument glob naming a Tool without a primary argument
+    /// (`notes(op=clear)`, meant as a condition) would never match: a deny
+    /// that does nothing. The snapshot refuses it, naming the fix.
+    #[test]
+    fn a_primary_glob_on_a_tool_without_a_primary_argument_is_refused() {
+        let p = policy(
+            &[("text.*", Allow), ("notes(op=clear)", Deny), ("fs.read(data/**)", Allow), ("*(x/**)", Ask)],
+            Deny,
+        );
+        let declares = |id: &str| match id {
+            "notes" => Some(false),
+            "fs.read" => Some(true),
+            _ => None,
+        };
+        match p.check_primary_arguments(declares) {
+            Err(e @ PolicyError::NoPrimaryArgument { rule: 1, .. }) => assert_eq!(
+                e.to_string(),
+                "rule 1 \"notes(op=clear)\": `notes` declares no primary argument, so the glob \"op=clear\" never matches and the rule does nothing; to compare the field, write `notes(op = \"clear\")`"
+            ),
+            other => panic!("{other:?}"),
+        }
+        let e = policy(&[("notes(data/**)", Ask)], Deny).check_primary_arguments(declares);
+        assert!(matches!(&e, Err(e) if e.to_string().ends_with("such as `notes(FIELD ~ \"data/**\")`")), "{e:?}");
+        // Installed with a primary argument, not installed, or an id glob: nothing to refuse.
+        assert!(p.check_primary_arguments(|id| (id != "notes").then_some(true)).is_ok());
+        assert!(policy(&[("*(op=clear)", Deny)], Deny).check_primary_arguments(|_| Some(false)).is_ok());
     }
 
     #[test]
@@ -903,6 +1423,12 @@ mod tests {
             ("fs.write(n = truth)", "InvalidCondition", 14),
             (r#"fs.write(path ~ "x", a. b = 1)"#, "InvalidCondition", 24),
             ("é.x(a = 1)", "InvalidToolId", 1),
+            (r#"t(u ~ "https://user@h.example/**")"#, "InvalidGlob", 7),
+            ("t(https://user:pw@h.example/**)", "InvalidGlob", 3),
+            (r#"t(u ~ "https://%69nternal.example/**")"#, "InvalidGlob", 7),
+            (r#"t(u ~ "https://h.example:99999/**")"#, "InvalidGlob", 7),
+            (r#"t(u = "https://user@h.example/")"#, "InvalidCondition", 7),
+            (r#"t(u != "https:h.example")"#, "InvalidCondition", 8),
         ]
     }
 
@@ -915,6 +1441,7 @@ mod tests {
             PolicyError::EmptyArguments { .. } => "EmptyArguments",
             PolicyError::InvalidGlob { .. } => "InvalidGlob",
             PolicyError::InvalidCondition { .. } => "InvalidCondition",
+            PolicyError::NoPrimaryArgument { .. } => "NoPrimaryArgument",
         }
     }
 
@@ -1215,6 +1742,77 @@ mod tests {
             }
         }
 
+        /// The negation of a deny / ask condition is the complement of its
+        /// positive as an allow reads it: `deny f !~ G` matches exactly the
+        /// calls `allow f ~ G` does not, `deny f != L` those `allow f = L` does not.
+        #[test]
+        fn a_negated_deny_is_the_complement_of_the_allow(args in arb_json()) {
+            for (positive, negated) in [
+                (r#"t(path ~ "data/**")"#, r#"t(path !~ "data/**")"#),
+                (r#"t(paths[*] ~ "secret/**")"#, r#"t(paths[*] !~ "secret/**")"#),
+                (r#"t(a[*].b = 1)"#, r#"t(a[*].b != 1)"#),
+                (r#"t(path = "data/a")"#, r#"t(path != "data/a")"#),
+                (r#"t(path ~ "https://h.example/**")"#, r#"t(path !~ "https://h.example/**")"#),
+            ] {
+                let allowed = policy(&[(positive, Allow)], Ask).evaluate("t", None, &args).behavior == Allow;
+                let denied = policy(&[(negated, Deny)], Ask).evaluate("t", None, &args).behavior == Deny;
+                prop_assert_eq!(denied, !allowed, "{} / {} on {}", positive, negated, args);
+            }
+        }
+
+        /// Every spelling of a URL — scheme and host case, the default port
+        /// written or not (with leading zeros), a trailing dot on the host,
+        /// dot segments in the path, encoded unreserved characters — gets
+        /// the verdict of its standard form; and a `..` never reaches the host.
+        #[test]
+        fn every_spelling_of_a_url_gets_one_verdict(
+            host in prop_oneof![Just("internal.example"), Just("acme.example")],
+            segments in prop::collection::vec("(admin|x|a)", 0..4),
+            upper in any::<(bool, bool)>(),
+            port in prop_oneof![Just(""), Just(":443"), Just(":0443"), Just(":")],
+            dot in any::<bool>(),
+            detour in prop::option::of(0usize..4),
+            encode in any::<bool>(),
+            escape in prop::option::of(prop_oneof![Just("/.."), Just("/../.."), Just("//.."), Just("/%2e%2e")]),
+        ) {
+            let p = policy(
+                &[
+                    (r#"t(u ~ "https://internal.example/**")"#, Deny),
+                    (r#"t(u ~ "https://acme.example/admin/**")"#, Ask),
+                    (r#"t(u ~ "https://acme.example/**")"#, Allow),
+                ],
+                Deny,
+            );
+            let verdict = |u: &str| p.evaluate("t", None, &json!({"u": u}));
+            let canonical = format!("https://{host}/{}", segments.join("/"));
+            let want = verdict(&canonical);
+            let mut parts = segments.clone();
+            if let Some(at) = detour.filter(|&at| at <= parts.len()) {
+                parts.insert(at, "y/..".into());
+                parts.insert(at, ".".into());
+            }
+            let mut path = parts.join("/");
+            if encode {
+                path = path.replace('a', "%61");
+            }
+            let scheme = if upper.0 { "HTTPS" } else { "https" };
+            let h = if upper.1 { host.to_uppercase() } else { host.to_owned() };
+            let trailing = if dot { "." } else { "" };
+            let spelled = format!("{scheme}://{h}{trailing}{port}/{path}");
+            prop_assert_eq!(verdict(&spelled), want.clone(), "{} vs {}", spelled, canonical);
+            // Dot segments stay inside the path, whatever follows them.
+            if let Some(up) = escape {
+                let other = if host == "acme.example" { "internal.example" } else { "acme.example" };
+                let sneaky = format!("https://{host}{up}/{other}/x");
+                let got = verdict(&sneaky);
+                if host == "internal.example" {
+                    prop_assert_eq!(got.behavior, Deny, "{}", sneaky);
+                } else {
+                    prop_assert_ne!(got.rule.as_deref(), Some(r#"t(u ~ "https://internal.example/**")"#), "{}", sneaky);
+                }
+            }
+        }
+
         /// An allow rule never matches a path whose resolved form it would not match.
         #[test]
         fn allow_never_matches_escaping_paths(path in "(data|\\.\\.|\\.|secret|a)(/(data|\\.\\.|\\.|secret|a))*") {
@@ -1222,7 +1820,8 @@ mod tests {
             let allowed = allow.evaluate("fs.read", Some("path"), &json!({"path": path})).behavior == Allow;
             let resolved = normalize_path(&path);
             if allowed {
-                prop_assert!(resolved.starts_with("data/"), "{} -> {}", path, resolved);
+                // `data/**` covers `data` itself, the subtree's root.
+                prop_assert!(resolved == "data" || resolved.starts_with("data/"), "{} -> {}", path, resolved);
             }
         }
     }

@@ -6,9 +6,9 @@
 
 use std::cmp::Reverse;
 
-use globset::{Glob, GlobBuilder, GlobMatcher};
+use globset::{Glob, GlobBuilder};
 
-use super::{ArgMatch, Behavior, Condition, Literal, Op, PolicyError, Rule, RuleSpec, Step};
+use super::{ArgMatch, Behavior, Condition, Literal, Op, Pattern, PolicyError, Rule, RuleSpec, Step, Variant};
 
 pub(super) enum IdPattern {
     Exact(Box<str>),
@@ -169,15 +169,50 @@ fn parse_tool_id(pattern: &str, start: usize, end: usize) -> Result<IdPattern, F
     Ok(IdPattern::Glob { glob, literal_chars })
 }
 
-/// A path glob, normalized as arguments are (`super::normalize_path`), so
-/// `/secret/**`, `./secret/**` and `secret//**` mean `secret/**`.
-fn compile_path_glob(glob: &str, at: usize) -> Result<GlobMatcher, Fault> {
-    GlobBuilder::new(&super::normalize_path(glob))
-        .literal_separator(true)
-        .backslash_escape(true)
-        .build()
-        .map(|g| g.compile_matcher())
-        .map_err(|e| Fault::new(at, FaultKind::Glob { glob: glob.to_owned(), reason: e.kind().to_string() }))
+/// A path or URL glob, in the standard form arguments are compared in: a
+/// path glob normalized as paths are (`super::normalize_path`), so
+/// `/secret/**`, `./secret/**` and `secret//**` mean `secret/**`; a URL glob
+/// (`scheme://…`) in URL standard form (`super::url::glob_variants`). A
+/// trailing `/**` also matches its base: `secret/**` matches `secret`, the
+/// directory a Tool would act on as a whole.
+fn compile_path_glob(glob: &str, at: usize) -> Result<Pattern, Fault> {
+    let fault = |reason: String| Fault::new(at, FaultKind::Glob { glob: glob.to_owned(), reason });
+    let url = super::url::is_url_glob(glob);
+    let texts = if url {
+        super::url::glob_variants(glob).map_err(fault)?
+    } else {
+        let normal = super::normalize_path(glob).into_owned();
+        let base = normal.strip_suffix("/**").filter(|b| !b.is_empty()).map(str::to_owned);
+        std::iter::once(normal).chain(base).collect()
+    };
+    let mut variants = Vec::with_capacity(texts.len());
+    for text in texts {
+        let glob = GlobBuilder::new(&text)
+            .literal_separator(true)
+            .backslash_escape(true)
+            .build()
+            .map_err(|e| fault(e.kind().to_string()))?;
+        // A glob without glob characters matches its own text only.
+        let literal = !text.contains(['*', '?', '[', ']', '{', '}', '\\']);
+        variants.push(if literal { Variant::Literal(text.into()) } else { Variant::Glob(glob.compile_matcher()) });
+    }
+    Ok(Pattern { url, variants: variants.into(), source: glob.into() })
+}
+
+/// What to write instead of primary-argument glob `glob` on `tool`, which
+/// has no primary argument: a condition, when the glob reads like one
+/// (`op=clear`).
+pub(super) fn primary_fix(tool: &str, glob: &str) -> String {
+    let mut parser = CondParser { src: glob, pos: 0, end: glob.len() };
+    let field = parser.field_path().ok().and_then(|_| glob.get(..parser.pos)).map(str::to_owned);
+    let op = field.as_ref().and_then(|_| parser.operator().ok());
+    match (field, op) {
+        (Some(field), Some(op)) => {
+            let value = glob.get(parser.pos..).unwrap_or_default().trim().trim_matches('"');
+            format!("to compare the field, write `{tool}({field} {} {value:?})`", op.text())
+        }
+        _ => format!("name the field the glob is about, such as `{tool}(FIELD ~ {glob:?})`"),
+    }
 }
 
 /// Recursive-descent parser over `src[pos..end]` (byte offsets into the whole pattern,
@@ -277,9 +312,17 @@ impl CondParser<'_> {
         let value_at = self.pos;
         let value = self.value(op)?;
         let op = match (op, value) {
-            (OpKind::Glob | OpKind::NotGlob, Literal::Str(glob)) => {
+            (OpKind::Glob | OpKind::NotGlob, Literal::Str { raw: glob, .. }) => {
                 let matcher = compile_path_glob(&glob, value_at)?;
                 if matches!(op, OpKind::Glob) { Op::Glob(matcher) } else { Op::NotGlob(matcher) }
+            }
+            // A URL compares in standard form, as arguments do.
+            (OpKind::Eq | OpKind::Ne, Literal::Str { raw, .. })
+                if super::url::read(&raw) != super::url::UrlReading::NotUrl =>
+            {
+                let (text, merged) = super::url::literal(&raw).map_err(|reason| Fault::condition(value_at, reason))?;
+                let lit = Literal::Url { text, merged };
+                if matches!(op, OpKind::Eq) { Op::Eq(lit) } else { Op::Ne(lit) }
             }
             (OpKind::Glob | OpKind::NotGlob, _) => {
                 return Err(Fault::condition(
@@ -449,7 +492,8 @@ impl CondParser<'_> {
             match ch {
                 '"' => {
                     self.pos += 1;
-                    return Ok(Literal::Str(out.into()));
+                    let path = super::normalize_path(&out).into_owned().into();
+                    return Ok(Literal::Str { raw: out.into(), path });
                 }
                 '\\' => {
                     let escaped = rest.get(1..).and_then(|r| r.chars().next());
