@@ -247,6 +247,7 @@ pub fn config(data: &[u8]) -> bool {
                     assert_eq!(p, path);
                     assert!(!field.is_empty(), "field error without a field: {msg}");
                 }
+                ConfigError::Unsafe { path: p, .. } => assert_eq!(p, path),
                 ConfigError::Read { .. } => panic!("parse read a file: {msg}"),
             }
             return false;
