@@ -364,8 +364,10 @@ async fn a_fifo_inside_a_grant_is_refused_without_blocking_a_host_thread() {
     assert!(made.success());
     let started = std::time::Instant::now();
     let seen = thief(&w.host, json!({"op": "read", "target": "/data/pipe"})).await;
-    assert!(seen.starts_with("err: "), "{seen}");
-    assert!(started.elapsed() < std::time::Duration::from_secs(3), "refused at once, not at the deadline");
+    // The guest's own error (not the deadline's trap) says it was refused;
+    // the bound only catches a hang (a blocked open), not speed on a loaded machine.
+    assert!(seen.starts_with("err: "), "refused, not ended by the deadline: {seen}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(30), "the call did not hang on the FIFO");
     // Regular files beside it still read.
     assert_eq!(thief(&w.host, json!({"op": "read", "target": "/data/a.txt"})).await, "ok: \"alpha\\n\"");
 }

@@ -110,7 +110,9 @@ fn a_fifo_in_a_grant_does_not_keep_toolgate_from_exiting() {
         let args = serde_json::json!({"op": "read", "target": target}).to_string();
         let (out, code, took, _) = call_measured(dir.path(), &args);
         assert_eq!(code, Some(0), "{out}");
-        assert!(out.contains("err: "), "{out}");
-        assert!(took < Duration::from_secs(2), "`toolgate call` returned within the deadline: {took:?}");
+        // The guest's own error (not the deadline's) says it was refused; the
+        // bound catches a process kept alive by a blocked thread, not speed.
+        assert!(out.contains("err: "), "refused, not ended by the deadline: {out}");
+        assert!(took < Duration::from_secs(30), "`toolgate call` exited: {took:?}");
     }
 }
