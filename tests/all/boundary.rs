@@ -265,6 +265,82 @@ async fn the_hosts_records_are_apart_from_what_the_guest_writes() {
     );
 }
 
+/// Invariant 14: a record quotes what the guest sent, which has no length
+/// limit of its own. A host name of 300 KB, denied, was kept whole in the
+/// host's memory (64 such records per call) and written to the journal.
+#[tokio::test]
+async fn a_hosts_record_quoting_the_guest_is_bounded() {
+    let w = world();
+    let long = format!("http://{}.example/x", "a".repeat(300_000));
+    let scheme = format!("{}://127.0.0.1:1/", "x".repeat(100_000));
+    let seen = thief(&w.host, json!({"op": "http", "target": long, "then": [scheme]})).await;
+    assert!(seen.starts_with("err: "), "{seen}");
+    let host = host_records(&w.host).await;
+    assert!(!host.is_empty(), "the denials are recorded");
+    for r in &host {
+        assert!(r.len() <= 1200, "a record of {} bytes: {}…", r.len(), &r[..r.floor_char_boundary(200)]);
+    }
+    assert!(host.iter().any(|r| r.contains("a host of 300008 bytes")), "{host:?}");
+}
+
+/// Invariant 14, a deadline ends what a call waits on: an HTTPS server that
+/// accepts the connection and never answers the TLS handshake. wasmtime-wasi-http
+/// times the TCP connect, the HTTP handshake and the first byte, not the TLS
+/// handshake: the request held its slots until the call's deadline, far past
+/// `limits.http_timeout_ms`. Now the guest gets a timeout error and goes on.
+#[tokio::test]
+async fn a_server_that_never_finishes_the_tls_handshake_times_out_the_request() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // Accept and hold every connection, never writing a byte.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming().flatten() {
+            held.push(stream);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    for sub in ["plugins", "data", "scratch"] {
+        std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+    }
+    std::fs::write(dir.path().join("plugins/hostile.wasm"), packed(guests::HOSTILE)).unwrap();
+    // The Tool declares a credential; granted, unused here.
+    std::fs::write(dir.path().join("tracker.secret"), format!("{SECRET}\n")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path().join("tracker.secret"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let config = format!(
+        r#"{preamble}
+[limits]
+timeout_ms = 30000
+http_timeout_ms = 300
+
+[credentials.tracker]
+source = {{ file = "tracker.secret" }}
+destinations = ["https://127.0.0.1:{port}"]
+apply = {{ header = {{ name = "Authorization", format = "Bearer {{}}" }} }}
+
+[[grants]]
+tools = "hostile.*"
+directories = [
+  {{ path = "/data", host = "data", access = "read" }},
+  {{ path = "/scratch", host = "scratch", access = "read-write" }},
+]
+hosts = ["https://127.0.0.1:{port}"]
+credentials = ["tracker"]
+
+[agents.default]
+visible = ["hostile.thief"]
+default = "allow"
+"#,
+        preamble = toolgate_tests::PREAMBLE,
+    );
+    std::fs::write(dir.path().join("toolgate.toml"), config).unwrap();
+    let host = TestHost::open(dir, "default");
+    // Before, the call ended at its deadline, as a Tool error (`thief` panics on one).
+    let seen = thief(&host, json!({"op": "http", "target": format!("https://127.0.0.1:{port}/")})).await;
+    assert!(seen.starts_with("err: ") && seen.to_lowercase().contains("timeout"), "{seen}");
+}
+
 /// Invariant 14, the host's resources: what one call holds open through its
 /// filesystem — files and directory listings (descriptors of the host
 /// process), file streams with their host read buffers — is bounded live,

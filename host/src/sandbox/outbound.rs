@@ -72,12 +72,30 @@ pub(super) struct HostRecords(Mutex<(Vec<String>, u64)>);
 /// Most host records kept per call; further ones are counted.
 const MAX_RECORDS: usize = 64;
 
+/// Longest host record kept, in bytes. Records quote what the guest sent (a
+/// host, a scheme, a path), which has no length limit of its own: uncut, 64
+/// records of a 4 MiB host name each were 256 MiB of host memory outside the
+/// guest's limit, checked for secrets and written to the journal every call.
+const MAX_RECORD_BYTES: usize = 1024;
+
+/// Longest host name a request may give: a DNS name's 253 bytes.
+const MAX_HOST_BYTES: usize = 253;
+
+/// `line` cut at a character boundary to [`MAX_RECORD_BYTES`], saying how much was cut.
+pub(super) fn bounded(line: String) -> String {
+    if line.len() <= MAX_RECORD_BYTES {
+        return line;
+    }
+    let end = line.floor_char_boundary(MAX_RECORD_BYTES);
+    format!("{}… ({} more bytes not kept)", &line[..end], line.len() - end)
+}
+
 impl HostRecords {
-    /// Record one line.
+    /// Record one line (cut to [`MAX_RECORD_BYTES`]).
     pub(super) fn add(&self, line: String) {
         let mut r = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if r.0.len() < MAX_RECORDS {
-            r.0.push(line);
+            r.0.push(bounded(line));
         } else {
             r.1 += 1;
         }
@@ -310,6 +328,11 @@ impl OutboundPolicy {
         let Some(host) = uri.host().map(str::to_ascii_lowercase) else {
             return Err(self.deny("the request names no host"));
         };
+        // No granted host is longer than a DNS name (an IPv6 literal is
+        // shorter): refused before the text goes anywhere.
+        if host.len() > MAX_HOST_BYTES {
+            return Err(self.deny(&format!("a host of {} bytes (a DNS name has at most 253) is refused", host.len())));
+        }
         let port = uri.port_u16().unwrap_or_else(|| default_port(&scheme));
         let dest = format!("{scheme}://{host}:{port}");
         if !self.hosts.iter().any(|d| d.matches(&scheme, &host, port)) {
@@ -952,7 +975,8 @@ impl WasiHttpHooks for OutboundPolicy {
                         return Err(HttpError::DestinationIpProhibited);
                     }
                     Err(Unreachable::Dns(why)) => {
-                        *call.transport.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!("{dest}: {why}"));
+                        *call.transport.lock().unwrap_or_else(|p| p.into_inner()) =
+                            Some(bounded(format!("{dest}: {why}")));
                         return Err(HttpError::DnsError { rcode: Some(why), info_code: None });
                     }
                 }
@@ -980,13 +1004,24 @@ impl WasiHttpHooks for OutboundPolicy {
                 first_byte_timeout: cap(options.and_then(|o| o.first_byte_timeout)),
                 between_bytes_timeout: cap(options.and_then(|o| o.between_bytes_timeout)),
             };
-            let (response, io) = match wasmtime_wasi_http::default_send_request(request, Some(options)).await {
+            // wasmtime-wasi-http times the TCP connect, the HTTP handshake and
+            // the first byte, not the TLS handshake between them: a server
+            // that never finished it held the request and its slots until the
+            // call's deadline. The whole send is bounded by their sum.
+            let within = [options.connect_timeout, options.connect_timeout, options.first_byte_timeout]
+                .into_iter()
+                .map(|t| t.unwrap_or(limits.timeout))
+                .fold(Duration::ZERO, Duration::saturating_add);
+            let sent = tokio::time::timeout(within, wasmtime_wasi_http::default_send_request(request, Some(options)))
+                .await
+                .unwrap_or(Err(HttpError::ConnectionTimeout));
+            let (response, io) = match sent {
                 Ok(sent) => sent,
                 Err(e) => {
                     // Recorded at once: the guest may see its request fail
                     // (its body stream closed) before this future returns,
                     // and the call's outcome is classified by this record.
-                    let set = |line| *call.transport.lock().unwrap_or_else(|p| p.into_inner()) = Some(line);
+                    let set = |line| *call.transport.lock().unwrap_or_else(|p| p.into_inner()) = Some(bounded(line));
                     if matches!(e, HttpError::Tls(_)) {
                         // Its text can carry the server's bytes (a
                         // certificate's names): the full text only once checked.
@@ -1287,6 +1322,14 @@ mod tests {
         }
         let (lines, dropped) = r.take();
         assert_eq!((lines.len(), dropped), (MAX_RECORDS, 100 - MAX_RECORDS as u64));
+        // Each line too, at a character boundary.
+        r.add(format!("denied: {}", "é".repeat(2 << 20)));
+        let (lines, _) = r.take();
+        assert!(
+            lines[0].len() <= MAX_RECORD_BYTES + 40 && lines[0].ends_with("more bytes not kept)"),
+            "{}",
+            lines[0].len()
+        );
     }
 
     #[test]
