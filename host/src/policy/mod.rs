@@ -496,34 +496,134 @@ pub struct ToolRules {
     indices: Arc<[usize]>,
 }
 
-/// The URL readings of one call's argument strings, each computed once
-/// per decision however many rules look at it (found by address: they all
-/// borrow from the one arguments value).
+/// Work the policy did on argument strings, counted on this thread in tests
+/// so that a test bounds it by the size of the arguments (never by time).
+#[cfg(test)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Work {
+    /// URL readings computed (`url::read`).
+    urls: u64,
+    /// Path normal forms computed (`normalize_path`).
+    paths: u64,
+    /// Kept readings looked at to find the one of a string.
+    probes: u64,
+}
+
+#[cfg(test)]
+thread_local! {
+    static WORK: std::cell::Cell<Work> = const { std::cell::Cell::new(Work { urls: 0, paths: 0, probes: 0 }) };
+}
+
+#[cfg(test)]
+fn count(f: impl FnOnce(&mut Work)) {
+    WORK.with(|w| {
+        let mut work = w.get();
+        f(&mut work);
+        w.set(work);
+    });
+}
+
+/// The readings of one call's argument strings — as a URL, and in path
+/// normal form — each computed at most once per decision however many rules
+/// and `[*]` elements look at it. A reading is found again in O(1): by the
+/// string's address and length (every string borrows from the one arguments
+/// value, so one address is one text), in a hash index once more than
+/// [`Kept::FEW`] are kept. A plain path already in normal form, the common
+/// case, is told apart on its own bytes and not kept: its readings are
+/// itself, and telling it apart costs no more than the match that follows.
 #[derive(Default)]
 struct Readings<'v> {
-    urls: std::cell::RefCell<Vec<(&'v str, url::UrlReading<'v>)>>,
+    kept: std::cell::RefCell<Kept<'v>>,
+}
+
+#[derive(Default)]
+struct Kept<'v> {
+    /// In the order first looked at.
+    readings: Vec<Reading<'v>>,
+    /// A string's address and length → its place in `readings`; empty
+    /// until more than [`Kept::FEW`] are kept, then holds all of them.
+    index: HashMap<(*const u8, usize), usize>,
+}
+
+impl<'v> Kept<'v> {
+    /// Up to this many readings are found by a scan, without hashing.
+    const FEW: usize = 8;
+
+    /// Where the reading of `s` is, computed now if it is not kept yet.
+    fn find(&mut self, s: &'v str) -> usize {
+        let key = (s.as_ptr(), s.len());
+        let found = if self.index.is_empty() {
+            self.readings.iter().position(|r| {
+                #[cfg(test)]
+                count(|w| w.probes += 1);
+                std::ptr::eq(r.text, s)
+            })
+        } else {
+            #[cfg(test)]
+            count(|w| w.probes += 1);
+            self.index.get(&key).copied()
+        };
+        if let Some(at) = found {
+            return at;
+        }
+        let at = self.readings.len();
+        self.readings.push(Reading::new(s));
+        if !self.index.is_empty() {
+            self.index.insert(key, at);
+        } else if self.readings.len() > Self::FEW {
+            self.index = self.readings.iter().enumerate().map(|(i, r)| ((r.text.as_ptr(), r.text.len()), i)).collect();
+        }
+        at
+    }
+}
+
+/// The readings of one argument string.
+struct Reading<'v> {
+    text: &'v str,
+    url: url::UrlReading<'v>,
+    /// The path normal form, computed when a rule first needs it.
+    path: std::cell::OnceCell<std::borrow::Cow<'v, str>>,
+}
+
+impl<'v> Reading<'v> {
+    fn new(text: &'v str) -> Self {
+        #[cfg(test)]
+        count(|w| w.urls += 1);
+        Reading { text, url: url::read(text), path: std::cell::OnceCell::new() }
+    }
+
+    /// A plain path already in normal form: it is its only reading.
+    fn plain(text: &'v str) -> Self {
+        Reading {
+            text,
+            url: url::UrlReading::NotUrl,
+            path: std::cell::OnceCell::from(std::borrow::Cow::Borrowed(text)),
+        }
+    }
+
+    /// Its path normal form ([`normalize_path`]).
+    fn path(&self) -> &str {
+        self.path.get_or_init(|| {
+            #[cfg(test)]
+            count(|w| w.paths += 1);
+            normalize_path(self.text)
+        })
+    }
 }
 
 impl<'v> Readings<'v> {
-    /// Apply `f` to the URL reading of `s`.
-    fn url<R>(&self, s: &'v str, f: impl FnOnce(&url::UrlReading<'v>) -> R) -> R {
-        // A path, the common case, is told apart on its first bytes and not kept.
-        if !url::url_shaped(s) {
-            return f(&url::UrlReading::NotUrl);
+    /// Apply `f` to the readings of `s`.
+    fn of<R>(&self, s: &'v str, f: impl FnOnce(&Reading<'v>) -> R) -> R {
+        if !url::url_shaped(s) && is_normal_path(s) {
+            return f(&Reading::plain(s));
         }
-        let Ok(mut kept) = self.urls.try_borrow_mut() else {
-            return f(&url::read(s));
+        let Ok(mut kept) = self.kept.try_borrow_mut() else {
+            return f(&Reading::new(s));
         };
-        let at = match kept.iter().position(|(k, _)| std::ptr::eq(*k, s)) {
-            Some(at) => at,
-            None => {
-                kept.push((s, url::read(s)));
-                kept.len() - 1
-            }
-        };
-        match kept.get(at) {
-            Some((_, reading)) => f(reading),
-            None => f(&url::read(s)),
+        let at = kept.find(s);
+        match kept.readings.get(at) {
+            Some(reading) => f(reading),
+            None => f(&Reading::new(s)),
         }
     }
 }
@@ -594,16 +694,15 @@ impl Pattern {
     /// normal form and, if `s` is a URL, its URL readings too. A URL-shaped
     /// `s` with no known destination is [`Quantifier::unknown`].
     fn holds<'v>(&self, s: &'v str, q: Quantifier, readings: &Readings<'v>) -> bool {
-        readings.url(s, |reading| match (self.url, reading) {
+        readings.of(s, |r| match (self.url, &r.url) {
             (_, url::UrlReading::Unknown) => q.unknown(),
             (true, url::UrlReading::NotUrl) => false,
             (true, url::UrlReading::Known(text, merged)) => {
                 q.over(std::iter::once(&**text).chain(merged.as_deref()), |r| self.is_match(r))
             }
-            (false, url::UrlReading::NotUrl) => self.is_match(&normalize_path(s)),
+            (false, url::UrlReading::NotUrl) => self.is_match(r.path()),
             (false, url::UrlReading::Known(text, merged)) => {
-                let path = normalize_path(s);
-                q.over([&*path, &**text].into_iter().chain(merged.as_deref()), |r| self.is_match(r))
+                q.over([r.path(), &**text].into_iter().chain(merged.as_deref()), |r| self.is_match(r))
             }
         })
     }
@@ -616,14 +715,16 @@ impl Literal {
     /// while an allow needs the text as written); a URL in standard form.
     fn equals<'v>(&self, value: &'v Value, q: Quantifier, readings: &Readings<'v>) -> bool {
         match (self, value) {
-            (Literal::Str { raw, path }, Value::String(s)) => match q {
-                _ if **raw == **s => true,
-                // A URL-shaped value never equals a plain literal, unless its destination is unknown.
-                _ if readings.url(s, |r| *r == url::UrlReading::Unknown) => q.unknown(),
-                Quantifier::Any => *normalize_path(s) == **path,
-                Quantifier::All => false,
-            },
-            (Literal::Url { text, merged }, Value::String(s)) => readings.url(s, |reading| match reading {
+            (Literal::Str { raw, path }, Value::String(s)) => {
+                **raw == **s
+                    || readings.of(s, |r| match (&r.url, q) {
+                        // A URL-shaped value never equals a plain literal, unless its destination is unknown.
+                        (url::UrlReading::Unknown, _) => q.unknown(),
+                        (_, Quantifier::Any) => r.path() == &**path,
+                        (_, Quantifier::All) => false,
+                    })
+            }
+            (Literal::Url { text, merged }, Value::String(s)) => readings.of(s, |reading| match &reading.url {
                 url::UrlReading::NotUrl => false,
                 url::UrlReading::Unknown => q.unknown(),
                 url::UrlReading::Known(t, m) => q.over(std::iter::once(&**t).chain(m.as_deref()), |r| {
@@ -672,17 +773,21 @@ fn select<'v>(value: &'v Value, path: &[Step], q: Quantifier, pred: &dyn Fn(&'v 
     }
 }
 
+/// Whether `s` is its own path normal form ([`normalize_path`]).
+fn is_normal_path(s: &str) -> bool {
+    !s.starts_with('/')
+        && !s.ends_with('/')
+        && !s.is_empty()
+        && s.split('/').all(|seg| !seg.is_empty() && seg != "." && seg != "..")
+}
+
 /// The one spelling of a path that rules and arguments are compared in: a
 /// leading `/` or `./` dropped (Tools read paths relative to their grants),
 /// empty and `.` segments dropped (so `a//b` and `a/b/` are `a/b`), `..`
 /// resolved lexically (a leading `..` kept; at the root it stays at the
 /// root). The empty path is `.`. Borrowed when `s` is already normal.
 pub fn normalize_path(s: &str) -> std::borrow::Cow<'_, str> {
-    let normal = !s.starts_with('/')
-        && !s.ends_with('/')
-        && !s.is_empty()
-        && s.split('/').all(|seg| !seg.is_empty() && seg != "." && seg != "..");
-    if normal {
+    if is_normal_path(s) {
         return std::borrow::Cow::Borrowed(s);
     }
     let rooted = s.starts_with('/');
@@ -1823,6 +1928,58 @@ mod tests {
                 // `data/**` covers `data` itself, the subtree's root.
                 prop_assert!(resolved == "data" || resolved.starts_with("data/"), "{} -> {}", path, resolved);
             }
+        }
+    }
+
+    /// One decision and the work it did on argument strings.
+    fn work_of(p: &Policy, tool: &str, primary: Option<&str>, args: &Value) -> (Decision, Work) {
+        WORK.with(|w| w.set(Work::default()));
+        let decision = p.evaluate(tool, primary, args);
+        (decision, WORK.with(std::cell::Cell::get))
+    }
+
+    /// `[*]` rules over a long array of URLs: each string is read as a URL
+    /// once for all rules, and finding its reading again is O(1). Before, the
+    /// readings were found by a linear scan, so a model's array of n URLs
+    /// cost n²/2 comparisons per rule (minutes of CPU for a 4 MiB body).
+    #[test]
+    fn wildcard_rules_read_each_url_once_and_find_it_in_constant_time() {
+        const DENY: &str = r#"fetch(urls[*] ~ "http://169.254.169.254/**")"#;
+        const ASK: &str = r#"fetch(urls[*] !~ "https://**")"#;
+        const ALLOW: &str = r#"fetch(urls[*] ~ "https://*.example/**")"#;
+        let p = policy(&[(DENY, Deny), (ASK, Ask), (ALLOW, Allow)], Deny);
+        // The small array first: a quadratic lookup fails there, not after minutes.
+        for n in [2_000u64, 200_000] {
+            let mut urls: Vec<Value> = (0..n).map(|i| Value::String(format!("https://h{i}.example/x/{i}"))).collect();
+            let (got, work) = work_of(&p, "fetch", None, &json!({ "urls": urls.clone() }));
+            assert_eq!(got, Decision { behavior: Allow, rule: Some(ALLOW.to_owned()) }, "n = {n}");
+            // Three rules looked at every string: one reading each, a bounded
+            // number of kept readings looked at per lookup.
+            assert_eq!(work.urls, n, "n = {n}: {work:?}");
+            assert!(work.probes <= 3 * 2 * n + 64, "n = {n}: {work:?}");
+
+            urls.push(Value::String("http://169.254.169.254/latest/meta-data/".to_owned()));
+            let (got, work) = work_of(&p, "fetch", None, &json!({ "urls": urls }));
+            assert_eq!(got, Decision { behavior: Deny, rule: Some(DENY.to_owned()) }, "n = {n}");
+            assert_eq!(work.urls, n + 1, "n = {n}: {work:?}");
+            assert!(work.probes <= 2 * (n + 1) + 64, "n = {n}: {work:?}");
+        }
+    }
+
+    /// `[*]` rules over a long array of paths: each string's path normal
+    /// form is computed once for all rules that need it.
+    #[test]
+    fn wildcard_rules_normalize_each_path_once() {
+        const DENY: &str = r#"fs.copy(paths[*] ~ "secret/**")"#;
+        const ASK: &str = r#"fs.copy(paths[*] = "etc/passwd")"#;
+        const ALLOW: &str = r#"fs.copy(paths[*] ~ "data/**")"#;
+        let p = policy(&[(DENY, Deny), (ASK, Ask), (ALLOW, Allow)], Deny);
+        for n in [2_000u64, 200_000] {
+            let paths: Vec<Value> = (0..n).map(|i| Value::String(format!("./data/{i}//x"))).collect();
+            let (got, work) = work_of(&p, "fs.copy", None, &json!({ "paths": paths }));
+            assert_eq!(got, Decision { behavior: Allow, rule: Some(ALLOW.to_owned()) }, "n = {n}");
+            assert_eq!(work.paths, n, "n = {n}: {work:?}");
+            assert!(work.probes <= 3 * 2 * n + 64, "n = {n}: {work:?}");
         }
     }
 
