@@ -106,6 +106,14 @@ pub struct Limits {
     /// File read/write streams one call may hold at once (each may hold a
     /// 64 KiB host buffer until the guest takes the data).
     pub file_streams: u64,
+    /// Bytes one call may write to files in its read-write grants, MiB
+    /// (every byte written counts, also over bytes already there); past it
+    /// a write fails with `insufficient-space`, as on a full disk.
+    pub disk_write_mib: u64,
+    /// Files, directories and links one call may create in its read-write
+    /// grants (every open with `create` counts); past it creating fails with
+    /// `insufficient-space`, as when a filesystem is out of inodes.
+    pub files_created: u64,
     /// Largest file a guest may open while any credential is configured,
     /// MiB: the host checks a file for every configured secret before the
     /// guest gets it, and refuses a larger one (naming this
@@ -150,6 +158,8 @@ impl Default for Limits {
             open_files: 256,
             file_streams: 256,
             file_check_mib: 64,
+            disk_write_mib: 64,
+            files_created: 4096,
             state_kib: 1024,
             compile_timeout_ms: 60_000,
             http_timeout_ms: 30_000,
@@ -516,6 +526,8 @@ impl Config {
             ("limits.open_files", l.open_files, 65_536),
             ("limits.file_streams", l.file_streams, 65_536),
             ("limits.file_check_mib", l.file_check_mib, 1024 * 1024),
+            ("limits.disk_write_mib", l.disk_write_mib, 1024 * 1024),
+            ("limits.files_created", l.files_created, 100_000_000),
             ("limits.state_kib", l.state_kib, 1024 * 1024),
             ("limits.compile_timeout_ms", l.compile_timeout_ms, 3_600_000),
             ("limits.http_timeout_ms", l.http_timeout_ms, 3_600_000),

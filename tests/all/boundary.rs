@@ -341,6 +341,41 @@ default = "allow"
     assert!(seen.starts_with("err: ") && seen.to_lowercase().contains("timeout"), "{seen}");
 }
 
+/// Invariant 14, disk: a Tool with a read-write grant could fill the
+/// filesystem the journal, the cache and every other call write to, in one
+/// call. What one call writes is bounded by `limits.disk_write_mib` through
+/// every way a guest writes a file, and the names it creates by
+/// `limits.files_created`; past either it gets `insufficient-space`, as from
+/// a full disk, and the host records the setting. The next call has its own.
+#[tokio::test]
+async fn what_a_call_writes_to_disk_is_bounded_by_its_budget() {
+    let w = world_with("disk_write_mib = 1\nfiles_created = 20", "");
+    let scratch = w.host.dir.path().join("scratch");
+    for op in ["fill", "fill-stream", "fill-at"] {
+        let target = format!("/scratch/{op}.bin");
+        let seen = thief(&w.host, json!({"op": op, "target": target, "count": 4096})).await;
+        // wasi-libc reports a failed stream write as EIO (its errno 29), whatever the host's code.
+        let code = if op == "fill" { "os error 29" } else { "insufficient-space" };
+        assert!(seen.starts_with("err: after 1024 KiB") && seen.contains(code), "{op}: {seen}");
+        let size = std::fs::metadata(scratch.join(format!("{op}.bin"))).unwrap().len();
+        assert_eq!(size, 1 << 20, "{op} wrote {size} bytes");
+        let host = host_records(&w.host).await;
+        assert!(host.iter().any(|r| r.contains("limits.disk_write_mib")), "{op}: {host:?}");
+    }
+    // Its own budget: a call writing within it is not refused.
+    let seen = thief(&w.host, json!({"op": "fill", "target": "/scratch/fill.bin", "count": 512})).await;
+    assert_eq!(seen, "ok: 512 KiB");
+    for kind in ["files", "dirs", "links"] {
+        std::fs::create_dir(scratch.join(kind)).unwrap();
+        let args = json!({"op": "create-many", "target": format!("/scratch/{kind}"), "count": 100, "then": [kind]});
+        let seen = thief(&w.host, args).await;
+        assert!(seen.starts_with("made 20 of 100 (StorageFull"), "{kind}: {seen}");
+        assert_eq!(std::fs::read_dir(scratch.join(kind)).unwrap().count(), 20, "{kind}");
+        let host = host_records(&w.host).await;
+        assert!(host.iter().any(|r| r.contains("limits.files_created")), "{kind}: {host:?}");
+    }
+}
+
 /// Invariant 14, the host's resources: what one call holds open through its
 /// filesystem — files and directory listings (descriptors of the host
 /// process), file streams with their host read buffers — is bounded live,

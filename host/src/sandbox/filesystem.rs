@@ -13,7 +13,12 @@
 //! buffer of up to 64 KiB) against `limits.file_streams`. Both are host
 //! resources outside the guest's memory limit. A guest past a limit gets an
 //! error code, as it would from a full descriptor table, and the host
-//! records which limit it met.
+//! records which limit it met. What one call writes to disk is bounded too
+//! ([`DiskBudget`]): bytes written through any path (`write`, a write or
+//! append stream, splices into one) against `limits.disk_write_mib`, and
+//! names created (files opened with `create`, directories, links) against
+//! `limits.files_created`; past either the guest gets `insufficient-space`,
+//! as from a full disk, and the host records which limit it met.
 //!
 //! A directory listing is toolgate's own ([`Listing`]): one descriptor, read
 //! [`BATCH`] names at a time as the guest asks. wasmtime-wasi's reads the
@@ -27,15 +32,17 @@
 
 use std::any::Any;
 use std::collections::VecDeque;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
+
+use bytes::Bytes;
 
 use wasmtime::component::{Linker, Resource, ResourceTable, ResourceType};
 use wasmtime_wasi::filesystem::{Descriptor, OpenMode, WasiFilesystemCtxView};
 use wasmtime_wasi::p2::bindings::filesystem::types::{
     self as fs, DescriptorFlags, ErrorCode, HostDescriptor, OpenFlags, PathFlags,
 };
-use wasmtime_wasi::p2::{DynInputStream, DynOutputStream, FsError};
+use wasmtime_wasi::p2::{DynInputStream, DynOutputStream, FsError, OutputStream, Pollable, StreamError, StreamResult};
 
 use super::scan::SecretScanner;
 use super::withhold::{CallSecrets, CancelOnDrop, named, shown};
@@ -64,6 +71,89 @@ pub(super) struct Held {
     streams: Counted<u32>,
     /// The call's check for secrets; `None` when no credential is configured.
     secrets: Option<Arc<CallSecrets>>,
+    /// What the call may still write; made at its first write (most calls
+    /// write nothing and allocate nothing for it).
+    disk: Option<Arc<DiskBudget>>,
+    disk_limit: u64,
+    /// Names the call created, the most it may, and the creates refused.
+    created: (u64, u64, u64),
+}
+
+/// What one call may still write to disk, shared by the call's filesystem
+/// hooks and every write stream it holds: a Tool with a read-write grant
+/// could otherwise fill the filesystem the journal, the cache and every
+/// other call write to, within one call.
+#[derive(Debug)]
+pub(super) struct DiskBudget {
+    left: AtomicU64,
+    refused: AtomicU64,
+}
+
+impl DiskBudget {
+    /// Takes `n` bytes, if that many are left.
+    fn take(&self, n: u64) -> bool {
+        let taken = self.left.fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| left.checked_sub(n)).is_ok();
+        if !taken {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        taken
+    }
+
+    /// Gives back `n` bytes taken for a write that did not write them.
+    fn give_back(&self, n: u64) {
+        self.left.fetch_add(n, Ordering::AcqRel);
+    }
+
+    fn left(&self) -> u64 {
+        self.left.load(Ordering::Acquire)
+    }
+}
+
+/// The error a full disk gives: `insufficient-space` to the guest.
+fn disk_full() -> std::io::Error {
+    std::io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error())
+}
+
+/// A write or append stream of a file, each byte taken from the call's
+/// [`DiskBudget`] before it goes to wasmtime-wasi's stream underneath.
+struct Budgeted {
+    inner: DynOutputStream,
+    budget: Arc<DiskBudget>,
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for Budgeted {
+    async fn ready(&mut self) {
+        self.inner.ready().await
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl OutputStream for Budgeted {
+    fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
+        if !self.budget.take(bytes.len() as u64) {
+            return Err(StreamError::LastOperationFailed(disk_full().into()));
+        }
+        self.inner.write(bytes)
+    }
+    fn flush(&mut self) -> StreamResult<()> {
+        self.inner.flush()
+    }
+    fn check_write(&mut self) -> StreamResult<usize> {
+        let n = self.inner.check_write()?;
+        // Room for what is left; with nothing left, the stream's own room,
+        // and the next write fails as on a full disk. Never "ready for 0"
+        // (a guest waiting for room would wait until its deadline, or trap)
+        // and never an error here: a flush of what was written in budget
+        // waits for this to be ready, and must succeed.
+        match usize::try_from(self.budget.left()).unwrap_or(usize::MAX) {
+            0 => Ok(n),
+            left => Ok(n.min(left)),
+        }
+    }
+    async fn cancel(&mut self) {
+        self.inner.cancel().await
+    }
 }
 
 #[derive(Debug)]
@@ -105,7 +195,39 @@ impl<T> Counted<T> {
 impl Held {
     /// Nothing held; the limits of `limits`; files and names checked by `secrets`, if any.
     pub(super) fn new(limits: &Limits, secrets: Option<Arc<CallSecrets>>) -> Self {
-        Held { files: Counted::new(limits.open_files), streams: Counted::new(limits.file_streams), secrets }
+        Held {
+            files: Counted::new(limits.open_files),
+            streams: Counted::new(limits.file_streams),
+            secrets,
+            disk: None,
+            disk_limit: limits.disk_write_mib.saturating_mul(1 << 20),
+            created: (0, limits.files_created, 0),
+        }
+    }
+
+    /// The call's write budget, made at its first write.
+    fn disk(&mut self) -> Arc<DiskBudget> {
+        let limit = self.disk_limit;
+        self.disk
+            .get_or_insert_with(|| Arc::new(DiskBudget { left: AtomicU64::new(limit), refused: AtomicU64::new(0) }))
+            .clone()
+    }
+
+    /// Whether the call may create one more name (a refusal is counted).
+    fn may_create(&mut self) -> bool {
+        let (created, limit, refused) = &mut self.created;
+        if created < limit {
+            return true;
+        }
+        *refused += 1;
+        false
+    }
+
+    /// The call created a name. Names are not given back when deleted: a
+    /// count, not a level (a Tool could otherwise create and delete without end
+    /// while each create costs the filesystem a journal write).
+    fn created_one(&mut self) {
+        self.created.0 += 1;
     }
 
     fn admit_file(&mut self) -> bool {
@@ -135,6 +257,23 @@ impl Held {
         [
             self.files.record("limits.open_files", "files, directories and listings open"),
             self.streams.record("limits.file_streams", "file streams"),
+            (self.created.2 > 0).then(|| {
+                format!(
+                    "{} create(s) refused (`insufficient-space`): the call created {} files, directories and \
+                     links, its `limits.files_created`; raise it in [limits] if the Tool needs more",
+                    self.created.2, self.created.1
+                )
+            }),
+            self.disk.as_ref().and_then(|d| {
+                let refused = d.refused.load(Ordering::Relaxed);
+                (refused > 0).then(|| {
+                    format!(
+                        "{refused} write(s) refused (`insufficient-space`): the call wrote {} MiB, its \
+                         `limits.disk_write_mib`; raise it in [limits] if the Tool needs to write more",
+                        self.disk_limit >> 20
+                    )
+                })
+            }),
         ]
         .into_iter()
         .flatten()
@@ -331,6 +470,10 @@ pub(super) fn add_to_linker<S: FilesystemCall>(linker: &mut Linker<S>) -> wasmti
                 if !held.admit_file() {
                     return Ok((Err(PAST_A_LIMIT),));
                 }
+                let creates = oflags.contains(OpenFlags::CREATE);
+                if creates && !held.may_create() {
+                    return Ok((Err(ErrorCode::InsufficientSpace),));
+                }
                 // Only with a credential configured: the guest's path, for records.
                 let guest = match (&held.secrets, &base) {
                     (Some(secrets), Some(dir)) => Some(secrets.guest_path(dir, &path)),
@@ -340,6 +483,9 @@ pub(super) fn add_to_linker<S: FilesystemCall>(linker: &mut Linker<S>) -> wasmti
                     Ok(opened) => opened,
                     Err(e) => return Ok((Err(code(e)?),)),
                 };
+                if creates {
+                    held.created_one();
+                }
                 let descriptor = view.table.get(&opened)?;
                 held.hold_file(open_file(descriptor));
                 let (Some(secrets), Some(guest)) = (&held.secrets, guest) else { return Ok((Ok(opened),)) };
@@ -456,14 +602,110 @@ pub(super) fn add_to_linker<S: FilesystemCall>(linker: &mut Linker<S>) -> wasmti
     types.func_wrap(
         "[method]descriptor.write-via-stream",
         |mut store, (fd, offset): (Resource<fs::Descriptor>, u64)| {
-            stream(&mut store, |view| HostDescriptor::write_via_stream(view, fd, offset))
+            write_stream(&mut store, |view| HostDescriptor::write_via_stream(view, fd, offset))
         },
     )?;
     types.func_wrap("[method]descriptor.append-via-stream", |mut store, (fd,): (Resource<fs::Descriptor>,)| {
-        stream(&mut store, |view| HostDescriptor::append_via_stream(view, fd))
+        write_stream(&mut store, |view| HostDescriptor::append_via_stream(view, fd))
     })?;
+    types.func_wrap_async(
+        "[method]descriptor.write",
+        |mut store, (fd, buf, offset): (Resource<fs::Descriptor>, Vec<u8>, u64)| {
+            Box::new(async move {
+                let (mut view, held) = store.data_mut().filesystem_and_held();
+                let disk = held.disk();
+                let asked = buf.len() as u64;
+                if !disk.take(asked) {
+                    return Ok((Err(ErrorCode::InsufficientSpace),));
+                }
+                match HostDescriptor::write(&mut view, fd, buf, offset).await {
+                    Ok(written) => {
+                        disk.give_back(asked.saturating_sub(written));
+                        Ok((Ok(written),))
+                    }
+                    Err(e) => {
+                        disk.give_back(asked);
+                        Ok((Err(code(e)?),))
+                    }
+                }
+            })
+        },
+    )?;
+    // Each makes a name: counted against `limits.files_created`.
+    types.func_wrap_async(
+        "[method]descriptor.create-directory-at",
+        |mut store, (fd, path): (Resource<fs::Descriptor>, String)| {
+            Box::new(async move {
+                let (mut view, held) = store.data_mut().filesystem_and_held();
+                if !held.may_create() {
+                    return Ok((Err(ErrorCode::InsufficientSpace),));
+                }
+                created(held, HostDescriptor::create_directory_at(&mut view, fd, path).await)
+            })
+        },
+    )?;
+    types.func_wrap_async(
+        "[method]descriptor.symlink-at",
+        |mut store, (fd, target, path): (Resource<fs::Descriptor>, String, String)| {
+            Box::new(async move {
+                let (mut view, held) = store.data_mut().filesystem_and_held();
+                if !held.may_create() {
+                    return Ok((Err(ErrorCode::InsufficientSpace),));
+                }
+                created(held, HostDescriptor::symlink_at(&mut view, fd, target, path).await)
+            })
+        },
+    )?;
+    types.func_wrap_async(
+        "[method]descriptor.link-at",
+        |mut store,
+         (fd, flags, old, new_fd, new): (
+            Resource<fs::Descriptor>,
+            PathFlags,
+            String,
+            Resource<fs::Descriptor>,
+            String,
+        )| {
+            Box::new(async move {
+                let (mut view, held) = store.data_mut().filesystem_and_held();
+                if !held.may_create() {
+                    return Ok((Err(ErrorCode::InsufficientSpace),));
+                }
+                created(held, HostDescriptor::link_at(&mut view, fd, flags, old, new_fd, new).await)
+            })
+        },
+    )?;
     linker.allow_shadowing(false);
     Ok(())
+}
+
+/// The result of an operation that makes a name, counted when it did.
+fn created(held: &mut Held, r: Result<(), FsError>) -> wasmtime::Result<(Result<(), ErrorCode>,)> {
+    match r {
+        Ok(()) => {
+            held.created_one();
+            Ok((Ok(()),))
+        }
+        Err(e) => Ok((Err(code(e)?),)),
+    }
+}
+
+/// A write or append stream of wasmtime-wasi's, made by `open` if the call
+/// may hold one more stream, its bytes taken from the call's [`DiskBudget`].
+fn write_stream<S: FilesystemCall>(
+    store: &mut wasmtime::StoreContextMut<'_, S>,
+    open: impl FnOnce(&mut WasiFilesystemCtxView<'_>) -> Result<Resource<DynOutputStream>, FsError>,
+) -> wasmtime::Result<(Result<Resource<DynOutputStream>, ErrorCode>,)> {
+    let made = stream(store, open)?;
+    if let (Ok(stream),) = &made {
+        let (view, held) = store.data_mut().filesystem_and_held();
+        let budget = held.disk();
+        // Wrapped in place: the guest's handle stays the one it was given.
+        let slot = view.table.get_mut(stream)?;
+        let inner = std::mem::replace(slot, Box::new(wasmtime_wasi::p2::pipe::SinkOutputStream));
+        *slot = Box::new(Budgeted { inner, budget });
+    }
+    Ok(made)
 }
 
 /// One of wasmtime-wasi's file streams, made by `open` if the call may hold one more.
