@@ -106,6 +106,10 @@ pub struct Limits {
     /// File read/write streams one call may hold at once (each may hold a
     /// 64 KiB host buffer until the guest takes the data).
     pub file_streams: u64,
+    /// Largest arguments of one call, KiB of JSON text (nesting is bounded
+    /// too, at 128 levels): checked before anything else reads them — the
+    /// schema check, the gate, the journal. Over it the call is a Tool error.
+    pub arguments_kib: u64,
     /// Bytes one call may write to files in its read-write grants, MiB
     /// (every byte written counts, also over bytes already there); past it
     /// a write fails with `insufficient-space`, as on a full disk.
@@ -158,6 +162,7 @@ impl Default for Limits {
             open_files: 256,
             file_streams: 256,
             file_check_mib: 64,
+            arguments_kib: 4096,
             disk_write_mib: 64,
             files_created: 4096,
             state_kib: 1024,
@@ -526,6 +531,7 @@ impl Config {
             ("limits.open_files", l.open_files, 65_536),
             ("limits.file_streams", l.file_streams, 65_536),
             ("limits.file_check_mib", l.file_check_mib, 1024 * 1024),
+            ("limits.arguments_kib", l.arguments_kib, 1024 * 1024),
             ("limits.disk_write_mib", l.disk_write_mib, 1024 * 1024),
             ("limits.files_created", l.files_created, 100_000_000),
             ("limits.state_kib", l.state_kib, 1024 * 1024),

@@ -724,8 +724,25 @@ impl Run<'_> {
         cancel: impl Future<Output = ()> + Send,
     ) -> Result<StepResult, CallError> {
         let rt = self.runtime;
-        let call = ToolCall { call_id: call_id(), tool_id: tool_id.to_owned(), arguments: normalize(arguments) };
+        // 0. Arguments within the host's bounds, before anything walks them
+        // (the schema check, the gate and the journal recurse into them; a
+        // library caller's `Value` has no parser's depth limit). Over them,
+        // they are taken apart without recursion and the journal keeps a note.
+        let arguments = normalize(arguments);
+        let bounded = arguments_within(&arguments, rt.executor.limits().arguments_kib);
+        let arguments = match bounded {
+            Ok(()) => arguments,
+            Err(_) => {
+                drop_flat(arguments);
+                Value::Null
+            }
+        };
+        let call = ToolCall { call_id: call_id(), tool_id: tool_id.to_owned(), arguments };
         let step = Step::new(&self.id, snapshot.agent(), &call);
+        if let Err(why) = &bounded {
+            let note = Value::String(format!("(arguments not kept: {why})")).to_string();
+            let _ = step.args.set(Arc::from(note));
+        }
 
         // 1. Visibility and availability: can only remove.
         let candidate = match snapshot.candidate(tool_id, &|d| rt.executor.unhealthy(d)) {
@@ -737,6 +754,12 @@ impl Run<'_> {
                 return Ok(StepResult::Blocked { seq, reason });
             }
         };
+        if let Err(why) = bounded {
+            let message = format!("`{tool_id}`: {why}");
+            let ending = Ending { outcome: OutcomeKind::ToolError, ..Ending::blocked(Verdict::None, &message) };
+            let seq = step.commit(rt, ending, None).await?;
+            return Ok(StepResult::ToolError { seq, message });
+        }
 
         // 2. Arguments against the descriptor's schema: before the gate, nothing instantiated.
         if let Err(message) = candidate.installed.tool.validate_arguments(&call.arguments) {
@@ -891,6 +914,59 @@ fn stored_call(r: &AwaitingRecord) -> ToolCall {
 fn shared_state(state: BTreeMap<String, String>) -> Arc<BTreeMap<String, String>> {
     static EMPTY: std::sync::LazyLock<Arc<BTreeMap<String, String>>> = std::sync::LazyLock::new(Default::default);
     if state.is_empty() { EMPTY.clone() } else { Arc::new(state) }
+}
+
+/// Deepest nesting of a call's arguments: serde_json's own parser limit, so
+/// anything a client's JSON text can hold passes.
+const MAX_ARGUMENT_DEPTH: usize = 128;
+
+/// Whether `arguments` stay within `kib` KiB of JSON text (counted without
+/// escapes: a bound from below, made without writing the text) and
+/// [`MAX_ARGUMENT_DEPTH`] levels. Recursion is bounded by that depth, and
+/// the walk stops at the first bound passed.
+fn arguments_within(arguments: &Value, kib: u64) -> Result<(), String> {
+    fn walk(v: &Value, depth: usize, left: &mut usize) -> Result<(), &'static str> {
+        if depth > MAX_ARGUMENT_DEPTH {
+            return Err("depth");
+        }
+        let own = match v {
+            Value::Null | Value::Bool(_) => 5,
+            // At most 24 characters as JSON text.
+            Value::Number(_) => 24,
+            Value::String(s) => s.len() + 2,
+            Value::Array(a) => a.len() + 2,
+            Value::Object(o) => o.keys().map(|k| k.len() + 4).sum::<usize>() + 2,
+        };
+        *left = left.checked_sub(own).ok_or("size")?;
+        match v {
+            Value::Array(a) => a.iter().try_for_each(|x| walk(x, depth + 1, left)),
+            Value::Object(o) => o.values().try_for_each(|x| walk(x, depth + 1, left)),
+            _ => Ok(()),
+        }
+    }
+    let limit = usize::try_from(kib).unwrap_or(usize::MAX).saturating_mul(1024);
+    let mut left = limit;
+    walk(arguments, 1, &mut left).map_err(|which| match which {
+        "depth" => format!(
+            "the arguments are nested deeper than {MAX_ARGUMENT_DEPTH} levels; the host refuses them before reading them"
+        ),
+        _ => format!(
+            "the arguments are over {kib} KiB of JSON, the host's limits.arguments_kib; send less (a path or a \
+             reference instead of the content), or raise the limit in [limits]"
+        ),
+    })
+}
+
+/// Drop `v` without recursion: serde_json's own drop recurses once per level.
+fn drop_flat(v: Value) {
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::Array(a) => stack.extend(a),
+            Value::Object(o) => stack.extend(o.into_iter().map(|(_, v)| v)),
+            _ => {}
+        }
+    }
 }
 
 /// JSON `null` arguments mean `{}`.

@@ -46,6 +46,42 @@ async fn installed_but_invisible_is_absent_and_refused_like_an_unknown_tool(lang
 }
 }
 
+/// Invariants 10 and 14: arguments past the host's bounds — more JSON than
+/// `limits.arguments_kib`, or nested deeper than a parser allows (a library
+/// caller's `Value` has no parser's limit, and the schema check, the gate
+/// and the journal recurse into them) — are a committed Tool error before
+/// anything reads them; the journal keeps a note, not the arguments.
+#[tokio::test]
+async fn arguments_past_the_hosts_bounds_are_a_tool_error_before_anything_reads_them() {
+    let host = text_and_notes("[limits]\narguments_kib = 4\n");
+    // Built by hand: `json!` would serialize `deep` (recursively) at each level.
+    let mut deep = serde_json::Value::String("x".into());
+    for _ in 0..200_000 {
+        deep = serde_json::Value::Array(vec![deep]);
+    }
+    let args = serde_json::Value::Object([("text".to_owned(), deep)].into_iter().collect());
+    let r = call(&host, "text.upper", args).await;
+    let StepResult::ToolError { message, .. } = &r else { panic!("{r:?}") };
+    assert!(message.contains("nested deeper than 128 levels"), "{message}");
+    let r = call(&host, "text.upper", json!({"text": "x".repeat(5000)})).await;
+    let StepResult::ToolError { message, .. } = &r else { panic!("{r:?}") };
+    assert!(message.contains("over 4 KiB") && message.contains("limits.arguments_kib"), "{message}");
+    // Within the bounds, the call runs.
+    let r = call(&host, "text.upper", json!({"text": "x".repeat(3000)})).await;
+    assert!(matches!(r, StepResult::Output { .. }), "{r:?}");
+    let s = steps(&host).await;
+    assert_eq!(s.len(), 3);
+    for step in &s[..2] {
+        assert_eq!(step.outcome, OutcomeKind::ToolError);
+        assert!(
+            step.arguments.starts_with("\"(arguments not kept: ") && step.arguments.len() < 400,
+            "{}",
+            step.arguments
+        );
+    }
+    assert_eq!(host.instantiations(), 1, "only the call within the bounds ran");
+}
+
 each_lang! {
 async fn invalid_arguments_are_a_tool_error_before_the_gate_and_nothing_runs(lang: Lang) {
     let host = text_and_notes_in(lang, "");
