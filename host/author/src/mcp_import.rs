@@ -150,6 +150,12 @@ impl ConfiguredSecrets {
     pub fn unreadable(&self) -> &[(String, String)] {
         &self.unreadable
     }
+
+    /// A scanner for every secret that was read (also what a Skill's pack
+    /// checks its content against).
+    pub(crate) fn scanner(&self) -> toolgate::sandbox::scan::SecretScanner {
+        toolgate::sandbox::scan::SecretScanner::new(&self.values)
+    }
 }
 
 /// List the remote's tools once, applying `credential` as the host would,

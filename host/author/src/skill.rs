@@ -15,11 +15,14 @@
 //! or interprets a Skill folder, it loads the packed component.
 
 use std::collections::BTreeMap;
+use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
 use toolgate_sdk::skill::{Resource, SkillData};
+
+use crate::mcp_import::ConfiguredSecrets;
 
 /// Largest total size of a Skill's files.
 pub const MAX_SKILL_BYTES: u64 = 4 << 20;
@@ -92,10 +95,23 @@ impl SkillSource {
 }
 
 /// Read and check a Skill folder.
+///
+/// The folder is opened once (following the path the operator gave) and
+/// everything packed — `SKILL.md`, `references/`, `assets/` and what is
+/// below them — is opened relative to it without following a symlink, on
+/// the folder's own file system. A symlink, a FIFO, socket or device, or a
+/// mount point anywhere in what is packed is refused, naming its path: a
+/// Skill folder comes from someone else, and a `references -> ~/.ssh` would
+/// otherwise pack the operator's own files into the Tool the model reads.
 pub fn read(dir: &Path) -> Result<SkillSource, SkillError> {
+    let root = Folder::open(dir)?;
     let md_path = dir.join("SKILL.md");
-    let text = std::fs::read_to_string(&md_path)
-        .map_err(|e| SkillError::Read { path: md_path.clone(), message: format!("cannot read: {e}") })?;
+    let text = match root.entry(&root.fd, "SKILL.md", &md_path)? {
+        Some(Entry::File(file, _)) => read_file(file, &md_path, MAX_SKILL_BYTES)?,
+        Some(Entry::Dir(_)) => return Err(refused(&md_path, "is a folder; SKILL.md must be a file")),
+        None => return Err(refused(&md_path, "cannot read: there is no SKILL.md in the Skill folder")),
+    };
+    let text = String::from_utf8(text).map_err(|_| refused(&md_path, "is not UTF-8 text"))?;
     let field = |field: &str, message: String| SkillError::Frontmatter {
         path: md_path.clone(),
         field: field.to_owned(),
@@ -148,7 +164,14 @@ pub fn read(dir: &Path) -> Result<SkillSource, SkillError> {
     let mut resources = BTreeMap::new();
     let mut total = text.len() as u64;
     for sub in ["references", "assets"] {
-        collect(&dir.join(sub), sub, &mut resources, &mut total)?;
+        let path = dir.join(sub);
+        match root.entry(&root.fd, sub, &path)? {
+            Some(Entry::Dir(fd)) => root.collect(&fd, &path, sub, 1, &mut resources, &mut total)?,
+            Some(Entry::File(..)) => {
+                return Err(refused(&path, &format!("is a file; `{sub}` must be a folder of the Skill's {sub}")));
+            }
+            None => {}
+        }
     }
     Ok(SkillSource {
         name: fm.name,
@@ -159,33 +182,207 @@ pub fn read(dir: &Path) -> Result<SkillSource, SkillError> {
     })
 }
 
-fn collect(dir: &Path, rel: &str, out: &mut BTreeMap<String, Vec<u8>>, total: &mut u64) -> Result<(), SkillError> {
-    let Ok(entries) = std::fs::read_dir(dir) else { return Ok(()) };
-    for e in entries.flatten() {
-        let path = e.path();
-        let name = format!("{rel}/{}", e.file_name().to_string_lossy());
-        let meta = std::fs::symlink_metadata(&path)
-            .map_err(|err| SkillError::Read { path: path.clone(), message: err.to_string() })?;
-        if meta.is_dir() {
-            collect(&path, &name, out, total)?;
-        } else if meta.is_file() {
-            *total += meta.len();
-            if *total > MAX_SKILL_BYTES {
-                return Err(SkillError::Read {
-                    path,
-                    message: format!("the Skill is larger than {MAX_SKILL_BYTES} bytes"),
-                });
-            }
-            let bytes = std::fs::read(&path)
-                .map_err(|err| SkillError::Read { path: path.clone(), message: err.to_string() })?;
-            out.insert(name, bytes);
-        }
-        // Symlinks are skipped: a Skill ships its own files only.
+/// How deep folders may nest below `references/` or `assets/`.
+const MAX_DEPTH: usize = 32;
+
+fn refused(path: &Path, message: &str) -> SkillError {
+    SkillError::Read { path: path.to_owned(), message: message.to_owned() }
+}
+
+/// What `read` refuses a symlink with: what it is and what to do.
+const SYMLINK: &str = "is a symlink; a Skill is packed from its own files only, and a symlink can lead anywhere \
+                       (`references -> ~/.ssh` would pack the operator's files into the Tool): replace the symlink \
+                       with the file itself (for a folder, a copy of what it holds)";
+
+/// The opened Skill folder: the descriptor everything packed is opened
+/// relative to, and the file system it is on.
+struct Folder {
+    fd: rustix::fd::OwnedFd,
+    dev: u64,
+}
+
+/// One name in a folder of the Skill, opened: a regular file (with its
+/// size) or a folder, on the Skill folder's file system.
+enum Entry {
+    File(std::fs::File, u64),
+    Dir(rustix::fd::OwnedFd),
+}
+
+impl Folder {
+    /// The folder at `dir`: the path the operator gave, followed.
+    fn open(dir: &Path) -> Result<Folder, SkillError> {
+        use rustix::fs::{Mode, OFlags};
+        let fd = rustix::fs::open(dir, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+            .map_err(|e| refused(dir, &format!("cannot open the Skill folder: {}", std::io::Error::from(e))))?;
+        let stat = rustix::fs::fstat(&fd)
+            .map_err(|e| refused(dir, &format!("cannot read the Skill folder: {}", std::io::Error::from(e))))?;
+        Ok(Folder { fd, dev: stat.st_dev as u64 })
     }
-    Ok(())
+
+    /// `name` in the folder `parent` (shown as `path`), opened without
+    /// following a symlink; `None` when there is nothing of that name. A
+    /// symlink, anything but a regular file or folder, or something on
+    /// another file system is refused, naming `path`.
+    fn entry(&self, parent: &rustix::fd::OwnedFd, name: &str, path: &Path) -> Result<Option<Entry>, SkillError> {
+        use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+        let io = |e: rustix::io::Errno| refused(path, &format!("cannot read: {}", std::io::Error::from(e)));
+        let before = match rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(s) => s,
+            Err(rustix::io::Errno::NOENT) => return Ok(None),
+            Err(e) => return Err(io(e)),
+        };
+        let kind = FileType::from_raw_mode(before.st_mode);
+        let flags = match kind {
+            FileType::RegularFile => OFlags::empty(),
+            FileType::Directory => OFlags::DIRECTORY,
+            FileType::Symlink => return Err(refused(path, SYMLINK)),
+            other => {
+                return Err(refused(
+                    path,
+                    &format!(
+                        "is a {}, not a file or folder; a Skill is packed from its own regular files only: remove it",
+                        match other {
+                            FileType::Fifo => "FIFO",
+                            FileType::Socket => "socket",
+                            FileType::CharacterDevice | FileType::BlockDevice => "device",
+                            _ => "special file",
+                        }
+                    ),
+                ));
+            }
+        };
+        if before.st_dev as u64 != self.dev {
+            return Err(refused(
+                path,
+                "is on another file system than the Skill folder (a mount point); a Skill is packed from its own \
+                 folder only: copy what it holds into the Skill folder",
+            ));
+        }
+        // Opened without following, without blocking, and checked to be the
+        // very object just looked at: a symlink or FIFO swapped in between
+        // is refused, never read.
+        let fd = rustix::fs::openat(
+            parent,
+            name,
+            flags | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| if e == rustix::io::Errno::LOOP { refused(path, SYMLINK) } else { io(e) })?;
+        let after = rustix::fs::fstat(&fd).map_err(io)?;
+        if (after.st_dev, after.st_ino, FileType::from_raw_mode(after.st_mode)) != (before.st_dev, before.st_ino, kind)
+        {
+            return Err(refused(path, "changed while it was read; pack the Skill again once nothing is changing it"));
+        }
+        Ok(Some(match kind {
+            FileType::Directory => Entry::Dir(fd),
+            _ => Entry::File(std::fs::File::from(fd), after.st_size as u64),
+        }))
+    }
+
+    /// Every file below the folder `dir` (shown as `path`, packed as `rel`),
+    /// into `out`; `total` counts the bytes of the Skill so far, the names
+    /// included.
+    fn collect(
+        &self,
+        dir: &rustix::fd::OwnedFd,
+        path: &Path,
+        rel: &str,
+        depth: usize,
+        out: &mut BTreeMap<String, Vec<u8>>,
+        total: &mut u64,
+    ) -> Result<(), SkillError> {
+        if depth > MAX_DEPTH {
+            return Err(refused(path, &format!("folders nest more than {MAX_DEPTH} deep in a Skill")));
+        }
+        let io = |e: rustix::io::Errno| refused(path, &format!("cannot list: {}", std::io::Error::from(e)));
+        let mut names = Vec::new();
+        for entry in rustix::fs::Dir::read_from(dir).map_err(io)? {
+            let entry = entry.map_err(io)?;
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            let shown = path.join(std::ffi::OsStr::from_bytes(name));
+            let name = std::str::from_utf8(name)
+                .map_err(|_| refused(&shown, "has a name that is not UTF-8; rename it"))?
+                .to_owned();
+            names.push((name, shown));
+        }
+        names.sort();
+        for (name, shown) in names {
+            let packed = format!("{rel}/{name}");
+            *total += packed.len() as u64;
+            let left = MAX_SKILL_BYTES.checked_sub(*total).ok_or_else(|| too_large(&shown))?;
+            match self.entry(dir, &name, &shown)? {
+                Some(Entry::Dir(sub)) => self.collect(&sub, &shown, &packed, depth + 1, out, total)?,
+                Some(Entry::File(file, size)) => {
+                    if size > left {
+                        return Err(too_large(&shown));
+                    }
+                    let bytes = read_file(file, &shown, left)?;
+                    *total += bytes.len() as u64;
+                    out.insert(packed, bytes);
+                }
+                // Gone since it was listed: nothing to pack.
+                None => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+fn too_large(path: &Path) -> SkillError {
+    refused(path, &format!("the Skill is larger than {MAX_SKILL_BYTES} bytes"))
+}
+
+/// `file` whole, at most `max` bytes (it may grow after its size was read).
+fn read_file(file: std::fs::File, path: &Path, max: u64) -> Result<Vec<u8>, SkillError> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    file.take(max.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| refused(path, &format!("cannot read: {e}")))?;
+    if bytes.len() as u64 > max {
+        return Err(too_large(path));
+    }
+    Ok(bytes)
 }
 
 impl SkillSource {
+    /// Refuse a Skill read from `dir` whose packed content — its
+    /// frontmatter, instructions, resources' names and bytes — holds the
+    /// secret of a configured credential, in any encoding the host's
+    /// response check knows: everything packed is what every model that
+    /// sees the Tool reads. The error names the file and the credential,
+    /// never the value.
+    pub fn refuse_secrets(&self, dir: &Path, secrets: &ConfiguredSecrets) -> Result<(), SkillError> {
+        let scanner = secrets.scanner();
+        if scanner.is_empty() {
+            return Ok(());
+        }
+        let held = |path: PathBuf, f: toolgate::sandbox::scan::Finding| SkillError::Read {
+            path,
+            message: format!(
+                "holds the secret of credential `{}` ({}); what a Skill packs is read by every model that sees its \
+                 Tool, so nothing was written: remove it from the Skill (and if the Skill came from someone else, \
+                 they know the secret: rotate it)",
+                f.credential, f.form
+            ),
+        };
+        let allowed = self.allowed_tools.iter().flatten().map(String::as_str).collect::<Vec<_>>().join(" ");
+        for text in [&self.name, &self.description, &self.instructions, &allowed] {
+            if let Some(f) = scanner.find(text.as_bytes()) {
+                return Err(held(dir.join("SKILL.md"), f));
+            }
+        }
+        for (name, bytes) in &self.resources {
+            if let Some(f) = scanner.find(name.as_bytes()).or_else(|| scanner.find(bytes)) {
+                return Err(held(dir.join(name), f));
+            }
+        }
+        Ok(())
+    }
+
     /// The pinned data of the Skill's component: everything it serves.
     pub fn pinned(&self) -> SkillData {
         SkillData {
@@ -240,6 +437,180 @@ mod tests {
         assert_eq!(s.allowed_tools, Some(vec!["notes".to_owned(), "text.*".to_owned()]));
         assert_eq!(s.instructions, "# Style\nBe brief.\n");
         assert_eq!(s.resources.get("references/guide.md").map(Vec::as_slice), Some(&b"guide"[..]));
+    }
+
+    const MD: &str = "---\nname: x\ndescription: d\n---\nbody\n";
+
+    /// What a case is, what it makes in the Skill folder, the path it names.
+    type Case<'a> = (&'a str, &'a dyn Fn(&Path), &'a str);
+
+    /// A file of the operator's outside the Skill folder, as a hostile
+    /// folder would point at it (`references -> ../../.ssh`).
+    fn outside() -> (tempfile::TempDir, PathBuf) {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("secret.txt"), "the operator's own file").unwrap();
+        std::fs::write(t.path().join("SKILL.md"), "---\nname: x\ndescription: d\n---\nthe operator's own file\n")
+            .unwrap();
+        let d = t.path().to_owned();
+        (t, d)
+    }
+
+    /// The class: packing reads a file other than the Skill's own. Whatever
+    /// leads out of the folder or is not a file of its own — a symlink at
+    /// `references` or `assets` themselves, at `SKILL.md`, at a file or a
+    /// folder inside them, a FIFO, a socket — is refused naming its path
+    /// and what to do, never followed and never skipped in silence.
+    #[test]
+    fn a_symlink_or_special_file_anywhere_in_a_skill_is_refused_naming_it() {
+        let (_o, out) = outside();
+        let cases: [Case; 7] = [
+            (
+                "references -> outside",
+                &|d| std::os::unix::fs::symlink(&out, d.join("references")).unwrap(),
+                "references",
+            ),
+            ("assets -> outside", &|d| std::os::unix::fs::symlink(&out, d.join("assets")).unwrap(), "assets"),
+            (
+                "SKILL.md -> outside",
+                &|d| {
+                    std::fs::remove_file(d.join("SKILL.md")).unwrap();
+                    std::os::unix::fs::symlink(out.join("SKILL.md"), d.join("SKILL.md")).unwrap();
+                },
+                "SKILL.md",
+            ),
+            (
+                "a file in references -> outside",
+                &|d| {
+                    std::fs::create_dir(d.join("references")).unwrap();
+                    std::os::unix::fs::symlink(out.join("secret.txt"), d.join("references/secret.txt")).unwrap();
+                },
+                "references/secret.txt",
+            ),
+            (
+                "a file in references -> a file of the Skill",
+                &|d| {
+                    std::fs::create_dir(d.join("references")).unwrap();
+                    std::fs::write(d.join("references/a.md"), "a").unwrap();
+                    std::os::unix::fs::symlink("a.md", d.join("references/b.md")).unwrap();
+                },
+                "references/b.md",
+            ),
+            (
+                "a nested folder -> outside",
+                &|d| {
+                    std::fs::create_dir_all(d.join("assets/deep")).unwrap();
+                    std::os::unix::fs::symlink(&out, d.join("assets/deep/more")).unwrap();
+                },
+                "assets/deep/more",
+            ),
+            (
+                "a FIFO in references",
+                &|d| {
+                    std::fs::create_dir(d.join("references")).unwrap();
+                    rustix::fs::mknodat(
+                        rustix::fs::CWD,
+                        d.join("references/pipe"),
+                        rustix::fs::FileType::Fifo,
+                        rustix::fs::Mode::from_raw_mode(0o600),
+                        0,
+                    )
+                    .unwrap();
+                },
+                "references/pipe",
+            ),
+        ];
+        let mut wrong = Vec::new();
+        for (what, make, named) in cases {
+            let (_t, d) = folder("x", MD);
+            make(&d);
+            let path = d.join(named).display().to_string();
+            match read(&d) {
+                Ok(s) => wrong.push(format!(
+                    "{what}: packed, instructions {:?}, resources {:?}",
+                    s.instructions,
+                    s.resources.keys().collect::<Vec<_>>()
+                )),
+                Err(e) if !e.to_string().contains(&path) => wrong.push(format!("{what}: does not name {path}: {e}")),
+                Err(e)
+                    if what.contains("->") && !e.to_string().contains("replace the symlink with the file itself") =>
+                {
+                    wrong.push(format!("{what}: does not say what to do: {e}"))
+                }
+                Err(_) => {}
+            }
+        }
+        assert!(wrong.is_empty(), "{wrong:#?}");
+    }
+
+    /// What a Skill packs is model-visible: content holding a configured
+    /// credential's secret (raw or encoded, in SKILL.md or a resource) is
+    /// refused naming the file and the credential, never the value.
+    #[test]
+    fn a_skill_holding_a_configured_secret_is_refused_naming_the_file_and_credential() {
+        use toolgate::authority::credentials::{Apply, CredentialConfig, CredentialSpec, Source};
+        let var = "TOOLGATE_TEST_SKILL_CONFIGURED";
+        let secret = "skill-s3cr3t-value-41c9";
+        // SAFETY: only this test uses this variable.
+        unsafe { std::env::set_var(var, secret) };
+        let config = CredentialConfig {
+            source: Source::Env(var.into()),
+            destinations: vec!["https://elsewhere.example".into()],
+            apply: Apply::Header { name: "X-Key".into(), format: "{}".into() },
+        };
+        let spec = CredentialSpec::new("tracker", &config, Path::new("/")).unwrap();
+        let secrets = ConfiguredSecrets::read([&spec]);
+        let b64 = "c2tpbGwtczNjcjN0LXZhbHVlLTQxYzk="; // base64 of the secret
+        let cases: [Case; 3] = [
+            (
+                "instructions, raw",
+                &|d| {
+                    std::fs::write(d.join("SKILL.md"), format!("---\nname: x\ndescription: d\n---\nkey {secret}\n"))
+                        .unwrap()
+                },
+                "SKILL.md",
+            ),
+            (
+                "description, base64",
+                &|d| {
+                    std::fs::write(d.join("SKILL.md"), format!("---\nname: x\ndescription: ref {b64}\n---\nb\n"))
+                        .unwrap()
+                },
+                "SKILL.md",
+            ),
+            (
+                "a reference, base64",
+                &|d| {
+                    std::fs::create_dir(d.join("references")).unwrap();
+                    std::fs::write(d.join("references/env.md"), format!("TOKEN={b64}")).unwrap();
+                },
+                "references/env.md",
+            ),
+        ];
+        for (what, make, named) in cases {
+            let (_t, d) = folder("x", MD);
+            make(&d);
+            let e = read(&d).unwrap().refuse_secrets(&d, &secrets).expect_err(what).to_string();
+            assert!(
+                e.contains(&d.join(named).display().to_string()) && e.contains("credential `tracker`"),
+                "{what}: {e}"
+            );
+            assert!(!e.contains(secret) && !e.contains(b64), "{what}: {e}");
+        }
+        let (_t, d) = folder("x", MD);
+        read(&d).unwrap().refuse_secrets(&d, &secrets).unwrap();
+    }
+
+    /// A folder that is its own, with nested folders, still packs whole.
+    #[test]
+    fn nested_folders_of_the_skill_pack_whole() {
+        let (_t, d) = folder("x", MD);
+        std::fs::create_dir_all(d.join("assets/img/small")).unwrap();
+        std::fs::write(d.join("assets/img/small/dot.txt"), ".").unwrap();
+        std::fs::create_dir(d.join("references")).unwrap();
+        std::fs::write(d.join("references/r.md"), "r").unwrap();
+        let s = read(&d).unwrap();
+        let names: Vec<_> = s.resources.keys().map(String::as_str).collect();
+        assert_eq!(names, ["assets/img/small/dot.txt", "references/r.md"]);
     }
 
     #[test]

@@ -386,6 +386,10 @@ async fn dispatch(cli: Cli) -> Result<u8> {
         }
         Command::Skill { command: SkillCommand::Pack { dir, output } } => {
             let skill = toolgate_author::skill::read(dir)?;
+            // The operator's config, when there is one: what the Skill packs
+            // is checked against every configured credential's secret.
+            let (_, secrets) = configured_secrets(&cli.config, false, "the Skill's files")?;
+            skill.refuse_secrets(dir, &secrets)?;
             let (packed, tools) = toolgate_author::skill::pack(&skill).await?;
             std::fs::write(output, &packed).with_context(|| format!("cannot write {}", output.display()))?;
             eprintln!("packed {} into {} ({})", skill.tool_id(), output.display(), toolgate::Digest::of(&packed));
@@ -599,6 +603,33 @@ async fn pack(input: &Path, output: &Path) -> Result<u8> {
     Ok(exit::OUTPUT)
 }
 
+/// The config at `path` — found the way every command finds it; read when
+/// there, or when `required` — and the secret of every credential it
+/// configures: what an author-side command writes into a component
+/// (`what`) is checked against all of them, since a component's content is
+/// what every model that sees its Tools reads. Without a config, or for a
+/// secret that cannot be read, a warning says what is not checked.
+fn configured_secrets(
+    path: &Path,
+    required: bool,
+    what: &str,
+) -> Result<(Option<Config>, toolgate_author::mcp_import::ConfiguredSecrets)> {
+    use toolgate_author::mcp_import::ConfiguredSecrets;
+    if !required && !path.exists() {
+        tracing::warn!(
+            "no config at {}: {what} are checked for no configured credential's secret (pass --config FILE)",
+            safe(&path.display().to_string())
+        );
+        return Ok((None, ConfiguredSecrets::none()));
+    }
+    let config = Config::load(path)?;
+    let secrets = ConfiguredSecrets::read(config.credentials.values().map(|s| s.as_ref()));
+    for (_, why) in secrets.unreadable() {
+        tracing::warn!("{}; {what} are not checked for its secret", safe(why));
+    }
+    Ok((Some(config), secrets))
+}
+
 async fn mcp_import(
     config: &Path,
     url: &str,
@@ -609,19 +640,7 @@ async fn mcp_import(
     output: &Path,
 ) -> Result<u8> {
     use toolgate_author::mcp_import as mcp_adapter;
-    // Found the way every command finds it; needed for `--credential`, and
-    // otherwise read when there: what is pinned is checked against every
-    // configured credential's secret, not only the one the import sends.
-    let config = if credential.is_some() || config.exists() {
-        Some(Config::load(config)?)
-    } else {
-        tracing::warn!(
-            "no config at {}: the imported tool definitions are checked for no configured credential's secret \
-             (pass --config FILE)",
-            safe(&config.display().to_string())
-        );
-        None
-    };
+    let (config, secrets) = configured_secrets(config, credential.is_some(), "the imported tool definitions")?;
     let spec = match (credential, &config) {
         (Some(c), Some(config)) => {
             let spec = config.credentials.get(c).cloned().ok_or_else(|| {
@@ -634,13 +653,6 @@ async fn mcp_import(
         }
         _ => None,
     };
-    let secrets = match &config {
-        Some(config) => mcp_adapter::ConfiguredSecrets::read(config.credentials.values().map(|s| s.as_ref())),
-        None => mcp_adapter::ConfiguredSecrets::none(),
-    };
-    for (_, why) in secrets.unreadable() {
-        tracing::warn!("{}; the imported tool definitions are not checked for its secret", safe(why));
-    }
     let discovered = mcp_adapter::discover(url, spec.as_deref(), &secrets, timeout).await?;
     let mut pinned = mcp_adapter::pin(url, &discovered, name, credential)?;
     pinned.verify_every_secs = verify_every;

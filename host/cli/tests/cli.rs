@@ -524,6 +524,68 @@ fn skill_pack_needs_no_toolchain_and_inspect_shows_the_pinned_skill() {
     assert_ne!(digest("skill.wasm"), digest("copy.wasm"), "the digest covers the pinned Skill");
 }
 
+/// A Skill folder comes from someone else: `skill pack` packs the folder's
+/// own files only. A symlink in it (`references -> ~/.ssh`) is refused
+/// naming its path and what to do, never followed (the previous code packed
+/// every file behind it); and with a config, content holding a configured
+/// credential's secret is refused naming the file and the credential.
+#[test]
+fn skill_pack_refuses_a_symlink_out_of_the_folder_and_a_configured_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir(d.join("outside")).unwrap();
+    std::fs::write(d.join("outside/id_ed25519"), "the operator's own key").unwrap();
+    let skill = d.join("skills/notes-style");
+    std::fs::create_dir_all(&skill).unwrap();
+    std::fs::write(
+        skill.join("SKILL.md"),
+        "---\nname: notes-style\ndescription: How to write notes.\n---\nBe brief.\n",
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(d.join("outside"), skill.join("references")).unwrap();
+    let pack = || tg(d, &["skill", "pack", "skills/notes-style", "-o", "skill.wasm"]);
+    let out = pack();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("skills/notes-style/references") && err.contains("replace the symlink with the file itself"),
+        "{err}"
+    );
+    assert!(!d.join("skill.wasm").exists(), "nothing written");
+
+    // Its own folder, holding the secret of a configured credential.
+    let secret = "tok-skill-3f9a1c7e55d2";
+    std::fs::remove_file(skill.join("references")).unwrap();
+    std::fs::create_dir(skill.join("references")).unwrap();
+    std::fs::write(skill.join("references/setup.md"), format!("export TOKEN={secret}\n")).unwrap();
+    std::fs::write(d.join("tracker.secret"), secret).unwrap();
+    std::fs::set_permissions(d.join("tracker.secret"), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    std::fs::write(
+        d.join("toolgate.toml"),
+        r#"
+plugins = "plugins"
+[credentials.tracker]
+source = { file = "tracker.secret" }
+destinations = ["https://tracker.example:443"]
+apply = { header = { name = "Authorization", format = "Bearer {}" } }
+"#,
+    )
+    .unwrap();
+    let out = pack();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("skills/notes-style/references/setup.md") && err.contains("credential `tracker`"), "{err}");
+    assert!(!err.contains(secret) && !d.join("skill.wasm").exists(), "{err}");
+
+    std::fs::write(skill.join("references/setup.md"), "export TOKEN=...\n").unwrap();
+    let out = pack();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = tg(d, &["--json", "inspect", "skill.wasm"]);
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let paths: Vec<_> = shown["pinned"]["resources"].as_array().unwrap().iter().map(|r| r["path"].clone()).collect();
+    assert_eq!(paths, [serde_json::json!("references/setup.md")]);
+}
+
 /// `toolgate journal`'s text: a Tool's result is quoted, after who approved
 /// the step, and its bidi controls are escaped, so a result ending in an
 /// imitation of the approval note cannot pass for one.
