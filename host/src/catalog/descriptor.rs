@@ -31,6 +31,26 @@ pub const MAX_DESCRIPTION_LEN: usize = 8 * 1024;
 /// minutes per 100 KiB. Real-world patterns are far below it (an RFC 5322
 /// address compiles to ~18 KiB).
 pub const MAX_PATTERN_BYTES: usize = 256 << 10;
+/// Most evaluations of subschemas that validating one value against a
+/// schema may cost — one node of an argument or output (the whole value, a
+/// member, an item) or one member name — summed over every subschema that
+/// reaches it, whatever the value (see `work` below for the model). With it,
+/// validating costs at most this many evaluations per node and member name
+/// of the value: linear in its size, where a crafted schema was exponential
+/// (2^n for a definition referenced twice from each of n nested `anyOf`s).
+/// Real schemas are far below it: the example Tools' cost at most 5 per
+/// value, schemars output with a definition used from 50 properties and
+/// recursive types 6; a `oneOf` of 1,000 variants that each `$ref` a
+/// definition with an `anyOf` of two costs ~4,000. Above it: a definition
+/// referenced twice from each of 12 nested levels.
+pub const MAX_SCHEMA_WORK: u64 = 10_000;
+/// Most steps bounding [`MAX_SCHEMA_WORK`] may take for one metadata document
+/// (every schema of every Tool in it) before the document is refused as too
+/// complex to check; a real schema takes a few steps per subschema (a
+/// 1.2 MiB schema of 6,000 struct fields: 426,000). All of them take about a
+/// quarter of a second in a debug build, so loading stays fast whatever a
+/// component ships.
+const MAX_CHECK_STEPS: u64 = 1 << 22;
 
 /// Why a file is not a loadable Tool component. Each message says what to do.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -244,6 +264,7 @@ pub fn check_document(doc: ComponentMetadata) -> Result<Vec<Arc<CheckedTool>>, D
     }
     let mut seen = std::collections::BTreeSet::new();
     let mut out = Vec::with_capacity(doc.tools.len());
+    let mut steps = work::Steps(MAX_CHECK_STEPS);
     for tool in doc.tools {
         let id = tool.descriptor.id.clone();
         let bad = |problem: String| DescriptorError::BadTool { id: id.clone(), problem };
@@ -261,9 +282,11 @@ pub fn check_document(doc: ComponentMetadata) -> Result<Vec<Arc<CheckedTool>>, D
         if d.input_schema.get("type").and_then(|t| t.as_str()) != Some("object") {
             return Err(bad("input schema root is not `type: object`; make `Args` a struct".into()));
         }
-        let validator = compile_schema(&d.input_schema).map_err(|e| bad(format!("input schema: {e}")))?;
+        let validator = compile_schema(&d.input_schema, &mut steps).map_err(|e| bad(format!("input schema: {e}")))?;
         let output_validator = match &d.output_schema {
-            Some(out_schema) => Some(compile_schema(out_schema).map_err(|e| bad(format!("output schema: {e}")))?),
+            Some(out_schema) => {
+                Some(compile_schema(out_schema, &mut steps).map_err(|e| bad(format!("output schema: {e}")))?)
+            }
             None => None,
         };
         if let Some(p) = &d.primary_argument {
@@ -309,7 +332,11 @@ pub fn check_id(id: &str) -> Result<(), String> {
     }
 }
 
-fn compile_schema(schema: &serde_json::Value) -> Result<jsonschema::Validator, String> {
+/// Compile `schema`, refusing one that is invalid, names a draft this host
+/// does not bundle, has a pattern that is slow to match, or lets validating
+/// one value cost more than [`MAX_SCHEMA_WORK`] (checked with `steps`, the
+/// budget of its metadata document).
+fn compile_schema(schema: &serde_json::Value, steps: &mut work::Steps) -> Result<jsonschema::Validator, String> {
     // Only the bundled drafts: a custom `$schema` would need a registry (and
     // jsonschema's meta helpers panic on unknown drafts).
     if let Some(s) = schema.get("$schema") {
@@ -337,10 +364,13 @@ fn compile_schema(schema: &serde_json::Value) -> Result<jsonschema::Validator, S
     // pattern cost ~10^6 steps per string, times every string of a value).
     // Linear is in the compiled size too: bounded, see MAX_PATTERN_BYTES.
     let linear = jsonschema::PatternOptions::regex().size_limit(MAX_PATTERN_BYTES);
-    jsonschema::options()
+    let validator = jsonschema::options()
         .with_pattern_options(linear)
         .build(schema)
-        .map_err(|e| refused_pattern(&e).unwrap_or_else(|| e.to_string()))
+        .map_err(|e| refused_pattern(&e).unwrap_or_else(|| e.to_string()))?;
+    // After compiling: the schema is valid and its references resolve.
+    work::check(schema, steps)?;
+    Ok(validator)
 }
 
 /// Why a `pattern` (or `patternProperties` key) was refused, in words that
@@ -381,6 +411,794 @@ fn shown(s: &str) -> String {
         if c.is_control() { out.extend(c.escape_default()) } else { out.push(c) }
     }
     out
+}
+
+/// How much work validating a value against a schema can cost, bounded when
+/// the schema is loaded.
+///
+/// jsonschema (0.61) evaluates a subschema each time a path of applicators
+/// reaches it: a `$ref` target is compiled once but evaluated at every use;
+/// `anyOf`, `oneOf` and `allOf` evaluate every branch (`iter_errors`, which
+/// writes the refusal, never stops early); `unevaluatedProperties` and
+/// `unevaluatedItems` evaluate every branch below them once more to learn
+/// what it evaluated. So a definition referenced twice from each of 60 nested
+/// `anyOf`s costs 2^60 evaluations on one string, although the schema is a
+/// few KiB and compiles at once (measured in a debug build: 20 levels,
+/// 15 s). The host validates arguments before the gate and output after the
+/// guest's deadline, synchronously, with no deadline of its own.
+///
+/// The model. The schema is a graph of subschemas, references resolved as
+/// jsonschema resolves them (by the same `referencing` registry: no remote
+/// document, the bundled meta-schemas). An *in-place* edge applies a
+/// subschema to the same value (`$ref`, `$dynamicRef`, `$recursiveRef`,
+/// `allOf`, `anyOf`, `oneOf`, `not`, `if`, `then`, `else`,
+/// `dependentSchemas`, `dependencies`); a *member* edge applies it to a
+/// member, an item or a member name (`properties`, `patternProperties`,
+/// `additionalProperties`, `unevaluatedProperties`, `propertyNames`,
+/// `prefixItems`, `items`, `additionalItems`, `contains`,
+/// `unevaluatedItems`). A node with `unevaluated*` has one more in-place edge
+/// per such keyword, to a *marking* copy of itself whose edges go to each
+/// in-place child and to the child's marking copy (jsonschema's marking walk,
+/// which validates each branch again). Every applicator counts whatever the
+/// draft (a `$ref`'s siblings in draft 7 too), except `$dynamicRef`,
+/// `$recursiveRef` and `unevaluated*`, counted in the drafts jsonschema
+/// compiles them in; every dynamic reference counts every anchor it could
+/// reach: over-counting only makes the bound stricter. (Too strict
+/// for one real case: the draft 2020-12 meta-schema, whose `$dynamicRef`s
+/// reach its eight anchors at every level, so a `$ref` to it is refused,
+/// saying to declare an object-or-boolean instead. jsonschema resolves each
+/// dynamic reference once, when compiling; following that choice exactly
+/// would mean following its dynamic scope along every path.)
+///
+/// Per value: `work(s) = 1 + Σ work(in-place child)`, once per edge, computed
+/// once per node in topological order, with saturating arithmetic: linear in
+/// the graph. An in-place cycle is refused: it never reaches a member, JSON
+/// Schema leaves its meaning undefined, and jsonschema's cycle guard makes it
+/// cost one evaluation per simple path, factorial in the cycle's size.
+///
+/// Per value is not enough. A member edge can deliver one subschema to one
+/// member several times (two `oneOf` branches that both declare `children`,
+/// each an array of the same definition), and if that repeats at each level
+/// of nesting the count multiplies per level although every level alone is
+/// cheap (measured: 8 branches through `items`, 6 levels, 13 s). So the
+/// check follows the multiset of subschemas that reach a value, level by
+/// level, separately for every kind of member the schema tells apart (each
+/// name in a `properties`, any other name, each tuple index, any other
+/// index, a member name): a finite set of states, each explored once, with
+/// no bound on nesting depth. Every state's work (`Σ count × work`) must be
+/// at most [`MAX_SCHEMA_WORK`](super::MAX_SCHEMA_WORK); then validating any
+/// value costs at most that many evaluations per node and member name of the
+/// value: linear in its size, whatever its depth. Patterns are assumed to
+/// match every name and `additionalProperties` every name its own
+/// `properties` does not list: again only over-counting.
+///
+/// The walk itself is iterative (no recursion on the schema's shape), visits
+/// each node once, and stops, refusing the schema, after
+/// [`MAX_CHECK_STEPS`](super::MAX_CHECK_STEPS) steps per metadata document.
+mod work {
+    use std::collections::{HashMap, HashSet, VecDeque};
+
+    use jsonschema::Draft;
+    use serde_json::{Map, Value};
+
+    use super::MAX_SCHEMA_WORK;
+
+    /// The base URI jsonschema gives a schema without `$id`.
+    const DEFAULT_BASE: &str = "json-schema:///";
+
+    /// What is left of the check's step budget for one metadata document.
+    pub(super) struct Steps(pub(super) u64);
+
+    impl Steps {
+        fn take(&mut self, n: usize) -> Result<(), String> {
+            let n = u64::try_from(n).unwrap_or(u64::MAX);
+            if self.0 < n {
+                self.0 = 0;
+                return Err(format!(
+                    "bounding the work of validating against it took more than {} steps for this component; \
+                     simplify the schemas (fewer branches referencing the same definitions, fewer `$dynamicRef`s)",
+                    super::MAX_CHECK_STEPS
+                ));
+            }
+            self.0 -= n;
+            Ok(())
+        }
+    }
+
+    /// The members of a value a member edge applies its subschema to.
+    #[derive(Clone, Copy)]
+    enum Member {
+        /// The member with this (interned) name: `properties`.
+        Name(u32),
+        /// Every member: `patternProperties`, `unevaluatedProperties`.
+        AnyName,
+        /// Every member the `properties` of this node does not name: `additionalProperties`.
+        NameNotIn(u32),
+        /// The item at this index: `prefixItems`, `items` as an array.
+        Index(u32),
+        /// Every item from this index on: `items`, `additionalItems`, `contains`, `unevaluatedItems`.
+        IndexFrom(u32),
+        /// The name of every member, a string: `propertyNames`.
+        KeyName,
+    }
+
+    #[derive(Clone, Copy)]
+    enum Edge {
+        InPlace,
+        Member(Member),
+        /// A member edge the marking walk of `unevaluated*` takes as well.
+        Marked(Member),
+    }
+
+    #[derive(Default)]
+    struct Node {
+        /// The subschema's address, to name it in a message.
+        at: usize,
+        base: u32,
+        /// Applied to the same value, once per edge.
+        in_place: Vec<u32>,
+        /// Applied to members.
+        members: Vec<(Member, u32)>,
+        /// The member edges of `contains` and `unevaluated*`.
+        marked: Vec<(Member, u32)>,
+        /// Interned names of its `properties`, sorted.
+        names: Vec<u32>,
+        /// How many of `unevaluatedProperties` and `unevaluatedItems` it has.
+        unevaluated: usize,
+        /// For a marking copy: the node it copies.
+        copy_of: Option<u32>,
+    }
+
+    struct Graph {
+        nodes: Vec<Node>,
+        names: Vec<String>,
+        bases: Vec<String>,
+        /// A dynamic reference could reach more than one anchor.
+        dynamic: bool,
+    }
+
+    /// Refuse `schema` if validating some value against it could cost more
+    /// than [`MAX_SCHEMA_WORK`] evaluations of subschemas at one node of the value.
+    pub(super) fn check(schema: &Value, steps: &mut Steps) -> Result<(), String> {
+        let mut graph = build(schema, steps)?;
+        add_marking(&mut graph, steps)?;
+        let order = match topological(&graph, steps)? {
+            Ok(order) => order,
+            Err(node) => {
+                let at = where_is(schema, &graph, node);
+                return Err(format!(
+                    "{at} applies to the same value again through its own `$ref`/`allOf`/`anyOf`/`oneOf`/`not`/\
+                     `if`/… without descending into a member: an infinite recursion whose meaning JSON Schema \
+                     leaves undefined, and whose cost here grows with the factorial of the schemas in the loop; \
+                     break the cycle"
+                ));
+            }
+        };
+        let work = per_value(&graph, &order);
+        explore(schema, &graph, &order, &work, steps)
+    }
+
+    /// The graph of subschemas reachable from `schema`'s root.
+    fn build(schema: &Value, steps: &mut Steps) -> Result<Graph, String> {
+        let unfollowable = |what: &str, e: jsonschema::ReferencingError| {
+            format!("cannot follow {what} to bound the work of validation ({e})")
+        };
+        let draft = Draft::default().detect(schema);
+        let resource = draft.create_resource_ref(schema);
+        let base = resource.id().unwrap_or(DEFAULT_BASE).to_owned();
+        let registry = jsonschema::Registry::new()
+            .draft(draft)
+            .add(&base, resource)
+            .and_then(|r| r.prepare())
+            .map_err(|e| unfollowable("its references", e))?;
+        let mut root_uri = jsonschema::uri::from_str(&base).map_err(|e| unfollowable("its `$id`", e))?;
+        if !registry.contains_resource(root_uri.as_str()) {
+            root_uri.set_fragment(None);
+        }
+
+        struct Item<'v, R> {
+            value: &'v Value,
+            resolver: R,
+            draft: Draft,
+            from: Option<(u32, Edge)>,
+            /// The resolver is already in this subschema's resource (a reference's target).
+            entered: bool,
+        }
+        let mut graph = Graph { nodes: Vec::new(), names: Vec::new(), bases: Vec::new(), dynamic: false };
+        let mut name_ids: HashMap<String, u32> = HashMap::new();
+        let mut base_ids: HashMap<String, u32> = HashMap::new();
+        let mut base_uris = Vec::new();
+        let mut index: HashMap<(usize, u32), u32> = HashMap::new();
+        // Dynamic references: (node, anchor name or `None` for `$recursiveRef`,
+        // bases tried, targets so far).
+        let mut dynamic: Vec<(u32, Option<String>, usize, Vec<usize>)> = Vec::new();
+        let mut children = Vec::new();
+        let mut work =
+            vec![Item { value: schema, resolver: registry.resolver(root_uri), draft, from: None, entered: false }];
+        loop {
+            while let Some(Item { value, resolver, draft, from, entered }) = work.pop() {
+                steps.take(1)?;
+                let resolver = match value {
+                    Value::Object(_) if !entered => resolver
+                        .in_subresource(draft.create_resource_ref(value))
+                        .map_err(|e| unfollowable("an `$id`", e))?,
+                    _ => resolver,
+                };
+                let base_uri = resolver.base_uri();
+                let base = match base_ids.get(base_uri.as_str()) {
+                    Some(&b) => b,
+                    None => {
+                        let b = id(base_uris.len());
+                        base_ids.insert(base_uri.as_str().to_owned(), b);
+                        graph.bases.push(base_uri.as_str().to_owned());
+                        base_uris.push((*base_uri).clone());
+                        b
+                    }
+                };
+                let at = std::ptr::from_ref(value) as usize;
+                let (node, new) = match index.get(&(at, base)) {
+                    Some(&n) => (n, false),
+                    None => {
+                        let n = id(graph.nodes.len());
+                        index.insert((at, base), n);
+                        graph.nodes.push(Node { at, base, ..Node::default() });
+                        (n, true)
+                    }
+                };
+                if let Some((parent, edge)) = from {
+                    let p = &mut graph.nodes[parent as usize];
+                    match edge {
+                        Edge::InPlace => p.in_place.push(node),
+                        Edge::Member(m) => p.members.push((m, node)),
+                        Edge::Marked(m) => {
+                            p.members.push((m, node));
+                            p.marked.push((m, node));
+                        }
+                    }
+                }
+                let Value::Object(object) = value else { continue };
+                if !new {
+                    continue;
+                }
+                // References, resolved as jsonschema resolves them; an empty
+                // one and a `$ref`/`$dynamicRef` to the schema holding it are
+                // skipped, as there.
+                for keyword in ["$ref", "$dynamicRef", "$recursiveRef"] {
+                    let Some(reference) = object.get(keyword).and_then(Value::as_str) else { continue };
+                    // Keywords of one draft only, as jsonschema compiles them.
+                    let compiled = match keyword {
+                        "$recursiveRef" => draft == Draft::Draft201909,
+                        "$dynamicRef" => matches!(draft, Draft::Draft202012 | Draft::Unknown),
+                        _ => !reference.is_empty(),
+                    };
+                    if !compiled {
+                        continue;
+                    }
+                    let resolved = if keyword == "$recursiveRef" {
+                        resolver.lookup_recursive_ref()
+                    } else {
+                        resolver.lookup(reference)
+                    };
+                    let (target, target_resolver, target_draft) = resolved
+                        .map_err(|e| unfollowable(&format!("`{keyword}` `{}`", super::shown(reference)), e))?
+                        .into_inner();
+                    let anchor = match keyword {
+                        "$dynamicRef" => reference
+                            .rsplit_once('#')
+                            .map(|(_, name)| name)
+                            .filter(|name| !name.is_empty() && !name.starts_with('/'))
+                            .filter(|name| target.get("$dynamicAnchor").and_then(Value::as_str) == Some(*name))
+                            .map(|name| Some(name.to_owned())),
+                        "$recursiveRef" => (target.get("$recursiveAnchor") == Some(&Value::Bool(true))).then_some(None),
+                        _ => None,
+                    };
+                    if let Some(anchor) = anchor {
+                        dynamic.push((node, anchor, 0, vec![std::ptr::from_ref(target) as usize]));
+                    }
+                    if keyword != "$recursiveRef" && std::ptr::eq(target, value) {
+                        continue;
+                    }
+                    work.push(Item {
+                        value: target,
+                        resolver: target_resolver,
+                        draft: target_draft,
+                        from: Some((node, Edge::InPlace)),
+                        entered: true,
+                    });
+                }
+                children.clear();
+                let mut names = Vec::new();
+                subschemas(object, draft, node, &mut children, &mut |name: &str| {
+                    let n = match name_ids.get(name) {
+                        Some(&n) => n,
+                        None => {
+                            let n = id(graph.names.len());
+                            name_ids.insert(name.to_owned(), n);
+                            graph.names.push(name.to_owned());
+                            n
+                        }
+                    };
+                    names.push(n);
+                    n
+                });
+                names.sort_unstable();
+                let n = &mut graph.nodes[node as usize];
+                n.names = names;
+                n.unevaluated = ["unevaluatedProperties", "unevaluatedItems"]
+                    .iter()
+                    .filter(|k| object.get(**k).is_some_and(|s| s.is_object() || s.is_boolean()))
+                    .count()
+                    * usize::from(matches!(draft, Draft::Draft201909 | Draft::Draft202012 | Draft::Unknown));
+                for &(child, edge) in &children {
+                    work.push(Item {
+                        value: child,
+                        resolver: resolver.clone(),
+                        draft: draft.detect(child),
+                        from: Some((node, edge)),
+                        entered: false,
+                    });
+                }
+            }
+            // Every anchor a dynamic reference could reach, in any resource
+            // seen (the dynamic scope only holds those): more resources may
+            // appear as their targets are walked, so until none does.
+            for (node, anchor, tried, targets) in &mut dynamic {
+                while let Some(uri) = base_uris.get(*tried) {
+                    *tried += 1;
+                    steps.take(1)?;
+                    let resolver = registry.resolver(uri.clone());
+                    let (resolved, wanted) = match anchor {
+                        Some(name) => {
+                            (resolver.lookup(&format!("#{name}")), ("$dynamicAnchor", Value::from(name.as_str())))
+                        }
+                        None => (resolver.lookup("#"), ("$recursiveAnchor", Value::Bool(true))),
+                    };
+                    let Ok(resolved) = resolved else { continue };
+                    let (target, target_resolver, target_draft) = resolved.into_inner();
+                    let at = std::ptr::from_ref(target) as usize;
+                    if target.get(wanted.0) != Some(&wanted.1) || targets.contains(&at) {
+                        continue;
+                    }
+                    targets.push(at);
+                    graph.dynamic = true;
+                    work.push(Item {
+                        value: target,
+                        resolver: target_resolver,
+                        draft: target_draft,
+                        from: Some((*node, Edge::InPlace)),
+                        entered: true,
+                    });
+                }
+            }
+            if work.is_empty() {
+                return Ok(graph);
+            }
+        }
+    }
+
+    fn id(n: usize) -> u32 {
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    /// The subschemas of `object` other than references, with how each
+    /// applies; `name` interns a property name.
+    fn subschemas<'v>(
+        object: &'v Map<String, Value>,
+        draft: Draft,
+        node: u32,
+        out: &mut Vec<(&'v Value, Edge)>,
+        name: &mut dyn FnMut(&str) -> u32,
+    ) {
+        let is_schema = |v: &Value| v.is_object() || v.is_boolean();
+        let len = |k: &str| object.get(k).and_then(Value::as_array).map_or(0, |a| id(a.len()));
+        for (keyword, value) in object {
+            let mut one = |edge: Edge| {
+                if is_schema(value) {
+                    out.push((value, edge));
+                }
+            };
+            match keyword.as_str() {
+                "allOf" | "anyOf" | "oneOf" => {
+                    for v in value.as_array().into_iter().flatten().filter(|v| is_schema(v)) {
+                        out.push((v, Edge::InPlace));
+                    }
+                }
+                "not" | "if" | "then" | "else" => one(Edge::InPlace),
+                "dependentSchemas" | "dependencies" => {
+                    for v in value.as_object().into_iter().flat_map(Map::values).filter(|v| is_schema(v)) {
+                        out.push((v, Edge::InPlace));
+                    }
+                }
+                "properties" => {
+                    for (k, v) in value.as_object().into_iter().flatten().filter(|(_, v)| is_schema(v)) {
+                        out.push((v, Edge::Member(Member::Name(name(k)))));
+                    }
+                }
+                "patternProperties" => {
+                    for v in value.as_object().into_iter().flat_map(Map::values).filter(|v| is_schema(v)) {
+                        out.push((v, Edge::Member(Member::AnyName)));
+                    }
+                }
+                "additionalProperties" => one(Edge::Member(Member::NameNotIn(node))),
+                "unevaluatedProperties" => one(Edge::Marked(Member::AnyName)),
+                "propertyNames" => one(Edge::Member(Member::KeyName)),
+                "prefixItems" => {
+                    for (i, v) in value.as_array().into_iter().flatten().enumerate().filter(|(_, v)| is_schema(v)) {
+                        out.push((v, Edge::Member(Member::Index(id(i)))));
+                    }
+                }
+                "items" => match value {
+                    Value::Array(items) => {
+                        for (i, v) in items.iter().enumerate().filter(|(_, v)| is_schema(v)) {
+                            out.push((v, Edge::Member(Member::Index(id(i)))));
+                        }
+                    }
+                    // Only 2020-12 has `prefixItems`, and its `items` starts after them.
+                    _ if draft == Draft::Draft202012 => one(Edge::Member(Member::IndexFrom(len("prefixItems")))),
+                    _ => one(Edge::Member(Member::IndexFrom(0))),
+                },
+                "additionalItems" => one(Edge::Member(Member::IndexFrom(len("items")))),
+                "contains" => one(Edge::Marked(Member::IndexFrom(0))),
+                "unevaluatedItems" => one(Edge::Marked(Member::IndexFrom(0))),
+                _ => {}
+            }
+        }
+    }
+
+    /// Give every node with `unevaluated*` its marking walk: a copy of each
+    /// node below it in place, whose edges go to the node's in-place children
+    /// (validated again) and to their copies, and along its `contains` and
+    /// `unevaluated*` edges.
+    fn add_marking(graph: &mut Graph, steps: &mut Steps) -> Result<(), String> {
+        let n = graph.nodes.len();
+        let mut copy: Vec<Option<u32>> = vec![None; n];
+        let mut stack: Vec<usize> = (0..n).filter(|&v| graph.nodes[v].unevaluated > 0).collect();
+        let mut copied = Vec::new();
+        while let Some(v) = stack.pop() {
+            if copy[v].is_some() {
+                continue;
+            }
+            steps.take(1)?;
+            copy[v] = Some(id(n + copied.len()));
+            copied.push(v);
+            stack.extend(graph.nodes[v].in_place.iter().map(|&c| c as usize).filter(|&c| copy[c].is_none()));
+        }
+        for &v in &copied {
+            let original = &graph.nodes[v];
+            let mut in_place = Vec::with_capacity(2 * original.in_place.len());
+            for &c in &original.in_place {
+                in_place.push(c);
+                in_place.extend(copy[c as usize]);
+            }
+            steps.take(in_place.len())?;
+            let node = Node {
+                at: original.at,
+                base: original.base,
+                in_place,
+                members: original.marked.clone(),
+                copy_of: Some(id(v)),
+                ..Node::default()
+            };
+            graph.nodes.push(node);
+        }
+        for v in 0..n {
+            if let Some(c) = copy[v] {
+                for _ in 0..graph.nodes[v].unevaluated {
+                    graph.nodes[v].in_place.push(c);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The nodes with every in-place child before its parents, or a node on
+    /// an in-place cycle.
+    fn topological(graph: &Graph, steps: &mut Steps) -> Result<Result<Vec<u32>, u32>, String> {
+        const NEW: u8 = 0;
+        const OPEN: u8 = 1;
+        const DONE: u8 = 2;
+        let mut state = vec![NEW; graph.nodes.len()];
+        let mut order = Vec::with_capacity(graph.nodes.len());
+        let mut stack: Vec<(u32, usize)> = Vec::new();
+        for start in 0..graph.nodes.len() {
+            if state[start] != NEW {
+                continue;
+            }
+            state[start] = OPEN;
+            stack.push((id(start), 0));
+            while let Some((v, next)) = stack.last_mut() {
+                let v = *v;
+                match graph.nodes[v as usize].in_place.get(*next) {
+                    Some(&c) => {
+                        *next += 1;
+                        steps.take(1)?;
+                        match state[c as usize] {
+                            NEW => {
+                                state[c as usize] = OPEN;
+                                stack.push((c, 0));
+                            }
+                            OPEN => return Ok(Err(c)),
+                            _ => {}
+                        }
+                    }
+                    None => {
+                        state[v as usize] = DONE;
+                        order.push(v);
+                        stack.pop();
+                    }
+                }
+            }
+        }
+        Ok(Ok(order))
+    }
+
+    /// For each node, the evaluations validating one value against it costs.
+    fn per_value(graph: &Graph, order: &[u32]) -> Vec<u64> {
+        let mut work = vec![0u64; graph.nodes.len()];
+        for &v in order {
+            let below = graph.nodes[v as usize].in_place.iter().fold(0u64, |s, &c| s.saturating_add(work[c as usize]));
+            work[v as usize] = below.saturating_add(1);
+        }
+        work
+    }
+
+    /// How one value is reached from its parent, for a message.
+    #[derive(Clone, Copy)]
+    enum Step {
+        Name(u32),
+        OtherName,
+        Index(u32),
+        OtherIndex,
+        KeyName,
+    }
+
+    /// Subschemas reaching one value, with how many paths reach each: sorted by node.
+    type Reaching = Vec<(u32, u64)>;
+
+    /// Follow what reaches a value, member by member, through every state
+    /// once; refuse the first whose work is over the bound.
+    fn explore(schema: &Value, graph: &Graph, order: &[u32], work: &[u64], steps: &mut Steps) -> Result<(), String> {
+        let mut rank = vec![0u32; graph.nodes.len()];
+        for (i, &v) in order.iter().enumerate() {
+            rank[v as usize] = id(i);
+        }
+        // Each state: what reaches the value, whether it is a member name
+        // (a string: no members), and how it was reached.
+        let mut states: Vec<(Reaching, bool, Option<(usize, Step)>)> = vec![(vec![(0, 1)], false, None)];
+        let mut seen: HashSet<(Reaching, bool)> = HashSet::from([(vec![(0, 1)], false)]);
+        let mut queue = VecDeque::from([0usize]);
+        let mut count = vec![0u64; graph.nodes.len()];
+        let mut stamp = vec![0usize; graph.nodes.len()];
+        while let Some(s) = queue.pop_front() {
+            let (reaching, key_name, _) = &states[s];
+            let total = reaching.iter().fold(0u64, |t, &(v, c)| t.saturating_add(c.saturating_mul(work[v as usize])));
+            if total > MAX_SCHEMA_WORK {
+                return Err(too_much(schema, graph, work, &states, s, total));
+            }
+            if *key_name {
+                continue;
+            }
+            // Every node in place below, parents first, with how many paths reach it.
+            let mut closure: Vec<u32> = Vec::new();
+            let mut stack: Vec<u32> = Vec::new();
+            for &(v, c) in reaching {
+                if stamp[v as usize] != s + 1 {
+                    stamp[v as usize] = s + 1;
+                    count[v as usize] = 0;
+                    stack.push(v);
+                }
+                count[v as usize] += c;
+            }
+            while let Some(v) = stack.pop() {
+                closure.push(v);
+                for &c in &graph.nodes[v as usize].in_place {
+                    if stamp[c as usize] != s + 1 {
+                        stamp[c as usize] = s + 1;
+                        count[c as usize] = 0;
+                        stack.push(c);
+                    }
+                }
+            }
+            steps.take(closure.len())?;
+            closure.sort_unstable_by_key(|&v| std::cmp::Reverse(rank[v as usize]));
+            // `total` bounds every count: no overflow.
+            for &v in &closure {
+                let c = count[v as usize];
+                for &child in &graph.nodes[v as usize].in_place {
+                    count[child as usize] += c;
+                }
+            }
+            // What each kind of member receives.
+            let (mut named, mut any_name, mut not_in, mut index, mut from, mut key_names) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for &v in &closure {
+                let c = count[v as usize];
+                steps.take(graph.nodes[v as usize].members.len())?;
+                for &(member, target) in &graph.nodes[v as usize].members {
+                    match member {
+                        Member::Name(n) => named.push((n, target, c)),
+                        Member::AnyName => any_name.push((target, c)),
+                        Member::NameNotIn(owner) => not_in.push((owner, target, c)),
+                        Member::Index(i) => index.push((i, target, c)),
+                        Member::IndexFrom(i) => from.push((i, target, c)),
+                        Member::KeyName => key_names.push((target, c)),
+                    }
+                }
+            }
+            let mut next: Vec<(Vec<(u32, u64)>, bool, Step)> = Vec::new();
+            named.sort_unstable_by_key(|&(n, _, _)| n);
+            for group in named.chunk_by(|a, b| a.0 == b.0) {
+                let name = group[0].0;
+                let listed = |owner: u32| graph.nodes[owner as usize].names.binary_search(&name).is_ok();
+                steps.take(group.len() + any_name.len() + not_in.len())?;
+                let mut r: Vec<(u32, u64)> = group.iter().map(|&(_, t, c)| (t, c)).collect();
+                r.extend(&any_name);
+                r.extend(not_in.iter().filter(|&&(owner, _, _)| !listed(owner)).map(|&(_, t, c)| (t, c)));
+                next.push((r, false, Step::Name(name)));
+            }
+            let mut r: Vec<(u32, u64)> = any_name.clone();
+            r.extend(not_in.iter().map(|&(_, t, c)| (t, c)));
+            next.push((r, false, Step::OtherName));
+            index.sort_unstable_by_key(|&(i, _, _)| i);
+            for group in index.chunk_by(|a, b| a.0 == b.0) {
+                let i = group[0].0;
+                steps.take(group.len() + from.len())?;
+                let mut r: Vec<(u32, u64)> = group.iter().map(|&(_, t, c)| (t, c)).collect();
+                r.extend(from.iter().filter(|&&(f, _, _)| f <= i).map(|&(_, t, c)| (t, c)));
+                next.push((r, false, Step::Index(i)));
+            }
+            next.push((from.iter().map(|&(_, t, c)| (t, c)).collect(), false, Step::OtherIndex));
+            next.push((key_names, true, Step::KeyName));
+            for (mut r, key_name, step) in next {
+                if r.is_empty() {
+                    continue;
+                }
+                r.sort_unstable_by_key(|&(t, _)| t);
+                let mut merged: Reaching = Vec::with_capacity(r.len());
+                for (t, c) in r {
+                    match merged.last_mut() {
+                        Some((last, total)) if *last == t => *total = total.saturating_add(c),
+                        _ => merged.push((t, c)),
+                    }
+                }
+                steps.take(merged.len())?;
+                if seen.insert((merged.clone(), key_name)) {
+                    states.push((merged, key_name, Some((s, step))));
+                    queue.push_back(states.len() - 1);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Why the state `s` is refused: the evaluations at one value are `total`.
+    fn too_much(
+        schema: &Value,
+        graph: &Graph,
+        work: &[u64],
+        states: &[(Reaching, bool, Option<(usize, Step)>)],
+        s: usize,
+        total: u64,
+    ) -> String {
+        let value = path(graph, states, s);
+        let dynamic = if graph.dynamic {
+            " (a `$dynamicRef` or `$recursiveRef` counts here as reaching every anchor it could resolve to, \
+             which makes a reference to the draft 2020-12 meta-schema too costly: to accept any JSON Schema, \
+             declare `{\"type\": [\"object\", \"boolean\"]}` instead)"
+        } else {
+            ""
+        };
+        let reaching = &states[s].0;
+        // One subschema costs too much by itself: find where, the lowest node over the bound.
+        if let Some(&(entry, _)) = reaching.iter().find(|&&(v, _)| work[v as usize] > MAX_SCHEMA_WORK) {
+            let mut v = entry;
+            while let Some(&c) = graph.nodes[v as usize].in_place.iter().find(|&&c| work[c as usize] > MAX_SCHEMA_WORK)
+            {
+                v = c;
+            }
+            let v = graph.nodes[v as usize].copy_of.unwrap_or(v);
+            let whole = if v == entry {
+                String::new()
+            } else {
+                format!(" (from {}: {})", where_is(schema, graph, entry), many(work[entry as usize]))
+            };
+            return format!(
+                "validating {value} against {} evaluates {} subschemas{whole}, more than the {MAX_SCHEMA_WORK} allowed \
+                 per value: a definition is referenced from several branches (`anyOf`, `oneOf`, `allOf`, \
+                 `if`/`then`/`else`, or below `unevaluatedProperties`/`unevaluatedItems`, which evaluate every \
+                 branch again) at many levels, and each reference evaluates it again, so the cost multiplies with \
+                 each level{dynamic}; reference it from fewer places (merge the branches that reference the same \
+                 definition) or inline a simpler schema",
+                where_is(schema, graph, v),
+                many(work[v as usize]),
+            );
+        }
+        let (most, paths) = reaching.iter().copied().max_by_key(|&(_, c)| c).unwrap_or((0, 0));
+        let most = graph.nodes[most as usize].copy_of.unwrap_or(most);
+        format!(
+            "validating {value} evaluates {} subschemas, more than the {MAX_SCHEMA_WORK} allowed per value: \
+             {paths} paths through the levels above it reach {} (several branches of an `anyOf`/`oneOf`/`allOf` \
+             at a level declare the same member, and each evaluates it again, so the count multiplies with each \
+             level of nesting){dynamic}; let the branches share one declaration of what they have in common (move \
+             a property that several branches declare out of the `anyOf`/`oneOf`, into the schema around it) or \
+             merge them",
+            many(total),
+            where_is(schema, graph, most),
+        )
+    }
+
+    /// `n` for a message; a saturated count is only a lower bound.
+    fn many(n: u64) -> String {
+        match n {
+            u64::MAX => "more than 2^63".into(),
+            n if n >= 1 << 40 => format!("about 2^{}", (n as f64).log2().round()),
+            n => n.to_string(),
+        }
+    }
+
+    /// The value state `s` stands for, as a path from the whole value.
+    fn path(graph: &Graph, states: &[(Reaching, bool, Option<(usize, Step)>)], mut s: usize) -> String {
+        let mut steps = Vec::new();
+        while let Some((parent, step)) = states[s].2 {
+            steps.push(step);
+            s = parent;
+        }
+        if steps.is_empty() {
+            return "one value".into();
+        }
+        let mut out = String::new();
+        let mut name_of = false;
+        for step in steps.iter().rev() {
+            match step {
+                Step::Name(n) => {
+                    out.push('/');
+                    out.push_str(&graph.names[*n as usize].replace('~', "~0").replace('/', "~1"));
+                }
+                Step::Index(i) => out.push_str(&format!("/{i}")),
+                Step::OtherName | Step::OtherIndex => out.push_str("/*"),
+                Step::KeyName => name_of = true,
+            }
+        }
+        let out = super::shown(&out);
+        match (name_of, out.is_empty()) {
+            (true, true) => "the name of a member of the whole value".into(),
+            (true, false) => format!("the name of a member of `{out}`"),
+            (false, _) => format!("the value at `{out}`"),
+        }
+    }
+
+    /// Where node `v` is: a JSON Pointer into `schema`, or the document it is in.
+    fn where_is(schema: &Value, graph: &Graph, v: u32) -> String {
+        let node = &graph.nodes[v as usize];
+        // Each value seen: its parent's entry and its key; linear in the schema.
+        let mut seen: Vec<(usize, String)> = vec![(usize::MAX, String::new())];
+        let mut stack: Vec<(&Value, usize)> = vec![(schema, 0)];
+        while let Some((value, entry)) = stack.pop() {
+            if std::ptr::from_ref(value) as usize == node.at {
+                let mut keys = Vec::new();
+                let mut e = entry;
+                while e != 0 {
+                    keys.push(seen[e].1.replace('~', "~0").replace('/', "~1"));
+                    e = seen[e].0;
+                }
+                if keys.is_empty() {
+                    return "the schema's root".into();
+                }
+                let pointer: String = keys.iter().rev().map(|k| format!("/{k}")).collect();
+                return format!("`{}`", super::shown(&pointer));
+            }
+            let mut child = |key: String, v| {
+                seen.push((entry, key));
+                stack.push((v, seen.len() - 1));
+            };
+            match value {
+                Value::Object(m) => m.iter().for_each(|(k, v)| child(k.clone(), v)),
+                Value::Array(a) => a.iter().enumerate().for_each(|(i, v)| child(i.to_string(), v)),
+                _ => {}
+            }
+        }
+        format!("a subschema of `{}`", super::shown(graph.bases.get(node.base as usize).map_or("", String::as_str)))
+    }
 }
 
 struct Scan<'a> {
@@ -767,6 +1585,280 @@ mod tests {
         }
     }
 
+    /// The reported schema: a definition referenced twice from each of
+    /// `levels` nested `anyOf`s, so validating one string evaluates it
+    /// ~2^levels times (compiling stays linear: references are compiled once).
+    fn fan_out(levels: usize) -> Value {
+        let mut defs = serde_json::Map::new();
+        for i in 0..levels {
+            let next = json!({"$ref": format!("#/$defs/d{}", i + 1)});
+            defs.insert(format!("d{i}"), json!({"anyOf": [next.clone(), next]}));
+        }
+        defs.insert(format!("d{levels}"), json!({"type": "string", "minLength": 1}));
+        json!({"$ref": "#/$defs/d0", "$defs": defs})
+    }
+
+    /// An input schema with the object root the host requires, `text` given `schema`.
+    fn text_is(schema: Value) -> impl FnOnce(&mut Value) {
+        move |t: &mut Value| {
+            let mut schema = schema;
+            let defs = schema.as_object_mut().and_then(|m| m.remove("$defs"));
+            let input = &mut t["descriptor"]["input_schema"];
+            input["properties"]["text"] = schema;
+            if let Some(defs) = defs {
+                input["$defs"] = defs;
+            }
+            t["descriptor"]["primary_argument"] = Value::Null;
+        }
+    }
+
+    fn refusal(edit: impl FnOnce(&mut Value)) -> String {
+        match tool_error(edit) {
+            DescriptorError::BadTool { id, problem } if id == "t.x" => problem,
+            other => panic!("expected a refused tool `t.x`, got {other:?}"),
+        }
+    }
+
+    /// A schema can make validating one value cost exponential time (in its
+    /// size or in the value's nesting) although it is small and compiles at
+    /// once; validation runs on the host's thread, on arguments before the
+    /// gate and on output after the guest's deadline. Such a schema is
+    /// refused at load, naming the Tool, which schema, where in it, and what
+    /// to do — for every way found to multiply the work: references from
+    /// several branches, the same through members at each level of nesting,
+    /// `unevaluatedProperties` (which evaluates its branches again), and an
+    /// in-place cycle. The catalog names the file.
+    #[test]
+    fn schemas_that_make_validation_exponential_are_refused_at_load_naming_the_schema() {
+        // 18 levels: the code before this check loaded it, and then one
+        // argument took seconds to validate (2^18 evaluations in a debug
+        // build; 60 levels never end).
+        let mut t = tool("t.x");
+        text_is(fan_out(18))(&mut t);
+        match read_doc(&doc(vec![t])) {
+            Err(DescriptorError::BadTool { problem, .. }) => assert!(problem.contains("`/$defs/d6`"), "{problem}"),
+            Err(other) => panic!("{other:?}"),
+            Ok(tools) => {
+                let started = std::time::Instant::now();
+                let verdict = tools[0].validate_arguments(&json!({"text": ""}));
+                panic!("loaded; validating one argument took {:?} ({verdict:?})", started.elapsed());
+            }
+        }
+        // The report: 60 levels, 2^60 evaluations validating "".
+        let problem = refusal(|t| t["descriptor"]["output_schema"] = fan_out(60));
+        for words in [
+            "output schema: validating one value against `/$defs/d48` evaluates 16381 subschemas \
+             (from the schema's root: about 2^62), more than the 10000 allowed per value",
+            "a definition is referenced from several branches",
+            "reference it from fewer places",
+        ] {
+            assert!(problem.contains(words), "{problem:?} lacks {words:?}");
+        }
+        let problem = refusal(text_is(fan_out(60)));
+        assert!(
+            problem.starts_with("input schema: validating the value at `/text` against `/$defs/d48` evaluates 16381"),
+            "{problem}"
+        );
+
+        // The bound is exact: 11 levels cost 8,190 evaluations, 12 levels 16,382.
+        let tools = read_doc(&doc(vec![{
+            let mut t = tool("t.x");
+            t["descriptor"]["output_schema"] = fan_out(11);
+            t
+        }]))
+        .expect("under the bound");
+        assert!(tools[0].validate_output(&json!("x")).is_ok());
+        assert!(tools[0].validate_output(&json!("")).is_err());
+        assert!(refusal(|t| t["descriptor"]["output_schema"] = fan_out(12)).contains("16381 subschemas"));
+
+        // Each level cheap, but 8 branches deliver the same definition to
+        // each item, at every level of nesting: 8^depth (before: 6 levels, 13 s).
+        let branches: Vec<Value> = (0..8).map(|_| json!({"$ref": "#/$defs/list"})).collect();
+        let problem = refusal(text_is(json!({
+            "$ref": "#/$defs/tree",
+            "$defs": {"tree": {"anyOf": branches}, "list": {"type": "array", "items": {"$ref": "#/$defs/tree"}}}
+        })));
+        for words in [
+            "input schema: validating the value at `/text/*/*/*/*` evaluates 73728 subschemas",
+            "4096 paths through the levels above it reach `/$defs/list/items`",
+            "move a property that several branches declare out of the `anyOf`/`oneOf`",
+        ] {
+            assert!(problem.contains(words), "{problem:?} lacks {words:?}");
+        }
+        // The same with two variants of a tagged union that both declare
+        // `children` (2^depth; before: 16 levels, 4 s).
+        let variant = |tag: &str| {
+            json!({"type": "object", "required": ["kind"], "properties": {
+                "kind": {"const": tag}, "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}
+            }})
+        };
+        let problem = refusal(|t| {
+            t["descriptor"]["output_schema"] =
+                json!({"$ref": "#/$defs/node", "$defs": {"node": {"oneOf": [variant("a"), variant("b")]}}})
+        });
+        assert!(problem.contains("output schema: validating the value at `/children/*/children/*/"), "{problem}");
+        assert!(problem.contains("paths through the levels above it reach `/$defs/node/oneOf/"), "{problem}");
+
+        // `unevaluatedProperties` evaluates the branches below it again: 16
+        // levels of one `anyOf` each (each level alone costs 3) took 4.7 s on a
+        // valid value.
+        let mut defs = serde_json::Map::new();
+        for i in 0..16 {
+            let next = json!({"$ref": format!("#/$defs/u{}", i + 1)});
+            defs.insert(format!("u{i}"), json!({"anyOf": [next, {"type": "null"}], "unevaluatedProperties": false}));
+        }
+        defs.insert("u16".into(), json!({"properties": {"a": {"type": "string"}}}));
+        let problem = refusal(|t| t["descriptor"]["output_schema"] = json!({"$ref": "#/$defs/u0", "$defs": defs}));
+        assert!(problem.contains("below `unevaluatedProperties`/`unevaluatedItems`"), "{problem}");
+        assert!(problem.contains("output schema: validating one value against `/$defs/u"), "{problem}");
+
+        // Applying a schema to the same value again, in a loop: refused (a
+        // 6-schema loop did not end in a minute).
+        let problem = refusal(text_is(json!({
+            "$ref": "#/$defs/a",
+            "$defs": {"a": {"anyOf": [{"type": "string"}, {"$ref": "#/$defs/b"}]}, "b": {"allOf": [{"$ref": "#/$defs/a"}]}}
+        })));
+        assert!(problem.starts_with("input schema: `/$defs/"), "{problem}");
+        assert!(
+            problem.contains("applies to the same value again") && problem.contains("break the cycle"),
+            "{problem}"
+        );
+
+        // Through the catalog, the refusal names the file as well.
+        let dir = tempfile::tempdir().unwrap();
+        let mut t = tool("t.x");
+        t["descriptor"]["output_schema"] = fan_out(60);
+        let meta = serde_json::to_vec(&doc(vec![t])).unwrap();
+        std::fs::write(dir.path().join("remote.wasm"), component_with(&[&meta], Some(TOOL_EXPORT))).unwrap();
+        let catalog = crate::catalog::Catalog::load(dir.path()).unwrap();
+        let [refused] = catalog.refused() else { panic!("{:?}", catalog.refused()) };
+        assert!(refused.path.ends_with("remote.wasm"), "{refused:?}");
+        assert!(
+            refused.reason.contains("tool `t.x`: output schema: validating one value against `/$defs/d48`"),
+            "{}",
+            refused.reason
+        );
+        assert!(catalog.get("t.x").is_none());
+    }
+
+    /// What real Tools ship is accepted and validates as before: schemars
+    /// output whose definitions are used from many sibling properties (50
+    /// uses of one definition cost one evaluation each, at different
+    /// members: not a product), recursive types (a tree, an expression with
+    /// two operands, a list), `anyOf` with `null` for options, deeply nested
+    /// properties, tuples, `additionalProperties`, `unevaluatedProperties` on
+    /// a small `allOf`, a reference to the schema's own root.
+    #[test]
+    fn ordinary_schemas_are_accepted_whatever_their_size() {
+        #![allow(dead_code)]
+        #[derive(schemars::JsonSchema)]
+        enum Shape {
+            Circle { r: f64 },
+            Rect { w: f64, h: f64 },
+        }
+        #[derive(schemars::JsonSchema)]
+        struct Tree {
+            name: String,
+            shape: Option<Shape>,
+            children: Vec<Tree>,
+        }
+        #[derive(schemars::JsonSchema)]
+        enum Expr {
+            Num(f64),
+            Add(Box<Expr>, Box<Expr>),
+            Neg { of: Box<Expr> },
+            Call { name: String, args: Vec<Expr> },
+        }
+        #[derive(schemars::JsonSchema)]
+        #[serde(tag = "kind")]
+        enum Tagged {
+            A { tree: Tree },
+            B { expr: Expr, pair: (String, u8) },
+        }
+        macro_rules! wide {
+            ($($field:ident)*) => {
+                #[derive(schemars::JsonSchema)]
+                #[serde(deny_unknown_fields)]
+                struct Wide { $($field: Option<Shape>,)* tree: Tree, expr: Expr, tagged: Vec<Tagged> }
+            };
+        }
+        wide!(f0 f1 f2 f3 f4 f5 f6 f7 f8 f9 f10 f11 f12 f13 f14 f15 f16 f17 f18 f19 f20 f21 f22 f23 f24
+              f25 f26 f27 f28 f29 f30 f31 f32 f33 f34 f35 f36 f37 f38 f39 f40 f41 f42 f43 f44 f45 f46 f47 f48 f49);
+        let wide = serde_json::to_value(schemars::schema_for!(Wide)).unwrap();
+        assert_eq!(wide["properties"].as_object().map(|p| p.len()), Some(53), "{wide}");
+
+        let mut nested = json!({"type": "string"});
+        for _ in 0..40 {
+            nested =
+                json!({"type": "object", "properties": {"a": nested, "b": {"type": "integer"}}, "required": ["a"]});
+        }
+        let hand_written = json!({
+            "type": "object",
+            "properties": {
+                "self": {"$ref": "#"},
+                "pair": {"type": "array", "prefixItems": [{"type": "string"}, {"$ref": "#/$defs/n"}], "items": false},
+                "map": {"type": "object", "additionalProperties": {"$ref": "#/$defs/n"}},
+                "merged": {
+                    "allOf": [{"properties": {"a": {"$ref": "#/$defs/n"}}}, {"properties": {"b": {"$ref": "#/$defs/n"}}}],
+                    "unevaluatedProperties": false
+                }
+            },
+            "$defs": {"n": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}
+        });
+        let schemas = [
+            ("schemars, 50 uses of one definition", wide),
+            ("schemars, a recursive expression", serde_json::to_value(schemars::schema_for!(Expr)).unwrap()),
+            ("40 levels of properties", nested.clone()),
+            ("hand-written", hand_written),
+        ];
+        for (name, schema) in &schemas {
+            let mut t = tool("t.x");
+            t["descriptor"]["input_schema"] = schema.clone();
+            t["descriptor"]["input_schema"]["type"] = json!("object");
+            t["descriptor"]["output_schema"] = schema.clone();
+            t["descriptor"]["primary_argument"] = Value::Null;
+            let doc: ComponentMetadata = serde_json::from_value(doc(vec![t])).unwrap();
+            if let Err(e) = check_document(doc) {
+                panic!("{name}: {e}");
+            }
+        }
+
+        // A reference to the draft-07 meta-schema is fine; one to the 2020-12
+        // meta-schema is refused (see `work`), saying what to declare instead.
+        for (meta, ok) in
+            [("http://json-schema.org/draft-07/schema#", true), ("https://json-schema.org/draft/2020-12/schema", false)]
+        {
+            let mut t = tool("t.x");
+            t["descriptor"]["input_schema"]["$schema"] = json!(meta);
+            t["descriptor"]["input_schema"]["properties"]["schema"] = json!({"$ref": meta});
+            match read_doc(&doc(vec![t])) {
+                Ok(_) => assert!(ok, "{meta}"),
+                Err(e) => assert!(!ok && e.to_string().contains(r#"declare `{"type": ["object", "boolean"]}`"#), "{e}"),
+            }
+        }
+
+        // And they validate as before.
+        let mut t = tool("t.x");
+        t["descriptor"]["input_schema"] = schemas[0].1.clone();
+        t["descriptor"]["output_schema"] = schemas[1].1.clone();
+        t["descriptor"]["primary_argument"] = Value::Null;
+        let tools = check_document(serde_json::from_value(doc(vec![t])).unwrap()).unwrap();
+        let leaf = json!({"name": "leaf", "shape": {"Circle": {"r": 1.0}}, "children": []});
+        let args = json!({
+            "f0": null, "f7": {"Rect": {"w": 1.0, "h": 2.0}},
+            "tree": {"name": "root", "shape": null, "children": [leaf.clone(), {"name": "x", "shape": null, "children": [leaf]}]},
+            "expr": {"Add": [{"Num": 1.0}, {"Neg": {"of": {"Call": {"name": "f", "args": [{"Num": 2.0}]}}}}]},
+            "tagged": [{"kind": "B", "expr": {"Num": 0.0}, "pair": ["x", 7]}]
+        });
+        assert_eq!(tools[0].validate_arguments(&args), Ok(()));
+        let mut bad = args.clone();
+        bad["tree"]["children"][1]["children"][0]["shape"] = json!({"Circle": {"r": "one"}});
+        let e = tools[0].validate_arguments(&bad).unwrap_err();
+        assert!(e.contains("/tree/children/1/children/0/shape"), "{e}");
+        assert!(tools[0].validate_output(&json!({"Add": [{"Num": 1.0}, {"Num": 2.0}]})).is_ok());
+        assert!(tools[0].validate_output(&json!({"Add": [{"Num": 1.0}]})).is_err());
+    }
+
     /// Schemas come from whoever ships the component (for an MCP adapter, the
     /// remote server at import time) and run host-side on untrusted arguments
     /// and output. A `pattern` that needs a backtracking engine (look-around,
@@ -1146,7 +2238,7 @@ mod tests {
             if root {
                 if let Value::Object(m) = &mut s { m.insert("type".into(), json!("object")); }
             }
-            if let Ok(v) = compile_schema(&s) {
+            if let Ok(v) = compile_schema(&s, &mut work::Steps(MAX_CHECK_STEPS)) {
                 let errors: Vec<String> = v.iter_errors(&inst).take(5).map(|e| e.to_string()).collect();
                 prop_assert_eq!(errors.is_empty(), v.is_valid(&inst));
             }
