@@ -21,3 +21,11 @@ pub mod mcp_import;
 pub mod pack;
 pub mod scaffold;
 pub mod skill;
+
+/// Text of someone else's — a Skill folder's, a remote server's, a guest's
+/// — as it is put into an error: on one line, with every character that is
+/// not seen escaped ([`toolgate::display::escape_unseen`]), so the error a
+/// front end prints cannot go on as a line that reads as the host's.
+pub(crate) fn one_line(text: &str) -> String {
+    toolgate::display::escape_unseen(text, toolgate::display::Lines::Escape).into_owned()
+}

@@ -27,7 +27,8 @@ use toolgate_sdk::mcp::{AdapterConfig, PinnedTool, sanitize, tool_id};
 use toolgate::authority::credentials::CredentialSpec;
 use toolgate::authority::destination::default_port;
 
-/// Why an import failed. Messages name the URL, tool or credential.
+/// Why an import failed. Messages name the URL, tool or credential; the
+/// server's text in them is shown on one line ([`crate::one_line`]).
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
     /// The URL is not an `http(s)://host[:port]/path` URL.
@@ -37,7 +38,7 @@ pub enum ImportError {
     #[error("{0}")]
     Credential(String),
     /// Talking to the remote failed.
-    #[error("cannot list the tools of the MCP server at {url}: {reason}")]
+    #[error("cannot list the tools of the MCP server at {url}: {}", crate::one_line(.reason))]
     Remote {
         /// The endpoint.
         url: String,
@@ -45,7 +46,7 @@ pub enum ImportError {
         reason: String,
     },
     /// What the remote offers cannot be pinned.
-    #[error("the MCP server at {url}: {reason}")]
+    #[error("the MCP server at {url}: {}", crate::one_line(.reason))]
     Tools {
         /// The endpoint.
         url: String,
@@ -429,6 +430,10 @@ mod tests {
         let clash = Discovered { server_name: Some("s".into()), tools: vec![tool("a/b"), tool("a:b")] };
         let e = pin(url, &clash, Some("s"), None).unwrap_err().to_string();
         assert!(e.contains("`a/b`") && e.contains("`a:b`") && e.contains("mcp__s__a_b"), "{e}");
+        // The server's text stays on the error's line.
+        let clash = Discovered { server_name: Some("s".into()), tools: vec![tool("a\nb"), tool("a\rb")] };
+        let e = pin(url, &clash, Some("s"), None).unwrap_err().to_string();
+        assert!(!e.contains(['\n', '\r']) && e.contains(r"`a\nb`") && e.contains(r"`a\rb`"), "{e}");
         let mut bad_schema = tool("x");
         bad_schema.input_schema = json!({"type": "string"});
         let d = Discovered { server_name: Some("s".into()), tools: vec![bad_schema] };

@@ -18,10 +18,13 @@ use toolgate::sandbox::executor::{Executor, ExecutorError, ExecutorSettings};
 #[derive(Debug, thiserror::Error)]
 pub enum PackError {
     /// The component could not be run to describe itself.
-    #[error("cannot read its descriptors ({0}); is it built with toolgate-sdk's `export_tools!`?")]
+    #[error(
+        "cannot read its descriptors ({}); is it built with toolgate-sdk's `export_tools!`?",
+        crate::one_line(&.0.to_string())
+    )]
     Describe(#[from] ExecutorError),
     /// `describe` returned something that is not metadata.
-    #[error("`describe` returned malformed metadata: {0}")]
+    #[error("`describe` returned malformed metadata: {}", crate::one_line(&.0.to_string()))]
     Malformed(serde_json::Error),
     /// The metadata does not pass the host's checks.
     #[error(transparent)]

@@ -27,11 +27,13 @@ use crate::mcp_import::ConfiguredSecrets;
 /// Largest total size of a Skill's files.
 pub const MAX_SKILL_BYTES: u64 = 4 << 20;
 
-/// Why a Skill cannot be packed. Messages name the file and field.
+/// Why a Skill cannot be packed. Messages name the file and field; the
+/// folder's text in them (a file's name, a frontmatter value) is shown on
+/// one line ([`crate::one_line`]).
 #[derive(Debug, thiserror::Error)]
 pub enum SkillError {
     /// Reading the folder failed.
-    #[error("{}: {message}", path.display())]
+    #[error("{}: {}", crate::one_line(&path.to_string_lossy()), crate::one_line(.message))]
     Read {
         /// The file or folder.
         path: PathBuf,
@@ -39,7 +41,12 @@ pub enum SkillError {
         message: String,
     },
     /// SKILL.md is not valid.
-    #[error("{}: field `{field}`: {message}", path.display())]
+    #[error(
+        "{}: field `{}`: {}",
+        crate::one_line(&path.to_string_lossy()),
+        crate::one_line(.field),
+        crate::one_line(.message)
+    )]
     Frontmatter {
         /// SKILL.md.
         path: PathBuf,
@@ -598,6 +605,21 @@ mod tests {
         }
         let (_t, d) = folder("x", MD);
         read(&d).unwrap().refuse_secrets(&d, &secrets).unwrap();
+    }
+
+    /// A Skill's own text in an error — a file's name, a frontmatter value —
+    /// stays on the error's line: it cannot print a line of its own that
+    /// reads as the host's.
+    #[test]
+    fn an_error_quoting_the_skills_text_keeps_it_on_one_line() {
+        let (_t, d) = folder("x", MD);
+        std::fs::create_dir(d.join("references")).unwrap();
+        std::os::unix::fs::symlink("elsewhere", d.join("references/a\npacked skill.x into x.wasm")).unwrap();
+        let e = read(&d).unwrap_err().to_string();
+        assert!(!e.contains('\n') && e.contains("a\\npacked skill.x"), "{e}");
+        let (_t, d) = folder("x", "---\nname: x\ndescription: d\nallowed-tools: [\"a\\nhint: all fine\"]\n---\n");
+        let e = read(&d).unwrap_err().to_string();
+        assert!(!e.contains('\n') && e.contains("a\\nhint: all fine"), "{e}");
     }
 
     /// A folder that is its own, with nested folders, still packs whole.

@@ -302,7 +302,7 @@ async fn open_host(cli: &Cli) -> Result<Host> {
 
 fn report_refused(catalog: &Catalog) {
     for r in catalog.refused() {
-        tracing::warn!("refused plugin {}: {}", safe(&r.path.display().to_string()), safe(&r.reason));
+        tracing::warn!("refused plugin {}: {}", field(&r.path.display().to_string()), field(&r.reason));
     }
 }
 
@@ -432,11 +432,11 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             let mut pinned = std::collections::BTreeMap::new();
             for c in catalog.components() {
                 let name = c.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                println!("{}  {}", safe(&name), c.digest);
+                println!("{}  {}", field(&name), c.digest);
                 pinned.insert(name, c.digest);
             }
             for r in catalog.refused() {
-                eprintln!("toolgate: not pinned: {}: {}", safe(&r.path.display().to_string()), safe(&r.reason));
+                eprintln!("toolgate: not pinned: {}: {}", field(&r.path.display().to_string()), field(&r.reason));
             }
             toolgate::catalog::lockfile::Lockfile::write(&config.lock, &pinned)?;
             eprintln!("pinned {} plugin(s) in {}", pinned.len(), config.lock.display());
@@ -446,7 +446,7 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             for (path, r) in toolgate::host::precompile(&config, &catalog).await? {
                 match r {
                     Ok(now) => compiled += usize::from(now),
-                    Err(e) => eprintln!("toolgate: {}: not compiled: {}", safe(&path.display().to_string()), safe(&e)),
+                    Err(e) => eprintln!("toolgate: {}: not compiled: {}", field(&path.display().to_string()), field(&e)),
                 }
             }
             eprintln!("compiled {compiled} into {} (the rest were cached)", config.cache.display());
@@ -496,7 +496,7 @@ async fn dispatch(cli: Cli) -> Result<u8> {
 
 /// Poll until an approver decided `ticket` (or it expired).
 async fn wait_for_decision(runtime: &Runtime, ticket: &str, expires_at: i64, correlation: &str) -> Result<()> {
-    eprintln!("toolgate: waiting for an approver to decide request {}", safe(correlation));
+    eprintln!("toolgate: waiting for an approver to decide request {}", field(correlation));
     loop {
         let state = runtime.store().awaiting(ticket).await?.map(|r| r.state);
         if state.as_deref() == Some("resolved") {
@@ -539,25 +539,29 @@ fn report(result: &StepResult, run: Option<&str>, as_json: bool) -> u8 {
         match result {
             StepResult::Output { .. } => println!("{}", safe(&result.model_text())),
             StepResult::Awaiting { correlation, .. } => {
-                println!("awaiting approval: request {}", safe(correlation));
+                println!("awaiting approval: request {}", field(correlation));
                 eprintln!(
                     "hint: an approver lists it with `toolgate journal --awaiting` and decides with `toolgate approve` or \
                      `toolgate deny`; then make the same call with `--run {}` (or pass `--wait`)",
                     run.unwrap_or("RUN")
                 );
             }
-            StepResult::Blocked { reason, .. } => println!("blocked: {}", safe(reason)),
+            StepResult::Blocked { reason, .. } => println!("blocked: {}", field(reason)),
             other => println!("{kind}: {}", safe(&other.model_text())),
         }
     }
     code
 }
 
-/// Text for a terminal, over several lines (an error, a Tool's output):
-/// every character that would act on the terminal or not be seen — controls,
-/// bidi and other format characters, separators — shown escaped, by the one
-/// rule in [`toolgate::display`]; `\n` and `\t` stay. `--json` output is
-/// exact JSON, with the same characters escaped ([`json_text`]).
+/// Text for a terminal that is printed over several lines of its own (an
+/// error, a Tool's output): every character that would act on the terminal
+/// or not be seen — controls, bidi and other format characters, separators
+/// — shown escaped, by the one rule in [`toolgate::display`]; `\n` and `\t`
+/// stay. A value placed on a line the host formats (an id, a description,
+/// a path, a reason) is a [`field`] instead, so it cannot add a line of its
+/// own that reads as the host's; an error that quotes a component's or a
+/// server's text escapes it where it is made. `--json` output is exact
+/// JSON, with the same characters escaped ([`json_text`]).
 pub(crate) fn safe(s: &str) -> std::borrow::Cow<'_, str> {
     toolgate::display::escape_unseen(s, toolgate::display::Lines::Keep)
 }
@@ -572,9 +576,13 @@ pub(crate) fn json_text<T: serde::Serialize + ?Sized>(value: &T) -> Result<Strin
     toolgate::display::json(value).context("cannot write JSON")
 }
 
-/// One field of a line an approver reads (`journal`, `approve`,
-/// `journal --awaiting`): [`safe`], and line breaks and tabs escaped too, so
-/// the field cannot start a line that reads as the host's.
+/// One field of a line the host formats — what an approver reads
+/// (`journal`, `approve`, `journal --awaiting`), a Tool's id and
+/// description in `list` and `inspect`, a path or reason in a warning:
+/// [`safe`], and line breaks and tabs escaped too, so the field cannot start
+/// a line that reads as the host's (a description
+/// `"Adds.\nmcp__github__delete_repo  Delete a repository"` would list a
+/// second Tool).
 pub(crate) fn field(s: &str) -> std::borrow::Cow<'_, str> {
     toolgate::display::escape_unseen(s, toolgate::display::Lines::Escape)
 }
@@ -618,14 +626,14 @@ fn configured_secrets(
     if !required && !path.exists() {
         tracing::warn!(
             "no config at {}: {what} are checked for no configured credential's secret (pass --config FILE)",
-            safe(&path.display().to_string())
+            field(&path.display().to_string())
         );
         return Ok((None, ConfiguredSecrets::none()));
     }
     let config = Config::load(path)?;
     let secrets = ConfiguredSecrets::read(config.credentials.values().map(|s| s.as_ref()));
     for (_, why) in secrets.unreadable() {
-        tracing::warn!("{}; {what} are not checked for its secret", safe(why));
+        tracing::warn!("{}; {what} are not checked for its secret", field(why));
     }
     Ok((Some(config), secrets))
 }
@@ -676,7 +684,7 @@ async fn mcp_import(
 
 fn inspect(file: &Path, as_json: bool) -> Result<u8> {
     let component =
-        toolgate::catalog::load_file(file).map_err(|reason| anyhow::anyhow!("{}: {reason}", file.display()))?;
+        toolgate::catalog::load_file(file).map_err(|reason| anyhow::anyhow!("{}: {}", file.display(), field(&reason)))?;
     if as_json {
         let tools: Vec<_> = component
             .tools
@@ -696,16 +704,16 @@ fn inspect(file: &Path, as_json: bool) -> Result<u8> {
             )?
         );
     } else {
-        println!("{}  {}", safe(&file.display().to_string()), component.digest);
+        println!("{}  {}", field(&file.display().to_string()), component.digest);
         for t in &component.tools {
             let d = &t.metadata.descriptor;
-            println!("  {}  {}", safe(&d.id), safe(&d.description));
-            println!("    input schema: {}", safe(&d.input_schema.to_string()));
+            println!("  {}  {}", field(&d.id), field(&d.description));
+            println!("    input schema: {}", field(&d.input_schema.to_string()));
             let c = &t.metadata.capabilities;
             if c.directories.is_empty() && c.hosts.is_empty() && c.credentials.is_empty() {
                 println!("    capabilities: none");
             } else {
-                println!("    capabilities: {}", safe(&serde_json::to_string(c).unwrap_or_default()));
+                println!("    capabilities: {}", field(&serde_json::to_string(c).unwrap_or_default()));
             }
         }
         // An adapter's pinned data (a Skill's content, an MCP adapter's pins):
@@ -714,7 +722,7 @@ fn inspect(file: &Path, as_json: bool) -> Result<u8> {
             let text = serde_json::to_string_pretty(&pinned_json(&component.pinned)).unwrap_or_default();
             println!("  pinned data ({} bytes):", component.pinned.len());
             for line in text.lines() {
-                println!("    {}", safe(line));
+                println!("    {}", field(line));
             }
         }
     }
@@ -738,7 +746,7 @@ fn list(config: &Config, snapshot: &ExecutableAgentSnapshot, all: bool, as_json:
             println!("{}", json_text(&tools)?);
         } else {
             for d in tools {
-                println!("{}  {}", safe(&d.id), safe(&d.description));
+                println!("{}  {}", field(&d.id), field(&d.description));
             }
         }
         return Ok(exit::OUTPUT);
@@ -763,12 +771,12 @@ fn list(config: &Config, snapshot: &ExecutableAgentSnapshot, all: bool, as_json:
     } else {
         for l in &listings {
             match &l.removed {
-                None => println!("shown    {}", safe(&l.id)),
-                Some(r) => println!("hidden   {}  ({})", safe(&l.id), safe(&r.to_string())),
+                None => println!("shown    {}", field(&l.id)),
+                Some(r) => println!("hidden   {}  ({})", field(&l.id), field(&r.to_string())),
             }
         }
         for r in refused {
-            println!("refused  {}  ({})", safe(&r.path.display().to_string()), safe(&r.reason));
+            println!("refused  {}  ({})", field(&r.path.display().to_string()), field(&r.reason));
         }
     }
     Ok(exit::OUTPUT)
