@@ -62,8 +62,26 @@ impl ToolDescriptor {
 }
 
 fn schema_of<S: JsonSchema>() -> serde_json::Value {
-    let generator = schemars::generate::SchemaSettings::draft2020_12().into_generator();
+    let generator = schemars::generate::SchemaSettings::draft2020_12()
+        .with_transform(schemars::transform::RecursiveTransform(without_numeric_format))
+        .into_generator();
     generator.into_root_schema_for::<S>().to_value()
+}
+
+/// schemars marks Rust's number types with formats of its own (`uint`,
+/// `int64`, `double`, …) that JSON Schema does not define: clients warn about
+/// them (the TypeScript SDK's validator logs `unknown format "uint" ignored`)
+/// and some model APIs refuse a schema with a format they do not know. The
+/// bounds that matter stay (`minimum: 0` of an unsigned type, `maximum` of a
+/// small one).
+fn without_numeric_format(schema: &mut schemars::Schema) {
+    const NUMERIC: &[&str] = &[
+        "int", "int8", "int16", "int32", "int64", "int128", "uint", "uint8", "uint16", "uint32", "uint64", "uint128",
+        "float", "double",
+    ];
+    if schema.get("format").and_then(|f| f.as_str()).is_some_and(|f| NUMERIC.contains(&f)) {
+        schema.remove("format");
+    }
 }
 
 /// Behaviour hints (the MCP `ToolAnnotations` vocabulary). Hints, not grants:
@@ -192,5 +210,32 @@ impl ComponentMetadata {
             sdk: env!("CARGO_PKG_VERSION").to_owned(),
             tools,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// No format JSON Schema does not define: schemars' own number formats
+    /// (`uint`, `uint32`, `double`) are dropped, their bounds kept.
+    #[test]
+    fn number_fields_carry_no_format_json_schema_does_not_define() {
+        #[derive(serde::Deserialize, schemars::JsonSchema)]
+        #[allow(dead_code)]
+        struct Numbers {
+            count: usize,
+            small: u8,
+            signed: Option<i64>,
+            ratio: f64,
+            nested: Vec<u32>,
+        }
+        let schema = schema_of::<Numbers>();
+        let text = schema.to_string();
+        for format in ["uint", "int64", "double", "uint8", "uint32"] {
+            assert!(!text.contains(&format!("\"{format}\"")), "{format} in {text}");
+        }
+        assert_eq!(schema["properties"]["count"]["minimum"], 0, "{text}");
+        assert_eq!(schema["properties"]["small"]["maximum"], 255, "{text}");
     }
 }
