@@ -45,6 +45,9 @@ pub enum ImportError {
         /// Why.
         reason: String,
     },
+    /// The operator's `--name` cannot be the ids' server segment.
+    #[error("{}", crate::one_line(.0))]
+    Name(String),
     /// What the remote offers cannot be pinned.
     #[error("the MCP server at {url}: {}", crate::one_line(.reason))]
     Tools {
@@ -326,6 +329,41 @@ fn refuse_secrets(discovered: &Discovered, scanner: &toolgate::sandbox::scan::Se
     Ok(())
 }
 
+/// The server segment of the Tool ids for the operator's `--name`: the name
+/// with every character an id cannot hold replaced by `_`. Refused (naming
+/// the sanitized form and a name to use instead) when that is empty, holds
+/// `__`, or starts or ends with `_`: then `mcp__<segment>__` is a prefix no
+/// other name produces, and no name lands its Tools under the ids — and so
+/// the grants, rules and visibility patterns — written for another server
+/// (`github: community` would give `mcp__github__community__<tool>`, matched
+/// by `mcp__github__*`). The tool segment needs no such rule: whatever a
+/// tool is called, its id starts with its own server's prefix.
+pub fn server_segment(name: &str) -> Result<String, ImportError> {
+    let segment = sanitize(name);
+    let why = if name.is_empty() {
+        "the name is empty".to_owned()
+    } else if segment.contains("__") {
+        let other = match segment.split("__").next() {
+            Some(first) if !first.is_empty() => format!(" (rules written for `mcp__{first}__*` would match them)"),
+            _ => String::new(),
+        };
+        format!("`{segment}` holds `__`, so its Tools would fall under the ids of another server's name{other}")
+    } else if segment.starts_with('_') || segment.ends_with('_') {
+        format!(
+            "`{segment}` starts or ends with `_`, next to the `__` around a server's segment, so the ids' prefix \
+             would not be one only this name gives"
+        )
+    } else {
+        return Ok(segment);
+    };
+    let suggested = segment.split('_').filter(|p| !p.is_empty()).collect::<Vec<_>>().join("_");
+    let instead = if suggested.is_empty() { "NAME".to_owned() } else { suggested };
+    Err(ImportError::Name(format!(
+        "`--name {name:?}` gives the Tool ids `mcp__{segment}__<tool>`: {why}. Pass `--name {instead}` instead: \
+         letters, digits, `-`, `.`, and single `_` between them"
+    )))
+}
+
 /// Pin what was discovered: ids `mcp__<name>__<tool>`, unique, each
 /// descriptor checked as a host will. The name is the operator's (`--name`),
 /// never the server's own `serverInfo.name`: the ids decide which of the
@@ -339,7 +377,7 @@ pub fn pin(
 ) -> Result<AdapterConfig, ImportError> {
     let bad = |reason: String| ImportError::Tools { url: url.to_owned(), reason };
     let server = match (name, &discovered.server_name) {
-        (Some(n), _) if !n.trim().is_empty() => sanitize(n),
+        (Some(n), _) if !n.trim().is_empty() => server_segment(n)?,
         (_, Some(n)) if !n.trim().is_empty() => {
             // The server's name is quoted for the operator, escaped and cut short: it is the server's text.
             let shown: String = n.chars().take(64).collect();
@@ -418,6 +456,38 @@ mod tests {
         assert_eq!(ids, ["mcp__Calc_Server__add", "mcp__Calc_Server__sub"]);
         assert_eq!(c.credential.as_deref(), Some("calc"));
         assert_eq!(pin("http://h/mcp", &d, Some("calc"), None).unwrap().tools[0].id, "mcp__calc__add");
+    }
+
+    /// The ids' server segment is one no other name can reach into: a name
+    /// that sanitizes to something with `__` in it, or that starts or ends
+    /// with `_`, would put its Tools under another server's ids
+    /// (`github: community` → `mcp__github__community__x`, matched by the
+    /// rules for `mcp__github__*`), so it is refused, naming the sanitized
+    /// form and what to use instead. A tool name cannot leave the prefix.
+    #[test]
+    fn a_name_that_would_reach_into_another_servers_ids_is_refused() {
+        let url = "http://127.0.0.1:1/mcp";
+        let d = Discovered { server_name: None, tools: vec![tool("x"), tool("a__b")] };
+        for (name, sanitized) in [
+            ("github: community", "github__community"),
+            ("github__community", "github__community"),
+            ("_github", "_github"),
+            ("github_", "github_"),
+            ("github ", "github_"),
+            ("!!", "__"),
+        ] {
+            let e = match pin(url, &d, Some(name), None) {
+                Ok(c) => panic!("{name:?}: pinned as {:?}", c.tools.iter().map(|t| &t.id).collect::<Vec<_>>()),
+                Err(e) => e.to_string(),
+            };
+            assert!(e.contains(&format!("`{sanitized}`")) && e.contains("--name"), "{name:?}: {e}");
+        }
+        // Allowed: a single `_` inside; the tool segment may hold anything,
+        // the server's prefix stays `mcp__github_community__`.
+        let c = pin(url, &d, Some("github community"), None).unwrap();
+        let ids: Vec<_> = c.tools.iter().map(|t| t.id.as_str()).collect();
+        assert_eq!(ids, ["mcp__github_community__x", "mcp__github_community__a__b"]);
+        assert!(ids.iter().all(|id| !id.starts_with("mcp__github__")));
     }
 
     #[test]

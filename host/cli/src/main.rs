@@ -201,7 +201,8 @@ enum McpCommand {
         #[arg(long)]
         credential: Option<String>,
         /// Name for the Tool ids `mcp__<NAME>__<tool>`: yours, since grants and rules match those ids (the
-        /// server's own `serverInfo.name` is never taken for it).
+        /// server's own `serverInfo.name` is never taken for it). Letters, digits, `-`, `.`, and single `_`
+        /// between them (other characters become `_`): no `__`, so no name reaches into another's ids.
         #[arg(long)]
         name: String,
         /// Within one remote session, compare the remote tool with the pin again once the last check is this
@@ -446,7 +447,9 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             for (path, r) in toolgate::host::precompile(&config, &catalog).await? {
                 match r {
                     Ok(now) => compiled += usize::from(now),
-                    Err(e) => eprintln!("toolgate: {}: not compiled: {}", field(&path.display().to_string()), field(&e)),
+                    Err(e) => {
+                        eprintln!("toolgate: {}: not compiled: {}", field(&path.display().to_string()), field(&e))
+                    }
                 }
             }
             eprintln!("compiled {compiled} into {} (the rest were cached)", config.cache.display());
@@ -648,6 +651,10 @@ async fn mcp_import(
     output: &Path,
 ) -> Result<u8> {
     use toolgate_author::mcp_import as mcp_adapter;
+    // A name that cannot be the ids' server segment is refused before anything is asked of the remote.
+    if let Some(n) = name {
+        mcp_adapter::server_segment(n)?;
+    }
     let (config, secrets) = configured_secrets(config, credential.is_some(), "the imported tool definitions")?;
     let spec = match (credential, &config) {
         (Some(c), Some(config)) => {
@@ -683,8 +690,8 @@ async fn mcp_import(
 }
 
 fn inspect(file: &Path, as_json: bool) -> Result<u8> {
-    let component =
-        toolgate::catalog::load_file(file).map_err(|reason| anyhow::anyhow!("{}: {}", file.display(), field(&reason)))?;
+    let component = toolgate::catalog::load_file(file)
+        .map_err(|reason| anyhow::anyhow!("{}: {}", file.display(), field(&reason)))?;
     if as_json {
         let tools: Vec<_> = component
             .tools

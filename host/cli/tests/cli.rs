@@ -628,6 +628,23 @@ fn list_and_inspect_keep_a_description_on_its_own_line() {
     assert_eq!(shown.lines().count(), 4 + 1 + pinned, "{shown}");
 }
 
+/// `mcp import --name` decides the ids' server segment: a name that would
+/// put the Tools under another server's ids (`github: community` →
+/// `mcp__github__community__<tool>`, matched by rules for `mcp__github__*`)
+/// is refused before the remote is asked, naming the sanitized form and a
+/// name to use instead.
+#[test]
+fn mcp_import_refuses_a_name_that_reaches_into_another_servers_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Nothing listens on port 1: a name that passed would fail on the connection instead.
+    let out = tg(d, &["mcp", "import", "http://127.0.0.1:1/mcp", "--name", "github: community", "-o", "x.wasm"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("`mcp__github__community__<tool>`") && err.contains("--name github_community"), "{err}");
+    assert!(!err.contains("cannot list the tools") && !d.join("x.wasm").exists(), "{err}");
+}
+
 /// `toolgate journal`'s text: a Tool's result is quoted, after who approved
 /// the step, and its bidi controls are escaped, so a result ending in an
 /// imitation of the approval note cannot pass for one.
