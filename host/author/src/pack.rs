@@ -26,8 +26,9 @@ pub enum PackError {
     /// `describe` returned something that is not metadata.
     #[error("`describe` returned malformed metadata: {}", crate::one_line(&.0.to_string()))]
     Malformed(serde_json::Error),
-    /// The metadata does not pass the host's checks.
-    #[error(transparent)]
+    /// The metadata does not pass the host's checks (its text quotes the
+    /// guest's: kept on the error's one line).
+    #[error("{}", crate::one_line(&.0.to_string()))]
     Descriptor(#[from] DescriptorError),
 }
 

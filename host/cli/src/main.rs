@@ -179,7 +179,9 @@ enum Command {
 
 #[derive(Subcommand)]
 enum SkillCommand {
-    /// Pack DIR (SKILL.md + references/ + assets/) into a component: needs cargo and the wasm32-wasip2 target.
+    /// Pack DIR (SKILL.md + references/ + assets/) into a component, with the generic Skill adapter that
+    /// ships with toolgate (no toolchain needed). Only the folder's own files: a symlink or special file
+    /// in it is refused, and so is content holding a configured secret.
     Pack {
         /// The Skill folder.
         dir: PathBuf,

@@ -573,7 +573,12 @@ impl McpServer {
             None => return still_pending("the call was withdrawn before the human answered"),
             Some(Ok(r)) => decision_of(&serde_json::to_value(r).unwrap_or_default()),
             Some(Err(e)) => {
-                tracing::warn!("elicitation failed: {e}");
+                // The client's words, on one line of the host's log.
+                let said = e.to_string();
+                tracing::warn!(
+                    "elicitation failed: {}",
+                    toolgate::display::escape_unseen(&said, toolgate::display::Lines::Escape)
+                );
                 return still_pending("asking in the client failed");
             }
         };
