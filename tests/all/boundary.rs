@@ -362,6 +362,15 @@ async fn what_a_call_writes_to_disk_is_bounded_by_its_budget() {
         let host = host_records(&w.host).await;
         assert!(host.iter().any(|r| r.contains("limits.disk_write_mib")), "{op}: {host:?}");
     }
+    // Growing a file counts as writing it, however few bytes make it grow:
+    // a filesystem that cannot leave a hole fills it with zeroes.
+    for op in ["sparse-at", "sparse-stream", "grow"] {
+        let target = format!("/scratch/{op}.bin");
+        let seen = thief(&w.host, json!({"op": op, "target": target, "count": 1 << 20})).await;
+        assert!(seen.starts_with("err: ") && seen.contains("insufficient-space"), "{op}: {seen}");
+        let size = std::fs::metadata(scratch.join(format!("{op}.bin"))).unwrap().len();
+        assert!(size <= 1 << 20, "{op} grew the file to {size} bytes");
+    }
     // Its own budget: a call writing within it is not refused.
     let seen = thief(&w.host, json!({"op": "fill", "target": "/scratch/fill.bin", "count": 512})).await;
     assert_eq!(seen, "ok: 512 KiB");

@@ -15,7 +15,8 @@
 //! error code, as it would from a full descriptor table, and the host
 //! records which limit it met. What one call writes to disk is bounded too
 //! ([`DiskBudget`]): bytes written through any path (`write`, a write or
-//! append stream, splices into one) against `limits.disk_write_mib`, and
+//! append stream, splices into one), or what a file grows by if more (a
+//! write or stream past its end, `set-size`), against `limits.disk_write_mib`, and
 //! names created (files opened with `create`, directories, links) against
 //! `limits.files_created`; past either the guest gets `insufficient-space`,
 //! as from a full disk, and the host records which limit it met.
@@ -463,7 +464,10 @@ pub(super) fn add_to_linker<S: FilesystemCall>(linker: &mut Linker<S>) -> wasmti
                     let (dir, p, follow) = (dir.clone(), path.clone(), path_flags.contains(PathFlags::SYMLINK_FOLLOW));
                     // On the blocking pool, as wasmtime-wasi's own open is.
                     if let Ok(Some(kind)) = tokio::task::spawn_blocking(move || special_file(&dir, &p, follow)).await {
-                        tracing::debug!("refused to open {kind} `{path}` inside a grant");
+                        tracing::debug!(
+                            "refused to open {kind} `{}` inside a grant",
+                            crate::display::escape_unseen(&path, crate::display::Lines::Escape)
+                        );
                         return Ok((Err(ErrorCode::Access),));
                     }
                 }
@@ -602,25 +606,61 @@ pub(super) fn add_to_linker<S: FilesystemCall>(linker: &mut Linker<S>) -> wasmti
     types.func_wrap(
         "[method]descriptor.write-via-stream",
         |mut store, (fd, offset): (Resource<fs::Descriptor>, u64)| {
-            write_stream(&mut store, |view| HostDescriptor::write_via_stream(view, fd, offset))
+            // A stream that starts past the end grows the file by the gap.
+            let gap = {
+                let (view, _) = store.data_mut().filesystem_and_held();
+                offset.saturating_sub(file_size(&view, &fd))
+            };
+            write_stream(&mut store, gap, |view| HostDescriptor::write_via_stream(view, fd, offset))
         },
     )?;
     types.func_wrap("[method]descriptor.append-via-stream", |mut store, (fd,): (Resource<fs::Descriptor>,)| {
-        write_stream(&mut store, |view| HostDescriptor::append_via_stream(view, fd))
+        write_stream(&mut store, 0, |view| HostDescriptor::append_via_stream(view, fd))
     })?;
+    types.func_wrap_async(
+        "[method]descriptor.set-size",
+        |mut store, (fd, size): (Resource<fs::Descriptor>, u64)| {
+            Box::new(async move {
+                let (mut view, held) = store.data_mut().filesystem_and_held();
+                // Growing counts as writing (zeroes, where the filesystem
+                // cannot leave a hole); shrinking gives nothing back.
+                let growth = size.saturating_sub(file_size(&view, &fd));
+                let disk = (growth > 0).then(|| held.disk());
+                if let Some(disk) = &disk
+                    && !disk.take(growth)
+                {
+                    return Ok((Err(ErrorCode::InsufficientSpace),));
+                }
+                match HostDescriptor::set_size(&mut view, fd, size).await {
+                    Ok(()) => Ok((Ok(()),)),
+                    Err(e) => {
+                        if let Some(disk) = &disk {
+                            disk.give_back(growth);
+                        }
+                        Ok((Err(code(e)?),))
+                    }
+                }
+            })
+        },
+    )?;
     types.func_wrap_async(
         "[method]descriptor.write",
         |mut store, (fd, buf, offset): (Resource<fs::Descriptor>, Vec<u8>, u64)| {
             Box::new(async move {
                 let (mut view, held) = store.data_mut().filesystem_and_held();
                 let disk = held.disk();
-                let asked = buf.len() as u64;
+                // What it writes, or what the file grows by if more: a
+                // write far past the end makes a file of that size (filled
+                // with zeroes where the filesystem cannot leave a hole).
+                let size = file_size(&view, &fd);
+                let charge = |n: u64| n.max(offset.saturating_add(n).saturating_sub(size));
+                let asked = charge(buf.len() as u64);
                 if !disk.take(asked) {
                     return Ok((Err(ErrorCode::InsufficientSpace),));
                 }
                 match HostDescriptor::write(&mut view, fd, buf, offset).await {
                     Ok(written) => {
-                        disk.give_back(asked.saturating_sub(written));
+                        disk.give_back(asked.saturating_sub(charge(written)));
                         Ok((Ok(written),))
                     }
                     Err(e) => {
@@ -679,6 +719,15 @@ pub(super) fn add_to_linker<S: FilesystemCall>(linker: &mut Linker<S>) -> wasmti
     Ok(())
 }
 
+/// The size of the file `fd` names now (0 if it is not a file or cannot be
+/// read: then all growth counts).
+fn file_size(view: &WasiFilesystemCtxView<'_>, fd: &Resource<fs::Descriptor>) -> u64 {
+    match view.table.get(fd) {
+        Ok(Descriptor::File(f)) => f.file.metadata().map(|m| m.len()).unwrap_or(0),
+        _ => 0,
+    }
+}
+
 /// The result of an operation that makes a name, counted when it did.
 fn created(held: &mut Held, r: Result<(), FsError>) -> wasmtime::Result<(Result<(), ErrorCode>,)> {
     match r {
@@ -694,12 +743,19 @@ fn created(held: &mut Held, r: Result<(), FsError>) -> wasmtime::Result<(Result<
 /// may hold one more stream, its bytes taken from the call's [`DiskBudget`].
 fn write_stream<S: FilesystemCall>(
     store: &mut wasmtime::StoreContextMut<'_, S>,
+    gap: u64,
     open: impl FnOnce(&mut WasiFilesystemCtxView<'_>) -> Result<Resource<DynOutputStream>, FsError>,
 ) -> wasmtime::Result<(Result<Resource<DynOutputStream>, ErrorCode>,)> {
+    let budget = store.data_mut().filesystem_and_held().1.disk();
+    if !budget.take(gap) {
+        return Ok((Err(ErrorCode::InsufficientSpace),));
+    }
     let made = stream(store, open)?;
+    if made.0.is_err() {
+        budget.give_back(gap);
+    }
     if let (Ok(stream),) = &made {
-        let (view, held) = store.data_mut().filesystem_and_held();
-        let budget = held.disk();
+        let (view, _) = store.data_mut().filesystem_and_held();
         // Wrapped in place: the guest's handle stays the one it was given.
         let slot = view.table.get_mut(stream)?;
         let inner = std::mem::replace(slot, Box::new(wasmtime_wasi::p2::pipe::SinkOutputStream));

@@ -87,6 +87,21 @@ pub(super) fn shown(path: &str) -> String {
     format!("{short:?}")
 }
 
+/// Longest guest path kept for the records, in bytes.
+const MAX_GUEST_PATH: usize = 1024;
+
+/// `path`, or its last [`MAX_GUEST_PATH`] bytes (at a character boundary)
+/// after `…`: a guest opening `././…/.` from each directory it opened grew
+/// the kept path by kilobytes per open, copied whole each time, in host
+/// memory outside its limit.
+fn path_tail(path: String) -> String {
+    if path.len() <= MAX_GUEST_PATH {
+        return path;
+    }
+    let start = path.ceil_char_boundary(path.len() - MAX_GUEST_PATH);
+    format!("…{}", &path[start..])
+}
+
 /// Which file, as the call's checks remember it: the same inode with the
 /// same size and times holds the same bytes (a write changes the change
 /// time, which no one can set back).
@@ -189,11 +204,12 @@ impl CallSecrets {
         let state = self.state();
         // A live `Weak` keeps its allocation: no other directory has its address.
         let base = state.dirs.iter().find(|(d, _)| std::ptr::eq(d.as_ptr(), Arc::as_ptr(dir))).map(|(_, g)| g.as_str());
-        match base {
-            Some(base) if path.is_empty() || path == "." => base.to_owned(),
+        let full = match base {
+            Some(base) if path.is_empty() || path == "." => return base.to_owned(),
             Some(base) => format!("{}/{path}", base.trim_end_matches('/')),
             None => format!("…/{path}"),
-        }
+        };
+        path_tail(full)
     }
 
     /// Whether the guest may read `file` (blocking): `Err(why)` when it
@@ -366,6 +382,14 @@ mod tests {
 
     /// What a call remembers of the files and directories it saw stays
     /// bounded by what it holds: one verdict per file, one name per directory.
+    #[test]
+    fn a_guest_path_is_kept_to_its_last_kibibyte() {
+        let long = format!("/data/{}/é/end", "./".repeat(5000));
+        let kept = path_tail(long.clone());
+        assert!(kept.len() <= MAX_GUEST_PATH + 4 && kept.starts_with('…') && kept.ends_with("/é/end"), "{kept}");
+        assert_eq!(path_tail("/data/a".into()), "/data/a");
+    }
+
     #[test]
     fn a_call_remembers_one_verdict_per_file_and_one_name_per_directory() {
         let s = secrets(2);

@@ -968,7 +968,9 @@ impl ServerHandler for McpServer {
         // The client's W3C trace context (`_meta.traceparent`), when well-formed,
         // names the span the call's logs belong to.
         let trace = context.meta.get_traceparent().filter(|t| is_traceparent(t)).unwrap_or("");
-        let span = tracing::info_span!("tools/call", tool = %request.name, traceparent = trace);
+        // The client's words in every log line of the call: quoted, escaped, cut.
+        let tool = toolgate::display::quoted(&request.name, 128);
+        let span = tracing::info_span!("tools/call", tool = %tool, traceparent = trace);
         tracing::Instrument::instrument(self.call(request, &context), span).await.map_err(scrubbed)
     }
 
