@@ -34,16 +34,35 @@ pub const MAX_PATTERN_BYTES: usize = 256 << 10;
 /// Most evaluations of subschemas that validating one value against a
 /// schema may cost — one node of an argument or output (the whole value, a
 /// member, an item) or one member name — summed over every subschema that
-/// reaches it, whatever the value (see `work` below for the model). With it,
-/// validating costs at most this many evaluations per node and member name
-/// of the value: linear in its size, where a crafted schema was exponential
-/// (2^n for a definition referenced twice from each of n nested `anyOf`s).
+/// reaches it, whatever the value (see `work` below for the model). A
+/// comparison counts as one evaluation: with each entry of an `enum` (other
+/// than one of more than 10 strings, which is looked up at once) or a
+/// `const`, each name of a `required` or `dependentRequired` list, and a
+/// fractional `multipleOf` as 100. With it, validating costs at most this
+/// many evaluations per node and member name of the value: linear in its
+/// size, where a crafted schema was exponential (2^n for a definition
+/// referenced twice from each of n nested `anyOf`s) or compared each of
+/// 600,000 items with an `enum` of 120,000 numbers.
 /// Real schemas are far below it: the example Tools' cost at most 5 per
 /// value, schemars output with a definition used from 50 properties and
-/// recursive types 6; a `oneOf` of 1,000 variants that each `$ref` a
+/// recursive types 6, a Rust enum of 200 documented variants ~400; a
+/// `oneOf` of 1,000 variants that each `$ref` a
 /// definition with an `anyOf` of two costs ~4,000. Above it: a definition
-/// referenced twice from each of 12 nested levels.
+/// referenced twice from each of 12 nested levels, an `enum` of 10,000 numbers.
 pub const MAX_SCHEMA_WORK: u64 = 10_000;
+/// Most passes over one node of a value (its text, its member names, or
+/// for `uniqueItems` its items) that validating it against a schema may
+/// make, counted as [`MAX_SCHEMA_WORK`] is: a `pattern`, a
+/// `patternProperties` pattern, `uniqueItems`, and in drafts 4 to 7 a
+/// `format`, `contentEncoding` or `contentMediaType` count 16 passes
+/// (a regular expression or a format's parser: up to ~70 ns a byte in a
+/// debug build), a `minLength` or `maxLength` over 64 or an `enum` of
+/// more than 10 strings one. A pass costs time in proportion to the node's
+/// size, so this bounds the time for the whole value by its size, whatever
+/// the schema: 16 patterns at most on one string, where an `allOf` of 9,999
+/// (within [`MAX_SCHEMA_WORK`]) read a 4 MiB argument 9,999 times. Real
+/// schemas apply one or two patterns or formats to a value.
+pub const MAX_SCHEMA_PASSES: u64 = 256;
 /// Most steps bounding [`MAX_SCHEMA_WORK`] may take for one metadata document
 /// (every schema of every Tool in it) before the document is refused as too
 /// complex to check; a real schema takes a few steps per subschema (a
@@ -472,6 +491,42 @@ fn shown(s: &str) -> String {
 /// match every name and `additionalProperties` every name its own
 /// `properties` does not list: again only over-counting.
 ///
+/// Nor is an evaluation of constant cost: some keywords cost in proportion
+/// to the schema, others to the value (measured: an `enum` of 120,000
+/// numbers, 10 s per 1,000 items; an `allOf` of 9,999 `pattern`s, 6 s per
+/// 64 KiB string; both within the bound on evaluations). So each
+/// subschema has its own *comparisons*, added to its evaluation:
+/// `work(s) = 1 + comparisons(s) + Σ work(in-place child)`, under the same
+/// bound. jsonschema compares a value with each entry of an `enum`
+/// (`items.iter().any(equals)`; numbers too, for a value that is not an
+/// integer), deeply with a `const`, and looks up each name of `required`
+/// and `dependentRequired`/`dependencies`: one comparison per value and
+/// member of the entries (and per 64 bytes of their text) and per name; a
+/// fractional `multipleOf` divides exact fractions, 100. An `enum` of more
+/// than 10 strings (and `null`) is a hash lookup instead: one pass, below.
+/// And keywords that read the node's bytes cost in proportion to its size,
+/// which no count of nodes bounds (a 4 MiB string is one node): each
+/// subschema has its *passes* over the node, summed through the same
+/// fan-out and bounded per node by
+/// [`MAX_SCHEMA_PASSES`](super::MAX_SCHEMA_PASSES): 16 for a regular
+/// expression or a parser — a `pattern` (one more per 16 alternatives: a
+/// `^(a|b|…)$` is compared literal by literal), each `patternProperties`
+/// pattern (matched against every member name, the object's bytes; again
+/// for an `additionalProperties` beside it and in the marking walk),
+/// `uniqueItems` (hashes every item whole), and where jsonschema asserts
+/// them, drafts 4 to 7, `format`, `contentEncoding`, `contentMediaType` —
+/// and 1 for counting characters (a `minLength` or `maxLength` over 64:
+/// jsonschema counts only when the byte length cannot tell, in a text of
+/// at most 4 × the limit bytes) or hashing the text (an `enum` of strings).
+/// Then validating a value of n bytes costs at most `MAX_SCHEMA_WORK`
+/// evaluations per node and `MAX_SCHEMA_PASSES` passes per byte: linear in
+/// n whatever the schema (`uniqueItems` on nested arrays reads an inner one
+/// once per enclosing level: a factor of the depth, at most 128, the host's
+/// bound on arguments and serde_json's on output). A `properties` of any
+/// size costs one lookup per member of the value (by length and head, not
+/// hashing the name), and `contains`, `minContains`/`maxContains`,
+/// `prefixItems` one evaluation per item: counted as members already.
+///
 /// The walk itself is iterative (no recursion on the schema's shape), visits
 /// each node once, and stops, refusing the schema, after
 /// [`MAX_CHECK_STEPS`](super::MAX_CHECK_STEPS) steps per metadata document.
@@ -481,7 +536,22 @@ mod work {
     use jsonschema::Draft;
     use serde_json::{Map, Value};
 
-    use super::MAX_SCHEMA_WORK;
+    use super::{MAX_SCHEMA_PASSES, MAX_SCHEMA_WORK};
+
+    /// The passes one `pattern`, `format`, `patternProperties` pattern,
+    /// `contentEncoding`, `contentMediaType` or `uniqueItems` counts for:
+    /// a regular expression or a format's parser takes up to ~70 ns a byte
+    /// in a debug build, `minLength` (one pass) ~5.
+    const HEAVY: u64 = 16;
+
+    /// The largest `minLength` or `maxLength` that counts no pass: it counts
+    /// the characters of at most 4 × 64 + 3 bytes.
+    const SHORT: u64 = 64;
+
+    /// The comparisons a fractional `multipleOf` counts for: exact
+    /// arithmetic on fractions of up to ~2,100 bits (5e-324 against
+    /// 1.8e308) took the time of ~100 evaluations.
+    const FRACTIONAL_MULTIPLE_OF: u64 = 100;
 
     /// The base URI jsonschema gives a schema without `$id`.
     const DEFAULT_BASE: &str = "json-schema:///";
@@ -547,6 +617,24 @@ mod work {
         unevaluated: usize,
         /// For a marking copy: the node it copies.
         copy_of: Option<u32>,
+        /// What validating a value against it costs beyond evaluating it.
+        own: Own,
+    }
+
+    /// The cost of a subschema's own keywords, beyond the one evaluation.
+    #[derive(Clone, Copy, Default)]
+    struct Own {
+        /// Comparisons (`enum`, `const`, `required`, …), in evaluations.
+        compares: u64,
+        /// The keyword making most of them, with its entries or names.
+        compares_by: Option<(&'static str, u64)>,
+        /// Passes over the value's text, member names or items (see [`HEAVY`]).
+        passes: u64,
+        /// The keyword making most of them, with its count.
+        passes_by: Option<(&'static str, u64)>,
+        /// Its `patternProperties`: the passes of its patterns, which its
+        /// marking copy makes again, and how many patterns.
+        name_passes: (u64, u64),
     }
 
     struct Graph {
@@ -574,8 +662,8 @@ mod work {
                 ));
             }
         };
-        let work = per_value(&graph, &order);
-        explore(schema, &graph, &order, &work, steps)
+        let cost = per_value(&graph, &order);
+        explore(schema, &graph, &order, &cost, steps)
     }
 
     /// The graph of subschemas reachable from `schema`'s root.
@@ -722,8 +810,10 @@ mod work {
                     n
                 });
                 names.sort_unstable();
+                let own = own_cost(object, draft, steps)?;
                 let n = &mut graph.nodes[node as usize];
                 n.names = names;
+                n.own = own;
                 n.unevaluated = ["unevaluatedProperties", "unevaluatedItems"]
                     .iter()
                     .filter(|k| object.get(**k).is_some_and(|s| s.is_object() || s.is_boolean()))
@@ -845,6 +935,129 @@ mod work {
         }
     }
 
+    /// What validating one value against `object` costs besides evaluating
+    /// it: its comparisons and its passes over the value, as jsonschema
+    /// compiles its keywords in `draft`.
+    fn own_cost(object: &Map<String, Value>, draft: Draft, steps: &mut Steps) -> Result<Own, String> {
+        const KEYWORDS: [&str; 14] = [
+            "enum",
+            "const",
+            "required",
+            "dependentRequired",
+            "dependencies",
+            "multipleOf",
+            "pattern",
+            "format",
+            "contentEncoding",
+            "contentMediaType",
+            "uniqueItems",
+            "patternProperties",
+            "minLength",
+            "maxLength",
+        ];
+        let mut own = Own::default();
+        let (mut most_compares, mut most_passes) = (0, 0);
+        let list = |v: &Value| v.as_array().map_or(0, |a| a.len() as u64);
+        for keyword in KEYWORDS {
+            let Some(value) = object.get(keyword) else { continue };
+            // (comparisons, passes, entries or names for a message)
+            let (compares, passes, count) = match keyword {
+                // More than 10 strings (and `null`): looked up in a hash
+                // set, hashing the text once. Any other: compared entry by
+                // entry (integers too, for a value that is not an integer).
+                "enum" => {
+                    let Some(entries) = value.as_array() else { continue };
+                    let n = entries.len() as u64;
+                    if entries.len() > 10 && entries.iter().all(|e| e.is_string() || e.is_null()) {
+                        (0, 1, n)
+                    } else {
+                        (size(entries, steps)?, 0, n)
+                    }
+                }
+                "const" => {
+                    let n = size(std::slice::from_ref(value), steps)?;
+                    (n, 0, n)
+                }
+                // Each name looked up in the object.
+                "required" => (list(value), 0, list(value)),
+                "dependentRequired" | "dependencies" => {
+                    let n = value.as_object().into_iter().flat_map(Map::values).map(list).sum();
+                    (n, 0, n)
+                }
+                // A fraction: exact arithmetic on big numbers.
+                "multipleOf" if value.as_f64().is_some_and(|m| m.fract() != 0.0) => (FRACTIONAL_MULTIPLE_OF, 0, 1),
+                "pattern" => (0, value.as_str().map_or(HEAVY, pattern_passes), 1),
+                // Asserted by default in these drafts only (an annotation in later ones).
+                "format" if matches!(draft, Draft::Draft4 | Draft::Draft6 | Draft::Draft7) => (0, HEAVY, 1),
+                "contentEncoding" | "contentMediaType" if matches!(draft, Draft::Draft6 | Draft::Draft7) => {
+                    (0, HEAVY, 1)
+                }
+                // Hashes every item whole (compares them pairwise up to 15).
+                "uniqueItems" if value == &Value::Bool(true) => (0, HEAVY, 1),
+                // Counts characters when the byte length cannot tell: only
+                // in a text of at most 4 × the limit bytes, so not a pass
+                // for a small limit.
+                "minLength" | "maxLength" if value.as_u64().is_none_or(|n| n > SHORT) => (0, 1, 1),
+                // Every member name against every pattern, and again for
+                // `additionalProperties` beside it.
+                "patternProperties" => {
+                    let Some(patterns) = value.as_object() else { continue };
+                    let once = patterns.keys().fold(0u64, |s, p| s.saturating_add(pattern_passes(p)));
+                    own.name_passes = (once, patterns.len() as u64);
+                    let again = object.get("additionalProperties").is_some_and(|s| s.is_object() || s.is_boolean());
+                    (0, once.saturating_mul(1 + u64::from(again)), patterns.len() as u64)
+                }
+                _ => continue,
+            };
+            own.compares = own.compares.saturating_add(compares);
+            own.passes = own.passes.saturating_add(passes);
+            if compares > most_compares {
+                most_compares = compares;
+                own.compares_by = Some((keyword, count));
+            }
+            if passes > most_passes {
+                most_passes = passes;
+                own.passes_by = Some((keyword, count));
+            }
+        }
+        Ok(own)
+    }
+
+    /// The passes of one pattern: [`HEAVY`], and one more per 16
+    /// alternatives, which jsonschema compares one by one for a pattern
+    /// such as `^(a|b|c)$` instead of running a regular expression.
+    fn pattern_passes(pattern: &str) -> u64 {
+        HEAVY + pattern.bytes().filter(|&b| b == b'|').count() as u64 / 16
+    }
+
+    /// The comparisons one `enum` or `const` entry among `values` costs,
+    /// summed: one per value and member, and one per 64 bytes of text.
+    /// Stops counting past the bound: more is refused anyway.
+    fn size(values: &[Value], steps: &mut Steps) -> Result<u64, String> {
+        let (mut nodes, mut bytes) = (0u64, 0u64);
+        let mut stack: Vec<&Value> = values.iter().collect();
+        while let Some(v) = stack.pop() {
+            steps.take(1)?;
+            nodes += 1;
+            match v {
+                Value::String(s) => bytes += s.len() as u64,
+                Value::Array(a) => stack.extend(a),
+                Value::Object(m) => {
+                    for (k, v) in m {
+                        nodes += 1;
+                        bytes += k.len() as u64;
+                        stack.push(v);
+                    }
+                }
+                _ => {}
+            }
+            if nodes + bytes / 64 > MAX_SCHEMA_WORK {
+                break;
+            }
+        }
+        Ok(nodes + bytes / 64)
+    }
+
     /// Give every node with `unevaluated*` its marking walk: a copy of each
     /// node below it in place, whose edges go to the node's in-place children
     /// (validated again) and to their copies, and along its `contains` and
@@ -871,12 +1084,18 @@ mod work {
                 in_place.extend(copy[c as usize]);
             }
             steps.take(in_place.len())?;
+            // The marking walk matches every member name against the
+            // node's `patternProperties` again.
+            let (passes, patterns) = original.own.name_passes;
+            let own =
+                Own { passes, passes_by: (passes > 0).then_some(("patternProperties", patterns)), ..Own::default() };
             let node = Node {
                 at: original.at,
                 base: original.base,
                 in_place,
                 members: original.marked.clone(),
                 copy_of: Some(id(v)),
+                own,
                 ..Node::default()
             };
             graph.nodes.push(node);
@@ -932,14 +1151,41 @@ mod work {
         Ok(Ok(order))
     }
 
-    /// For each node, the evaluations validating one value against it costs.
-    fn per_value(graph: &Graph, order: &[u32]) -> Vec<u64> {
-        let mut work = vec![0u64; graph.nodes.len()];
-        for &v in order {
-            let below = graph.nodes[v as usize].in_place.iter().fold(0u64, |s, &c| s.saturating_add(work[c as usize]));
-            work[v as usize] = below.saturating_add(1);
+    /// What validating one value against a node costs, its in-place
+    /// children included; saturating.
+    #[derive(Clone, Copy, Default)]
+    struct Cost {
+        /// Evaluations and comparisons: what [`MAX_SCHEMA_WORK`] bounds.
+        work: u64,
+        /// Evaluations of subschemas alone.
+        evaluations: u64,
+        /// Passes over the value: what [`MAX_SCHEMA_PASSES`] bounds.
+        passes: u64,
+    }
+
+    impl Cost {
+        fn plus(self, other: Cost, times: u64) -> Cost {
+            Cost {
+                work: self.work.saturating_add(other.work.saturating_mul(times)),
+                evaluations: self.evaluations.saturating_add(other.evaluations.saturating_mul(times)),
+                passes: self.passes.saturating_add(other.passes.saturating_mul(times)),
+            }
         }
-        work
+
+        fn over(self) -> bool {
+            self.work > MAX_SCHEMA_WORK || self.passes > MAX_SCHEMA_PASSES
+        }
+    }
+
+    /// For each node, what validating one value against it costs.
+    fn per_value(graph: &Graph, order: &[u32]) -> Vec<Cost> {
+        let mut cost = vec![Cost::default(); graph.nodes.len()];
+        for &v in order {
+            let node = &graph.nodes[v as usize];
+            let own = Cost { work: node.own.compares.saturating_add(1), evaluations: 1, passes: node.own.passes };
+            cost[v as usize] = node.in_place.iter().fold(own, |s, &c| s.plus(cost[c as usize], 1));
+        }
+        cost
     }
 
     /// How one value is reached from its parent, for a message.
@@ -957,7 +1203,7 @@ mod work {
 
     /// Follow what reaches a value, member by member, through every state
     /// once; refuse the first whose work is over the bound.
-    fn explore(schema: &Value, graph: &Graph, order: &[u32], work: &[u64], steps: &mut Steps) -> Result<(), String> {
+    fn explore(schema: &Value, graph: &Graph, order: &[u32], cost: &[Cost], steps: &mut Steps) -> Result<(), String> {
         let mut rank = vec![0u32; graph.nodes.len()];
         for (i, &v) in order.iter().enumerate() {
             rank[v as usize] = id(i);
@@ -971,9 +1217,9 @@ mod work {
         let mut stamp = vec![0usize; graph.nodes.len()];
         while let Some(s) = queue.pop_front() {
             let (reaching, key_name, _) = &states[s];
-            let total = reaching.iter().fold(0u64, |t, &(v, c)| t.saturating_add(c.saturating_mul(work[v as usize])));
-            if total > MAX_SCHEMA_WORK {
-                return Err(too_much(schema, graph, work, &states, s, total));
+            let total = reaching.iter().fold(Cost::default(), |t, &(v, c)| t.plus(cost[v as usize], c));
+            if total.over() {
+                return Err(too_much(schema, graph, cost, &states, s, total));
             }
             if *key_name {
                 continue;
@@ -1071,14 +1317,14 @@ mod work {
         Ok(())
     }
 
-    /// Why the state `s` is refused: the evaluations at one value are `total`.
+    /// Why the state `s` is refused: what validating one value costs is `total`.
     fn too_much(
         schema: &Value,
         graph: &Graph,
-        work: &[u64],
+        cost: &[Cost],
         states: &[(Reaching, bool, Option<(usize, Step)>)],
         s: usize,
-        total: u64,
+        total: Cost,
     ) -> String {
         let value = path(graph, states, s);
         let dynamic = if graph.dynamic {
@@ -1089,41 +1335,157 @@ mod work {
             ""
         };
         let reaching = &states[s].0;
-        // One subschema costs too much by itself: find where, the lowest node over the bound.
-        if let Some(&(entry, _)) = reaching.iter().find(|&&(v, _)| work[v as usize] > MAX_SCHEMA_WORK) {
+        let by_work = total.work > MAX_SCHEMA_WORK;
+        let over = |c: &Cost| if by_work { c.work > MAX_SCHEMA_WORK } else { c.passes > MAX_SCHEMA_PASSES };
+        // One subschema costs too much by itself: where, the lowest node over the bound.
+        let alone = reaching.iter().find(|&&(v, _)| over(&cost[v as usize])).map(|&(entry, _)| {
             let mut v = entry;
-            while let Some(&c) = graph.nodes[v as usize].in_place.iter().find(|&&c| work[c as usize] > MAX_SCHEMA_WORK)
-            {
+            while let Some(&c) = graph.nodes[v as usize].in_place.iter().find(|&&c| over(&cost[c as usize])) {
                 v = c;
             }
-            let v = graph.nodes[v as usize].copy_of.unwrap_or(v);
-            let whole = if v == entry {
+            (entry, v)
+        });
+        if !by_work {
+            return too_many_passes(schema, graph, cost, reaching, alone, &value, total.passes, dynamic);
+        }
+        let comparisons = |c: Cost| {
+            let compares = c.work - c.evaluations;
+            if compares == 0 {
                 String::new()
             } else {
-                format!(" (from {}: {})", where_is(schema, graph, entry), many(work[entry as usize]))
+                format!(
+                    " and makes {} comparisons (`enum`, `const`, `required`…), {} in all,",
+                    many(compares),
+                    many(c.work)
+                )
+            }
+        };
+        let Some((entry, v)) = alone else {
+            let (most, paths) = reaching.iter().copied().max_by_key(|&(_, c)| c).unwrap_or((0, 0));
+            let most = graph.nodes[most as usize].copy_of.unwrap_or(most);
+            return format!(
+                "validating {value} evaluates {} subschemas{}, more than the {MAX_SCHEMA_WORK} allowed per value: \
+                 {paths} paths through the levels above it reach {} (several branches of an `anyOf`/`oneOf`/`allOf` \
+                 at a level declare the same member, and each evaluates it again, so the count multiplies with each \
+                 level of nesting){dynamic}; let the branches share one declaration of what they have in common (move \
+                 a property that several branches declare out of the `anyOf`/`oneOf`, into the schema around it) or \
+                 merge them",
+                many(total.evaluations),
+                comparisons(total),
+                where_is(schema, graph, most),
+            );
+        };
+        let node = &graph.nodes[v as usize];
+        let whole = if node.copy_of.unwrap_or(v) == entry {
+            String::new()
+        } else {
+            format!(" (from {}: {})", where_is(schema, graph, entry), many(cost[entry as usize].work))
+        };
+        let at = where_is(schema, graph, node.copy_of.unwrap_or(v));
+        let lists = "jsonschema looks up an `enum` of more than 10 strings (and `null`) at once, but compares the \
+                     value with every entry of any other `enum` (numbers too) or `const`, and looks up every name \
+                     of a `required` or `dependentRequired` list, each time the subschema applies";
+        let fewer = "list fewer entries, or check the value another way (`type`, `minimum`/`maximum`, `pattern`, \
+                     or an `enum` of strings only)";
+        if node.own.compares >= MAX_SCHEMA_WORK {
+            let what = match node.own.compares_by {
+                Some(("enum", n)) => format!("the {n} entries of its `enum`"),
+                Some(("const", n)) => {
+                    let n = if n > MAX_SCHEMA_WORK { format!("more than {MAX_SCHEMA_WORK}") } else { n.to_string() };
+                    format!("its `const`, of {n} values, members and 64-byte blocks of text")
+                }
+                Some((keyword, n)) => format!("the {n} names of its `{keyword}`"),
+                None => "its lists".into(),
             };
             return format!(
-                "validating {value} against {} evaluates {} subschemas{whole}, more than the {MAX_SCHEMA_WORK} allowed \
-                 per value: a definition is referenced from several branches (`anyOf`, `oneOf`, `allOf`, \
-                 `if`/`then`/`else`, or below `unevaluatedProperties`/`unevaluatedItems`, which evaluate every \
-                 branch again) at many levels, and each reference evaluates it again, so the cost multiplies with \
-                 each level{dynamic}; reference it from fewer places (merge the branches that reference the same \
-                 definition) or inline a simpler schema",
-                where_is(schema, graph, v),
-                many(work[v as usize]),
+                "validating {value} against {at} compares it with {what} one by one, more than the \
+                 {MAX_SCHEMA_WORK} comparisons and evaluations allowed per value{whole}: {lists}; {fewer}"
             );
         }
-        let (most, paths) = reaching.iter().copied().max_by_key(|&(_, c)| c).unwrap_or((0, 0));
-        let most = graph.nodes[most as usize].copy_of.unwrap_or(most);
+        let (c, e) = (cost[v as usize].work - cost[v as usize].evaluations, cost[v as usize].evaluations);
+        if c > e {
+            return format!(
+                "validating {value} against {at} makes {} comparisons with the entries of the `enum`, `const` and \
+                 `required` lists of the subschemas below it and evaluates {} subschemas, more than the \
+                 {MAX_SCHEMA_WORK} allowed per value{whole}: {lists}, and a list is compared again each time a branch \
+                 or reference applies it{dynamic}; apply fewer lists to one value (merge the branches that repeat \
+                 them), or {fewer}",
+                many(c),
+                many(e),
+            );
+        }
         format!(
-            "validating {value} evaluates {} subschemas, more than the {MAX_SCHEMA_WORK} allowed per value: \
-             {paths} paths through the levels above it reach {} (several branches of an `anyOf`/`oneOf`/`allOf` \
-             at a level declare the same member, and each evaluates it again, so the count multiplies with each \
-             level of nesting){dynamic}; let the branches share one declaration of what they have in common (move \
-             a property that several branches declare out of the `anyOf`/`oneOf`, into the schema around it) or \
-             merge them",
+            "validating {value} against {at} evaluates {} subschemas{}{whole}, more than the {MAX_SCHEMA_WORK} allowed \
+             per value: a definition is referenced from several branches (`anyOf`, `oneOf`, `allOf`, \
+             `if`/`then`/`else`, or below `unevaluatedProperties`/`unevaluatedItems`, which evaluate every \
+             branch again) at many levels, and each reference evaluates it again, so the cost multiplies with \
+             each level{dynamic}; reference it from fewer places (merge the branches that reference the same \
+             definition) or inline a simpler schema",
+            many(e),
+            comparisons(cost[v as usize]),
+        )
+    }
+
+    /// Why a value is refused for the passes over it, `total`; `alone` is
+    /// the subschema reaching it that is over the bound by itself (and the
+    /// lowest node below it that is), if any.
+    #[allow(clippy::too_many_arguments)]
+    fn too_many_passes(
+        schema: &Value,
+        graph: &Graph,
+        cost: &[Cost],
+        reaching: &Reaching,
+        alone: Option<(u32, u32)>,
+        value: &str,
+        total: u64,
+        dynamic: &str,
+    ) -> String {
+        let (at, why) = match alone {
+            Some((entry, v)) => {
+                let node = &graph.nodes[v as usize];
+                let at = where_is(schema, graph, node.copy_of.unwrap_or(v));
+                let whole = if node.copy_of.unwrap_or(v) == entry {
+                    String::new()
+                } else {
+                    format!(", from {}: {}", where_is(schema, graph, entry), many(cost[entry as usize].passes))
+                };
+                let why = match node.own.passes_by {
+                    Some(("patternProperties", n)) if node.own.passes.saturating_mul(2) >= cost[v as usize].passes => {
+                        format!(
+                            "its `patternProperties` matches every member name against each of its {n} patterns, \
+                             and again for an `additionalProperties` or `unevaluatedProperties` beside it"
+                        )
+                    }
+                    Some(("pattern", _)) if node.own.passes > MAX_SCHEMA_PASSES => {
+                        "its `pattern` lists so many alternatives that each is compared in turn".into()
+                    }
+                    _ => format!("the subschemas below it apply {} passes", many(cost[v as usize].passes)),
+                };
+                (format!(" against {at}"), format!("{why}{whole}"))
+            }
+            None => {
+                let (most, paths) =
+                    reaching.iter().copied().max_by_key(|&(v, c)| (c, cost[v as usize].passes)).unwrap_or((0, 0));
+                let most = graph.nodes[most as usize].copy_of.unwrap_or(most);
+                let by = if paths > 1 { format!(" by {paths} paths") } else { String::new() };
+                let why = format!(
+                    "{} subschemas reach it, such as {}{by}: several branches of an `anyOf`/`oneOf`/`allOf` \
+                     declare the same member, each with its own patterns, or reach it again at each level of nesting",
+                    reaching.len(),
+                    where_is(schema, graph, most)
+                );
+                (String::new(), why)
+            }
+        };
+        format!(
+            "validating {value}{at} reads its text, member names or items {} times over, more than the \
+             {MAX_SCHEMA_PASSES} allowed per value ({why}{dynamic}): each `pattern`, `patternProperties` pattern, \
+             `uniqueItems`, and in drafts 4 to 7 `format`, `contentEncoding` and `contentMediaType` counts {HEAVY} \
+             (a regular expression or parser runs over the whole text, which can be megabytes), each `minLength` or \
+             `maxLength` over 64 and `enum` of strings one; match one value against fewer patterns and formats (merge \
+             patterns into one, such as `^(?:a|b)$`; keep them out of branches and definitions that apply to the \
+             same value several times; write a long list of literals as an `enum` of strings)",
             many(total),
-            where_is(schema, graph, most),
         )
     }
 
@@ -1857,6 +2219,271 @@ mod tests {
         assert!(e.contains("/tree/children/1/children/0/shape"), "{e}");
         assert!(tools[0].validate_output(&json!({"Add": [{"Num": 1.0}, {"Num": 2.0}]})).is_ok());
         assert!(tools[0].validate_output(&json!({"Add": [{"Num": 1.0}]})).is_err());
+    }
+
+    /// An `enum` of `n` numbers, a fraction first: jsonschema's lookups (of
+    /// strings, of integers) do not apply, so it compares every entry.
+    fn numbers(n: usize) -> Value {
+        let mut entries = vec![json!(0.5)];
+        entries.extend((0..n - 1).map(|i| json!(i)));
+        json!({"enum": entries})
+    }
+
+    /// `count` copies of `schema` in one `allOf`.
+    fn all_of(count: usize, schema: Value) -> Value {
+        json!({"allOf": vec![schema; count]})
+    }
+
+    /// The work bound counted one evaluation per subschema and value node,
+    /// but some keywords cost in proportion to the schema (an `enum`,
+    /// `const` or `required` compares or looks up every entry) or to the
+    /// value's bytes (a `pattern`, `format`, `patternProperties` pattern or
+    /// `uniqueItems` reads all of it): within the bound, one argument took
+    /// hours. They are counted at load now, through the same fan-out, and a
+    /// schema over a bound is refused, naming the Tool, the schema, the value,
+    /// the subschema and what to do.
+    #[test]
+    fn keywords_that_cost_in_proportion_to_the_schema_or_the_value_are_bounded_at_load() {
+        // The report: an `enum` of 120,001 numbers (~720 KiB, within the
+        // metadata bound; 2 evaluations per item) compared with each of
+        // ~600,000 items of a 4 MiB argument: ~7×10^10 comparisons before
+        // the gate (1,000 items took 10 s in a debug build).
+        let items = json!({"type": "array", "items": numbers(120_001)});
+        let problem = refusal(text_is(items.clone()));
+        for words in [
+            "input schema: validating the value at `/text/*` against `/properties/text/items` compares it with the \
+             120001 entries of its `enum` one by one, more than the 10000 comparisons and evaluations allowed per value",
+            "compares the value with every entry of any other `enum` (numbers too)",
+            "list fewer entries, or check the value another way",
+        ] {
+            assert!(problem.contains(words), "{problem:?} lacks {words:?}");
+        }
+        // The output case needs no fan-out: the guest returns the items.
+        let problem = refusal(|t| t["descriptor"]["output_schema"] = items);
+        assert!(
+            problem.starts_with(
+                "output schema: validating the value at `/*` against `/items` compares it with the 120001"
+            ),
+            "{problem}"
+        );
+        // Equally a `const` (compared deeply), a `required` list, and many
+        // small `enum`s applied to one value.
+        let problem = refusal(text_is(json!({"const": (0..20_000).collect::<Vec<_>>()})));
+        assert!(
+            problem.contains("against `/properties/text` compares it with its `const`, of more than 10000 values"),
+            "{problem}"
+        );
+        let names: Vec<String> = (0..20_000).map(|i| format!("n{i}")).collect();
+        let problem = refusal(text_is(json!({"type": "object", "required": names})));
+        assert!(problem.contains("compares it with the 20000 names of its `required` one by one"), "{problem}");
+        let problem = refusal(text_is(all_of(60, numbers(200))));
+        assert!(
+            problem.contains("against `/properties/text` makes 12000 comparisons with the entries of the `enum`, `const` and `required` lists of the subschemas below it and evaluates 61 subschemas"),
+            "{problem}"
+        );
+        // Under the bound, an `enum` of numbers still validates as before.
+        let mut t = tool("t.x");
+        text_is(json!({"type": "array", "items": numbers(9_000)}))(&mut t);
+        let tools = read_doc(&doc(vec![t])).expect("9,000 entries: under the bound");
+        assert!(tools[0].validate_arguments(&json!({"text": [0.5, 8998]})).is_ok());
+        assert!(tools[0].validate_arguments(&json!({"text": [8999]})).is_err());
+
+        // The report's second form: 9,999 patterns in one `allOf` (10,000
+        // evaluations: at the bound) run over the whole of a 4 MiB string
+        // each (one 64 KiB string took 6 s in a debug build).
+        let problem = refusal(text_is(all_of(9_999, json!({"pattern": "^a*$"}))));
+        for words in [
+            "input schema: validating the value at `/text` against `/properties/text` reads its text, member names \
+             or items 159984 times over, more than the 256 allowed per value (the subschemas below it apply 159984 \
+             passes)",
+            "each `pattern`, `patternProperties` pattern, `uniqueItems`, and in drafts 4 to 7 `format`",
+            "match one value against fewer patterns and formats (merge patterns into one",
+        ] {
+            assert!(problem.contains(words), "{problem:?} lacks {words:?}");
+        }
+        // The bound is exact: 16 patterns pass, 17 do not.
+        let mut t = tool("t.x");
+        text_is(all_of(16, json!({"pattern": "^a*$"})))(&mut t);
+        let tools = read_doc(&doc(vec![t])).expect("16 patterns: at the bound");
+        assert!(tools[0].validate_arguments(&json!({"text": "aaa"})).is_ok());
+        assert!(tools[0].validate_arguments(&json!({"text": "aab"})).is_err());
+        assert!(refusal(text_is(all_of(17, json!({"pattern": "^a*$"})))).contains("272 times over"));
+        // The same for the other keywords that read the whole value: every
+        // member name against each `patternProperties` pattern (twice beside
+        // `additionalProperties`), every item hashed for `uniqueItems`, a
+        // format in draft 7 (an annotation only in 2020-12: accepted), and a
+        // pattern of 100,000 literals, compared one by one.
+        let patterns: serde_json::Map<String, Value> = (0..9).map(|i| (format!("^x{i}"), json!(true))).collect();
+        let problem = refusal(text_is(json!({"patternProperties": patterns, "additionalProperties": false})));
+        assert!(problem.contains("reads its text, member names or items 288 times over"), "{problem}");
+        assert!(
+            problem.contains("its `patternProperties` matches every member name against each of its 9 patterns"),
+            "{problem}"
+        );
+        let problem = refusal(text_is(all_of(17, json!({"uniqueItems": true}))));
+        assert!(problem.contains("validating the value at `/text` against `/properties/text` reads its text, member names or items 272 times over"), "{problem}");
+        let emails = all_of(17, json!({"format": "email"}));
+        let problem = refusal(|t| {
+            text_is(emails.clone())(t);
+            t["descriptor"]["input_schema"]["$schema"] = json!("http://json-schema.org/draft-07/schema#");
+        });
+        assert!(problem.contains("272 times over"), "{problem}");
+        let mut t = tool("t.x");
+        text_is(emails)(&mut t);
+        read_doc(&doc(vec![t])).expect("formats are annotations in draft 2020-12");
+        let literals: Vec<String> = (0..100_000).map(|i| format!("a{i}")).collect();
+        let problem = refusal(text_is(json!({"pattern": format!("^({})$", literals.join("|"))})));
+        assert!(
+            problem.contains("its `pattern` lists so many alternatives that each is compared in turn"),
+            "{problem}"
+        );
+        // Several branches each applying a pattern to the same member.
+        let variants: Vec<Value> =
+            (0..17).map(|i| json!({"properties": {"kind": {"const": i}, "id": {"pattern": "^[a-z]+$"}}})).collect();
+        let problem = refusal(|t| t["descriptor"]["output_schema"] = json!({"oneOf": variants}));
+        assert!(
+            problem.starts_with(
+                "output schema: validating the value at `/id` reads its text, member names or items 272 times over"
+            ),
+            "{problem}"
+        );
+        assert!(problem.contains("17 subschemas reach it, such as `/oneOf/"), "{problem}");
+
+        // Through the catalog, the refusal names the file as well.
+        let dir = tempfile::tempdir().unwrap();
+        let mut t = tool("t.x");
+        t["descriptor"]["output_schema"] = all_of(9_999, json!({"pattern": "^a*$"}));
+        let meta = serde_json::to_vec(&doc(vec![t])).unwrap();
+        std::fs::write(dir.path().join("remote.wasm"), component_with(&[&meta], Some(TOOL_EXPORT))).unwrap();
+        let catalog = crate::catalog::Catalog::load(dir.path()).unwrap();
+        let [refused] = catalog.refused() else { panic!("{:?}", catalog.refused()) };
+        assert!(refused.path.ends_with("remote.wasm"), "{refused:?}");
+        assert!(
+            refused
+                .reason
+                .contains("tool `t.x`: output schema: validating one value against the schema's root reads its text"),
+            "{}",
+            refused.reason
+        );
+    }
+
+    /// What real Tools ship stays well within both bounds: schemars output
+    /// for a Rust enum of 200 variants (an `enum` of strings, or with
+    /// documented variants a `oneOf` of `const`s), as an `Option` and in
+    /// lists, a tagged union; hand-written schemas with a few patterns and
+    /// formats on one value, `patternProperties`, `uniqueItems`, small mixed
+    /// `enum`s, a `const` object, a fractional `multipleOf`, long `required`
+    /// lists. They validate as before.
+    #[test]
+    fn ordinary_enums_patterns_and_formats_are_accepted() {
+        #![allow(dead_code)]
+        macro_rules! big {
+            ($($v:ident)*) => {
+                #[derive(schemars::JsonSchema)]
+                enum Plain { $($v,)* }
+                #[derive(schemars::JsonSchema)]
+                enum Documented { $(#[doc = "One of many."] $v,)* }
+            };
+        }
+        big!(V0 V1 V2 V3 V4 V5 V6 V7 V8 V9 V10 V11 V12 V13 V14 V15 V16 V17 V18 V19 V20 V21 V22 V23 V24 V25 V26 V27
+             V28 V29 V30 V31 V32 V33 V34 V35 V36 V37 V38 V39 V40 V41 V42 V43 V44 V45 V46 V47 V48 V49 V50 V51 V52 V53
+             V54 V55 V56 V57 V58 V59 V60 V61 V62 V63 V64 V65 V66 V67 V68 V69 V70 V71 V72 V73 V74 V75 V76 V77 V78 V79
+             V80 V81 V82 V83 V84 V85 V86 V87 V88 V89 V90 V91 V92 V93 V94 V95 V96 V97 V98 V99 V100 V101 V102 V103 V104
+             V105 V106 V107 V108 V109 V110 V111 V112 V113 V114 V115 V116 V117 V118 V119 V120 V121 V122 V123 V124 V125
+             V126 V127 V128 V129 V130 V131 V132 V133 V134 V135 V136 V137 V138 V139 V140 V141 V142 V143 V144 V145 V146
+             V147 V148 V149 V150 V151 V152 V153 V154 V155 V156 V157 V158 V159 V160 V161 V162 V163 V164 V165 V166 V167
+             V168 V169 V170 V171 V172 V173 V174 V175 V176 V177 V178 V179 V180 V181 V182 V183 V184 V185 V186 V187 V188
+             V189 V190 V191 V192 V193 V194 V195 V196 V197 V198 V199);
+        #[derive(schemars::JsonSchema)]
+        #[serde(tag = "kind")]
+        enum Tagged {
+            A { name: String, n: u8 },
+            B { plain: Plain },
+            C,
+        }
+        #[derive(schemars::JsonSchema)]
+        struct Args {
+            plain: Plain,
+            maybe: Option<Plain>,
+            documented: Documented,
+            list: Vec<Documented>,
+            tagged: Vec<Tagged>,
+            ratio: f64,
+        }
+        let schemars = serde_json::to_value(schemars::schema_for!(Args)).unwrap();
+        let defs = &schemars["$defs"];
+        assert_eq!(defs["Plain"]["enum"].as_array().map(Vec::len), Some(200), "{}", defs["Plain"]);
+        assert_eq!(defs["Documented"]["oneOf"].as_array().map(Vec::len), Some(200), "{}", defs["Documented"]);
+
+        let languages: Vec<String> = (0..200).map(|i| format!("l{i}")).collect();
+        let codes = (0..50).map(|i| format!("c{i}")).collect::<Vec<_>>().join("|");
+        let names: Vec<String> = (0..300).map(|i| format!("n{i}")).collect();
+        let hand_written = json!({
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "minLength": 1, "maxLength": 4096, "pattern": "^[a-z0-9_./-]+$",
+                    "format": "uri-reference", "not": {"pattern": "\\.\\."}},
+                "mode": {"enum": ["append", "truncate", null, 1, 2.5]},
+                "language": {"type": "string", "enum": languages},
+                "code": {"type": "string", "pattern": format!("^({codes})$")},
+                "ratio": {"type": "number", "multipleOf": 0.01, "minimum": 0},
+                "env": {"type": "object", "patternProperties": {"^[A-Z_][A-Z0-9_]*$": {"type": "string"}, "^x-": {}},
+                    "additionalProperties": false, "propertyNames": {"maxLength": 128, "pattern": "^[A-Za-z_-]+$"}},
+                "tags": {"type": "array", "items": {"type": "string", "maxLength": 16}, "uniqueItems": true},
+                "fixed": {"const": {"a": [1, {"b": null}]}},
+                "id": {"anyOf": [{"type": "string", "format": "uuid", "pattern": "^[0-9a-f-]{36}$"},
+                    {"type": "integer", "enum": [1, 2, 3]}]},
+                "record": {"type": "object", "required": names, "dependentRequired": {"n0": ["n1", "n2"]}}
+            },
+            "required": ["path"]
+        });
+        let mut draft7 = hand_written.clone();
+        draft7["$schema"] = json!("http://json-schema.org/draft-07/schema#");
+        draft7["properties"]["when"] = json!({"type": "string", "format": "date-time", "pattern": "^2"});
+        for (name, schema) in [("schemars", &schemars), ("hand-written", &hand_written), ("draft 7", &draft7)] {
+            let mut t = tool("t.x");
+            t["descriptor"]["input_schema"] = schema.clone();
+            t["descriptor"]["input_schema"]["type"] = json!("object");
+            t["descriptor"]["output_schema"] = schema.clone();
+            t["descriptor"]["primary_argument"] = Value::Null;
+            if let Err(e) = read_doc(&doc(vec![t])) {
+                panic!("{name}: {e}");
+            }
+        }
+
+        let mut t = tool("t.x");
+        t["descriptor"]["input_schema"] = draft7;
+        t["descriptor"]["output_schema"] = schemars;
+        t["descriptor"]["primary_argument"] = Value::Null;
+        let tools = read_doc(&doc(vec![t])).unwrap();
+        let args = json!({
+            "path": "a/b.txt", "mode": 2.5, "language": "l199", "code": "c49", "ratio": 0.25,
+            "env": {"HOME": "/root", "x-y": 1}, "tags": ["a", "b"], "fixed": {"a": [1, {"b": null}]},
+            "id": "123e4567-e89b-12d3-a456-426614174000", "when": "2024-01-01T00:00:00Z"
+        });
+        assert_eq!(tools[0].validate_arguments(&args), Ok(()));
+        for (key, bad) in [
+            ("path", json!("a/../b")),
+            ("mode", json!(3)),
+            ("language", json!("l200")),
+            ("code", json!("c50")),
+            ("env", json!({"lower": "x"})),
+            ("tags", json!(["a", "a"])),
+            ("when", json!("yesterday")),
+        ] {
+            let mut args = args.clone();
+            args[key] = bad;
+            let e = tools[0].validate_arguments(&args).unwrap_err();
+            assert!(e.contains(&format!("/{key}")), "{key}: {e}");
+        }
+        let output = json!({
+            "plain": "V7", "maybe": null, "documented": "V199", "list": ["V0"], "ratio": 1.5,
+            "tagged": [{"kind": "A", "name": "x", "n": 1}, {"kind": "B", "plain": "V1"}, {"kind": "C"}]
+        });
+        assert_eq!(tools[0].validate_output(&output), Ok(()));
+        let mut bad = output.clone();
+        bad["tagged"][1]["plain"] = json!("V200");
+        assert!(tools[0].validate_output(&bad).is_err());
     }
 
     /// Schemas come from whoever ships the component (for an MCP adapter, the
