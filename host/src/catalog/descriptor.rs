@@ -2087,20 +2087,23 @@ mod tests {
         );
 
         // Through the catalog, the refusal names the file as well.
+        let reason = refused_through_the_catalog(fan_out(60));
+        assert!(reason.contains("tool `t.x`: output schema: validating one value against `/$defs/d48`"), "{reason}");
+    }
+
+    /// Why the catalog refuses `remote.wasm`, a component whose Tool `t.x`
+    /// declares `output_schema` (it must be refused, and not be installed).
+    fn refused_through_the_catalog(output_schema: Value) -> String {
         let dir = tempfile::tempdir().unwrap();
         let mut t = tool("t.x");
-        t["descriptor"]["output_schema"] = fan_out(60);
+        t["descriptor"]["output_schema"] = output_schema;
         let meta = serde_json::to_vec(&doc(vec![t])).unwrap();
         std::fs::write(dir.path().join("remote.wasm"), component_with(&[&meta], Some(TOOL_EXPORT))).unwrap();
         let catalog = crate::catalog::Catalog::load(dir.path()).unwrap();
         let [refused] = catalog.refused() else { panic!("{:?}", catalog.refused()) };
         assert!(refused.path.ends_with("remote.wasm"), "{refused:?}");
-        assert!(
-            refused.reason.contains("tool `t.x`: output schema: validating one value against `/$defs/d48`"),
-            "{}",
-            refused.reason
-        );
         assert!(catalog.get("t.x").is_none());
+        refused.reason.clone()
     }
 
     /// What real Tools ship is accepted and validates as before: schemars
@@ -2350,20 +2353,10 @@ mod tests {
         assert!(problem.contains("17 subschemas reach it, such as `/oneOf/"), "{problem}");
 
         // Through the catalog, the refusal names the file as well.
-        let dir = tempfile::tempdir().unwrap();
-        let mut t = tool("t.x");
-        t["descriptor"]["output_schema"] = all_of(9_999, json!({"pattern": "^a*$"}));
-        let meta = serde_json::to_vec(&doc(vec![t])).unwrap();
-        std::fs::write(dir.path().join("remote.wasm"), component_with(&[&meta], Some(TOOL_EXPORT))).unwrap();
-        let catalog = crate::catalog::Catalog::load(dir.path()).unwrap();
-        let [refused] = catalog.refused() else { panic!("{:?}", catalog.refused()) };
-        assert!(refused.path.ends_with("remote.wasm"), "{refused:?}");
+        let reason = refused_through_the_catalog(all_of(9_999, json!({"pattern": "^a*$"})));
         assert!(
-            refused
-                .reason
-                .contains("tool `t.x`: output schema: validating one value against the schema's root reads its text"),
-            "{}",
-            refused.reason
+            reason.contains("tool `t.x`: output schema: validating one value against the schema's root reads its text"),
+            "{reason}"
         );
     }
 
