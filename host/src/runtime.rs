@@ -931,8 +931,12 @@ fn arguments_within(arguments: &Value, kib: u64) -> Result<(), String> {
         }
         let own = match v {
             Value::Null | Value::Bool(_) => 5,
-            // At most 24 characters as JSON text.
-            Value::Number(_) => 24,
+            // An integer's digits; a float's text is at most 24 characters.
+            Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+                (Some(u), _) => digits(u),
+                (None, Some(i)) => 1 + digits(i.unsigned_abs()),
+                _ => 24,
+            },
             Value::String(s) => s.len() + 2,
             Value::Array(a) => a.len() + 2,
             Value::Object(o) => o.keys().map(|k| k.len() + 4).sum::<usize>() + 2,
@@ -943,6 +947,9 @@ fn arguments_within(arguments: &Value, kib: u64) -> Result<(), String> {
             Value::Object(o) => o.values().try_for_each(|x| walk(x, depth + 1, left)),
             _ => Ok(()),
         }
+    }
+    fn digits(u: u64) -> usize {
+        u.checked_ilog10().map_or(1, |l| l as usize + 1)
     }
     let limit = usize::try_from(kib).unwrap_or(usize::MAX).saturating_mul(1024);
     let mut left = limit;
@@ -1368,6 +1375,17 @@ fn within_state_limit(
 #[cfg(test)]
 mod tests {
     use super::call_id;
+
+    #[test]
+    fn the_arguments_are_measured_as_the_json_text_they_are() {
+        // 1,000 small numbers are ~2 KB of JSON (digits and commas), not 1,000 × the longest number.
+        let ints: Vec<u32> = (0..1000).map(|i| i % 10).collect();
+        assert!(super::arguments_within(&serde_json::json!({ "v": ints }), 3).is_ok());
+        assert!(super::arguments_within(&serde_json::json!({ "v": ints }), 1).is_err());
+        let text = serde_json::json!({"t": "x".repeat(2000)});
+        assert!(super::arguments_within(&text, 2).is_ok() && super::arguments_within(&text, 1).is_err());
+        assert!(super::arguments_within(&serde_json::json!(-12345), 1).is_ok());
+    }
 
     #[test]
     fn call_ids_are_one_prefix_and_a_rising_decimal_counter() {
