@@ -1007,3 +1007,35 @@ def test_the_typescript_sdk_client_lists_calls_asks_and_cancels(transport, negot
             break
         time.sleep(0.1)
     assert loops == [("cancelled",)], loops
+
+
+# ---- The Python SDK's 1.x line (tests/mcp/v1_client.py, its own venv .venv-mcp1).
+
+V1_CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "v1_client.py")
+V1_PYTHON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".venv-mcp1", "bin", "python")
+# None: the revision the SDK asks for by default (2025-11-25).
+V1_MODES = [(t, v) for t in ("stdio", "http") for v in (None, "2025-06-18")]
+
+
+@pytest.mark.parametrize("transport,version", V1_MODES, ids=[f"{t}-{v or 'default'}" for t, v in V1_MODES])
+def test_the_python_sdk_1x_client_session_lists_calls_and_asks(transport, version, request):
+    """`ClientSession` of mcp 1.30.0, as agent frameworks on the 1.x line use
+    it, asking for its default revision or an older one: it gets that
+    revision back, lists, calls (allowed, denied, unknown), and an ask is
+    answered in its elicitation callback (accept runs once, decline blocks)
+    where the revision has elicitation, and refused as needing approval,
+    its request pending and no ticket shown, where it has none."""
+    assert os.path.exists(V1_PYTHON), "run scripts/test: it creates .venv-mcp1 with tests/requirements-mcp1.txt"
+    server = request.getfixturevalue("http_server") if transport == "http" else None
+    args = [V1_PYTHON, V1_CLIENT, "--transport", transport, "--tag", f"{transport}-{version}-{os.getpid()}"]
+    if version:
+        args += ["--version", version]
+    if server:
+        args += ["--url", server.url]
+    env = {**ENV, "TOOLGATE_BIN": BIN, "TOOLGATE_CONFIG": CONFIG}
+    out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+    print(out.stdout)
+    checks = {json.loads(line)["check"]: json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")}
+    assert out.returncode == 0 and "done" in checks, f"v1_client.py failed:\n{out.stdout}\n{out.stderr}"
+    assert checks["connect"]["protocolVersion"] == (version or "2025-11-25"), checks["connect"]
+    assert checks["ask"]["asked"] == (version in (None, "2025-06-18")), checks["ask"]
