@@ -49,7 +49,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use toolgate::config::Config;
-use toolgate::runtime::{CallError, Runtime, RuntimeSettings, StepResult, new_id};
+use toolgate::runtime::{CallError, Runtime, StepResult, new_id};
 use toolgate::sandbox::executor::Content;
 use toolgate::{Approval, ExecutableAgentSnapshot, ToolCapabilityNarrowing};
 use toolgate_sdk::ToolDescriptor;
@@ -265,14 +265,17 @@ impl McpServer {
             }
         }
         let mut r = self.shared.runtimes.write().unwrap_or_else(|p| p.into_inner());
+        // Another request may have built it while this one waited for the
+        // lock: one runtime per agent, never a second one replacing it.
+        if let Some(rt) = r.by_agent.get(agent) {
+            return Ok((r.generation, rt.clone()));
+        }
         let catalog = r.base.snapshot().catalog().clone();
         let snapshot = ExecutableAgentSnapshot::build(&self.shared.config, agent, catalog).map_err(internal)?;
-        let rt = Arc::new(Runtime::new(
-            snapshot,
-            r.base.executor().clone(),
-            r.base.store().clone(),
-            RuntimeSettings::of(&self.shared.config),
-        ));
+        // Derived from the base: one executor, store, host instance and set
+        // of Skill marks per process, so a Skill committed through any of
+        // them (an approval) narrows its run wherever that run is served.
+        let rt = Arc::new(r.base.with_snapshot(snapshot));
         r.by_agent.insert(agent.to_owned(), rt.clone());
         Ok((r.generation, rt))
     }
@@ -1064,6 +1067,9 @@ where
         self.inner.close().await
     }
 }
+
+#[cfg(test)]
+mod inproc_tests;
 
 #[cfg(test)]
 mod tests {
