@@ -28,15 +28,17 @@ async fn main() -> anyhow::Result<()> {
             StepResult::Awaiting { ticket, correlation, .. } => {
                 // The model reads only the correlation id. The ticket is the
                 // approver's: the runtime shows the human the exact stored call
-                // in its own approval UI, and the human decides.
+                // in its own approval UI, and the human decides on what it
+                // showed (the approval names it by its digest, so a call
+                // rewritten in the journal meanwhile is not approved).
                 println!("{tool} awaits approval (request {correlation})");
-                if let Some(call) = runtime.store().awaiting(&ticket).await? {
-                    println!(
-                        "  a human approves {} {} (component {})",
-                        call.tool_id, call.arguments, call.component_digest
-                    );
-                }
-                let result = runtime.approve(&ticket, &Approval::by_embedder("ui:demo-user")).await?;
+                let Some(call) = runtime.store().awaiting(&ticket).await? else { continue };
+                println!(
+                    "  a human approves {} {} (component {})",
+                    call.tool_id, call.arguments, call.component_digest
+                );
+                let result =
+                    runtime.approve(&ticket, &Approval::by_embedder("ui:demo-user", call.call_digest())).await?;
                 println!("{tool} approved -> {}", result.model_text());
             }
             other => println!("{tool} -> {}", other.model_text()),

@@ -6,10 +6,13 @@
 //! or one made in an approver channel the host vouches for (an interactive
 //! terminal when no keys are configured, the MCP client's own elicitation
 //! UI unless `[approval] mcp_elicitation` is off — by default whenever keys
-//! are configured —, an embedding runtime's dialog). A signature covers the ticket, the
-//! digest of the exact stored call and the decision, so it approves that
-//! call and nothing else. The journal records who decided, through which
-//! channel, and when.
+//! are configured —, an embedding runtime's dialog). Every approval names the
+//! call the approver was shown ([`call_digest`] of the record): a signature
+//! covers the ticket, that digest and the decision; a decision from a
+//! channel carries the digest. An approval approves that call and nothing
+//! else — a journal writer that rewrites the pending record while the human
+//! reads it gets the approval refused. The journal records who decided,
+//! through which channel, and when.
 //!
 //! Architecture invariant: nothing here reads a model's or a Tool's output;
 //! a decision is verified against the stored Awaiting record before the
@@ -77,29 +80,55 @@ pub struct Approval(Proof);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Proof {
-    Signed { signature: String },
-    Attested { principal: String, channel: Channel },
+    Signed {
+        signature: String,
+    },
+    Attested {
+        principal: String,
+        channel: Channel,
+        /// [`call_digest`] of the record the approver was shown; `None` only
+        /// from [`Approval::by_mcp_client`], kept until `toolgate serve` passes it.
+        shown: Option<Digest>,
+    },
 }
 
 impl Approval {
     /// A decision signed with an approver key ([`sign`]); verified against
-    /// `[approval] keys` and the stored call.
+    /// `[approval] keys` and the stored call (the signature covers its digest).
     pub fn signed(signature: impl Into<String>) -> Self {
         Approval(Proof::Signed { signature: signature.into() })
     }
-    /// A decision typed by `os_user` on an interactive terminal. Refused
-    /// when `[approval] keys` are configured: then only a signature counts.
-    pub fn on_terminal(os_user: impl Into<String>) -> Self {
-        Approval(Proof::Attested { principal: os_user.into(), channel: Channel::Terminal })
+    /// A decision typed by `os_user` on an interactive terminal about the
+    /// call shown there: `shown` is [`AwaitingRecord::call_digest`] of the
+    /// record displayed. Refused when `[approval] keys` are configured (then
+    /// only a signature counts), and an approval when the record is no
+    /// longer the one shown.
+    pub fn on_terminal(os_user: impl Into<String>, shown: Digest) -> Self {
+        Approval(Proof::Attested { principal: os_user.into(), channel: Channel::Terminal, shown: Some(shown) })
     }
-    /// A decision the human made in MCP client `client`'s own UI. Refused
-    /// unless `[approval] mcp_elicitation` is in effect ([`mcp_elicitation_in_effect`]).
+    /// A decision the human made in MCP client `client`'s own UI about the
+    /// call its prompt showed (`shown`: [`AwaitingRecord::call_digest`] of
+    /// the record the prompt was built from). Refused unless
+    /// `[approval] mcp_elicitation` is in effect ([`mcp_elicitation_in_effect`]),
+    /// and an approval when the record is no longer the one shown.
+    pub fn by_mcp_client_for(client: impl Into<String>, shown: Digest) -> Self {
+        Approval(Proof::Attested { principal: client.into(), channel: Channel::McpElicitation, shown: Some(shown) })
+    }
+    /// To be replaced by [`Approval::by_mcp_client_for`]: a decision in an
+    /// MCP client's UI that names no shown call, so a journal writer that
+    /// rewrites the pending record while the human reads the prompt gets
+    /// the rewritten call approved. Kept only while `toolgate serve` still
+    /// calls it.
+    #[deprecated(note = "binds no call: pass the digest of the record the prompt showed to `by_mcp_client_for`")]
     pub fn by_mcp_client(client: impl Into<String>) -> Self {
-        Approval(Proof::Attested { principal: client.into(), channel: Channel::McpElicitation })
+        Approval(Proof::Attested { principal: client.into(), channel: Channel::McpElicitation, shown: None })
     }
-    /// A decision made in an embedding runtime's approval UI by `principal`.
-    pub fn by_embedder(principal: impl Into<String>) -> Self {
-        Approval(Proof::Attested { principal: principal.into(), channel: Channel::Embedder })
+    /// A decision made in an embedding runtime's approval UI by `principal`
+    /// about the call it showed: `shown` is [`AwaitingRecord::call_digest`]
+    /// of the record it displayed (read with `runtime.store().awaiting(ticket)`).
+    /// An approval is refused when the record is no longer the one shown.
+    pub fn by_embedder(principal: impl Into<String>, shown: Digest) -> Self {
+        Approval(Proof::Attested { principal: principal.into(), channel: Channel::Embedder, shown: Some(shown) })
     }
 
     /// Whether the decision is made inside the agent's conversation (MCP
@@ -138,6 +167,18 @@ pub enum ApprovalError {
          or set `[approval] mcp_elicitation = true` to trust the MCP client's UI as well"
     )]
     ElicitationNotTrusted,
+    /// The pending record is not the one the approver was shown: something
+    /// wrote the journal while the human read it. Nothing was claimed; the
+    /// ticket stays pending, holding what the journal now says.
+    #[error(
+        "ticket `{ticket}`: the request changed since it was shown to the approver (toolgate never changes a \
+         pending request: something else wrote the journal); nothing was approved or run and the request is \
+         still pending — look at it again before deciding, and check who can write the journal"
+    )]
+    ChangedSinceShown {
+        /// The ticket.
+        ticket: String,
+    },
 }
 
 /// Whether an answer in an MCP client's own UI (elicitation) decides tickets:
@@ -149,7 +190,8 @@ pub fn mcp_elicitation_in_effect(setting: Option<bool>, keys: &TrustedKeys) -> b
     setting.unwrap_or_else(|| keys.is_empty())
 }
 
-/// The digest of the exact call a ticket stands for: what an approver signs.
+/// The digest of the exact call a ticket stands for: what an approver signs,
+/// or names when deciding through a channel.
 pub fn call_digest(r: &AwaitingRecord) -> Digest {
     let fields = [
         r.ticket_id.as_str(),
@@ -157,6 +199,8 @@ pub fn call_digest(r: &AwaitingRecord) -> Digest {
         r.agent.as_str(),
         r.call_id.as_str(),
         r.tool_id.as_str(),
+        // The text the approver reads, beside the digest the gate checks.
+        r.arguments.as_str(),
         r.argument_digest.as_str(),
         &r.component_digest.hex(),
         &r.expires_at.to_string(),
@@ -172,6 +216,14 @@ pub fn call_digest(r: &AwaitingRecord) -> Digest {
     Digest::of(&buf)
 }
 
+impl AwaitingRecord {
+    /// [`call_digest`] of this record: what an approval of the call it
+    /// shows names (`Approval::by_embedder(who, record.call_digest())`).
+    pub fn call_digest(&self) -> Digest {
+        call_digest(self)
+    }
+}
+
 fn message(r: &AwaitingRecord, decision: &Decision) -> Vec<u8> {
     format!("{}\n{}\n{}", r.ticket_id, call_digest(r).hex(), decision.signed_line()).into_bytes()
 }
@@ -184,7 +236,10 @@ pub fn sign(key: &SecretKey, record: &AwaitingRecord, decision: &Decision) -> St
 /// Check `approval` for `decision` on `record`, with `keys` the host's
 /// `[approval] keys` and `mcp_elicitation` whether an MCP client's UI
 /// decides (see [`mcp_elicitation_in_effect`]); returns who decided, as the journal
-/// records it.
+/// records it. An approval must name `record` as shown (its signature, or the
+/// channel's shown digest); a denial need not: it blocks whatever the ticket
+/// holds, never more than the approver wanted, and refusing it would leave a
+/// rewritten call pending.
 pub fn verify(
     approval: &Approval,
     record: &AwaitingRecord,
@@ -210,7 +265,14 @@ pub fn verify(
         Proof::Attested { channel: Channel::McpElicitation, .. } if !mcp_elicitation => {
             return Err(ApprovalError::ElicitationNotTrusted);
         }
-        Proof::Attested { principal, channel } => (principal.clone(), channel.clone()),
+        Proof::Attested { principal, channel, shown } => {
+            if let (Decision::Approve, Some(shown)) = (decision, shown)
+                && *shown != call_digest(record)
+            {
+                return Err(ApprovalError::ChangedSinceShown { ticket: record.ticket_id.clone() });
+            }
+            (principal.clone(), channel.clone())
+        }
     };
     Ok(ApprovedBy { principal, channel: channel.as_str().to_owned(), at: now })
 }
@@ -236,6 +298,26 @@ mod tests {
         }
     }
 
+    /// `record()` with one field of the call changed, each way.
+    fn others() -> Vec<AwaitingRecord> {
+        let mut others = Vec::new();
+        for change in 0..8 {
+            let mut o = record();
+            match change {
+                0 => o.ticket_id = "tkt-2".into(),
+                1 => o.argument_digest = "b".repeat(64),
+                2 => o.component_digest = Digest::of(b"d"),
+                3 => o.tool_id = "notes2".into(),
+                4 => o.arguments = r#"{"op":"clear"}"#.into(),
+                5 => o.restriction = Some("[]".into()),
+                6 => o.agent = "other".into(),
+                _ => o.run_id = "run-2".into(),
+            }
+            others.push(o);
+        }
+        others
+    }
+
     #[test]
     fn a_signature_approves_exactly_its_call_and_decision() {
         let (secret, public) = crate::keys::keygen().unwrap();
@@ -248,19 +330,7 @@ mod tests {
         // The same signature does not deny, nor approve another call, ticket or component.
         let deny = Decision::Deny { reason: "no".into() };
         assert_eq!(verify(&Approval::signed(&sig), &r, &deny, &keys, true, 7), Err(ApprovalError::Untrusted));
-        let mut others = Vec::new();
-        for change in 0..5 {
-            let mut o = record();
-            match change {
-                0 => o.ticket_id = "tkt-2".into(),
-                1 => o.argument_digest = "b".repeat(64),
-                2 => o.component_digest = Digest::of(b"d"),
-                3 => o.tool_id = "notes2".into(),
-                _ => o.run_id = "run-2".into(),
-            }
-            others.push(o);
-        }
-        for o in others {
+        for o in others() {
             assert_eq!(
                 verify(&Approval::signed(&sig), &o, &Decision::Approve, &keys, true, 7),
                 Err(ApprovalError::Untrusted)
@@ -291,12 +361,40 @@ mod tests {
         let (_, public) = crate::keys::keygen().unwrap();
         let keys = TrustedKeys::parse(&[public]).unwrap();
         let none = TrustedKeys::default();
-        let tty = Approval::on_terminal("alice");
+        let tty = Approval::on_terminal("alice", r.call_digest());
         assert_eq!(verify(&tty, &r, &Decision::Approve, &keys, false, 1), Err(ApprovalError::KeyRequired));
         let by = verify(&tty, &r, &Decision::Approve, &none, true, 1).unwrap();
         assert_eq!((by.principal.as_str(), by.channel.as_str()), ("alice", "terminal"));
-        let by = verify(&Approval::by_embedder("ui:bob"), &r, &Decision::Approve, &keys, false, 1).unwrap();
+        let by =
+            verify(&Approval::by_embedder("ui:bob", r.call_digest()), &r, &Decision::Approve, &keys, false, 1).unwrap();
         assert_eq!(by.channel, "embedder");
+    }
+
+    #[test]
+    fn a_channel_approves_only_the_call_it_showed_and_denies_whatever_the_ticket_holds() {
+        let shown = record().call_digest();
+        let none = TrustedKeys::default();
+        let deny = Decision::Deny { reason: "no".into() };
+        let channels = [
+            Approval::on_terminal("alice", shown),
+            Approval::by_embedder("ui:bob", shown),
+            Approval::by_mcp_client_for("stdio", shown),
+        ];
+        for approval in &channels {
+            for o in others() {
+                assert_eq!(
+                    verify(approval, &o, &Decision::Approve, &none, true, 1),
+                    Err(ApprovalError::ChangedSinceShown { ticket: o.ticket_id.clone() }),
+                    "{approval:?} on {o:?}"
+                );
+                // A denial blocks the call the ticket now holds: never more than was wanted.
+                assert!(verify(approval, &o, &deny, &none, true, 1).is_ok());
+            }
+            assert!(verify(approval, &record(), &Decision::Approve, &none, true, 1).is_ok());
+        }
+        // The error names the ticket and says what happened.
+        let e = verify(&channels[0], &others()[1], &Decision::Approve, &none, true, 1).unwrap_err().to_string();
+        assert!(e.contains("tkt-1") && e.contains("changed since it was shown") && e.contains("still pending"), "{e}");
     }
 
     #[test]
@@ -313,7 +411,7 @@ mod tests {
         assert!(!mcp_elicitation_in_effect(Some(false), &none));
         // With keys and no opt-in: whatever client answered (an agent can run
         // its own), neither an approval nor a denial counts.
-        let agent = Approval::by_mcp_client("Claude Desktop");
+        let agent = Approval::by_mcp_client_for("Claude Desktop", r.call_digest());
         for d in [&Decision::Approve, &deny] {
             assert_eq!(
                 verify(&agent, &r, d, &keys, mcp_elicitation_in_effect(None, &keys), 1),

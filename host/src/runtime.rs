@@ -485,7 +485,13 @@ impl Runtime {
     }
 
     /// Approve a ticket with `approval`: execute exactly the stored call,
-    /// once. Out-of-band decisions (a signature, a terminal) leave the result
+    /// once — the call the approval names as shown to the approver (its
+    /// signature, or [`crate::store::AwaitingRecord::call_digest`] given to
+    /// the channel's constructor). A record that changed since it was shown
+    /// is refused before the claim ([`ApprovalError::ChangedSinceShown`]; the
+    /// ticket stays pending), or, changed between that check and the claim,
+    /// settled as changed ([`TicketError::Changed`]); either way nothing runs.
+    /// Out-of-band decisions (a signature, a terminal) leave the result
     /// for the agent's identical retry; in-conversation ones (MCP
     /// elicitation, an embedder's dialog) return it to the caller only.
     pub async fn approve(&self, ticket_id: &str, approval: &Approval) -> Result<StepResult, CallError> {
@@ -525,9 +531,10 @@ impl Runtime {
         let call = stored_call(&r);
         let step = Step::new(&r.run_id, &r.agent, &call);
         let by = Some(&approved_by);
-        // The approval was checked against the record read above; what runs
-        // is the record the claim read. Anything that changed in between (a
-        // journal writer rewrote the call) is not what was approved.
+        // `verify` held the approval to the record read above (the one the
+        // approver was shown); what runs is the record the claim read.
+        // Anything that changed in between (a journal writer rewrote the
+        // call) is not what was approved.
         if approval::call_digest(&r) != approval::call_digest(&record) {
             let reason = format!(
                 "request `{}`: the call changed while it was being approved; nothing ran, make the call again",

@@ -8,9 +8,12 @@ use toolgate_tests::{guests, packed};
 
 use super::{call, steps, text_and_notes, text_and_notes_in};
 
-/// The test harness decides as an embedding runtime's approval UI would.
-fn approver() -> toolgate::Approval {
-    toolgate::Approval::by_embedder("test-approver")
+/// The test harness decides as an embedding runtime's approval UI would: on
+/// the pending call it shows the human, read from `rt`'s journal now (an
+/// unknown ticket shows nothing).
+async fn approver(rt: &toolgate::Runtime, ticket: &str) -> toolgate::Approval {
+    let shown = rt.store().awaiting(ticket).await.unwrap().map(|r| r.call_digest());
+    toolgate::Approval::by_embedder("test-approver", shown.unwrap_or(toolgate::Digest([0; 32])))
 }
 
 async fn ask(host: &toolgate_tests::TestHost, note: &str) -> String {
@@ -27,14 +30,14 @@ async fn ask_awaits_then_approve_executes_the_exact_call_once(lang: Lang) {
     assert_eq!(host.instantiations(), 0, "nothing runs before approval");
     assert_eq!(host.runtime.store().pending().await.unwrap().len(), 1);
 
-    let r = host.runtime.approve(&ticket, &approver()).await.unwrap();
+    let r = host.runtime.approve(&ticket, &approver(&host.runtime, &ticket).await).await.unwrap();
     assert!(
         matches!(&r, StepResult::Output { content: toolgate::sandbox::executor::Content::Json(v), .. } if v == &json!({"notes": ["buy milk"]})),
         "{r:?}"
     );
     assert_eq!(host.instantiations(), 1);
 
-    let again = host.runtime.approve(&ticket, &approver()).await.unwrap_err();
+    let again = host.runtime.approve(&ticket, &approver(&host.runtime, &ticket).await).await.unwrap_err();
     assert!(matches!(again, CallError::Ticket(TicketError::Used(_))), "{again}");
     assert_eq!(host.instantiations(), 1, "a reused ticket executes nothing");
 
@@ -50,10 +53,10 @@ each_lang! {
 async fn deny_commits_a_blocked_result_and_executes_nothing(lang: Lang) {
     let host = text_and_notes_in(lang, "");
     let ticket = ask(&host, "x").await;
-    let r = host.runtime.deny(&ticket, "not today", &approver()).await.unwrap();
+    let r = host.runtime.deny(&ticket, "not today", &approver(&host.runtime, &ticket).await).await.unwrap();
     assert!(matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("not today")), "{r:?}");
     assert_eq!(host.instantiations(), 0);
-    let again = host.runtime.approve(&ticket, &approver()).await.unwrap_err();
+    let again = host.runtime.approve(&ticket, &approver(&host.runtime, &ticket).await).await.unwrap_err();
     assert!(matches!(again, CallError::Ticket(TicketError::Used(_))));
     assert_eq!(host.instantiations(), 0);
 }
@@ -62,13 +65,17 @@ async fn deny_commits_a_blocked_result_and_executes_nothing(lang: Lang) {
 #[tokio::test]
 async fn unknown_and_expired_tickets_execute_nothing() {
     let host = text_and_notes("");
-    let e = host.runtime.approve("tkt-00000000000000000000000000000000", &approver()).await.unwrap_err();
+    let e = host
+        .runtime
+        .approve("tkt-00000000000000000000000000000000", &approver(&host.runtime, "tkt-0").await)
+        .await
+        .unwrap_err();
     assert!(matches!(e, CallError::Ticket(TicketError::Unknown(_))), "{e}");
 
     let ticket = ask(&host, "x").await;
     let db = rusqlite::Connection::open(host.journal_path()).unwrap();
     db.execute("UPDATE awaiting SET expires_at = 0 WHERE ticket_id = ?1", [&ticket]).unwrap();
-    let e = host.runtime.approve(&ticket, &approver()).await.unwrap_err();
+    let e = host.runtime.approve(&ticket, &approver(&host.runtime, &ticket).await).await.unwrap_err();
     assert!(matches!(e, CallError::Ticket(TicketError::Expired(_))), "{e}");
     assert_eq!(host.instantiations(), 0);
 }
@@ -78,7 +85,7 @@ async fn tickets_survive_a_restart_of_the_host(lang: Lang) {
     let host = text_and_notes_in(lang, "");
     let ticket = ask(&host, "persisted").await;
     let host = host.restart();
-    let r = host.runtime.approve(&ticket, &approver()).await.unwrap();
+    let r = host.runtime.approve(&ticket, &approver(&host.runtime, &ticket).await).await.unwrap();
     assert!(matches!(r, StepResult::Output { .. }), "{r:?}");
 }
 }
@@ -92,11 +99,11 @@ async fn a_changed_component_voids_the_ticket(lang: Lang) {
     wasm_encoder_custom(&mut changed, "rebuilt", b"1");
     toolgate_tests::put(&host.plugins(), "notes.wasm", &changed);
     let host = host.restart();
-    let e = host.runtime.approve(&ticket, &approver()).await.unwrap_err();
+    let e = host.runtime.approve(&ticket, &approver(&host.runtime, &ticket).await).await.unwrap_err();
     assert!(matches!(e, CallError::Ticket(TicketError::ComponentChanged { .. })), "{e}");
     assert!(e.to_string().contains("make the call again"), "{e}");
     assert_eq!(host.instantiations(), 0);
-    let again = host.runtime.approve(&ticket, &approver()).await.unwrap_err();
+    let again = host.runtime.approve(&ticket, &approver(&host.runtime, &ticket).await).await.unwrap_err();
     assert!(matches!(again, CallError::Ticket(TicketError::Used(_))), "{again}");
     // The step resolving the ticket is the model's to read: the request, never the ticket.
     let last = steps(&host).await.pop().unwrap();
@@ -115,10 +122,67 @@ async fn arguments_cannot_be_changed_on_resume(lang: Lang) {
         [r#"{"op":"add","note":"tampered"}"#, ticket.as_str()],
     )
     .unwrap();
-    let r = host.runtime.approve(&ticket, &approver()).await.unwrap();
+    // The approver is shown the tampered text (the record as it is now); its
+    // digest still names the original arguments, so the gate refuses it.
+    let r = host.runtime.approve(&ticket, &approver(&host.runtime, &ticket).await).await.unwrap();
     assert!(matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("does not match")), "{r:?}");
     assert_eq!(host.instantiations(), 0);
 }
+}
+
+/// The approver is shown the pending call; while the human reads it, an
+/// agent that can write the journal (the same OS user) rewrites the record
+/// self-consistently: another call or tool, its arguments *and* their digest,
+/// that tool's component digest. An approval names the call it was shown,
+/// so it is refused for what the record now holds, on every channel: nothing
+/// runs, nothing is committed for the rewritten call, the ticket stays
+/// pending. A denial still denies (whatever the ticket holds). On the
+/// previous code a channel's approval named no call and the rewritten call
+/// ran, journaled as approved by the human.
+#[tokio::test]
+async fn a_call_rewritten_while_the_approver_reads_it_is_not_approved() {
+    use toolgate::approval::ApprovalError;
+    let host = text_and_notes("");
+    let store = host.runtime.store();
+    let text = host.runtime.snapshot().candidate("text.upper", &|_| None).unwrap().installed.component.digest;
+    let notes = host.runtime.snapshot().candidate("notes", &|_| None).unwrap().installed.component.digest;
+    // Another call of the same tool (which also asks), and another tool.
+    let rewrites = [("notes", json!({"op": "clear"}), notes), ("text.upper", json!({"text": "tampered"}), text)];
+    for (i, (tool, arguments, component)) in rewrites.iter().enumerate() {
+        for channel in ["terminal", "embedder", "mcp-elicitation"] {
+            let ticket = ask(&host, &format!("buy milk {i} {channel}")).await;
+            let shown = store.awaiting(&ticket).await.unwrap().unwrap().call_digest();
+            let approval = match channel {
+                "terminal" => toolgate::Approval::on_terminal("alice", shown),
+                "embedder" => toolgate::Approval::by_embedder("ui:alice", shown),
+                _ => toolgate::Approval::by_mcp_client_for("stdio", shown),
+            };
+            toolgate_tests::rewrite_awaiting(&host.journal_path(), &ticket, tool, arguments, component);
+
+            let e = host.runtime.approve(&ticket, &approval).await.unwrap_err();
+            assert!(
+                matches!(&e, CallError::Approval(ApprovalError::ChangedSinceShown { ticket: t }) if *t == ticket),
+                "{channel}, {tool}: {e}"
+            );
+            let message = e.to_string();
+            assert!(message.contains(&ticket) && message.contains("changed since it was shown"), "{message}");
+            assert_eq!(host.instantiations(), 0, "{channel}, {tool}: nothing runs");
+            let now = store.awaiting(&ticket).await.unwrap().unwrap();
+            assert_eq!((now.state.as_str(), now.tool_id.as_str()), ("pending", *tool), "still pending, as rewritten");
+            let of_ticket: Vec<_> = steps(&host).await.into_iter().filter(|s| s.run_id == now.run_id).collect();
+            assert!(
+                of_ticket.iter().all(|s| s.outcome == OutcomeKind::Awaiting && s.approved_by.is_none()),
+                "{channel}, {tool}: the journal has no result for the rewritten call: {of_ticket:?}"
+            );
+
+            // A denial made on the call shown denies whatever the ticket holds.
+            let r = host.runtime.deny(&ticket, "not what I saw", &approval).await.unwrap();
+            assert!(matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("not what I saw")), "{r:?}");
+            assert_eq!(host.instantiations(), 0);
+        }
+    }
+    assert!(steps(&host).await.iter().all(|s| s.outcome != OutcomeKind::Output), "nothing ran");
+    assert!(store.pending().await.unwrap().is_empty());
 }
 
 #[tokio::test]
@@ -133,7 +197,7 @@ async fn a_deny_rule_in_force_at_approval_wins() {
     );
     std::fs::write(&cfg, text).unwrap();
     let host = host.restart();
-    let r = host.runtime.approve(&ticket, &approver()).await.unwrap();
+    let r = host.runtime.approve(&ticket, &approver(&host.runtime, &ticket).await).await.unwrap();
     assert!(matches!(r, StepResult::Blocked { .. }), "{r:?}");
     assert_eq!(host.instantiations(), 0);
 }
@@ -153,7 +217,7 @@ async fn two_hosts_approving_one_ticket_at_once_execute_it_once() {
     let host = text_and_notes("");
     let ticket = ask(&host, "once").await;
     let other = toolgate_tests::runtime_for(&host.config, "default");
-    let approval = approver();
+    let approval = approver(&host.runtime, &ticket).await;
     let (a, b) = tokio::join!(host.runtime.approve(&ticket, &approval), other.approve(&ticket, &approval));
     let oks = [a.is_ok(), b.is_ok()].iter().filter(|x| **x).count();
     assert_eq!(oks, 1, "exactly one approval runs: {a:?} {b:?}");
@@ -197,8 +261,8 @@ async fn a_stateless_request_finds_only_stateless_asks() {
     let (theirs, theirs_correlation) = ask_in(&of("token B").await, "ours").await;
     assert!(theirs != own && theirs_correlation != own_correlation, "another principal found token A's ask");
     // Decided, the conversation's result is not handed to a stateless request.
-    assert!(matches!(rt.approve(&ticket, &approver()).await.unwrap(), StepResult::Output { .. }));
-    rt.deny(&own, "not this one", &approver()).await.unwrap();
+    assert!(matches!(rt.approve(&ticket, &approver(rt, &ticket).await).await.unwrap(), StepResult::Output { .. }));
+    rt.deny(&own, "not this one", &approver(rt, &own).await).await.unwrap();
     let r = stateless().await.call("notes", json!({"op": "add", "note": "ours"})).await.unwrap();
     let conversations =
         matches!(&r, StepResult::Output { .. }) || matches!(&r, StepResult::Awaiting { ticket: t, .. } if *t == ticket);
@@ -237,7 +301,8 @@ async fn an_out_of_band_decision_reaches_the_identical_retry_once() {
     let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
     let (ticket, _) = ask_in(&run, "milk").await;
     // Decided elsewhere (a terminal, no approver keys configured): the result waits for the agent.
-    host.runtime.approve(&ticket, &toolgate::Approval::on_terminal("alice")).await.unwrap();
+    let shown = host.runtime.store().awaiting(&ticket).await.unwrap().unwrap().call_digest();
+    host.runtime.approve(&ticket, &toolgate::Approval::on_terminal("alice", shown)).await.unwrap();
     assert_eq!(host.instantiations(), 1);
     let retry = run.call("notes", json!({"op": "add", "note": "milk"})).await.unwrap();
     assert!(
@@ -264,7 +329,7 @@ async fn an_in_conversation_decision_is_not_delivered_twice() {
     let host = text_and_notes("");
     let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
     let (ticket, _) = ask_in(&run, "x").await;
-    let r = host.runtime.approve(&ticket, &approver()).await.unwrap();
+    let r = host.runtime.approve(&ticket, &approver(&host.runtime, &ticket).await).await.unwrap();
     assert!(matches!(r, StepResult::Output { .. }), "{r:?}");
     let retry = run.call("notes", json!({"op": "add", "note": "x"})).await.unwrap();
     assert!(matches!(retry, StepResult::Awaiting { .. }), "the result already went back: {retry:?}");
@@ -279,7 +344,11 @@ async fn with_approver_keys_only_a_signature_decides() {
         ask_in(&run, "signed").await
     };
     let record = host.runtime.store().awaiting(&ticket).await.unwrap().unwrap();
-    let e = host.runtime.approve(&ticket, &toolgate::Approval::on_terminal("mallory")).await.unwrap_err();
+    let e = host
+        .runtime
+        .approve(&ticket, &toolgate::Approval::on_terminal("mallory", record.call_digest()))
+        .await
+        .unwrap_err();
     assert!(matches!(e, CallError::Approval(toolgate::approval::ApprovalError::KeyRequired)), "{e}");
     let (stranger, _) = toolgate::keys::keygen().unwrap();
     let forged = toolgate::approval::sign(
@@ -363,7 +432,8 @@ async fn runtime_settings_with_keys_do_not_trust_mcp_elicitation_by_default() {
     };
     let r = &host.runtime;
     let embedded = toolgate::Runtime::new(r.snapshot().clone(), r.executor().clone(), r.store().clone(), settings);
-    let e = embedded.approve(&ticket, &toolgate::Approval::by_mcp_client("self")).await.unwrap_err();
+    let shown = r.store().awaiting(&ticket).await.unwrap().unwrap().call_digest();
+    let e = embedded.approve(&ticket, &toolgate::Approval::by_mcp_client_for("self", shown)).await.unwrap_err();
     assert!(matches!(e, CallError::Approval(toolgate::approval::ApprovalError::ElicitationNotTrusted)), "{e}");
     assert_eq!(host.instantiations(), 0);
     assert_eq!(r.store().pending().await.unwrap().len(), 1, "the ticket stays pending");
@@ -374,13 +444,13 @@ async fn the_wrong_agent_leaves_the_ticket_pending() {
     let host = text_and_notes("[agents.other]\nvisible = [\"notes\"]\ndefault = \"allow\"\n");
     let ticket = ask(&host, "mine").await;
     let other = toolgate_tests::runtime_for(&host.config, "other");
-    let e = other.approve(&ticket, &approver()).await.unwrap_err();
+    let e = other.approve(&ticket, &approver(&other, &ticket).await).await.unwrap_err();
     assert!(matches!(&e, CallError::WrongAgent { ticket_agent } if ticket_agent == "default"), "{e}");
-    let e = other.deny(&ticket, "not yours", &approver()).await.unwrap_err();
+    let e = other.deny(&ticket, "not yours", &approver(&other, &ticket).await).await.unwrap_err();
     assert!(matches!(e, CallError::WrongAgent { .. }), "{e}");
     assert_eq!(host.runtime.store().pending().await.unwrap().len(), 1, "still pending");
     assert_eq!(steps(&host).await.len(), 1, "no step");
-    let r = host.runtime.approve(&ticket, &approver()).await.unwrap();
+    let r = host.runtime.approve(&ticket, &approver(&host.runtime, &ticket).await).await.unwrap();
     assert!(matches!(r, StepResult::Output { .. }), "the right agent still can: {r:?}");
 }
 

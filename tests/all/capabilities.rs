@@ -685,7 +685,6 @@ async fn a_restricted_run_keeps_its_restriction_when_its_ask_is_approved() {
     let asker = toolgate_tests::runtime_for(&config, "asker");
     let configured = toolgate::ToolCapabilityNarrowing::Configured;
     let read = json!({"op": "read", "target": "/data/a.txt", "credential": false});
-    let approval = toolgate::Approval::by_embedder("test-approver");
     let mut results = Vec::new();
     let scratch_only = || Restriction { directories: Some(vec!["/scratch".into()]), ..Default::default() };
     // Each case: how the run began (its restriction, and whether a step was
@@ -721,6 +720,8 @@ async fn a_restricted_run_keeps_its_restriction_when_its_ask_is_approved() {
         // knows the runs it began and has not written yet.
         let other = toolgate_tests::runtime_for(&config, "asker");
         let approver = if results.len() % 2 == 0 { &other } else { &asker };
+        let shown = approver.store().awaiting(&ticket).await.unwrap().unwrap().call_digest();
+        let approval = toolgate::Approval::by_embedder("test-approver", shown);
         match approver.approve(&ticket, &approval).await.unwrap() {
             StepResult::Output { content: Content::Json(serde_json::Value::String(s)), .. } => results.push(s),
             other => panic!("{other:?}"),

@@ -151,7 +151,8 @@ rules = [{ pattern = "skill.*", behavior = "ask" }]
     let run = rt.start_run(None, configured).await.unwrap();
     let before = run.snapshot();
     let t = ticket(run.call("skill.release-notes", json!({})).await.unwrap());
-    let approved = rt.approve(&t, &toolgate::Approval::by_embedder("dialog")).await.unwrap();
+    let shown = rt.store().awaiting(&t).await.unwrap().unwrap().call_digest();
+    let approved = rt.approve(&t, &toolgate::Approval::by_embedder("dialog", shown)).await.unwrap();
     assert!(text(&approved).contains("Group the items"));
     let r = run.call("hostile.big", json!({"bytes": 1})).await.unwrap();
     assert!(narrowed(&r), "the run that asked: {r:?}");
@@ -164,7 +165,8 @@ rules = [{ pattern = "skill.*", behavior = "ask" }]
     // 2. Approved out of band (`toolgate approve`): the retry collects the result.
     let run = rt.start_run(None, configured).await.unwrap();
     let t = ticket(run.call("skill.release-notes", json!({})).await.unwrap());
-    let left = rt.approve(&t, &toolgate::Approval::on_terminal("operator")).await.unwrap();
+    let shown = rt.store().awaiting(&t).await.unwrap().unwrap().call_digest();
+    let left = rt.approve(&t, &toolgate::Approval::on_terminal("operator", shown)).await.unwrap();
     assert!(text(&left).contains("Group the items"));
     let collected = run.call("skill.release-notes", json!({})).await.unwrap();
     assert!(text(&collected).contains("Group the items"), "{collected:?}");

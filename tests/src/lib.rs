@@ -184,6 +184,34 @@ pub fn runtime_for(config: &Config, agent: &str) -> Runtime {
     Runtime::new(snapshot, executor, store, toolgate::RuntimeSettings::of(config))
 }
 
+/// Rewrite the pending call of `ticket` in the SQLite journal at `journal`
+/// as an agent that can write the file (the same OS user) would: another
+/// tool, arguments with their digest (a plain SHA-256 anyone can compute)
+/// and that tool's component digest, all consistent with each other.
+pub fn rewrite_awaiting(
+    journal: &Path,
+    ticket: &str,
+    tool: &str,
+    arguments: &serde_json::Value,
+    component: &toolgate::Digest,
+) {
+    let db = rusqlite::Connection::open(journal).unwrap();
+    let changed = db
+        .execute(
+            "UPDATE awaiting SET tool_id = ?1, arguments = ?2, argument_digest = ?3, component_digest = ?4 \
+             WHERE ticket_id = ?5",
+            [
+                tool,
+                &arguments.to_string(),
+                &toolgate::policy::gate::argument_digest(arguments),
+                &component.hex(),
+                ticket,
+            ],
+        )
+        .unwrap();
+    assert_eq!(changed, 1, "no awaiting record for {ticket}");
+}
+
 /// Write `bytes` to `dir/name`.
 pub fn put(dir: &Path, name: &str, bytes: &[u8]) {
     std::fs::write(dir.join(name), bytes).unwrap();

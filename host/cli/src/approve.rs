@@ -4,7 +4,9 @@
 //! with `[approval] keys` configured, a decision is signed with `--key FILE`
 //! (a key the agent's OS user should not be able to read); without keys, it
 //! must be typed on an interactive terminal after the exact call is shown.
-//! With neither, nothing is decided. Tickets are listed only to an approver.
+//! With neither, nothing is decided. Either way the decision names the record
+//! shown (signed over its digest, or carrying it), so a record rewritten
+//! while the human reads is not approved. Tickets are listed only to an approver.
 //!
 //! Architecture invariant: nothing here prints a ticket where the model or
 //! an agent's shell can read it without being an approver, and a refused
@@ -100,7 +102,9 @@ pub async fn decide(
             if line.trim() != word {
                 bail!("not confirmed; nothing was decided and the request is still pending");
             }
-            Approval::on_terminal(os_user())
+            // The human decided on the record shown above: a journal writer
+            // that rewrites it while they read gets the approval refused.
+            Approval::on_terminal(os_user(), record.call_digest())
         }
     };
     let result = match &decision {

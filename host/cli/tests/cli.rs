@@ -381,6 +381,85 @@ fn without_approver_keys_a_decision_needs_a_terminal() {
     assert!(last["approved_by"]["principal"].as_str().unwrap().contains("uid"), "{last}");
 }
 
+/// `toolgate approve` on a terminal shows the call and waits for the typed
+/// word; meanwhile an agent running as the same OS user rewrites the pending
+/// record in the journal (another tool, its arguments and their digest, its
+/// component digest). The typed `approve` decides the call that was shown,
+/// not the rewritten one: refused naming the ticket, nothing runs, the
+/// request stays pending. On the previous code the rewritten call ran,
+/// journaled as approved on the terminal.
+#[test]
+fn a_call_rewritten_while_the_terminal_approver_reads_it_is_not_approved() {
+    use std::io::Read as _;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir(d.join("plugins")).unwrap();
+    std::fs::write(d.join("plugins/notes.wasm"), packed(guests::NOTES)).unwrap();
+    std::fs::write(d.join("plugins/text.wasm"), packed(guests::TEXT)).unwrap();
+    std::fs::write(
+        d.join("toolgate.toml"),
+        "plugins = \"plugins\"\nstore = \"journal.db\"\ncache = \"cache\"\n[agents.default]\nvisible = [\"notes\", \"text.*\"]\nrules = [{ pattern = \"notes\", behavior = \"ask\" }, { pattern = \"text.*\", behavior = \"allow\" }]\n",
+    )
+    .unwrap();
+    assert_eq!(tg(d, &["call", "notes", "--args", r#"{"op":"add","note":"milk"}"#]).status.code(), Some(12));
+    let pending = || {
+        let store = toolgate::SqliteJournal::open(&d.join("journal.db")).unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(toolgate::store::StepStore::pending(&store)).unwrap()
+    };
+    let ticket = pending()[0].ticket_id.clone();
+    let mut child = Command::new("script")
+        .args(["-qec", &format!("{} approve {ticket}", env!("CARGO_BIN_EXE_toolgate")), "/dev/null"])
+        .current_dir(d)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    // The human is reading the call: the prompt is up.
+    let mut shown = String::new();
+    while !shown.contains("type `approve`") {
+        let chunk = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the approver is prompted");
+        shown.push_str(&text(&chunk));
+    }
+    assert!(shown.contains(r#""note":"milk""#), "the original call is shown: {shown}");
+    toolgate_tests::rewrite_awaiting(
+        &d.join("journal.db"),
+        &ticket,
+        "text.upper",
+        &serde_json::json!({"text": "tampered"}),
+        &toolgate::Digest::of(&packed(guests::TEXT)),
+    );
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"approve\n").unwrap();
+    drop(child.stdin.take());
+    let status = child.wait().unwrap();
+    reader.join().unwrap();
+    let rest: Vec<u8> = rx.try_iter().flatten().collect();
+    let said = shown + &text(&rest);
+    assert_ne!(status.code(), Some(0), "{said}");
+    assert!(said.contains("changed since it was shown") && said.contains(&ticket), "{said}");
+    assert!(!said.contains("TAMPERED"), "the rewritten call ran: {said}");
+    // Nothing ran or was decided: the journal has only the ask; the request is
+    // still pending, holding what the journal now says.
+    let journal = tg(d, &["--json", "journal"]);
+    let steps: Vec<serde_json::Value> =
+        text(&journal.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(steps.len(), 1, "{steps:?}");
+    assert_eq!(steps[0]["outcome"], "awaiting");
+    let still = pending();
+    assert_eq!((still.len(), still[0].tool_id.as_str()), (1, "text.upper"));
+}
+
 #[test]
 fn call_wait_blocks_until_the_approver_decides_then_prints_the_result() {
     let dir = setup();
