@@ -1013,8 +1013,9 @@ def test_the_typescript_sdk_client_lists_calls_asks_and_cancels(transport, negot
 
 V1_CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "v1_client.py")
 V1_PYTHON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".venv-mcp1", "bin", "python")
-# None: the revision the SDK asks for by default (2025-11-25).
-V1_MODES = [(t, v) for t in ("stdio", "http") for v in (None, "2025-06-18")]
+# None: the revision the SDK asks for by default (2025-11-25); the others, as
+# clients built on older SDKs ask (2025-03-26 and 2024-11-05: no elicitation).
+V1_MODES = [(t, v) for t in ("stdio", "http") for v in (None, "2025-06-18", "2025-03-26", "2024-11-05")]
 
 
 @pytest.mark.parametrize("transport,version", V1_MODES, ids=[f"{t}-{v or 'default'}" for t, v in V1_MODES])

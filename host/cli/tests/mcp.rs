@@ -359,6 +359,9 @@ fn post_with(port: u16, token: &str, headers: &str, body: &serde_json::Value) ->
         .to_owned();
     let json = if json.trim().is_empty() {
         serde_json::Value::Null
+    } else if status >= 400 && !json.trim_start().starts_with('{') {
+        // A refusal in plain text (rmcp's and ours).
+        serde_json::Value::String(text.clone())
     } else {
         serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {text}"))
     };
@@ -719,4 +722,83 @@ fn a_browser_page_of_an_allowed_origin_passes_its_preflight_and_reads_the_sessio
     assert!(answer.contains("access-control-allow-origin: http://app.example"), "{answer}");
     let exposed = answer.lines().find(|l| l.starts_with("access-control-expose-headers:")).unwrap_or_default();
     assert!(exposed.contains("mcp-session-id"), "{answer}");
+}
+
+/// Clients of 2024-11-05 and 2025-03-26 (mcp-remote, LangChain's MCP
+/// adapters, the Go and Java SDKs of that time) get the revision they ask
+/// for, list and call; an ask is never sent to them as an elicitation (their
+/// revisions have none, whatever they declare): they are answered as clients
+/// that cannot ask, the request pending and no ticket shown. Before, they
+/// got 2025-11-25 back and disconnected.
+#[test]
+fn clients_of_the_2024_and_early_2025_revisions_are_served_their_revision() {
+    let dir = serve_dir();
+    for version in ["2024-11-05", "2025-03-26"] {
+        let mut s = Stdio::start(dir.path());
+        // As the Python SDK's 1.x line sends it: elicitation declared whatever the revision.
+        s.send(serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": version, "capabilities": {"elicitation": {}},
+            "clientInfo": {"name": "old", "version": "1"}}}));
+        let init = s.receive();
+        assert_eq!(init["result"]["protocolVersion"], version, "{init}");
+        s.send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        s.send(serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}));
+        let listed = next_from_server(&mut s);
+        assert_eq!(listed["id"], 2, "{listed}");
+        assert_eq!(listed["result"]["tools"][0]["name"], "notes", "{listed}");
+        s.send(serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+            "params": {"name": "notes", "arguments": {"op": "list"}}}));
+        let called = next_from_server(&mut s);
+        assert_eq!(called["id"], 3, "{called}");
+        assert_eq!(called["result"]["isError"], false, "{called}");
+        s.send(serde_json::json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+            "params": {"name": "notes", "arguments": {"op": "add", "note": version}}}));
+        let asked = next_from_server(&mut s);
+        assert_eq!(asked["id"], 4, "no elicitation was sent first: {asked}");
+        let text = asked["result"]["content"][0]["text"].as_str().unwrap_or_default();
+        assert!(asked["result"]["isError"] == true && text.contains("cannot ask") && !text.contains("tkt-"), "{asked}");
+        s.finish();
+    }
+    assert_eq!(pending(dir.path()), 2, "each ask stays pending for an approver");
+}
+
+/// An HTTP session of a 2025-03-26 client (before, refused as that revision
+/// was not offered) is served, its requests naming the revision; a request
+/// naming one the server does not offer gets 400 (the transport: an
+/// unsupported `MCP-Protocol-Version` MUST be refused), also when its
+/// `_meta` claims the same. (A revision rmcp knows but the server does not
+/// offer is refused in the middleware: `http::tests`.)
+#[test]
+fn a_session_request_naming_a_revision_not_offered_is_400() {
+    let dir = serve_dir();
+    let (_server, port) = http_server(dir.path());
+    let init = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-03-26", "capabilities": {}, "clientInfo": {"name": "old", "version": "1"}}});
+    let (status, head, r) = post_with(port, TEST_TOKEN, "", &init);
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["result"]["protocolVersion"], "2025-03-26", "{r}");
+    let session = head
+        .lines()
+        .find_map(|l| l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("mcp-session-id")))
+        .map(|(_, v)| v.trim().to_owned())
+        .expect("a session");
+    let list = |version: &str, meta: bool| {
+        let mut body = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}});
+        if meta {
+            body["params"]["_meta"] = serde_json::json!({"io.modelcontextprotocol/protocolVersion": version});
+        }
+        // With the headers a revision after 2026-07-28 would require.
+        let headers =
+            format!("Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: {version}\r\nMcp-Method: tools/list\r\n");
+        post_with(port, TEST_TOKEN, &headers, &body)
+    };
+    let initialized = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    post_with(port, TEST_TOKEN, &format!("Mcp-Session-Id: {session}\r\n"), &initialized);
+    for meta in [false, true] {
+        let (status, _, r) = list("2099-01-01", meta);
+        assert_eq!(status, 400, "with _meta: {meta}: {r}");
+    }
+    let (status, _, r) = list("2025-03-26", false);
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["result"]["tools"][0]["name"], "notes", "{r}");
 }

@@ -34,6 +34,7 @@ use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use rmcp::model::ProtocolVersion;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use sha2::{Digest as _, Sha256};
@@ -144,6 +145,9 @@ impl Sessions {
 /// The header naming an MCP session.
 const SESSION_ID: &str = "mcp-session-id";
 
+/// The header naming the revision a request speaks.
+const PROTOCOL_VERSION: &str = "mcp-protocol-version";
+
 struct Auth {
     tokens: Tokens,
     sessions: Sessions,
@@ -158,6 +162,14 @@ struct Auth {
 /// a session that does not exist, so its existence is not revealed.
 fn no_such_session() -> Response {
     (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response()
+}
+
+/// Whether a request naming `version` in its `MCP-Protocol-Version` header
+/// is refused here: a revision not in `offered`, within a session, or one
+/// rmcp knows (and would let through) outside of one.
+fn not_offered(version: &str, offered: &[ProtocolVersion], in_session: bool) -> bool {
+    let known = ProtocolVersion::KNOWN_VERSIONS.iter().any(|k| k.as_str() == version);
+    !offered.iter().any(|o| o.as_str() == version) && (in_session || known)
 }
 
 /// Let through only requests with a valid bearer token; bind its agent; let
@@ -196,6 +208,20 @@ async fn authenticate(State(auth): State<Arc<Auth>>, mut request: Request, next:
             _ => return no_such_session(),
         },
     };
+    // A revision this server does not offer is refused (400, as the
+    // transport requires) within a session, and for any revision rmcp knows
+    // that this server does not offer: rmcp checks the header only against
+    // the revisions it knows, and lets any through when the body's `_meta`
+    // claims the same. A request without a session naming an unknown one is
+    // rmcp's to answer (on 2026-07-28, an error listing the supported ones).
+    if let Some(v) = request.headers().get(PROTOCOL_VERSION)
+        && not_offered(v.to_str().unwrap_or(""), super::VERSIONS, named.is_some())
+    {
+        let offered: Vec<&str> = super::VERSIONS.iter().map(|o| o.as_str()).collect();
+        let message =
+            format!("Bad Request: unsupported MCP-Protocol-Version; this server offers {}", offered.join(", "));
+        return (StatusCode::BAD_REQUEST, message).into_response();
+    }
     let deleting = request.method() == Method::DELETE;
     // Who the request is, as the journal records an approval it answers:
     // the configured entry whose token it presented (never the token).
@@ -400,7 +426,24 @@ async fn serve_connections(
 
 #[cfg(test)]
 mod tests {
-    use super::bearer;
+    use super::{ProtocolVersion, bearer, not_offered};
+
+    /// rmcp refuses a revision it does not know, but lets through one it
+    /// knows that the server does not offer — as it did 2025-03-26 in a
+    /// session while the server offered 2025-06-18 and later.
+    #[test]
+    fn a_revision_the_server_does_not_offer_is_refused_even_when_rmcp_knows_it() {
+        let offered = [ProtocolVersion::V_2025_06_18, ProtocolVersion::V_2025_11_25];
+        for in_session in [true, false] {
+            assert!(not_offered("2025-03-26", &offered, in_session));
+            assert!(!not_offered("2025-11-25", &offered, in_session));
+        }
+        // Unknown to rmcp too: in a session, refused here; outside one, rmcp's
+        // answer (on 2026-07-28 it lists the supported revisions).
+        assert!(not_offered("2099-01-01", &offered, true));
+        assert!(!not_offered("2099-01-01", &offered, false));
+        assert!(not_offered("", &offered, true));
+    }
 
     #[test]
     fn the_bearer_scheme_is_matched_in_any_letter_case() {

@@ -7,13 +7,14 @@
 //! other front end. A blocked call or a Tool error is an `isError` result the
 //! model reads; an unknown or invisible tool is a protocol error.
 //!
-//! Revisions offered: 2025-06-18 and 2025-11-25 (an `initialize` session) and
-//! 2026-07-28 (stateless: `server/discover`, per-request `_meta`). An ask
-//! reaches the human in the client's own UI: on 2026-07-28 as an
-//! `InputRequiredResult` with a form elicitation and a sealed `requestState`
-//! naming the pending request in the durable journal (the client's retry
-//! carries the answer; the ticket never leaves the host); before, as a
-//! server-initiated `elicitation/create`. A client that cannot ask gets the
+//! Revisions offered: 2024-11-05 through 2025-11-25 (an `initialize`
+//! session) and 2026-07-28 (stateless: `server/discover`, per-request
+//! `_meta`). An ask reaches the human in the client's own UI: on 2026-07-28
+//! as an `InputRequiredResult` with a form elicitation and a sealed
+//! `requestState` naming the pending request in the durable journal (the
+//! client's retry carries the answer; the ticket never leaves the host); on
+//! 2025-06-18 and 2025-11-25, as a server-initiated `elicitation/create`
+//! (earlier revisions have none). A client that cannot ask gets the
 //! pending request named (never its ticket); an approver decides it out of
 //! band and the identical call later returns the result. With
 //! `[approval] mcp_elicitation` off (the default with `[approval] keys`),
@@ -57,9 +58,19 @@ use toolgate_sdk::ToolDescriptor;
 /// How often the plugin directory is checked for changes.
 const RELOAD_POLL: Duration = Duration::from_millis(500);
 
-/// The revisions offered, each driven by a client in the test suite.
-const VERSIONS: &[ProtocolVersion] =
-    &[ProtocolVersion::V_2025_06_18, ProtocolVersion::V_2025_11_25, ProtocolVersion::V_2026_07_28];
+/// The revisions offered, each driven by a client in the test suite
+/// (2024-11-05 and 2025-03-26 by raw exchanges in `host/cli/tests/mcp.rs`
+/// and the Python SDK's 1.x client). What the older two do not define —
+/// `outputSchema`, `structuredContent`, annotations — goes out as extra
+/// fields their clients ignore; elicitation, which they lack, is never sent
+/// to them ([`can_elicit`]).
+const VERSIONS: &[ProtocolVersion] = &[
+    ProtocolVersion::V_2024_11_05,
+    ProtocolVersion::V_2025_03_26,
+    ProtocolVersion::V_2025_06_18,
+    ProtocolVersion::V_2025_11_25,
+    ProtocolVersion::V_2026_07_28,
+];
 
 /// The key of the one input request an ask makes.
 const CONFIRM: &str = "confirm";
@@ -496,13 +507,7 @@ impl McpServer {
             );
             return Ok(CallToolResult::error(vec![ContentBlock::text(message)]).into());
         }
-        // A form is what the human answers: a client declaring only URL-mode
-        // elicitation cannot show one (servers MUST NOT send it a mode it
-        // did not declare); one declaring neither mode takes forms (2025-06-18).
-        let can_elicit = context
-            .client_capabilities()
-            .is_some_and(|c| c.elicitation.as_ref().is_some_and(|e| e.form.is_some() || e.url.is_none()));
-        if !can_elicit {
+        if !can_elicit(context) {
             let message =
                 format!("`{name}` needs human approval and this client cannot ask: {}", awaiting.model_text());
             return Ok(CallToolResult::error(vec![ContentBlock::text(message)]).into());
@@ -650,6 +655,19 @@ impl McpServer {
         let step = step.map_err(|e| call_error(e, Some(&prior.record.call_id)))?;
         Ok(to_mcp_result(&step, structured_output(runtime, name)).into())
     }
+}
+
+/// Whether the client can be asked with a form. Elicitation came with
+/// 2025-06-18: a client of an earlier revision is never sent one, even if
+/// it declares the capability (an SDK of that time may declare what its
+/// revision lacks). A form is what the human answers: a client declaring
+/// only URL-mode elicitation cannot show one (servers MUST NOT send it a
+/// mode it did not declare); one declaring neither mode takes forms.
+fn can_elicit(context: &RequestContext<RoleServer>) -> bool {
+    context.protocol_version().is_some_and(|v| v.as_str() >= ProtocolVersion::V_2025_06_18.as_str())
+        && context
+            .client_capabilities()
+            .is_some_and(|c| c.elicitation.as_ref().is_some_and(|e| e.form.is_some() || e.url.is_none()))
 }
 
 /// The descriptor `name` has in `runtime`'s snapshot: a result carries
