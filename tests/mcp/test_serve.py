@@ -211,10 +211,9 @@ def test_ask_approved_in_the_clients_ui_executes_exactly_once(conn):
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
-@pytest.mark.parametrize("action", ["decline", "cancel"])
-def test_ask_declined_or_cancelled_commits_a_blocked_result(mode, action):
+def test_ask_declined_commits_a_blocked_result(mode):
     async def elicit(context, params):
-        return types.ElicitResult(action=action)
+        return types.ElicitResult(action="decline")
 
     async def body():
         async with Client(STDIO, mode=mode, elicitation_callback=elicit) as c:
@@ -222,6 +221,37 @@ def test_ask_declined_or_cancelled_commits_a_blocked_result(mode, action):
             r = await c.call_tool("notes", {"op": "add", "note": "never"})
             assert r.is_error and "blocked" in text(r), text(r)
             assert await notes(c) == before
+
+    run(body())
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+def test_ask_cancelled_in_the_ui_decides_nothing_and_is_asked_again(mode):
+    """`cancel` is the human dismissing the question without choosing (the
+    revision: prompt again later), not a no: the request stays pending, no
+    decision is journaled in the human's name, and the same call asks again."""
+    answers = [types.ElicitResult(action="cancel"),
+               types.ElicitResult(action="accept", content={"confirm": True})]
+
+    async def elicit(context, params):
+        return answers.pop(0)
+
+    note = f"dismissed-then-approved-{mode}"
+
+    async def body():
+        async with Client(STDIO, mode=mode, elicitation_callback=elicit) as c:
+            before = await notes(c)
+            r = await c.call_tool("notes", {"op": "add", "note": note})
+            assert r.is_error and "stays pending" in text(r) and "blocked" not in text(r), text(r)
+            assert "tkt-" not in text(r)
+            assert await notes(c) == before
+            decided = journal("SELECT outcome FROM steps WHERE arguments LIKE ? AND outcome != 'awaiting'", f"%{note}%")
+            assert decided == [], decided
+            (state,), = journal("SELECT state FROM awaiting WHERE arguments LIKE ?", f"%{note}%")
+            assert state == "pending", state
+            done = await c.call_tool("notes", {"op": "add", "note": note})
+            assert not done.is_error and note in text(done), text(done)
+            assert answers == [], "asked again"
 
     run(body())
 
@@ -961,11 +991,11 @@ TS_MODES = [("stdio", "default"), ("http", "default"), ("stdio", "auto"), ("http
 def test_the_typescript_sdk_client_lists_calls_asks_and_cancels(transport, negotiation, request):
     """The SDK's `Client` (the current release, pinned): initialize, the
     visible tools, an allowed and a denied call, an ask accepted (runs once;
-    the identical call again is a new ask, declined: blocked) and cancelled
-    in its elicitation handler, a long call withdrawn through an AbortSignal
-    — which stops the guest: the step is journaled `cancelled`, and nothing
-    else of it runs — and a plugin added and removed, which its `listChanged`
-    handler sees."""
+    the identical call again is a new ask, declined: blocked) and dismissed
+    (`cancel`: stays pending) in its elicitation handler, a long call
+    withdrawn through an AbortSignal — which stops the guest: the step is
+    journaled `cancelled`, and nothing else of it runs — and a plugin added
+    and removed, which its `listChanged` handler sees."""
     assert os.path.exists(NODE) and os.path.exists(os.path.join(NODE_MODULES, "mcp-ts-client", "package.json")), \
         "run scripts/test: it installs the pinned Node and TypeScript SDK client (tests/mcp/inspector)"
     server = request.getfixturevalue("http_server") if transport == "http" else None
@@ -991,15 +1021,16 @@ def test_the_typescript_sdk_client_lists_calls_asks_and_cancels(transport, negot
     assert checks["connect"]["protocolVersion"] == expected, checks["connect"]
     # The journal: each ask is its own step (`awaiting`), then its decision,
     # recorded as the connection's through `mcp-elicitation`: the first ran,
-    # the identical second and the cancelled one were blocked. The withdrawn
-    # call was stopped: one step, `cancelled`, nothing after it.
+    # the identical second was blocked; the one dismissed in the UI
+    # (`cancel`) decided nothing. The withdrawn call was stopped: one step,
+    # `cancelled`, nothing after it.
     connection = "stdio" if transport == "stdio" else "http token serve.auth[0]"
     by = f'{connection} (client says "toolgate-ts-client-test", unverified)'
     rows = journal("SELECT outcome, approved_by, approved_via FROM steps WHERE seq > ? AND tool_id = 'notes' "
                    "AND arguments LIKE ? ORDER BY seq", before, f"%ts-{tag}%")
     asked = ("awaiting", None, None)
     assert rows == [asked, ("output", by, "mcp-elicitation"), asked, ("blocked", by, "mcp-elicitation"),
-                    asked, ("blocked", by, "mcp-elicitation")], rows
+                    asked], rows
     deadline = time.monotonic() + 10
     while True:
         loops = journal("SELECT outcome FROM steps WHERE seq > ? AND tool_id = 'hostile.loop'", before)

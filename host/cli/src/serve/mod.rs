@@ -570,13 +570,7 @@ impl McpServer {
                 }
             }
         };
-        let still_pending = |why: &str| {
-            let message = format!(
-                "`{name}` needs human approval and {why}; request `{correlation}` stays pending: an approver can \
-                 decide it with `toolgate approve`, or make the same call again to be asked anew"
-            );
-            Ok(CallToolResult::error(vec![ContentBlock::text(without_tickets(&message))]).into())
-        };
+        let still_pending = |why: &str| Ok(still_pending(name, correlation, why));
         let decision = match &answer {
             None => return still_pending("the call was withdrawn before the human answered"),
             Some(Ok(r)) => decision_of(&serde_json::to_value(r).unwrap_or_default()),
@@ -592,8 +586,9 @@ impl McpServer {
         };
         let approval = Approval::by_mcp_client(approver(context));
         let step = match decision {
-            Ok(()) => runtime.approve(ticket, &approval).await,
-            Err(why) => runtime.deny(ticket, &why, &approval).await,
+            Decision::Approve => runtime.approve(ticket, &approval).await,
+            Decision::Deny(why) => runtime.deny(ticket, why, &approval).await,
+            Decision::Undecided(why) => return still_pending(why),
         };
         let step = step.map_err(|e| call_error(e, Some(correlation)))?;
         Ok(to_mcp_result(&step, structured_output(runtime, name)).into())
@@ -649,8 +644,9 @@ impl McpServer {
         let approval = Approval::by_mcp_client(approver(context));
         let ticket = prior.record.ticket_id.clone();
         let step = match decision_of(answer) {
-            Ok(()) => runtime.approve(&ticket, &approval).await,
-            Err(why) => runtime.deny(&ticket, &why, &approval).await,
+            Decision::Approve => runtime.approve(&ticket, &approval).await,
+            Decision::Deny(why) => runtime.deny(&ticket, why, &approval).await,
+            Decision::Undecided(why) => return Ok(still_pending(name, &prior.record.call_id, why)),
         };
         let step = step.map_err(|e| call_error(e, Some(&prior.record.call_id)))?;
         Ok(to_mcp_result(&step, structured_output(runtime, name)).into())
@@ -809,15 +805,41 @@ fn approval_prompt(name: &str, json: &str) -> String {
     )
 }
 
-/// An elicitation result (as JSON): approve only on accept with `confirm: true`.
-fn decision_of(answer: &serde_json::Value) -> Result<(), String> {
+/// What an answer to an ask decides.
+#[derive(Debug, PartialEq)]
+enum Decision {
+    Approve,
+    /// The human said no: a blocked result, in their name.
+    Deny(&'static str),
+    /// No decision: the request stays pending (why, for the client).
+    Undecided(&'static str),
+}
+
+/// An elicitation result (as JSON). Only `accept` with `confirm: true`
+/// approves, and only an explicit no — `decline`, or `accept` with
+/// `confirm: false` — denies. `cancel` is the human dismissing the question
+/// without choosing (the revision: prompt again later), and an unknown
+/// action or malformed content is no answer: neither is journaled as the
+/// human's denial.
+fn decision_of(answer: &serde_json::Value) -> Decision {
     let action = answer.get("action").and_then(|a| a.as_str()).unwrap_or("");
-    let confirmed = answer.get("content").and_then(|c| c.get("confirm")).and_then(|v| v.as_bool()) == Some(true);
-    match action {
-        "accept" if confirmed => Ok(()),
-        "cancel" => Err("cancelled by the user".into()),
-        _ => Err("declined by the user".into()),
+    let confirm = answer.get("content").and_then(|c| c.get("confirm")).and_then(|v| v.as_bool());
+    match (action, confirm) {
+        ("accept", Some(true)) => Decision::Approve,
+        ("accept", Some(false)) | ("decline", _) => Decision::Deny("declined by the user"),
+        ("cancel", _) => Decision::Undecided("the human dismissed the question without deciding"),
+        _ => Decision::Undecided("the client's answer decided nothing"),
     }
+}
+
+/// The result of an ask that decided nothing: the request stays pending,
+/// named (never its ticket), with what to do.
+fn still_pending(name: &str, correlation: &str, why: &str) -> CallToolResponse {
+    let message = format!(
+        "`{name}` needs human approval and {why}; request `{correlation}` stays pending: an approver can decide it \
+         with `toolgate approve`, or make the same call again to be asked anew"
+    );
+    CallToolResult::error(vec![ContentBlock::text(without_tickets(&message))]).into()
 }
 
 /// Who a request is, as the server authenticated it: the `[[serve.auth]]`
@@ -1095,20 +1117,28 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn only_an_explicit_confirmation_approves() {
-        assert_eq!(decision_of(&json!({"action": "accept", "content": {"confirm": true}})), Ok(()));
-        for refused in [
+    fn only_an_explicit_confirmation_approves_and_only_an_explicit_no_denies() {
+        assert_eq!(decision_of(&json!({"action": "accept", "content": {"confirm": true}})), Decision::Approve);
+        for denied in [
             json!({"action": "accept", "content": {"confirm": false}}),
+            json!({"action": "decline"}),
+            json!({"action": "decline", "content": {"confirm": true}}),
+        ] {
+            assert!(matches!(decision_of(&denied), Decision::Deny(_)), "{denied}");
+        }
+        // No explicit choice: not the human's denial, the request stays pending.
+        for undecided in [
+            json!({"action": "cancel"}),
+            json!({"action": "cancel", "content": {"confirm": true}}),
             json!({"action": "accept", "content": {"confirm": "true"}}),
             json!({"action": "accept", "content": {}}),
             json!({"action": "accept"}),
-            json!({"action": "decline", "content": {"confirm": true}}),
-            json!({"action": "cancel", "content": {"confirm": true}}),
             json!({"action": "ACCEPT", "content": {"confirm": true}}),
+            json!({"action": "dismiss"}),
             json!({"content": {"confirm": true}}),
             json!(null),
         ] {
-            assert!(decision_of(&refused).is_err(), "{refused}");
+            assert!(matches!(decision_of(&undecided), Decision::Undecided(_)), "{undecided}");
         }
     }
 
