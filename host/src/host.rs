@@ -129,6 +129,17 @@ pub async fn precompile(
 /// store, then settle claims of hosts that died mid-approval. Files the
 /// catalog refused are in `runtime.snapshot().catalog().refused()`.
 pub async fn open(config: &Config, agent: &str) -> Result<Runtime, HostError> {
+    // An MCP client starting `toolgate serve` passes its own environment,
+    // not the user's shell's: a credential whose variable is missing leaves
+    // the host nothing to check for, so it refuses files and responses.
+    for spec in config.credentials.values() {
+        if let Some(why) = spec.unreadable() {
+            tracing::warn!(
+                "{why}; until the host can read it, it cannot check anything for this secret, and refuses Tools' \
+                 files and HTTP responses and the output of calls that read their state"
+            );
+        }
+    }
     let catalog = Arc::new(catalog(config)?);
     let snapshot = ExecutableAgentSnapshot::build(config, agent, catalog)?;
     let executor = Arc::new(executor(config)?);

@@ -734,3 +734,154 @@ async fn a_secret_the_tool_returns_never_reaches_the_journal_or_the_model() {
     assert!(captured.get("host").and_then(Value::as_array).is_none_or(|h| h.is_empty()), "{captured}");
     assert_no_secret_in(&w.host.dir.path().join("journal.db"));
 }
+
+/// A `[credentials]` table named `name` whose source is `source` (TOML).
+fn credential_table(name: &str, source: &str) -> String {
+    format!(
+        "\n[credentials.{name}]\nsource = {source}\ndestinations = [\"https://github.example:443\"]\n\
+         apply = {{ header = {{ name = \"Authorization\", format = \"Bearer {{}}\" }} }}\n"
+    )
+}
+
+/// The call's result and its host records, whatever the result is.
+async fn thief_step(host: &TestHost, args: Value) -> (StepResult, Vec<String>) {
+    let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+    let result = run.call("hostile.thief", args).await.unwrap();
+    (result, host_records(host).await)
+}
+
+/// Invariant 13 when a configured credential's source cannot be read and
+/// this process never read it — `toolgate serve` started by an MCP client
+/// that does not pass on the user's shell, so `GITHUB_TOKEN` is unset in
+/// the host: there is nothing to look for, so the host cannot vouch for any
+/// check. A granted `.env` holding the token is refused (`access`), so is
+/// every other file, an HTTP response holding it (or not) is withheld, each
+/// recorded naming the credential, its source and the fix; a call that
+/// received what it could not check (names from a listing) has its output
+/// withheld. A call that uses none of that still works. Once the source can
+/// be read, the normal check applies. (Each credential is named for this
+/// test alone: the process's history of values is kept by name.)
+#[tokio::test]
+async fn a_credential_the_host_cannot_read_fails_closed_until_it_can() {
+    let var = format!("TOOLGATE_BOUNDARY_UNSET_GITHUB_TOKEN_{}", std::process::id());
+    let env_source = format!("{{ env = \"{var}\" }}");
+    // A token each: the process keeps the values it read, and the second case would find the first's.
+    let cases = [
+        ("unset_env_github", env_source.as_str(), var.as_str(), "ghp_Unr3adable0Env0Cr3dential9Value"),
+        ("missing_file_github", "{ file = \"github.secret\" }", "github.secret", "ghp_Unr3adable0File0Cr3dential9V"),
+    ];
+    for (name, source, names_source, token) in cases {
+        let w = world_with_credentials("", "", &credential_table(name, source));
+        let data = w.host.dir.path().join("data");
+        std::fs::write(data.join(".env"), format!("GITHUB_TOKEN={token}\nDEBUG=1\n")).unwrap();
+        let unvouched = |r: &str| r.contains(&format!("credential `{name}`, whose secret this host has never read"));
+        // Files through the grant: the one holding the token, and a clean one — neither can be vouched for.
+        for file in [".env", "a.txt"] {
+            let seen = thief(&w.host, json!({"op": "read", "target": format!("/data/{file}")})).await;
+            assert!(seen.starts_with("err: ") && seen.contains("ermission denied"), "{name} {file}: {seen}");
+            assert!(!seen.contains(token), "{seen}");
+            let records = host_records(&w.host).await;
+            assert!(
+                records
+                    .iter()
+                    .any(|r| r.starts_with(&format!("file \"/data/{file}\" refused to the guest (`access`)"))
+                        && unvouched(r)
+                        && r.contains(names_source)),
+                "{name} {file}: {records:?}"
+            );
+        }
+        let records = host_records(&w.host).await;
+        if name.starts_with("unset_env") {
+            assert!(records.iter().any(|r| r.contains("MCP client")), "the fix is named: {records:?}");
+        }
+        // An HTTP response from a granted host: withheld, whether it echoes the token or not.
+        for headers in [json!([["x-relay", token]]), json!([])] {
+            let args = json!({"op": "http", "target": w.api.url("/echo"), "headers": headers});
+            let seen = thief(&w.host, args).await;
+            assert!(seen.starts_with("err: ") && seen.contains("withheld"), "{name}: {seen}");
+            assert!(seen.contains(&format!("`{name}`")) && !seen.contains(token), "{name}: {seen}");
+            let records = host_records(&w.host).await;
+            assert!(
+                records.iter().any(|r| r.starts_with("response from http://127.0.0.1:") && unvouched(r)),
+                "{name}: {records:?}"
+            );
+        }
+        // Names from a listing pass (they are not a file's content), but the
+        // call that received them cannot be vouched for: its output is withheld.
+        let (result, records) = thief_step(&w.host, json!({"op": "list", "target": "/data"})).await;
+        let StepResult::ToolError { message, .. } = &result else { panic!("{name}: {result:?}") };
+        assert!(message.contains("withheld the Tool's output") && message.contains(&format!("`{name}`")), "{message}");
+        assert!(records.iter().any(|r| r.contains("names from its directories") && unvouched(r)), "{records:?}");
+        // A call that uses no file, no network and no state still works, and records nothing.
+        let (result, records) = thief_step(&w.host, json!({"op": "leak", "target": "NOT_GRANTED"})).await;
+        assert!(matches!(&result, StepResult::Output { content: Content::Json(v), .. } if v == "done"), "{result:?}");
+        assert!(records.is_empty(), "{records:?}");
+        // Once the source can be read, the normal check applies.
+        if name.starts_with("unset_env") {
+            // SAFETY (edition 2024): the variable is this test's own.
+            unsafe { std::env::set_var(&var, token) };
+        } else {
+            let file = w.host.dir.path().join("github.secret");
+            std::fs::write(&file, format!("{token}\n")).unwrap();
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        let seen = thief(&w.host, json!({"op": "read", "target": "/data/.env"})).await;
+        assert!(seen.starts_with("err: ") && seen.contains("ermission denied"), "{seen}");
+        let records = host_records(&w.host).await;
+        assert!(
+            records
+                .iter()
+                .any(|r| r.contains("\"/data/.env\" refused") && r.contains(&format!("credential `{name}` ("))),
+            "{name}: {records:?}"
+        );
+        assert_eq!(thief(&w.host, json!({"op": "read", "target": "/data/a.txt"})).await, "ok: \"alpha\\n\"");
+        let seen =
+            thief(&w.host, json!({"op": "http", "target": w.api.url("/echo"), "headers": [["x-relay", token]]})).await;
+        assert!(seen.contains("withheld") && !seen.contains(token), "{seen}");
+        assert!(host_records(&w.host).await.iter().any(|r| r.contains(&format!("credential `{name}` ("))));
+        let seen = thief(&w.host, json!({"op": "http", "target": w.api.url("/echo")})).await;
+        assert!(seen.starts_with("ok: 200"), "{seen}");
+        let (result, _) = thief_step(&w.host, json!({"op": "list", "target": "/data"})).await;
+        assert!(matches!(&result, StepResult::Output { .. }), "{result:?}");
+        assert_no_secret_in(&w.host.dir.path().join("journal.db"));
+    }
+    // SAFETY: as above.
+    unsafe { std::env::remove_var(&var) };
+}
+
+/// What a call reads from its Tool's state was checked when it was
+/// committed — but not for a credential the host could not read then. While
+/// one is unreadable, a call that read state has its output withheld; one
+/// that read none (the state is empty) keeps working; once the credential
+/// can be read, state is read again.
+#[tokio::test]
+async fn a_call_that_read_state_is_withheld_while_a_credential_cannot_be_read() {
+    let var = format!("TOOLGATE_BOUNDARY_UNSET_STATE_TOKEN_{}", std::process::id());
+    let table = credential_table("unset_env_state", &format!("{{ env = \"{var}\" }}"));
+    let config = format!("{table}\n[agents.default]\nvisible = [\"*\"]\ndefault = \"allow\"\n");
+    let host = TestHost::new(&config, &[("notes.wasm", toolgate_tests::Lang::Rust.notes())]);
+    let call = |args: Value| {
+        let host = &host;
+        async move {
+            let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+            run.call("notes", args).await.unwrap()
+        }
+    };
+    // Nothing in state yet: nothing read from it, the note is kept.
+    let r = call(json!({"op": "add", "note": "first"})).await;
+    assert!(matches!(r, StepResult::Output { .. }), "{r:?}");
+    let r = call(json!({"op": "list"})).await;
+    let StepResult::ToolError { message, .. } = &r else { panic!("{r:?}") };
+    assert!(message.contains("its committed state") && message.contains("`unset_env_state`"), "{message}");
+    let records = host_records(&host).await;
+    assert!(records.iter().any(|r| r.contains("whose secret this host has never read") && r.contains(&var)));
+    // SAFETY (edition 2024): the variable is this test's own.
+    unsafe { std::env::set_var(&var, "st4te-t0ken-value-1234") };
+    let r = call(json!({"op": "list"})).await;
+    assert!(
+        matches!(&r, StepResult::Output { content: Content::Json(v), .. } if v["notes"] == json!(["first"])),
+        "{r:?}"
+    );
+    unsafe { std::env::remove_var(&var) };
+}

@@ -49,6 +49,8 @@ fn call_measured(dir: &Path, args: &str) -> (String, Option<i32>, Duration, u64)
     let started = Instant::now();
     let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
         .current_dir(dir)
+        // Readable: a credential the host cannot read refuses every response and file.
+        .env("TOOLGATE_BOUNDARY_TEST_TOKEN", "b0undary-t3st-t0ken-value")
         .args(["call", "hostile.thief", "--args", args])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -115,4 +117,33 @@ fn a_fifo_in_a_grant_does_not_keep_toolgate_from_exiting() {
         assert!(out.contains("err: "), "refused, not ended by the deadline: {out}");
         assert!(took < Duration::from_secs(30), "`toolgate call` exited: {took:?}");
     }
+}
+
+/// A credential the host cannot read where it runs (`toolgate serve` from an
+/// MCP client that does not pass the user's shell) is named at start, one
+/// warning line with the fix, and the host fails closed: a granted file is
+/// refused, not handed over unchecked.
+#[test]
+fn a_credential_the_host_cannot_read_is_warned_about_at_start_and_fails_closed() {
+    let server = TestServer::start("unused-token", "http://127.0.0.1:1/");
+    let dir = setup("timeout_ms = 5000", &server);
+    std::fs::write(dir.path().join("data/.env"), "TOKEN=b0undary-t3st-t0ken-value\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .current_dir(dir.path())
+        .env_remove("TOOLGATE_BOUNDARY_TEST_TOKEN")
+        .args(["call", "hostile.thief", "--args", r#"{"op": "read", "target": "/data/.env"}"#])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    let warned: Vec<&str> = stderr.lines().filter(|l| l.contains("TOOLGATE_BOUNDARY_TEST_TOKEN")).collect();
+    assert_eq!(warned.len(), 1, "one line: {stderr}");
+    assert!(
+        warned[0].contains("WARN")
+            && warned[0].contains("credential `tracker`")
+            && warned[0].contains("not set")
+            && warned[0].contains("MCP client"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("err: ") && !stdout.contains("b0undary"), "refused: {stdout}");
 }

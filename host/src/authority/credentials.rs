@@ -198,7 +198,35 @@ impl CredentialSpec {
         while value.last().is_some_and(|b| matches!(b, b'\n' | b'\r')) {
             value.pop();
         }
+        // Blank is no value to look for: the real secret is elsewhere, and
+        // the host cannot check for it (a client passing `GITHUB_TOKEN=""`).
+        if value.trim_ascii().is_empty() {
+            return Err(unavailable(match &self.source {
+                Source::Env(var) => format!("environment variable `{var}` is empty in the host process"),
+                Source::File(path) => format!("{} is empty", path.display()),
+            }));
+        }
         Ok(WatchedSecret(value))
+    }
+
+    /// What to do so the host can read this credential's secret, for a
+    /// record or warning that says it cannot.
+    pub fn read_fix(&self) -> String {
+        match &self.source {
+            Source::Env(var) => format!(
+                "set `{var}` in the environment the host runs in (for `toolgate serve` started by an MCP client, in \
+                 the `env` the client's config gives the server; clients do not pass on the user's shell)"
+            ),
+            Source::File(_) => "fix the file, or `source.file`: the host's user must be able to read it".into(),
+        }
+    }
+
+    /// Why the host cannot read this credential's secret now, with the fix;
+    /// `None` when it can. Reads the source (for a warning at start: until
+    /// it can be read, the host refuses what it cannot check for it).
+    pub fn unreadable(&self) -> Option<String> {
+        let e = self.read_to_check().err()?;
+        Some(format!("{e}; {}", self.read_fix()))
     }
 
     fn read(&self) -> Result<Secret, CredentialError> {
@@ -414,6 +442,25 @@ mod tests {
         assert_eq!(c.read_to_check().unwrap().expose(), b"k3y-\xff-v4lue");
         let c = spec(Apply::Query { param: "k".into() }, Source::Env("TOOLGATE_TEST_UNSET_VAR".into()));
         assert!(c.read_to_check().unwrap_err().to_string().contains("not set"));
+    }
+
+    /// A source that is unset, missing or blank has no value to watch for:
+    /// `unreadable` names it and the fix (the warning at start), never a value.
+    #[test]
+    fn an_unreadable_or_blank_source_is_named_with_its_fix() {
+        let var = format!("TOOLGATE_CREDENTIALS_TEST_BLANK_{}", std::process::id());
+        let c = spec(Apply::Query { param: "k".into() }, Source::Env(var.clone()));
+        let why = c.unreadable().unwrap();
+        assert!(why.contains("not set") && why.contains(&format!("set `{var}` in the environment")), "{why}");
+        // SAFETY (edition 2024): the variable is this test's own.
+        unsafe { std::env::set_var(&var, " \r\n") };
+        assert!(c.unreadable().unwrap().contains("is empty"));
+        unsafe { std::env::set_var(&var, "r3adable-s3cret") };
+        assert_eq!(c.unreadable(), None);
+        let dir = tempfile::tempdir().unwrap();
+        let c = spec(Apply::Query { param: "k".into() }, Source::File(dir.path().join("gone")));
+        let why = c.unreadable().unwrap();
+        assert!(why.contains("gone") && why.contains("`source.file`"), "{why}");
     }
 
     #[test]

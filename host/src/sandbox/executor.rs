@@ -13,7 +13,8 @@
 //! With any credential configured, what a call returns and captured is
 //! checked for every configured secret before anyone reads it
 //! ([`withhold_secrets`]): a part holding one is withheld, with a note
-//! naming the credential, and recorded.
+//! naming the credential, and recorded; all of it, while a credential
+//! cannot be read, when the call read its state or had an `env` grant.
 //!
 //! Architecture invariant: [`Executor::execute`] accepts only an
 //! [`AllowedCall`], which only the gate builds from Allow. Nothing here
@@ -37,7 +38,7 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::authority::narrowing::Access;
-use crate::sandbox::outbound::{HttpLimits, OutboundPolicy};
+use crate::sandbox::outbound::{HttpLimits, OutboundPolicy, Watched};
 use crate::snapshot::EffectiveGrant;
 
 use crate::catalog::descriptor::CheckedTool;
@@ -380,6 +381,9 @@ struct CallState {
     /// The Tool's committed state as the call read it (shared with the
     /// runtime's compare-and-set at commit, not copied).
     state: Arc<BTreeMap<String, String>>,
+    /// Whether the guest read anything of `state` (for the output check:
+    /// state committed while a credential was unreadable was not checked for it).
+    state_read: bool,
     log: Capture,
     /// The component's own `toolgate-pinned` section (usually empty).
     pinned: Arc<[u8]>,
@@ -432,9 +436,12 @@ impl wit_pinned::Host for CallState {
 
 impl wit_state::Host for CallState {
     fn get(&mut self, key: String) -> Option<String> {
-        self.state.get(&key).cloned()
+        let value = self.state.get(&key).cloned();
+        self.state_read |= value.is_some();
+        value
     }
     fn keys(&mut self) -> Vec<String> {
+        self.state_read |= !self.state.is_empty();
         self.state.keys().cloned().collect()
     }
 }
@@ -777,6 +784,7 @@ impl Executor {
                 .trap_on_grow_failure(true)
                 .build(),
             state,
+            state_read: false,
             log,
             pinned: component.pinned.clone(),
             held: Held::new(limits, secrets.clone()),
@@ -841,7 +849,7 @@ impl Executor {
         };
         // The instances, then every handle the guest held (requests in
         // flight among them) go before what the call left is read.
-        let CallState { outbound, table, held, http_held, .. } = store.into_data();
+        let CallState { outbound, table, held, http_held, state_read, .. } = store.into_data();
         drop(table);
         let (mut host, mut host_dropped) = outbound.take_records();
         host.extend(held.records());
@@ -855,6 +863,12 @@ impl Executor {
         };
         let output_limit = (limits.output_kib as usize) << 10;
         if let Some(secrets) = secrets {
+            if state_read {
+                secrets.received("its committed state");
+            }
+            if !grant.env.is_empty() {
+                secrets.received("the values of its `env` grant");
+            }
             // CPU in proportion to what the guest wrote: on the blocking pool.
             let checked = tokio::task::spawn_blocking(move || {
                 let dropped = withhold_secrets(&secrets, &mut result, &mut kept, &mut host, output_limit, capture);
@@ -1117,6 +1131,7 @@ impl Executor {
                 .trap_on_grow_failure(true)
                 .build(),
             state: Arc::default(),
+            state_read: false,
             log: Capture::new(0),
             pinned,
             held: Held::new(limits, None),
@@ -1405,54 +1420,84 @@ fn withhold_secrets(
     limit: usize,
     capture: usize,
 ) -> u64 {
-    let scanner = secrets.scanner();
+    let scanner = match secrets.scanner() {
+        Watched::Complete(scanner) => scanner,
+        // A credential the host never read (unset where it runs): files and
+        // responses were refused, so what the guest had is its arguments
+        // (the model's own), its pinned data — and whatever it received
+        // unrefused: its state (committed by calls that may have run while
+        // the credential was unreadable, so never checked for it), the
+        // literals of its `env` grant, names from its directories. Having
+        // any of those, nothing it wrote can be vouched for: all of it is
+        // withheld. Having none, it is checked for the secrets there are.
+        Watched::Unvouched { scanner, credentials } => {
+            let received = secrets.received_from_outside();
+            if !received.is_empty() {
+                secrets.record(format!(
+                    "the Tool's output, error text and captures were withheld: it received {}, which the host \
+                     cannot check for {}",
+                    received.join(", "),
+                    credentials.why()
+                ));
+                *result = Err(ToolFailure::Withheld(format!(
+                    "the host withheld the Tool's output: it cannot check what the Tool received ({}) for \
+                     credential {}; nothing it returned or changed was kept",
+                    received.join(", "),
+                    credentials.names()
+                )));
+                let note = format!("[withheld by the host: unchecked for credential {}]", credentials.names());
+                for text in [&mut kept.stdout, &mut kept.stderr, &mut kept.log] {
+                    if !text.is_empty() {
+                        text.clone_from(&note);
+                    }
+                }
+            }
+            scanner
+        }
+    };
     let note = |f: &crate::sandbox::scan::Finding, what: &str| {
         format!("[withheld by the host: {what} held {}]", withhold::named(f))
     };
-    if !scanner.is_empty() {
-        if let Ok(out) = &*result {
-            let content = match &out.content {
-                Content::Json(v) => scanner.find(&serde_json::to_vec(v).unwrap_or_default()),
-                Content::Text(t) => scanner.find(t.as_bytes()),
-            };
-            let found = content.map(|f| (f, "content".to_owned())).or_else(|| {
-                out.commands.iter().enumerate().find_map(|(i, c)| {
-                    [c.scope.as_str(), &c.key, c.value.as_deref().unwrap_or_default()]
-                        .iter()
-                        .find_map(|part| scanner.find(part.as_bytes()))
-                        .map(|f| (f, format!("Command #{}", i + 1)))
-                })
-            });
-            if let Some((f, part)) = found {
-                secrets.record(format!("the Tool's output was withheld: its {part} held {}", withhold::named(&f)));
-                *result = Err(ToolFailure::Withheld(format!(
-                    "the host withheld the Tool's output: its {part} held {}; nothing it returned or changed was kept",
-                    withhold::named(&f)
-                )));
-            }
+    if let Ok(out) = &*result {
+        let content = match &out.content {
+            Content::Json(v) => scanner.find(&serde_json::to_vec(v).unwrap_or_default()),
+            Content::Text(t) => scanner.find(t.as_bytes()),
+        };
+        let found = content.map(|f| (f, "content".to_owned())).or_else(|| {
+            out.commands.iter().enumerate().find_map(|(i, c)| {
+                [c.scope.as_str(), &c.key, c.value.as_deref().unwrap_or_default()]
+                    .iter()
+                    .find_map(|part| scanner.find(part.as_bytes()))
+                    .map(|f| (f, format!("Command #{}", i + 1)))
+            })
+        });
+        if let Some((f, part)) = found {
+            secrets.record(format!("the Tool's output was withheld: its {part} held {}", withhold::named(&f)));
+            *result = Err(ToolFailure::Withheld(format!(
+                "the host withheld the Tool's output: its {part} held {}; nothing it returned or changed was kept",
+                withhold::named(&f)
+            )));
         }
-        if let Err(failure) = result
-            && let Some(text) = failure.guest_text()
-            && let Some(f) = withhold::find_in_kept(&scanner, text, limit)
-        {
-            secrets.record(format!("the Tool's error text was withheld: it held {}", withhold::named(&f)));
-            *text = note(&f, "the Tool's error text");
-        }
-        for (name, text) in [("stdout", &mut kept.stdout), ("stderr", &mut kept.stderr), ("log", &mut kept.log)] {
-            if let Some(f) = withhold::find_in_kept(&scanner, text, capture) {
-                secrets.record(format!("the guest's {name} was withheld: it held {}", withhold::named(&f)));
-                *text = note(&f, &format!("the guest's {name}"));
-            }
+    }
+    if let Err(failure) = result
+        && let Some(text) = failure.guest_text()
+        && let Some(f) = withhold::find_in_kept(&scanner, text, limit)
+    {
+        secrets.record(format!("the Tool's error text was withheld: it held {}", withhold::named(&f)));
+        *text = note(&f, "the Tool's error text");
+    }
+    for (name, text) in [("stdout", &mut kept.stdout), ("stderr", &mut kept.stderr), ("log", &mut kept.log)] {
+        if let Some(f) = withhold::find_in_kept(&scanner, text, capture) {
+            secrets.record(format!("the guest's {name} was withheld: it held {}", withhold::named(&f)));
+            *text = note(&f, &format!("the guest's {name}"));
         }
     }
     let (records, dropped) = secrets.take_records();
     host.extend(records);
-    if !scanner.is_empty() {
-        // Host records quote the guest's text (a path, a destination).
-        for line in host.iter_mut() {
-            if let Some(f) = scanner.find(line.as_bytes()) {
-                *line = note(&f, "a host record");
-            }
+    // Host records quote the guest's text (a path, a destination).
+    for line in host.iter_mut() {
+        if let Some(f) = scanner.find(line.as_bytes()) {
+            *line = note(&f, "a host record");
         }
     }
     dropped

@@ -23,8 +23,11 @@
 //! that no header declared. Checked for every configured secret (not only
 //! the one applied) as read at that response, and for the exact value each
 //! request of the call carried, in the encodings of [`super::scan`]; a
-//! response holding one is withheld from the guest. Redirects are not followed: a guest that follows one makes a
-//! new request, decided anew.
+//! response holding one is withheld from the guest. While a configured
+//! credential has no value the host can look for ([`Watched::Unvouched`]),
+//! every response is withheld: the check cannot vouch for it. Redirects
+//! are not followed: a guest that follows one makes a new request, decided
+//! anew.
 //!
 //! Architecture invariant: a denial is `HttpRequestDenied` (a withheld
 //! response an error) to the guest and a line in the call's host records;
@@ -148,9 +151,11 @@ impl SecretWatch {
         }
     }
 
-    /// The scanner for a response (the value its request carried is already
-    /// in: [`SecretWatch::sent`] took it before the request left).
-    pub(super) fn scanner(&self, records: &HostRecords) -> Arc<SecretScanner> {
+    /// What a response (or file, or output) is checked with: the scanner
+    /// of every value there is — the value its request carried is already
+    /// in ([`SecretWatch::sent`] took it before the request left) — and
+    /// whether that is every configured credential ([`Watched`]).
+    pub(super) fn scanner(&self, records: &HostRecords) -> Watched {
         let mut current = Vec::with_capacity(self.specs.len() + 1);
         let mut unreadable = Vec::new();
         for spec in self.specs.iter() {
@@ -159,32 +164,76 @@ impl SecretWatch {
             match spec.read_to_check() {
                 Ok(s) => current.push((spec.name.clone(), s.expose().to_vec())),
                 // Unreadable now: its earlier values are still in the history below.
-                Err(e) => unreadable.push((spec.name.clone(), e.to_string())),
+                Err(e) => unreadable.push((spec, e.to_string())),
             }
         }
         // Every value the process has seen for these credentials: a value
         // refreshed away in an earlier call may still be valid, and come back.
         let current = history(current);
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        for (name, why) in unreadable {
-            if !seen.unreadable.contains(&name) {
-                records.add(format!("response check: {why}"));
-                seen.unreadable.push(name);
-            }
-        }
         for value in current {
             if !seen.values.contains(&value) {
                 seen.values.push(value);
             }
         }
-        match &seen.scanner {
+        let mut unvouched = Vec::new();
+        for (spec, why) in unreadable {
+            if !seen.values.iter().any(|(n, _)| *n == spec.name) {
+                // Never read by this process: nothing to look for at all.
+                unvouched.push((spec.name.clone(), format!("{why}; {}", spec.read_fix())));
+            } else if !seen.unreadable.contains(&spec.name) {
+                records.add(format!("response check: {why}"));
+                seen.unreadable.push(spec.name.clone());
+            }
+        }
+        let scanner = match &seen.scanner {
             Some((scanner, built_from)) if *built_from == seen.values.len() => scanner.clone(),
             _ => {
                 let scanner = shared_scanner(&seen.values);
                 seen.scanner = Some((scanner.clone(), seen.values.len()));
                 scanner
             }
+        };
+        if unvouched.is_empty() {
+            Watched::Complete(scanner)
+        } else {
+            Watched::Unvouched { scanner, credentials: Unreadable(unvouched.into()) }
         }
+    }
+}
+
+/// What the host can check for, as a check must take it: the case that it
+/// cannot vouch for its check is a variant, not an empty scanner to forget.
+#[derive(Clone)]
+pub(super) enum Watched {
+    /// A value of every configured credential is looked for (as read now,
+    /// or as the process read it before).
+    Complete(Arc<SecretScanner>),
+    /// Some configured credential has no value to look for: its source
+    /// cannot be read now and this process never read it (an `env` source
+    /// unset where `toolgate serve` runs). Bytes from outside the guest —
+    /// a file, a response — may hold that secret unseen, so they are
+    /// refused; `scanner` holds the values there are.
+    Unvouched { scanner: Arc<SecretScanner>, credentials: Unreadable },
+}
+
+/// The configured credentials the host has no value of: (name, why it
+/// cannot be read and the fix — the source, never a value).
+#[derive(Debug, Clone)]
+pub(super) struct Unreadable(Arc<[(String, String)]>);
+
+impl Unreadable {
+    /// The credentials, quoted (`` `a`, `b` ``): what the guest is told
+    /// (the sources and their fixes are for the host's records).
+    pub(super) fn names(&self) -> String {
+        self.0.iter().map(|(name, _)| format!("`{name}`")).collect::<Vec<_>>().join(", ")
+    }
+
+    /// What the host cannot check for, for its records (after "cannot
+    /// check it for"): each credential, why it cannot be read, the fix.
+    pub(super) fn why(&self) -> String {
+        let each: Vec<&str> = self.0.iter().map(|(_, why)| why.as_str()).collect();
+        format!("credential {}, whose secret this host has never read: {}", self.names(), each.join("; "))
     }
 }
 
@@ -1026,7 +1075,13 @@ impl WasiHttpHooks for OutboundPolicy {
                         // Its text can carry the server's bytes (a
                         // certificate's names): the full text only once checked.
                         set(format!("{dest}: TLS error"));
-                        set(transport_line(&dest, &e, &call.watch.scanner(records)));
+                        match call.watch.scanner(records) {
+                            Watched::Complete(scanner) => set(transport_line(&dest, &e, &scanner)),
+                            Watched::Unvouched { credentials, .. } => set(format!(
+                                "{dest}: TLS error; its text is withheld: the host cannot check it for {}",
+                                credentials.why()
+                            )),
+                        }
                     } else {
                         // Connect, DNS, protocol errors: the OS's and hyper's own words.
                         set(format!("{dest}: {e}"));
@@ -1055,7 +1110,21 @@ impl WasiHttpHooks for OutboundPolicy {
             let data = collected?;
             // Counted against the call's budget from now until the guest has read it.
             let mut charge = Charge::new(&call, data.len());
-            let scanner = call.watch.scanner(records);
+            let scanner = match call.watch.scanner(records) {
+                Watched::Complete(scanner) => scanner,
+                // What the host cannot check it does not hand over, as if it held the secret.
+                Watched::Unvouched { credentials, .. } => {
+                    records.add(format!(
+                        "response from {dest} withheld: the host cannot check it for {}",
+                        credentials.why()
+                    ));
+                    return Err(HttpError::InternalError(Some(format!(
+                        "the host withheld the response: it cannot check it for credential {} (see the host's \
+                         records)",
+                        credentials.names()
+                    ))));
+                }
+            };
             // Decoding and checking are CPU work proportional to what the
             // server sent: off the async workers. The request's in-flight
             // slots are held until the check is done (even if the guest gave
@@ -1240,15 +1309,15 @@ mod tests {
         let watch = SecretWatch::new(Arc::from([spec.clone()]));
         let records = HostRecords::default();
         let first = spec.materialize("http", "127.0.0.1", 8080).unwrap();
-        assert!(watch.scanner(&records).find(b"first-value-1111").is_some());
+        assert!(watch.scanner(&records).complete().find(b"first-value-1111").is_some());
         // A token refresh rewrites the file mid-call: the next response is checked for the new value...
         write("second-value-2222");
-        let s = watch.scanner(&records);
+        let s = watch.scanner(&records).complete();
         assert!(s.find(b"second-value-2222").is_some() && s.find(b"first-value-1111").is_some());
         // ...and for the exact value a request carried, even when the source no longer holds it.
         write("third-value-33333");
         watch.sent("tracker", &first);
-        let s = watch.scanner(&records);
+        let s = watch.scanner(&records).complete();
         for v in ["first-value-1111", "second-value-2222", "third-value-33333"] {
             assert!(s.find(v.as_bytes()).is_some(), "{v}");
         }
@@ -1260,16 +1329,68 @@ mod tests {
         let sent = spec.materialize("http", "127.0.0.1", 8080).unwrap();
         watch.sent("tracker", &sent);
         write("fifth-value-55555");
-        assert!(watch.scanner(&records).find(b"fourth-value-4444").is_some());
+        assert!(watch.scanner(&records).complete().find(b"fourth-value-4444").is_some());
         // A later call still watches a value an earlier one saw (it may still be valid),
         // also while the source cannot be read.
         std::fs::remove_file(&file).unwrap();
         let later = SecretWatch::new(Arc::from([spec.clone()]));
-        let s = later.scanner(&records);
+        let s = later.scanner(&records).complete();
         for v in ["first-value-1111", "fourth-value-4444", "fifth-value-55555"] {
             assert!(s.find(v.as_bytes()).is_some(), "{v}");
         }
         assert!(records.take().0.iter().any(|r| r.contains("response check")), "the unreadable source is recorded");
+    }
+
+    impl Watched {
+        fn complete(self) -> Arc<SecretScanner> {
+            match self {
+                Watched::Complete(s) => s,
+                Watched::Unvouched { credentials, .. } => panic!("unvouched: {}", credentials.why()),
+            }
+        }
+    }
+
+    /// A credential whose source the host cannot read and never read has
+    /// nothing to look for: the watch says so (it fails open otherwise),
+    /// naming the source and the fix, until the source can be read; from
+    /// then on its values are in the history, read or not.
+    #[test]
+    fn a_credential_never_read_leaves_the_check_unvouched_until_it_is() {
+        use crate::authority::credentials::{CredentialConfig, Source};
+        let var = format!("TOOLGATE_OUTBOUND_NEVER_READ_{}", std::process::id());
+        let spec = |name: &str, source| {
+            let config = CredentialConfig {
+                source,
+                destinations: vec!["https://api.example:443".into()],
+                apply: Apply::Header { name: "authorization".into(), format: "Bearer {}".into() },
+            };
+            Arc::new(CredentialSpec::new(name, &config, std::path::Path::new("/")).unwrap())
+        };
+        let unset = spec("never-read-env", Source::Env(var.clone()));
+        let missing = spec("never-read-file", Source::File("/nonexistent/toolgate/secret".into()));
+        let watch = SecretWatch::new(Arc::from([unset, missing]));
+        let records = HostRecords::default();
+        let Watched::Unvouched { credentials, .. } = watch.scanner(&records) else { panic!("vouched for nothing") };
+        assert_eq!(credentials.names(), "`never-read-env`, `never-read-file`");
+        let why = credentials.why();
+        for part in [var.as_str(), "not set", "MCP client", "/nonexistent/toolgate/secret"] {
+            assert!(why.contains(part), "{part}: {why}");
+        }
+        // Set but empty is no value either.
+        // SAFETY (edition 2024): the variable is this test's own.
+        unsafe { std::env::set_var(&var, " \n") };
+        let Watched::Unvouched { credentials, .. } = watch.scanner(&records) else { panic!("vouched for a blank") };
+        assert!(credentials.why().contains("is empty"), "{}", credentials.why());
+        unsafe { std::env::set_var(&var, "n3ver-read-t0ken-value") };
+        let Watched::Unvouched { credentials, .. } = watch.scanner(&records) else {
+            panic!("the file is still missing")
+        };
+        assert_eq!(credentials.names(), "`never-read-file`");
+        unsafe { std::env::remove_var(&var) };
+        // Read once, its value is watched for while the variable is unset: only the file is missing still.
+        let Watched::Unvouched { scanner, credentials } = watch.scanner(&records) else { panic!() };
+        assert_eq!(credentials.names(), "`never-read-file`");
+        assert!(scanner.find(b"x n3ver-read-t0ken-value").is_some());
     }
 
     /// A response is checked for a secret the host refuses to apply (its
@@ -1293,7 +1414,7 @@ mod tests {
         assert!(e.contains("chmod 600"), "{e}");
         let watch = SecretWatch::new(Arc::from([spec]));
         let records = HostRecords::default();
-        let s = watch.scanner(&records);
+        let s = watch.scanner(&records).complete();
         let f = s.find(br#"{"echo":"Bearer w0rld-r3adable-t0ken"}"#).expect("watched");
         assert_eq!(f.credential, "k8s");
         use base64::Engine as _;

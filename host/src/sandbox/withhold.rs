@@ -27,6 +27,12 @@
 //!   limit is checked with what follows the cut ([`find_in_kept`]), so a
 //!   secret across the cut cannot leave its first bytes behind.
 //!
+//! While a configured credential has no value to look for (its source
+//! unreadable and never read by the process: [`Watched::Unvouched`]), no
+//! check can vouch for what it passes: every file is refused, and the
+//! executor withholds the output of a call that received anything
+//! unrefused from outside ([`CallSecrets::received`]).
+//!
 //! What it cannot catch (a file changed after its check, a secret split
 //! across files or reads, compressed inside a large file) is in SECURITY.md,
 //! "Known limits".
@@ -40,7 +46,7 @@ use std::os::unix::fs::{FileExt as _, MetadataExt as _};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use super::outbound::{HostRecords, SecretWatch, check_compressed};
+use super::outbound::{HostRecords, SecretWatch, Watched, check_compressed};
 use super::scan::{Finding, SecretScanner};
 use crate::authority::credentials::CredentialSpec;
 
@@ -78,6 +84,15 @@ pub(super) fn find_in_kept(scanner: &SecretScanner, text: &str, keep: usize) -> 
 /// and the view — never the secret.
 pub(super) fn named(f: &Finding) -> String {
     format!("the secret of credential `{}` ({}, {})", f.credential, f.form, f.view)
+}
+
+/// The scanner of the values there are, vouched for or not: for what is
+/// checked either way (names, and a call's output that received nothing
+/// from outside).
+pub(super) fn scanner_of(watched: &Watched) -> &Arc<SecretScanner> {
+    match watched {
+        Watched::Complete(scanner) | Watched::Unvouched { scanner, .. } => scanner,
+    }
 }
 
 /// A path as the guest wrote it, for a record: quoted and cut short, so it
@@ -125,8 +140,12 @@ pub(super) struct CallSecrets {
 
 #[derive(Default)]
 struct State {
-    /// The scanner the call last read the secrets into.
-    scanner: Option<Arc<SecretScanner>>,
+    /// What the call last read the secrets into.
+    scanner: Option<Watched>,
+    /// What the guest received from outside that was not checked whole
+    /// (names in its directories): its output cannot be vouched for while
+    /// a credential is unreadable ([`CallSecrets::received`]).
+    received: Vec<&'static str>,
     /// Files checked with that scanner: `Err(why)` for the refused ones.
     checked: HashMap<(u64, u64), (FileKey, Result<(), String>)>,
     /// Guest paths of the directories the guest holds (preopens and
@@ -160,22 +179,47 @@ impl CallSecrets {
 
     /// The scanner for every watched secret as its source holds it now
     /// (blocking: it reads the sources), and every value the process saw
-    /// before. New values forget which files were checked clean.
-    pub(super) fn scanner(&self) -> Arc<SecretScanner> {
-        let scanner = self.watch.scanner(&self.records);
+    /// before; [`Watched::Unvouched`] when some credential has none. New
+    /// values forget which files were checked clean.
+    pub(super) fn scanner(&self) -> Watched {
+        let watched = self.watch.scanner(&self.records);
         let mut state = self.state();
-        if !state.scanner.as_ref().is_some_and(|s| Arc::ptr_eq(s, &scanner)) {
+        if !state.scanner.as_ref().is_some_and(|s| Arc::ptr_eq(scanner_of(s), scanner_of(&watched))) {
             state.checked.clear();
-            state.scanner = Some(scanner.clone());
         }
-        scanner
+        state.scanner = Some(watched.clone());
+        watched
     }
 
-    /// The scanner for the names of a listing: the call's last one, or one
-    /// read now (blocking) if the call has none yet.
+    /// The scanner for the names of a listing or a link's target: the
+    /// call's last complete one, or one read now (blocking). Names are not
+    /// refused while a credential is unreadable (a listing of names is not
+    /// a file's content), but the guest received them: the output check
+    /// counts them ([`CallSecrets::received`]).
     pub(super) fn listing_scanner(&self) -> Arc<SecretScanner> {
         let last = self.state().scanner.clone();
-        last.unwrap_or_else(|| self.scanner())
+        let watched = match last {
+            Some(complete @ Watched::Complete(_)) => complete,
+            // Read again: the source may be readable by now.
+            _ => self.scanner(),
+        };
+        self.received("names from its directories");
+        scanner_of(&watched).clone()
+    }
+
+    /// The guest received `what` from outside that the call did not refuse
+    /// while it could not vouch for its checks (its state, its `env`
+    /// grant, names from its directories).
+    pub(super) fn received(&self, what: &'static str) {
+        let mut state = self.state();
+        if !state.received.contains(&what) {
+            state.received.push(what);
+        }
+    }
+
+    /// What [`CallSecrets::received`] was told, in order.
+    pub(super) fn received_from_outside(&self) -> Vec<&'static str> {
+        self.state().received.clone()
     }
 
     /// Record one line in the call's host records.
@@ -238,10 +282,13 @@ impl CallSecrets {
             return verdict.clone();
         }
         // The secrets as their sources hold them now (new values forget what was checked).
-        let scanner = self.scanner();
-        if scanner.is_empty() {
-            return Ok(());
-        }
+        let scanner = match self.scanner() {
+            Watched::Complete(scanner) => scanner,
+            // Not remembered: once the source can be read, the file is checked.
+            Watched::Unvouched { credentials, .. } => {
+                return Err(format!("the host cannot check it for {}", credentials.why()));
+            }
+        };
         let verdict = match self.read_and_check(file, meta.len(), &scanner, cancel) {
             Ok(None) => Ok(()),
             Ok(Some(f)) => Err(format!("it holds {}", named(&f))),
@@ -448,7 +495,7 @@ mod tests {
     #[test]
     fn a_secret_across_a_piece_boundary_of_a_large_file_is_found() {
         let s = secrets(64);
-        for at in [CHUNK + 1 - 7, 2 * CHUNK + 1 - overlap(&s.scanner()) + 3, 3 * CHUNK] {
+        for at in [CHUNK + 1 - 7, 2 * CHUNK + 1 - overlap(scanner_of(&s.scanner())) + 3, 3 * CHUNK] {
             let mut data = vec![b'.'; 3 * CHUNK + 100];
             data[at..at + SECRET.len()].copy_from_slice(SECRET.as_bytes());
             assert!(check(&s, &data).is_err(), "at {at}");
@@ -513,9 +560,46 @@ mod tests {
         assert!(check(&s, hex::encode(bytes).as_bytes()).is_err(), "in its encodings too");
     }
 
+    /// A credential the host has never read (its variable unset where the
+    /// host runs) leaves nothing to look for: every file is refused, clean
+    /// or not, naming the credential, its source and the fix — until the
+    /// variable is set, when the normal check applies (and, read once, its
+    /// value stays watched after it is unset again).
+    #[test]
+    fn a_file_is_refused_while_a_credential_was_never_read() {
+        let var = format!("TOOLGATE_WITHHOLD_NEVER_READ_{}", std::process::id());
+        let config = CredentialConfig {
+            source: Source::Env(var.clone()),
+            destinations: vec!["https://api.example:443".into()],
+            apply: Apply::Header { name: "authorization".into(), format: "Bearer {}".into() },
+        };
+        let spec = CredentialSpec::new("withhold-never-read", &config, std::path::Path::new("/")).unwrap();
+        let s = CallSecrets::new(&Arc::from([Arc::new(spec)]), 64).unwrap();
+        const TOKEN: &str = "ghp_n3verR3adT0ken0000";
+        for content in [format!("GITHUB_TOKEN={TOKEN}\n"), "alpha\n".to_owned()] {
+            let why = check(&s, content.as_bytes()).unwrap_err();
+            assert!(
+                why.contains("credential `withhold-never-read`") && why.contains(&var) && why.contains("environment"),
+                "{why}"
+            );
+        }
+        assert!(s.state().checked.is_empty(), "an unvouched verdict is not remembered");
+        // The listing's names pass (checked for what there is) but count as received.
+        let _ = s.listing_scanner();
+        assert_eq!(s.received_from_outside(), ["names from its directories"]);
+        // SAFETY (edition 2024): the variable is this test's own.
+        unsafe { std::env::set_var(&var, TOKEN) };
+        let why = check(&s, format!("GITHUB_TOKEN={TOKEN}\n").as_bytes()).unwrap_err();
+        assert!(why.contains("holds the secret of credential `withhold-never-read`"), "{why}");
+        assert_eq!(check(&s, b"alpha\n"), Ok(()));
+        unsafe { std::env::remove_var(&var) };
+        assert!(check(&s, format!("GITHUB_TOKEN={TOKEN}\n").as_bytes()).unwrap_err().contains("holds the secret"));
+        assert_eq!(check(&s, b"beta\n"), Ok(()));
+    }
+
     #[test]
     fn a_secret_across_a_cut_is_found_in_what_follows_it() {
-        let s = secrets(64).scanner();
+        let s = scanner_of(&secrets(64).scanner()).clone();
         let text = format!("{}{SECRET} and more", "x".repeat(100));
         assert!(find_in_kept(&s, &text, 104).is_some(), "the first 4 bytes would be kept");
         assert!(find_in_kept(&s, &"y".repeat(10_000_000), 1024).is_none());
