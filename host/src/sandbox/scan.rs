@@ -35,7 +35,19 @@
 //! - as sent and after each repeated pass, with line breaks and blanks
 //!   removed (base64 wrapped at 64 or 76 columns, PEM, blanks put into the
 //!   secret on one line), and with a list of hex byte values joined into
-//!   plain hex (`[]byte{0x73, 0x33}`, `[73, 33]`, `{ 0x73, 0x33 }`).
+//!   plain hex (`[]byte{0x73, 0x33}`, `[73, 33]`, `{ 0x73, 0x33 }`);
+//! - base64-decoded ([`SecretScanner::find_base64`]): every run of base64
+//!   or base64url characters (line breaks inside it skipped) of the data as
+//!   sent and of its last repeated pass, decoded whole at each of the four
+//!   character offsets, and what it decodes to (where it runs long enough
+//!   in bytes a form can be written with) searched with this whole list
+//!   of views, base64 included, down to [`MAX_BASE64_DEPTH`] decodings. So
+//!   every escape above is found inside base64 too, whatever library wrote
+//!   it (`\u002B` from System.Text.Json, `%2b` from `HttpUtility`,
+//!   `encodeURIComponent`'s `!'()*`), with no needle for each escaper. What
+//!   one check decodes is bounded by [`BASE64_FACTOR`] times the data;
+//!   data that needs more is reported, as a finding of its own, rather than
+//!   passed unread.
 //!
 //! A view with blanks is searched once, blanks removed, with every needle,
 //! and once as it is with the few needles that hold a blank (or end in the
@@ -47,7 +59,8 @@
 //!
 //! What it cannot find is written down in SECURITY.md ("Known limits"): a
 //! secret split across responses, reversed, encrypted, hashed, compressed
-//! inside a field, or in an encoding not listed.
+//! inside a field, in an encoding not listed, or escaped inside base64
+//! nested deeper than [`MAX_BASE64_DEPTH`].
 //!
 //! Architecture invariant: a finding names the credential, the encoding and
 //! the view — never the secret. Secrets shorter than [`MIN_SECRET`] bytes
@@ -61,6 +74,39 @@ use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind, packed};
 use base64::Engine as _;
 
 pub use crate::authority::credentials::MIN_SECRET;
+
+/// How many base64 decodings deep the base64 view reads: base64 inside
+/// base64 inside base64 (a state token inside a base64 envelope inside a
+/// base64 field). Runs deeper than that are not decoded (SECURITY.md, Known
+/// limits); the base64 and base64-twice needles still find the raw secret
+/// there.
+pub const MAX_BASE64_DEPTH: usize = 3;
+
+/// What the base64 view may decode in one check, over every run at every
+/// depth: this many times the data's length, plus [`BASE64_SLACK`]. One
+/// level costs at most 3× its runs (four offsets, ¾ of a byte a
+/// character), 6× when the unescaped view joins runs the data as sent
+/// splits; a base64 file costs 3×, base64 three deep about 7×. Past it
+/// the check reports [`OVER_BOUND`] instead of a secret: the host does not
+/// vouch for what it did not decode, and a hostile response cannot make
+/// the check cost more.
+pub const BASE64_FACTOR: usize = 16;
+
+/// What the base64 view may decode whatever the data's length: a header or
+/// a short value nested three deep is decoded whole.
+const BASE64_SLACK: usize = 64 << 10;
+
+/// The form of the finding for data whose base64 decodes past the bound
+/// ([`BASE64_FACTOR`]): it is withheld like a secret, naming every
+/// credential, since it may hold any of them.
+pub const OVER_BOUND: &str = "more base64 than the check decodes";
+
+/// Fewest characters of a run the base64 view decodes: fewer than
+/// base64 of [`MIN_SECRET`] bytes cannot hold any form of a watched value
+/// of that length (a shorter one is watched raw only). A scanner whose
+/// shortest needle is longer decodes only runs that can hold it
+/// ([`SecretScanner::run_shortest`]).
+const MIN_RUN: usize = (MIN_SECRET * 8).div_ceil(6);
 
 /// How many times the all-kinds view undoes escapes: enough for the
 /// layering libraries produce by accident (a value escaped for a URL, then
@@ -79,7 +125,8 @@ pub struct Finding {
     /// base64url, base32, hex, hex with separators).
     pub form: &'static str,
     /// Which view found it, e.g. `as sent`, `backslash-unescaped`,
-    /// `decoded repeatedly`, `as sent, hex list joined`.
+    /// `decoded repeatedly`, `as sent, hex list joined`, `base64-decoded`
+    /// (then the form is the one found inside, or [`OVER_BOUND`]).
     pub view: &'static str,
 }
 
@@ -103,6 +150,46 @@ pub struct SecretScanner {
     names: Vec<String>,
     /// Bytes of the longest form searched for, as written.
     longest: usize,
+    /// The bytes any form of a secret is written with ([`form_bytes`]),
+    /// bytes of the shortest needle, and a byte that is in no form: the
+    /// base64 view searches decoded bytes only where form bytes run at
+    /// least that long, each such run followed by that byte.
+    form_bytes: [bool; 256],
+    needle_shortest: usize,
+    separator: u8,
+    /// Fewest characters of a run the base64 view decodes: [`MIN_RUN`], or
+    /// more when a shorter run decodes to fewer bytes than any needle (no
+    /// view makes its data longer). Ordinary JSON's identifiers, paths and
+    /// hashes are mostly shorter than base64 of a whole secret.
+    run_shortest: usize,
+}
+
+/// The bytes a form of one of `secrets` can be written with: every ASCII
+/// byte (the escapes, encodings, blanks, lists and dumps the views read are
+/// ASCII), and each secret's other bytes as UTF-8, Latin-1 and UTF-16 in
+/// either byte order (the forms that write the secret's own characters).
+/// A form found in any view is a run of these bytes in the data: the
+/// base64 view leaves out the rest of what it decodes, which for base64 of
+/// binary (an image, the three wrong offsets of any run) is most of it.
+fn form_bytes(secrets: &[(String, Vec<u8>)]) -> [bool; 256] {
+    let mut table = [false; 256];
+    for (b, slot) in table.iter_mut().enumerate() {
+        *slot = b < 0x80;
+    }
+    let mut mark = |b: u8| table[usize::from(b)] = true;
+    for (_, stored) in secrets {
+        stored.iter().copied().for_each(&mut mark);
+        for c in String::from_utf8_lossy(stored).chars() {
+            if let Ok(b) = u8::try_from(u32::from(c)) {
+                mark(b);
+            }
+            let mut units = [0u16; 2];
+            for u in c.encode_utf16(&mut units) {
+                u.to_le_bytes().into_iter().for_each(&mut mark);
+            }
+        }
+    }
+    table
 }
 
 /// A multi-pattern searcher: Teddy (SIMD) for a few needles, else an
@@ -229,36 +316,6 @@ fn core(secret: &[u8], offset: usize, bits: usize, encode: impl Fn(&[u8]) -> Str
     let first = (8 * offset).div_ceil(bits);
     let end = (8 * (offset + secret.len())) / bits;
     (end > first + 3).then(|| encoded.get(first..end).map(<[u8]>::to_vec)).flatten()
-}
-
-/// The secret as URL and JSON encoders write it, where that differs from
-/// the secret itself: percent-encoded (as the host writes a query
-/// credential, and with `+` for a space), and JSON-escaped (with and
-/// without `\/`).
-fn escapings(secret: &[u8]) -> Vec<Vec<u8>> {
-    let unreserved = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~');
-    let percent: Vec<u8> =
-        secret.iter().flat_map(|&b| if unreserved(b) { vec![b] } else { format!("%{b:02X}").into_bytes() }).collect();
-    let form: Vec<u8> = secret
-        .iter()
-        .flat_map(|&b| match b {
-            b' ' => vec![b'+'],
-            b if unreserved(b) => vec![b],
-            b => format!("%{b:02X}").into_bytes(),
-        })
-        .collect();
-    let mut out = vec![percent, form];
-    if let Ok(text) = std::str::from_utf8(secret)
-        && let Ok(json) = serde_json::to_string(text)
-    {
-        let json = json.trim_matches('"').to_owned();
-        out.push(json.replace('/', "\\/").into_bytes());
-        out.push(json.into_bytes());
-    }
-    out.retain(|e| e.as_slice() != secret);
-    out.sort();
-    out.dedup();
-    out
 }
 
 /// What a finding calls each encoding of one byte string.
@@ -438,12 +495,12 @@ fn add_needles(secret: &[u8], i: usize, exact: &mut Needles, folded: &mut Needle
     if unblanked.len() < secret.len() && unblanked.len() >= MIN_SECRET {
         folded.add(unblanked.to_ascii_lowercase(), i, "raw, blanks removed");
     }
-    // Base64 of the secret as it stands in a URL or a JSON string
-    // too: a query credential comes back inside a base64 cursor or
-    // signed URL, a header value inside base64 of escaped JSON.
-    for text in std::iter::once(secret).chain(escapings(secret).iter().map(Vec::as_slice)) {
-        exact.add_base64(text, i, &UTF8);
-    }
+    exact.add_base64(secret, i, &UTF8);
+    // Escaped forms inside base64 (a query credential in a base64 cursor)
+    // have no needles: the base64 view decodes them and every view reads
+    // them. The longest such form pieces must overlap by: base64 of the
+    // secret with every character a `\uXXXX` (6 bytes a byte, at most).
+    exact.longest = exact.longest.max(secret.len().saturating_mul(8));
     exact.add_base32_and_hex(secret, i, &UTF8);
     for offset in 0..3 {
         // base64 of a base64 value that holds the secret.
@@ -491,6 +548,9 @@ impl SecretScanner {
         let longest = exact.longest.max(folded.longest);
         let folded_longest = folded.patterns.iter().map(Vec::len).max().unwrap_or(0);
         let needle_longest = exact.patterns.iter().map(Vec::len).max().unwrap_or(0).max(folded_longest);
+        let needle_shortest = exact.patterns.iter().chain(&folded.patterns).map(Vec::len).min().unwrap_or(1).max(1);
+        let form_bytes = form_bytes(secrets);
+        let separator = (0..=u8::MAX).rev().find(|&b| !form_bytes[usize::from(b)]).unwrap_or(u8::MAX);
         let (exact_blank, _) = exact.subset(|_, p| removes_from(p));
         let (folded_blank, _) = folded.subset(|_, p| removes_from(p));
         SecretScanner {
@@ -505,6 +565,10 @@ impl SecretScanner {
             needle_longest,
             names: secrets.iter().map(|(n, _)| n.clone()).collect(),
             longest,
+            form_bytes,
+            needle_shortest,
+            separator,
+            run_shortest: MIN_RUN.max((needle_shortest * 4).div_ceil(3)),
         }
     }
 
@@ -524,40 +588,145 @@ impl SecretScanner {
         if self.is_empty() {
             return None;
         }
-        self.find_joined(data, &AS_SENT)
-            .or_else(|| {
-                // One kind at a time: a secret that holds another kind's
-                // escape character (a `%` or `\` of its own) stays whole.
-                SINGLE.iter().find_map(|(trigger, kinds, name)| {
-                    if !data.contains(trigger) {
-                        return None;
-                    }
-                    let view = unescape(data, *kinds)?;
-                    if kinds.quoted_printable {
-                        // Hex or a byte list with spaces, quoted-printable
-                        // (no other view decodes it): found without blanks.
-                        return self.find_spread(&view, name, "quoted-printable-decoded, blanks removed", false);
-                    }
-                    self.find_in(&view, name)
-                })
+        self.find_with(data, &mut Base64Budget::for_len(data.len()))
+    }
+
+    /// [`SecretScanner::find`], spending the base64 view's `budget`.
+    fn find_with(&self, data: &[u8], budget: &mut Base64Budget) -> Option<Finding> {
+        budget.searched = budget.searched.saturating_add(data.len());
+        let single = || {
+            // One kind at a time: a secret that holds another kind's
+            // escape character (a `%` or `\` of its own) stays whole.
+            SINGLE.iter().find_map(|(trigger, kinds, name)| {
+                if !data.contains(trigger) {
+                    return None;
+                }
+                let view = unescape(data, *kinds)?;
+                if kinds.quoted_printable {
+                    // Hex or a byte list with spaces, quoted-printable
+                    // (no other view decodes it): found without blanks.
+                    return self.find_spread(&view, name, "quoted-printable-decoded, blanks removed", false);
+                }
+                self.find_in(&view, name)
             })
-            .or_else(|| self.find_repeated(data))
-            .or_else(|| {
-                // Text in UTF-16: with its zero bytes gone, ASCII is ASCII
-                // again and every view above applies (a secret's base64 or
-                // hex written in UTF-16).
-                memchr::memchr(0, data)?;
-                let zeros = memchr::memchr_iter(0, data).count();
-                (zeros * 4 >= data.len()).then(|| {
-                    let narrowed: Vec<u8> = data.iter().copied().filter(|&b| b != 0).collect();
-                    self.find(&narrowed).map(|f| Finding { view: "UTF-16 narrowed", ..f })
-                })?
-            })
+        };
+        let mut unescaped = None;
+        if let Some(f) =
+            self.find_joined(data, &AS_SENT).or_else(single).or_else(|| self.find_repeated(data, &mut unescaped))
+        {
+            return Some(f);
+        }
+        // Text in UTF-16: with its zero bytes gone, ASCII is ASCII again
+        // and every view applies (a secret's base64 or hex written in UTF-16).
+        if let Some(narrowed) = narrowed_utf16(data)
+            && let Some(f) = self.find_with(&narrowed, budget)
+        {
+            return Some(Finding { view: "UTF-16 narrowed", ..f });
+        }
+        self.find_base64(data, unescaped.as_deref(), budget)
+    }
+
+    /// The base64 view: each run of base64 or base64url characters in
+    /// `data` and in `unescaped` (its last repeated pass: base64 that a
+    /// response percent-encoded, `\u002B`- or `\/`-escaped or wrapped with
+    /// JSON's `\r\n` is whole only there; a run in both is taken once),
+    /// decoded ([`decode_run`]) and searched with every view, this one
+    /// included one level deeper. A run is decoded at all four character
+    /// offsets, so its start need not be the encoding's (a version prefix
+    /// of letters, a path, data cut mid-token); the secret's own offset
+    /// inside what was encoded does not matter, as the run is decoded
+    /// whole. Of what it decodes to, the runs of form bytes are searched
+    /// ([`SecretScanner::keep_forms`]), together. [`OVER_BOUND`] when the
+    /// runs cost more than the budget has left.
+    fn find_base64(&self, data: &[u8], unescaped: Option<&[u8]>, budget: &mut Base64Budget) -> Option<Finding> {
+        if budget.depth >= MAX_BASE64_DEPTH {
+            return None;
+        }
+        let mut seen: std::collections::HashSet<&[u8]> = std::collections::HashSet::new();
+        let (mut kept, mut narrowed, mut sextets, mut piece) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for source in [Some(data), unescaped].into_iter().flatten() {
+            for (start, end) in base64_runs(source, self.run_shortest) {
+                // With two views, a run met before (in both, or repeated) is
+                // decoded once; with one, runs are not hashed at all.
+                let Some(run) = source.get(start..end) else { continue };
+                if unescaped.is_some() && !seen.insert(run) {
+                    continue;
+                }
+                sextets.clear();
+                sextets.extend(run.iter().map(|&b| BASE64_VALUE[usize::from(b)]).filter(|&v| v < 64));
+                // Four offsets, ¾ of a byte a character each.
+                let cost = sextets.len().saturating_mul(3);
+                let Some(left) = budget.left.checked_sub(cost) else {
+                    return Some(self.over_bound());
+                };
+                budget.left = left;
+                for offset in 0..4 {
+                    piece.clear();
+                    decode_run(sextets.get(offset..).unwrap_or_default(), &mut piece);
+                    budget.decoded = budget.decoded.saturating_add(piece.len());
+                    self.keep_forms(&piece, &mut kept, &mut narrowed);
+                }
+            }
+        }
+        if kept.is_empty() {
+            return None;
+        }
+        budget.depth += 1;
+        let mut found = self.find_with(&kept, budget);
+        if found.is_none() && !narrowed.is_empty() {
+            found = self.find_with(&narrowed, budget);
+        }
+        budget.depth -= 1;
+        found.map(|f| if f.form == OVER_BOUND { f } else { Finding { view: "base64-decoded", ..f } })
+    }
+
+    /// Each run of form bytes in `piece` (what one run decoded to at one
+    /// offset) long enough to hold a needle, appended to `kept`, and, if it
+    /// is UTF-16 text, narrowed to `narrowed` (other runs beside it would
+    /// hide its zero bytes from the narrowed view); each followed by the
+    /// separator, so no form is made of two runs.
+    fn keep_forms(&self, piece: &[u8], kept: &mut Vec<u8>, narrowed: &mut Vec<u8>) {
+        let min = self.needle_shortest;
+        let form = |i: usize| piece.get(i).is_some_and(|&b| self.form_bytes[usize::from(b)]);
+        // As [`base64_runs`]: a byte that is not a form byte `min` bytes on
+        // is skipped to, with no look at the bytes before it (the
+        // decoded binary is about half form bytes).
+        let mut i = 0;
+        while i + min <= piece.len() {
+            let probe = i + min - 1;
+            if !form(probe) {
+                i = probe + 1;
+                continue;
+            }
+            let (mut start, mut end) = (probe, probe + 1);
+            while start > i && form(start - 1) {
+                start -= 1;
+            }
+            while form(end) {
+                end += 1;
+            }
+            if let Some(run) = piece.get(start..end).filter(|r| r.len() >= min) {
+                kept.extend_from_slice(run);
+                kept.push(self.separator);
+                if let Some(n) = narrowed_utf16(run) {
+                    narrowed.extend_from_slice(&n);
+                    narrowed.push(self.separator);
+                }
+            }
+            i = end + 1;
+        }
+    }
+
+    /// The finding for data whose base64 decodes past the bound: it may
+    /// hold any credential's secret, so it names them all.
+    fn over_bound(&self) -> Finding {
+        Finding { credential: self.names.join(", "), form: OVER_BOUND, view: "base64-decoded" }
     }
 
     /// Every kind undone at once, pass after pass, each pass scanned; then
-    /// the same with `+` as a space, if a `+` showed up on the way.
-    fn find_repeated(&self, data: &[u8]) -> Option<Finding> {
+    /// the same with `+` as a space, if a `+` showed up on the way. The last
+    /// pass without `+` as a space goes to `last`, for the base64 view.
+    fn find_repeated(&self, data: &[u8], last: &mut Option<Vec<u8>>) -> Option<Finding> {
         let mut saw_plus = data.contains(&b'+');
         for plus in [false, true] {
             if plus && !saw_plus {
@@ -579,6 +748,10 @@ impl SecretScanner {
                     return Some(f);
                 }
                 current = Cow::Owned(next);
+            }
+            // `+` as a space breaks base64: only the other pass is kept.
+            if !plus && let Cow::Owned(view) = current {
+                *last = Some(view);
             }
         }
         None
@@ -769,6 +942,123 @@ const FORM_DECODED_REPEATEDLY: Stage = Stage {
     dump_hex: "form-decoded repeatedly, dump's hex decoded",
     chars: "form-decoded repeatedly, character list joined",
 };
+
+/// What the base64 view may still decode in one check, and what it did.
+struct Base64Budget {
+    /// Bytes it may still decode, over every run at every depth.
+    left: usize,
+    /// How many base64 decodings deep the data being searched is.
+    depth: usize,
+    /// Bytes decoded so far, and bytes searched by every view's entry
+    /// ([`SecretScanner::find_with`]) at every depth: the check's work.
+    decoded: usize,
+    searched: usize,
+}
+
+impl Base64Budget {
+    /// The budget of a check of `len` bytes.
+    fn for_len(len: usize) -> Self {
+        Base64Budget {
+            left: len.saturating_mul(BASE64_FACTOR).saturating_add(BASE64_SLACK),
+            depth: 0,
+            decoded: 0,
+            searched: 0,
+        }
+    }
+}
+
+/// `data` without its zero bytes, if at least a quarter of it is zeros:
+/// UTF-16 text of ASCII, read as ASCII again.
+fn narrowed_utf16(data: &[u8]) -> Option<Vec<u8>> {
+    memchr::memchr(0, data)?;
+    let zeros = memchr::memchr_iter(0, data).count();
+    (zeros * 4 >= data.len()).then(|| data.iter().copied().filter(|&b| b != 0).collect())
+}
+
+/// [`BASE64_VALUE`] of a line break: a run goes on across it (MIME wraps
+/// base64 at 76 columns with CRLF, PEM at 64 with LF).
+const LINE_BREAK: u8 = 0xFE;
+/// [`BASE64_VALUE`] of any other byte that is not base64: it ends a run
+/// (`=` too: padding ends an encoding).
+const NOT_BASE64: u8 = 0xFF;
+
+/// The 6-bit value of each base64 character in either alphabet (standard
+/// `+/`, URL-safe `-_`: one run may be read as either), or [`LINE_BREAK`]
+/// or [`NOT_BASE64`].
+static BASE64_VALUE: [u8; 256] = {
+    let mut table = [NOT_BASE64; 256];
+    let mut i = 0;
+    while i < 64 {
+        table[b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"[i] as usize] = i as u8;
+        i += 1;
+    }
+    table[b'-' as usize] = 62;
+    table[b'_' as usize] = 63;
+    table[b'\r' as usize] = LINE_BREAK;
+    table[b'\n' as usize] = LINE_BREAK;
+    table
+};
+
+/// The runs of base64 characters (line breaks inside them included) in
+/// `data` that hold at least `min` characters (at least 1), as byte ranges.
+/// Looks at every `min`-th byte first: where that byte is not base64 no
+/// long enough run can hold it, so text with short words and no base64
+/// costs about one lookup in `min` bytes; each byte of a run is read at
+/// most twice.
+fn base64_runs(data: &[u8], min: usize) -> Vec<(usize, usize)> {
+    let min = min.max(1);
+    let class = |i: usize| data.get(i).map_or(NOT_BASE64, |&b| BASE64_VALUE[usize::from(b)]);
+    let mut runs = Vec::new();
+    // Invariant: the byte before `i` is not base64, or `i` is 0.
+    let mut i = 0;
+    while i + min <= data.len() {
+        let probe = i + min - 1;
+        if class(probe) == NOT_BASE64 {
+            i = probe + 1;
+            continue;
+        }
+        let (mut start, mut end) = (probe, probe + 1);
+        let mut breaks = usize::from(class(probe) == LINE_BREAK);
+        while start > i && class(start - 1) != NOT_BASE64 {
+            start -= 1;
+            breaks += usize::from(class(start) == LINE_BREAK);
+        }
+        while end < data.len() && class(end) != NOT_BASE64 {
+            breaks += usize::from(class(end) == LINE_BREAK);
+            end += 1;
+        }
+        if end - start - breaks >= min {
+            runs.push((start, end));
+        }
+        i = end + 1;
+    }
+    runs
+}
+
+/// `sextets` (6-bit values) decoded as base64 from their first, appended to
+/// `out`: 3 bytes a 4 characters, and what a last 2 or 3 characters hold
+/// (padding or none, as an unpadded decoder reads it; a last lone character
+/// holds no whole byte).
+fn decode_run(sextets: &[u8], out: &mut Vec<u8>) {
+    let groups = sextets.chunks_exact(4);
+    let rest = groups.remainder();
+    let start = out.len();
+    // Sized once and filled in place: most of what is decoded is binary
+    // that the view then drops, so this loop is most of the view's cost.
+    out.resize(start + groups.len() * 3, 0);
+    let slots = out.get_mut(start..).unwrap_or_default().chunks_exact_mut(3);
+    for (g, slot) in groups.zip(slots) {
+        if let (&[a, b, c, d], [x, y, z]) = (g, slot) {
+            let n = u32::from(a) << 18 | u32::from(b) << 12 | u32::from(c) << 6 | u32::from(d);
+            (*x, *y, *z) = ((n >> 16) as u8, (n >> 8) as u8, n as u8);
+        }
+    }
+    match *rest {
+        [a, b] => out.push(a << 2 | b >> 4),
+        [a, b, c] => out.extend_from_slice(&[a << 2 | b >> 4, b << 4 | c >> 2]),
+        _ => {}
+    }
+}
 
 /// [`HEX_VALUE`] of a byte that is not a hex digit.
 const NOT_HEX: u8 = 0xFF;
@@ -2144,6 +2434,453 @@ mod tests {
         #[test]
         fn scanning_never_panics(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
             let _ = scanner().find(&data);
+        }
+    }
+}
+
+/// Escapes inside base64: what ordinary libraries write into a cursor or
+/// state token, decoded and searched with every view. Only the public API,
+/// so the same tests run against a scanner without the base64 view.
+#[cfg(test)]
+mod base64_view_tests {
+    use super::*;
+    use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
+
+    /// A secret with `+` and `/`, which every URL and many JSON encoders escape.
+    const KEY: &str = "Xq7+vR2pL9sK4mTz/8";
+    /// One with `!'()*` too, which `encodeURIComponent` leaves as they are.
+    const NODE_KEY: &str = "Xq7+vR2!pL9(sK4)mTz*8'/";
+
+    fn scanner_for(secret: &str) -> SecretScanner {
+        SecretScanner::new(&[("api".into(), secret.as_bytes().to_vec())])
+    }
+
+    /// System.Text.Json's default encoder (`JsonSerializer.SerializeToUtf8Bytes`):
+    /// `+` and the HTML-sensitive characters as `\u00XX` in upper case, `/` as it is.
+    fn system_text_json(s: &str) -> String {
+        s.chars()
+            .map(|c| match c {
+                '+' | '<' | '>' | '&' | '\'' | '`' | '"' | '\\' => format!("\\u{:04X}", c as u32),
+                c => c.to_string(),
+            })
+            .collect()
+    }
+
+    /// System.Web's `HttpUtility.UrlEncode`: lower-case `%xx`, `+` for a
+    /// space, `-_.!*()` and letters and digits as they are.
+    fn http_utility_url_encode(s: &str) -> String {
+        s.bytes()
+            .map(|b| match b {
+                b' ' => "+".to_owned(),
+                b if b.is_ascii_alphanumeric() || b"-_.!*()".contains(&b) => (b as char).to_string(),
+                b => format!("%{b:02x}"),
+            })
+            .collect()
+    }
+
+    /// JavaScript's `encodeURIComponent`: upper-case `%XX`; letters,
+    /// digits and `-_.!~*'()` as they are.
+    fn encode_uri_component(s: &str) -> String {
+        s.bytes()
+            .map(|b| match b {
+                b if b.is_ascii_alphanumeric() || b"-_.!~*'()".contains(&b) => (b as char).to_string(),
+                b => format!("%{b:02X}"),
+            })
+            .collect()
+    }
+
+    /// MIME's base64 (`Base64FormattingOptions.InsertLineBreaks`, RFC 2045):
+    /// 76 characters a line, CRLF between lines.
+    fn mime(b64: &str) -> String {
+        b64.as_bytes().chunks(76).map(|c| String::from_utf8_lossy(c).into_owned()).collect::<Vec<_>>().join("\r\n")
+    }
+
+    /// Every way the libraries write `payload` as base64: standard and
+    /// URL-safe, padded and not, and MIME-wrapped.
+    fn base64_forms(payload: &[u8]) -> Vec<(&'static str, String)> {
+        vec![
+            ("standard", STANDARD.encode(payload)),
+            ("standard unpadded", STANDARD_NO_PAD.encode(payload)),
+            ("url-safe padded", URL_SAFE.encode(payload)),
+            ("url-safe unpadded", URL_SAFE_NO_PAD.encode(payload)),
+            ("MIME, 76 columns, CRLF", mime(&STANDARD.encode(payload))),
+        ]
+    }
+
+    /// The three library shapes: a state object holding the secret as each
+    /// library escapes it (long enough that MIME wraps it).
+    fn library_payloads() -> Vec<(&'static str, &'static str, Vec<u8>)> {
+        vec![
+            (
+                "ASP.NET Core: System.Text.Json",
+                KEY,
+                format!(
+                    "{{\"key\":\"{}\",\"page\":2,\"filter\":\"status eq {}open{}\",\"sort\":\"created desc\"}}",
+                    system_text_json(KEY),
+                    system_text_json("'"),
+                    system_text_json("'")
+                )
+                .into_bytes(),
+            ),
+            (
+                "System.Web: HttpUtility.UrlEncode",
+                KEY,
+                format!("key={}&page=2&filter=status+eq+open&sort=created+desc", http_utility_url_encode(KEY))
+                    .into_bytes(),
+            ),
+            (
+                "Node: encodeURIComponent",
+                NODE_KEY,
+                format!("key={}&page=2&filter=status%20eq%20open&sort=created%20desc", encode_uri_component(NODE_KEY))
+                    .into_bytes(),
+            ),
+        ]
+    }
+
+    /// Where a token sits in a response: bare, a JSON field, a query
+    /// parameter (after `=`), a header (after `: `), after a version prefix
+    /// of base64 letters (a run whose start is not the encoding's).
+    fn placed(token: &str) -> Vec<String> {
+        vec![
+            token.to_owned(),
+            format!("{{\"next\":\"{token}\",\"count\":20}}"),
+            format!("https://api.example/items?cursor={token}&limit=20"),
+            format!("X-Continuation: {token}\r\n"),
+            format!("{{\"next\":\"v2{token}\"}}"),
+            format!("/items/next/{token}"),
+        ]
+    }
+
+    /// Library `which` of [`library_payloads`]: its state in every base64
+    /// form, wherever a response puts it.
+    fn library_shape_is_found(which: usize) {
+        let Some((library, secret, payload)) = library_payloads().into_iter().nth(which) else {
+            panic!("no library {which}");
+        };
+        let s = scanner_for(secret);
+        for (form, token) in base64_forms(&payload) {
+            for data in placed(&token) {
+                assert_eq!(
+                    s.find(data.as_bytes()).map(|f| f.credential).as_deref(),
+                    Some("api"),
+                    "{library}, {form}: {data}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn system_text_json_state_inside_base64_is_found() {
+        library_shape_is_found(0);
+    }
+
+    #[test]
+    fn http_utility_url_encoded_state_inside_base64_is_found() {
+        library_shape_is_found(1);
+    }
+
+    #[test]
+    fn encode_uri_component_state_inside_base64_is_found() {
+        library_shape_is_found(2);
+    }
+
+    #[test]
+    fn a_base64_token_escaped_again_on_its_way_out_is_found() {
+        // The token itself escaped by the response: percent-encoded in a
+        // link, `\u002B` inside System.Text.Json, `\/` from PHP, wrapped
+        // with JSON's `\r\n`. Its `+` and `/` split the run as sent.
+        let s = scanner_for(KEY);
+        let mut split = 0;
+        for pad in 0..3 {
+            let payload =
+                format!("{{\"key\":\"{}\",\"q\":\"{}~~~???~~~???\"}}", system_text_json(KEY), "a".repeat(pad));
+            let token = STANDARD.encode(&payload);
+            split += usize::from(token.contains('+') && token.contains('/'));
+            for data in [
+                format!(
+                    "https://api.example/items?cursor={}",
+                    token.replace('+', "%2B").replace('/', "%2F").replace('=', "%3D")
+                ),
+                format!("{{\"next\":\"{}\"}}", token.replace('+', "\\u002B")),
+                format!("{{\"next\":\"{}\"}}", token.replace('/', "\\/")),
+                format!("{{\"next\":\"{}\"}}", mime(&token).replace("\r\n", "\\r\\n")),
+            ] {
+                assert_eq!(s.find(data.as_bytes()).map(|f| f.credential).as_deref(), Some("api"), "{data}");
+            }
+        }
+        assert!(split > 0, "some token holds both `+` and `/`");
+    }
+
+    #[test]
+    fn escapes_inside_base64_inside_base64_are_found() {
+        for (library, secret, payload) in library_payloads() {
+            let s = scanner_for(secret);
+            let once = STANDARD.encode(&payload);
+            for (name, data) in [
+                ("twice", STANDARD.encode(&once)),
+                ("twice, url-safe outside", URL_SAFE_NO_PAD.encode(&once)),
+                ("twice, MIME outside", mime(&STANDARD.encode(mime(&once)))),
+                ("in JSON, in base64", STANDARD.encode(format!("{{\"state\":\"{once}\"}}"))),
+                ("three times", STANDARD.encode(STANDARD.encode(&once))),
+            ] {
+                assert_eq!(s.find(data.as_bytes()).map(|f| f.credential).as_deref(), Some("api"), "{library}, {name}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_escape_the_views_undo_is_found_inside_base64() {
+        let s = scanner_for(KEY);
+        let every_char_u: String = KEY.chars().map(|c| format!("\\u{:04x}", c as u32)).collect();
+        let html: String = KEY.chars().map(|c| format!("&#x{:X};", c as u32)).collect();
+        let utf16_json: Vec<u8> =
+            format!("{{\"key\":\"{}\"}}", system_text_json(KEY)).encode_utf16().flat_map(|u| u.to_le_bytes()).collect();
+        for (name, payload) in [
+            ("JSON \\u of every character", format!("{{\"key\":\"{every_char_u}\"}}").into_bytes()),
+            ("HTML references", format!("<input value=\"{html}\">").into_bytes()),
+            ("percent-encoded twice", format!("k={}", http_utility_url_encode(KEY).replace('%', "%25")).into_bytes()),
+            ("hex", hex::encode(KEY).into_bytes()),
+            ("UTF-16 of System.Text.Json", utf16_json),
+        ] {
+            for (form, token) in base64_forms(&payload) {
+                let data = format!("{{\"state\":\"{token}\"}}");
+                assert_eq!(s.find(data.as_bytes()).map(|f| f.credential).as_deref(), Some("api"), "{name}, {form}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_secret_is_found_at_every_offset_within_the_decoded_run() {
+        let s = scanner_for(KEY);
+        let escaped = system_text_json(KEY);
+        for before in 0..40 {
+            for after in [0, 1, 2, 3, 17] {
+                let payload = format!("{}{escaped}{}", "a".repeat(before), "z".repeat(after));
+                for (form, token) in base64_forms(payload.as_bytes()) {
+                    // And with base64 letters before it that are not its encoding.
+                    for junk in ["", "A", "v2", "xyz", "next/"] {
+                        let data = format!("\"{junk}{token}\"");
+                        assert!(s.find(data.as_bytes()).is_some(), "{before} before, {after} after, {form}, {junk:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// A fixed stream of pseudo-random bytes (xorshift).
+    fn noise(len: usize, mut seed: u64) -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                (seed >> 24) as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn ordinary_base64_without_the_secret_is_not_withheld() {
+        let s = scanner_for(KEY);
+        let png = [b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".as_slice(), &noise(256 << 10, 7)].concat();
+        let json = format!(
+            "{{\"key\":\"{}\",\"page\":2,\"note\":\"caf\\u00E9 \\u002B 50%25\"}}",
+            system_text_json("Yr8+wS3qM0tL5nUa/9")
+        );
+        let text = "the quick brown fox jumps over the lazy dog, again and again\n".repeat(2000);
+        for (name, payload) in [("a PNG", png.clone()), ("JSON", json.into_bytes()), ("text", text.into_bytes())] {
+            for (form, token) in base64_forms(&payload) {
+                for data in [token.clone(), format!("{{\"data\":\"{token}\"}}"), STANDARD.encode(&token)] {
+                    assert_eq!(s.find(data.as_bytes()), None, "{name}, {form}");
+                }
+            }
+        }
+        // Ordinary JSON full of long identifiers, URLs and hashes.
+        let github = r#"{"url":"https://api.github.com/repos/octocat/Hello-World/issues/1347","node_id":"MDU6SXNzdWUx","sha":"6dcb09b5b57875f334f61aebed695e2e4193db5e","labels_url":"https://api.github.com/repos/octocat/Hello-World/labels{/name}"}"#;
+        assert_eq!(s.find(github.repeat(500).as_bytes()), None);
+    }
+}
+
+/// The base64 view's bound and its cost: what one check decodes and
+/// searches, counted.
+#[cfg(test)]
+mod base64_bound_tests {
+    use super::*;
+    use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
+
+    fn scanner() -> SecretScanner {
+        SecretScanner::new(&[
+            ("api".into(), b"Xq7+vR2pL9sK4mTz/8".to_vec()),
+            ("other".into(), b"0th3r-s3cret-value".to_vec()),
+        ])
+    }
+
+    /// A fixed stream of pseudo-random bytes (xorshift).
+    fn noise(len: usize, mut seed: u64) -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                (seed >> 24) as u8
+            })
+            .collect()
+    }
+
+    fn budget(left: usize) -> Base64Budget {
+        Base64Budget { left, ..Base64Budget::for_len(0) }
+    }
+
+    #[test]
+    fn a_check_that_costs_exactly_the_budget_is_decoded_and_one_byte_more_is_reported() {
+        let s = scanner();
+        let nested = STANDARD.encode(STANDARD.encode(STANDARD.encode(noise(3000, 1))));
+        let data = format!("{{\"state\":\"{nested}\",\"n\":1}}");
+        let mut all = budget(usize::MAX);
+        assert_eq!(s.find_with(data.as_bytes(), &mut all), None);
+        let cost = usize::MAX - all.left;
+        // Three levels decoded: more than the data's own runs.
+        assert!(cost > 3 * nested.len() && all.decoded <= cost, "{cost}");
+        assert_eq!(s.find_with(data.as_bytes(), &mut budget(cost)), None);
+        let over = s.find_with(data.as_bytes(), &mut budget(cost - 1)).expect("reported");
+        assert_eq!((over.credential.as_str(), over.form, over.view), ("api, other", OVER_BOUND, "base64-decoded"));
+        // At the top: a check's budget is 16× the data and more.
+        assert_eq!(s.find(data.as_bytes()), None);
+    }
+
+    #[test]
+    fn base64_that_decodes_past_the_bound_is_withheld() {
+        // `V…` decodes to `U…` at every offset, and `U…` is base64 again;
+        // the `%41` makes the unescaped view's run another one.
+        let data = format!("{}%41", "V".repeat(200 << 10));
+        let f = scanner().find(data.as_bytes()).expect("withheld");
+        assert_eq!(f.form, OVER_BOUND);
+        assert!(!format!("{f:?}").contains("Xq7"));
+    }
+
+    /// What the check of `data` decoded and searched in all.
+    fn work(data: &[u8]) -> (usize, usize, Option<&'static str>) {
+        let mut b = Base64Budget::for_len(data.len());
+        let f = scanner().find_with(data, &mut b);
+        (b.decoded, b.searched, f.map(|f| f.form))
+    }
+
+    #[test]
+    fn many_short_runs_or_one_huge_run_cost_work_linear_in_the_data() {
+        type Hostile = fn(usize) -> Vec<u8>;
+        let hostile: [(&str, Hostile); 5] = [
+            // Distinct runs (a run met twice is decoded once), each as
+            // short as the view decodes for these secrets (base64 of 18 bytes).
+            ("many runs just long enough", |n| {
+                let unit = |i: usize| STANDARD_NO_PAD.encode(format!("{i:018}"));
+                (0..n / 25).flat_map(|i| unit(i).into_bytes().into_iter().chain([b' '])).collect()
+            }),
+            ("many runs, each base64 of base64", |n| {
+                let unit = |i: usize| STANDARD.encode(STANDARD.encode(format!("{i:018}")));
+                (0..n / 33).flat_map(|i| unit(i).into_bytes().into_iter().chain([b' '])).collect()
+            }),
+            ("one run of noise", |n| STANDARD.encode(noise(n * 3 / 4, 2)).into_bytes()),
+            ("one run, base64 three deep", |n| {
+                STANDARD.encode(STANDARD.encode(STANDARD.encode(noise(n * 27 / 64, 3)))).into_bytes()
+            }),
+            ("one run that decodes to base64 at every offset", |n| b"V".repeat(n)),
+        ];
+        assert_eq!(scanner().run_shortest, 24);
+        for (name, make) in hostile {
+            let mut last = None;
+            for n in [64 << 10, 256 << 10] {
+                let data = make(n);
+                let (decoded, searched, form) = work(&data);
+                assert!(form.is_none() || form == Some(OVER_BOUND), "{name}: {form:?}");
+                let len = data.len();
+                assert!(decoded >= len, "{name}: the runs are decoded ({decoded} of {len})");
+                assert!(decoded <= BASE64_FACTOR * len + BASE64_SLACK, "{name}: decoded {decoded} of {len}");
+                // Each byte decoded is searched at most twice (as decoded,
+                // narrowed), the data itself twice.
+                assert!(searched <= 2 * (len + decoded + BASE64_SLACK), "{name}: searched {searched} of {len}");
+                if let Some((small, small_len)) = last {
+                    // Four times the data, about four times the work.
+                    assert!(searched * small_len <= 5 * small * len, "{name}: {small} → {searched}");
+                }
+                last = Some((searched, len));
+            }
+        }
+    }
+
+    #[test]
+    fn runs_are_found_whole_with_line_breaks_and_not_in_short_words() {
+        let text = b"the quick brown fox, jumps over\r\nthe lazy dog; QUJDREVGR0hJSktM\r\nTU5PUFFS=x ab-cd_ef/gh+ij";
+        let runs: Vec<&[u8]> = base64_runs(text, MIN_RUN).iter().filter_map(|&(a, b)| text.get(a..b)).collect();
+        assert_eq!(runs, [&b"QUJDREVGR0hJSktM\r\nTU5PUFFS"[..], b"ab-cd_ef/gh+ij"]);
+        // A run of exactly MIN_RUN characters, at the start and the end; one less is not one.
+        for len in [MIN_RUN - 1, MIN_RUN] {
+            let run = "A".repeat(len);
+            for data in [run.clone(), format!("{run}."), format!(".{run}"), format!("..{run}\r\n")] {
+                assert_eq!(base64_runs(data.as_bytes(), MIN_RUN).len(), usize::from(len == MIN_RUN), "{data:?}");
+            }
+        }
+        let mut out = Vec::new();
+        decode_run(&b"QUJDRA"[..].iter().map(|&b| BASE64_VALUE[usize::from(b)]).collect::<Vec<_>>(), &mut out);
+        assert_eq!(out, b"ABCD");
+    }
+
+    #[test]
+    fn a_secrets_own_bytes_beyond_ascii_are_searched_inside_base64_beside_binary() {
+        // Its é as UTF-8 (serde_json leaves it), as Latin-1 and in UTF-16;
+        // a secret that is not UTF-8 percent-encoded. Binary around each.
+        let text = "tg/s3+cr=t Zq8v~\u{e9}";
+        let binary = b"\x01\xfe\xfft0k\x80\x00\x9cSECRETbytes".to_vec();
+        let s = SecretScanner::new(&[("text".into(), text.as_bytes().to_vec()), ("bin".into(), binary.clone())]);
+        let latin1: Vec<u8> = text.chars().map(|c| c as u8).collect();
+        let utf16: Vec<u8> = format!("k={}", serde_json::to_string(text).unwrap_or_default())
+            .encode_utf16()
+            .flat_map(|u| u.to_le_bytes())
+            .collect();
+        let percent: String = binary.iter().map(|b| format!("%{b:02x}")).collect();
+        for (name, form, who) in [
+            ("JSON, é raw", serde_json::to_string(text).unwrap_or_default().replace('/', "\\/").into_bytes(), "text"),
+            (
+                "Latin-1, percent-encoded",
+                latin1.iter().map(|b| format!("%{b:02X}")).collect::<String>().into_bytes(),
+                "text",
+            ),
+            ("UTF-16 JSON", utf16, "text"),
+            ("a binary secret, percent-encoded", percent.into_bytes(), "bin"),
+        ] {
+            for at in [0, 1, 2, 100] {
+                let payload = [noise(at, 4), form.clone(), noise(50, 5)].concat();
+                let data = format!("{{\"blob\":\"{}\"}}", STANDARD.encode(&payload));
+                assert_eq!(s.find(data.as_bytes()).map(|f| f.credential).as_deref(), Some(who), "{name} at {at}");
+            }
+        }
+    }
+
+    /// [`SecretScanner::keep_forms`] as defined: each maximal run of form
+    /// bytes at least as long as the shortest needle, in order.
+    fn kept_by_definition(s: &SecretScanner, piece: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for run in piece.split(|b| !s.form_bytes[usize::from(*b)]).filter(|r| r.len() >= s.needle_shortest) {
+            out.extend_from_slice(run);
+            out.push(s.separator);
+        }
+        out
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn keeping_form_bytes_skips_only_what_cannot_hold_a_form(piece in proptest::collection::vec(proptest::sample::select(vec![b'a', b'%', 0, 0x80, 0xc3, 0xa9, 0xe9, 0xff]), 0..200)) {
+            let s = SecretScanner::new(&[("t".into(), "short\u{e9}".as_bytes().to_vec()), ("u".into(), b"k3y-v4lue-0123456".to_vec())]);
+            let (mut kept, mut narrowed) = (Vec::new(), Vec::new());
+            s.keep_forms(&piece, &mut kept, &mut narrowed);
+            proptest::prop_assert_eq!(kept, kept_by_definition(&s, &piece));
+            // 0xff is in no form here: it separates.
+            proptest::prop_assert_eq!(s.separator, 0xff);
+        }
+
+        #[test]
+        fn base64_like_data_never_panics_and_stays_in_its_budget(data in proptest::collection::vec(proptest::sample::select(b"QUJDVz0123+/-_=\r\n%2B\\u00\"A".to_vec()), 0..600)) {
+            let (decoded, _, _) = work(&data);
+            proptest::prop_assert!(decoded <= BASE64_FACTOR * data.len() + BASE64_SLACK);
         }
     }
 }
