@@ -459,7 +459,7 @@ async fn dispatch(cli: Cli) -> Result<u8> {
         }
         Command::Serve { http } => {
             let config = Config::load(&cli.config)?;
-            let settings = serve::ServeSettings { grace: std::time::Duration::from_millis(config.serve.grace_ms) };
+            let settings = serve::ServeSettings::new(std::time::Duration::from_millis(config.serve.grace_ms));
             match http {
                 None => {
                     let host = open_host(&cli).await?;

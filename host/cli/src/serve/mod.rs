@@ -38,10 +38,10 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ElicitRequest, ElicitRequestParams,
-    ElicitationSchema, Implementation, InitializeResult, InputRequest, InputRequests, InputRequiredResult,
-    ListToolsResult, PaginatedRequestParams, PingRequest, ProtocolVersion, ServerCapabilities, ServerRequest,
-    SubscriptionFilter, Tool, ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelledNotificationParam, ClientResult, ContentBlock,
+    ElicitRequest, ElicitRequestParams, ElicitResult, ElicitationSchema, Implementation, InitializeResult,
+    InputRequest, InputRequests, InputRequiredResult, ListToolsResult, PaginatedRequestParams, PingRequest,
+    ProtocolVersion, ServerCapabilities, ServerRequest, SubscriptionFilter, Tool, ToolAnnotations,
 };
 use rmcp::model::{RequestStateCodec, SealOptions};
 use rmcp::service::{NotificationContext, Peer, RequestContext, RoleServer, SubscriptionContext};
@@ -74,8 +74,9 @@ const VERSIONS: &[ProtocolVersion] = &[
 
 /// The key of the one input request an ask makes.
 const CONFIRM: &str = "confirm";
-/// How often a server waiting on a human's answer pings the client: well
-/// inside rmcp's idle timeout of an HTTP session (5 min).
+/// How often a server waiting on a human's answer pings the client, and
+/// how long the client has to answer: well inside rmcp's idle timeout of an
+/// HTTP session (5 min).
 const KEEP_ASKING: Duration = Duration::from_secs(60);
 
 /// How a server runs: the grace period for calls in flight at shutdown.
@@ -84,6 +85,14 @@ pub struct ServeSettings {
     /// How long calls in flight may finish after the server stops accepting;
     /// those still running then are cancelled (and journaled as such).
     pub grace: Duration,
+    /// [`KEEP_ASKING`]; shorter in tests.
+    keep_alive: Duration,
+}
+
+impl ServeSettings {
+    pub fn new(grace: Duration) -> Self {
+        ServeSettings { grace, keep_alive: KEEP_ASKING }
+    }
 }
 
 /// The MCP server: shared state, and the session this handle serves.
@@ -544,37 +553,29 @@ impl McpServer {
         }
         // Only the human's answer decides. A call withdrawn while the human
         // reads (the client cancelled it, e.g. at its request timeout, or the
-        // server stops) and an ask that failed (the client refused it, the
-        // connection went) leave the request pending for an approver: an
-        // answer arriving after the call was withdrawn runs nothing.
-        let answer = {
-            let ask = context.peer.create_elicitation(question);
-            tokio::pin!(ask);
-            let withdrawn = withdrawn(context.ct.clone(), self.shared.stopping.clone());
-            tokio::pin!(withdrawn);
-            // While the human decides, a ping now and then: an HTTP session
-            // with no traffic is closed after rmcp's idle timeout (5 min).
-            let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + KEEP_ASKING, KEEP_ASKING);
-            loop {
-                tokio::select! {
-                    biased;
-                    () = &mut withdrawn => break None,
-                    a = &mut ask => break Some(a),
-                    _ = beat.tick() => {
-                        let peer = context.peer.clone();
-                        tokio::spawn(async move {
-                            let ping = ServerRequest::PingRequest(PingRequest::default());
-                            let _ = tokio::time::timeout(KEEP_ASKING, peer.send_request(ping)).await;
-                        });
-                    }
-                }
-            }
-        };
+        // server stops), an ask whose client stopped answering, and an ask
+        // that failed (the client refused it, the connection went) leave the
+        // request pending for an approver: an answer arriving after the call
+        // was withdrawn runs nothing.
         let still_pending = |why: &str| Ok(still_pending(name, correlation, why));
-        let decision = match &answer {
-            None => return still_pending("the call was withdrawn before the human answered"),
-            Some(Ok(r)) => decision_of(&serde_json::to_value(r).unwrap_or_default()),
-            Some(Err(e)) => {
+        let expires_at = match &awaiting {
+            StepResult::Awaiting { expires_at, .. } => *expires_at,
+            _ => now_secs().saturating_add(self.shared.config.limits.ticket_ttl_secs as i64),
+        };
+        // A second past the ticket's expiry: no wait outlives what it waits for.
+        let expires_in = Duration::from_secs(u64::try_from(expires_at.saturating_sub(now_secs())).unwrap_or(0) + 1);
+        let decision = match self.wait_for_answer(question, expires_in, context).await {
+            Waited::Withdrawn => return still_pending("the call was withdrawn before the human answered"),
+            Waited::Gone => return still_pending("the client stopped answering while the human was asked"),
+            Waited::Answer(Ok(r)) => decision_of(&serde_json::to_value(r).unwrap_or_default()),
+            Waited::Answer(Err(rmcp::service::ServiceError::Timeout { .. })) => {
+                let message = format!(
+                    "`{name}` needs human approval and the approval of request `{correlation}` expired before the \
+                     human answered; make the same call again to be asked anew"
+                );
+                return Ok(CallToolResult::error(vec![ContentBlock::text(without_tickets(&message))]).into());
+            }
+            Waited::Answer(Err(e)) => {
                 // The client's words, on one line of the host's log.
                 let said = e.to_string();
                 tracing::warn!(
@@ -592,6 +593,60 @@ impl McpServer {
         };
         let step = step.map_err(|e| call_error(e, Some(correlation)))?;
         Ok(to_mcp_result(&step, structured_output(runtime, name)).into())
+    }
+
+    /// Ask `question` in the client's UI and wait for the answer, no longer
+    /// than `expires_in` — rmcp's own timeout, so at its end rmcp forgets the
+    /// request and tells the client (`notifications/cancelled`). While
+    /// waiting, the client must answer a ping every `keep_alive`: the
+    /// traffic keeps an HTTP session from rmcp's idle timeout while the human
+    /// reads, and an unanswered ping ends the wait as a withdrawal does, so
+    /// an ask whose client went away neither waits nor keeps its session
+    /// alive for ever. A wait ended without an answer withdraws the question.
+    async fn wait_for_answer(
+        &self,
+        question: ElicitRequestParams,
+        expires_in: Duration,
+        context: &RequestContext<RoleServer>,
+    ) -> Waited {
+        use rmcp::service::{PeerRequestOptions, ServiceError};
+        let peer = &context.peer;
+        let request = ServerRequest::ElicitRequest(ElicitRequest::new(question));
+        let handle = match peer.send_request_with_option(request, PeerRequestOptions::with_timeout(expires_in)).await {
+            Ok(handle) => handle,
+            Err(e) => return Waited::Answer(Err(e)),
+        };
+        let asked = handle.id.clone();
+        let answer = handle.await_response();
+        tokio::pin!(answer);
+        let withdrawn = withdrawn(context.ct.clone(), self.shared.stopping.clone());
+        tokio::pin!(withdrawn);
+        let every = self.shared.settings.keep_alive;
+        let mut there = Box::pin(answers_ping(peer.clone(), every));
+        let waited = loop {
+            tokio::select! {
+                biased;
+                () = &mut withdrawn => break Waited::Withdrawn,
+                a = &mut answer => break Waited::Answer(a.and_then(|r| match r {
+                    ClientResult::ElicitResult(r) => Ok(r),
+                    _ => Err(ServiceError::UnexpectedResponse),
+                })),
+                answered = &mut there => {
+                    if !answered {
+                        break Waited::Gone;
+                    }
+                    there.set(answers_ping(peer.clone(), every));
+                }
+            }
+        };
+        if !matches!(waited, Waited::Answer(_)) {
+            let peer = peer.clone();
+            tokio::spawn(async move {
+                let withdrawn = CancelledNotificationParam::new(Some(asked), Some("the call was withdrawn".into()));
+                let _ = peer.notify_cancelled(withdrawn).await;
+            });
+        }
+        waited
     }
 
     /// The retry of a 2026-07-28 call that was asked: verify the sealed state
@@ -803,6 +858,41 @@ fn approval_prompt(name: &str, json: &str) -> String {
         json.len(),
         escape_unseen(json, Lines::Escape)
     )
+}
+
+/// How the wait for an ask's answer ended.
+enum Waited {
+    /// The client answered (or rmcp gave up: `ServiceError::Timeout` at the
+    /// ticket's expiry).
+    Answer(Result<ElicitResult, rmcp::service::ServiceError>),
+    /// The call was withdrawn, or the server's grace period ended.
+    Withdrawn,
+    /// The client did not answer a keep-alive ping.
+    Gone,
+}
+
+/// Whether the client answers a ping sent after `every`, within `every`.
+/// rmcp's own timeout, not ours around it: at its end rmcp drops its record
+/// of the ping and sends `notifications/cancelled`.
+async fn answers_ping(peer: Peer<RoleServer>, every: Duration) -> bool {
+    use rmcp::service::{PeerRequestOptions, ServiceError};
+    tokio::time::sleep(every).await;
+    let ping = ServerRequest::PingRequest(PingRequest::default());
+    match peer.send_request_with_option(ping, PeerRequestOptions::with_timeout(every)).await {
+        Ok(handle) => match handle.await_response().await {
+            // An error is an answer too: the client is there.
+            Ok(_) | Err(ServiceError::McpError(_)) => true,
+            Err(_) => false,
+        },
+        Err(_) => false,
+    }
+}
+
+/// Now, in Unix seconds (a ticket's `expires_at`).
+fn now_secs() -> i64 {
+    SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 /// What an answer to an ask decides.
