@@ -214,8 +214,12 @@ struct Stdio {
 
 impl Stdio {
     fn start(dir: &std::path::Path) -> Stdio {
+        Stdio::spawn(serve_command(dir, &[]))
+    }
+
+    fn spawn(mut command: Command) -> Stdio {
         use std::io::BufRead as _;
-        let mut child = serve_command(dir, &[])
+        let mut child = command
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
@@ -379,8 +383,12 @@ impl Drop for HttpServer {
 }
 
 fn http_server(dir: &std::path::Path) -> (HttpServer, u16) {
+    http_server_of(serve_command(dir, &["--http", "127.0.0.1:0"]))
+}
+
+fn http_server_of(mut command: Command) -> (HttpServer, u16) {
     use std::io::BufRead as _;
-    let mut child = serve_command(dir, &["--http", "127.0.0.1:0"])
+    let mut child = command
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -801,4 +809,188 @@ fn a_session_request_naming_a_revision_not_offered_is_400() {
     let (status, _, r) = list("2025-03-26", false);
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["result"]["tools"][0]["name"], "notes", "{r}");
+}
+
+// ---- Shutdown: calls in flight get `[serve] grace_ms` to finish.
+
+/// A tracker API on 127.0.0.1 that answers every request `[]` after
+/// `delay`, saying on the channel when one came in.
+fn slow_tracker(delay: std::time::Duration) -> (u16, std::sync::mpsc::Receiver<()>) {
+    use std::io::{BufRead as _, Write as _};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (arrived, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let arrived = arrived.clone();
+            std::thread::spawn(move || {
+                let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+                let mut line = String::new();
+                while reader.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
+                    line.clear();
+                }
+                let _ = arrived.send(());
+                std::thread::sleep(delay);
+                let _ = stream.write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n[]",
+                );
+            });
+        }
+    });
+    (port, rx)
+}
+
+/// A directory whose `tracker.issues` calls the tracker on `port`, allowed,
+/// with a grace of 5 s at shutdown.
+fn slow_call_dir(port: u16) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("plugins")).unwrap();
+    std::fs::write(dir.path().join("plugins/tracker.wasm"), packed(guests::TRACKER)).unwrap();
+    std::fs::write(
+        dir.path().join("toolgate.toml"),
+        format!(
+            r#"
+plugins = "plugins"
+store = "journal.db"
+cache = "cache"
+[serve]
+grace_ms = 5000
+auth = [{{ agent = "default", token = {{ env = "TOOLGATE_TEST_TOKEN" }} }}]
+[credentials.tracker]
+source = {{ env = "TOOLGATE_TRACKER_TOKEN" }}
+destinations = ["http://127.0.0.1:{port}"]
+apply = {{ header = {{ name = "Authorization", format = "Bearer {{}}" }} }}
+[[grants]]
+tools = "tracker.*"
+hosts = ["http://127.0.0.1:{port}"]
+credentials = ["tracker"]
+[agents.default]
+visible = ["tracker.*"]
+default = "deny"
+rules = [{{ pattern = "tracker.*", behavior = "allow" }}]
+"#
+        ),
+    )
+    .unwrap();
+    dir
+}
+
+fn slow_serve_command(dir: &std::path::Path, extra: &[&str]) -> Command {
+    let mut command = serve_command(dir, extra);
+    command.env("TOOLGATE_TRACKER_TOKEN", "tg-tracker-token-0123456789abcdef");
+    command
+}
+
+fn terminate(child: &std::process::Child) {
+    let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+}
+
+/// The exit status of `child`, which must end within a minute.
+fn exited(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(std::time::Instant::now() < deadline, "the server did not exit within a minute of SIGTERM");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// The outcomes the journal of `dir` records for `tool`.
+fn outcomes(dir: &std::path::Path, tool: &str) -> Vec<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .current_dir(dir)
+        .args(["--config", "toolgate.toml", "--json", "journal"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["tool"] == tool)
+        .map(|v| v["outcome"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+fn tracker_call(id: u64, port: u16, meta: Option<&serde_json::Value>) -> serde_json::Value {
+    let mut params =
+        serde_json::json!({"name": "tracker.issues", "arguments": {"base_url": format!("http://127.0.0.1:{port}")}});
+    if let Some(meta) = meta {
+        params["_meta"] = meta.clone();
+    }
+    serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params})
+}
+
+/// SIGTERM over stdio while a call that ends within `[serve] grace_ms` is
+/// running: the client gets the call's result and the journal records its
+/// output, and the server exits 0. Before, the signal cancelled rmcp's
+/// token first — and with it every call in flight, at once: the call was
+/// journaled `cancelled` and its client got nothing.
+#[test]
+fn sigterm_over_stdio_lets_a_call_in_flight_finish_within_the_grace() {
+    let (port, arrived) = slow_tracker(std::time::Duration::from_millis(1000));
+    let dir = slow_call_dir(port);
+    let mut s = Stdio::spawn(slow_serve_command(dir.path(), &[]));
+    s.send(serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}}));
+    assert!(s.receive()["result"]["protocolVersion"].is_string());
+    s.send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    s.send(tracker_call(2, port, None));
+    arrived.recv_timeout(std::time::Duration::from_secs(60)).expect("the call reached the tracker");
+    terminate(&s.child);
+    let done = next_from_server(&mut s);
+    assert_eq!(done["id"], 2, "{done}");
+    assert_eq!(done["result"]["isError"], false, "the call's own result: {done}");
+    assert_eq!(done["result"]["content"][0]["text"], "[]", "{done}");
+    assert!(exited(&mut s.child).success());
+    assert_eq!(outcomes(dir.path(), "tracker.issues"), ["output"]);
+}
+
+/// The same over HTTP, for a call in a session (its result on the POST's
+/// SSE stream) and a stateless 2026-07-28 one, both in flight at SIGTERM:
+/// each client gets its call's result, the journal records both outputs,
+/// the server exits 0. Before, rmcp's own token was cancelled first: its
+/// sessions and streams ended and both calls were cancelled.
+#[test]
+fn sigterm_over_http_lets_calls_in_flight_finish_within_the_grace() {
+    let (port, arrived) = slow_tracker(std::time::Duration::from_millis(1000));
+    let dir = slow_call_dir(port);
+    let (mut server, mcp) = http_server_of(slow_serve_command(dir.path(), &["--http", "127.0.0.1:0"]));
+    let init = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}});
+    let (status, head, r) = post_with(mcp, TEST_TOKEN, "", &init);
+    assert_eq!(status, 200, "{r}");
+    let session = head
+        .lines()
+        .find_map(|l| l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("mcp-session-id")))
+        .map(|(_, v)| v.trim().to_owned())
+        .expect("a session");
+    let in_session = format!("Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-11-25\r\n");
+    let initialized = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    post_with(mcp, TEST_TOKEN, &in_session, &initialized);
+    let meta = serde_json::json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "1"},
+    });
+    let stateless = "MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: tracker.issues\r\n";
+    let calls = [
+        std::thread::spawn(move || post_with(mcp, TEST_TOKEN, &in_session, &tracker_call(2, port, None))),
+        std::thread::spawn(move || post_with(mcp, TEST_TOKEN, stateless, &tracker_call(3, port, Some(&meta)))),
+    ];
+    for _ in &calls {
+        arrived.recv_timeout(std::time::Duration::from_secs(60)).expect("the calls reached the tracker");
+    }
+    terminate(&server.0);
+    for call in calls {
+        let (status, _, done) = call.join().unwrap();
+        assert_eq!(status, 200, "{done}");
+        assert_eq!(done["result"]["isError"], false, "the call's own result: {done}");
+        assert_eq!(done["result"]["content"][0]["text"], "[]", "{done}");
+    }
+    assert!(exited(&mut server.0).success());
+    assert_eq!(outcomes(dir.path(), "tracker.issues"), ["output", "output"]);
 }

@@ -9,7 +9,7 @@
 //! allowed `Host`s and `Origin`s (DNS-rebinding protection: 403; an empty
 //! `serve.allowed_hosts` is refused at start, never "any Host"), a request
 //! body limit, `/healthz` and `/readyz`, and graceful shutdown that drains
-//! calls in flight. An MCP session (`Mcp-Session-Id`) belongs to the token
+//! calls in flight and writes their results before it ends rmcp's sessions. An MCP session (`Mcp-Session-Id`) belongs to the token
 //! that initialized it: a request of any other token naming it gets 404, as
 //! for a session that does not exist.
 //!
@@ -40,6 +40,8 @@ use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tokio_util::task::task_tracker::TaskTrackerToken;
 use toolgate::config::ServeConfig;
 
 use super::{BoundAgent, McpServer, terminated};
@@ -151,6 +153,9 @@ const PROTOCOL_VERSION: &str = "mcp-protocol-version";
 struct Auth {
     tokens: Tokens,
     sessions: Sessions,
+    /// Responses to POSTs not yet written: at shutdown, what the calls in
+    /// flight answered is written before rmcp ends its streams.
+    responses: TaskTracker,
     /// Where the protected-resource metadata is, for the 401 challenge.
     /// Where the RFC 9728 metadata is, named in the challenge: only when it
     /// names an authorization server (the metadata MUST name one; without,
@@ -223,6 +228,7 @@ async fn authenticate(State(auth): State<Arc<Auth>>, mut request: Request, next:
         return (StatusCode::BAD_REQUEST, message).into_response();
     }
     let deleting = request.method() == Method::DELETE;
+    let posting = request.method() == Method::POST;
     // Who the request is, as the journal records an approval it answers:
     // the configured entry whose token it presented (never the token).
     let principal = format!("http token serve.auth[{entry}]");
@@ -240,7 +246,41 @@ async fn authenticate(State(auth): State<Arc<Auth>>, mut request: Request, next:
         Some(id) if deleting && response.status().is_success() => auth.sessions.unbind(&id),
         Some(_) => {}
     }
-    response
+    if posting {
+        // A call's result goes out in the body of its POST (JSON or an SSE
+        // stream): counted until hyper has taken its last byte.
+        let token = auth.responses.token();
+        response.map(|body| axum::body::Body::new(Counted { body, _token: token }))
+    } else {
+        response
+    }
+}
+
+/// A response body counted in [`Auth::responses`] until it is dropped —
+/// which hyper does once it has taken the last byte, or the connection went.
+struct Counted {
+    body: axum::body::Body,
+    _token: TaskTrackerToken,
+}
+
+impl http_body::Body for Counted {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// Serve `server` over Streamable HTTP on `addr` until SIGTERM/SIGINT, then
@@ -263,7 +303,9 @@ pub async fn serve(server: McpServer, addr: SocketAddr) -> anyhow::Result<()> {
     let metadata_url = (!config.authorization_servers.is_empty())
         .then(|| format!("{origin}/.well-known/oauth-protected-resource{ENDPOINT}"));
     let manager = Arc::new(LocalSessionManager::default());
-    let auth = Arc::new(Auth { tokens, sessions: Sessions::new(manager.clone()), metadata_url });
+    let responses = TaskTracker::new();
+    let auth =
+        Arc::new(Auth { tokens, sessions: Sessions::new(manager.clone()), responses: responses.clone(), metadata_url });
     let stop = CancellationToken::new();
 
     let mut http = StreamableHttpServerConfig::default()
@@ -333,19 +375,29 @@ pub async fn serve(server: McpServer, addr: SocketAddr) -> anyhow::Result<()> {
     // Announced only once listening, for whoever started us (a test reads the port here).
     eprintln!("toolgate: serving MCP on http://{bound}{ENDPOINT}");
     let watcher = tokio::spawn(server.clone().watch());
-    let shutdown = {
-        let stop = stop.clone();
-        async move {
-            terminated().await;
-            stop.cancel();
-        }
-    };
     let header_timeout = Duration::from_millis(config.header_timeout_ms);
-    serve_connections(listener, app, shutdown, config.max_connections, header_timeout).await;
+    let connections = serve_connections(listener, app, terminated(), config.max_connections, header_timeout).await;
     watcher.abort();
+    // No new connection is accepted, nor a new call taken. Calls in flight
+    // finish within the grace (the rest are withdrawn then) and their
+    // results are written while rmcp's sessions and streams are still up;
+    // only then does rmcp stop — cancelling it first cut every call and
+    // stream at once.
     server.drain().await;
+    responses.close();
+    if tokio::time::timeout(RESPONSES_WRITTEN, responses.wait()).await.is_err() {
+        tracing::warn!("responses still unwritten {}s after the calls ended were cut", RESPONSES_WRITTEN.as_secs());
+    }
+    stop.cancel();
+    if tokio::time::timeout(DRAIN_CONNECTIONS, connections.shutdown()).await.is_err() {
+        tracing::warn!("connections still open {}s after the stop were closed", DRAIN_CONNECTIONS.as_secs());
+    }
     Ok(())
 }
+
+/// How long a stopping server waits, once its calls have ended, for their
+/// responses to be written (a client that does not read them).
+const RESPONSES_WRITTEN: Duration = Duration::from_secs(10);
 
 /// What a browser page of one of `origins` may send and read.
 fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
@@ -369,8 +421,9 @@ fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
 /// How long a stopping server waits for open connections to finish.
 const DRAIN_CONNECTIONS: Duration = Duration::from_secs(30);
 
-/// Serve `app` on `listener` until `shutdown`, then stop accepting and let
-/// open connections finish. What `axum::serve` does, with what it leaves
+/// Serve `app` on `listener` until `shutdown`, then stop accepting; the
+/// connections still open are returned, to be let finish. What
+/// `axum::serve` does, with what it leaves
 /// out: a deadline for a request's headers (`header_timeout`; hyper has none without a timer,
 /// so a client sending nothing, or a byte at a time, held a task and a
 /// descriptor for ever — before authentication, which needs the headers) and
@@ -381,7 +434,7 @@ async fn serve_connections(
     shutdown: impl std::future::Future<Output = ()>,
     max: usize,
     header_timeout: Duration,
-) {
+) -> hyper_util::server::graceful::GracefulShutdown {
     use hyper_util::rt::{TokioIo, TokioTimer};
     let slots = Arc::new(tokio::sync::Semaphore::new(max.max(1)));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
@@ -419,9 +472,7 @@ async fn serve_connections(
         });
     }
     drop(listener);
-    if tokio::time::timeout(DRAIN_CONNECTIONS, graceful.shutdown()).await.is_err() {
-        tracing::warn!("connections still open {}s after the stop were closed", DRAIN_CONNECTIONS.as_secs());
-    }
+    graceful
 }
 
 #[cfg(test)]

@@ -329,9 +329,20 @@ impl McpServer {
             Err(e) => return Err(e.into()),
         };
         if let Some(service) = service {
+            let waiting = service.waiting();
+            tokio::pin!(waiting);
             tokio::select! {
-                r = service.waiting() => { r?; }
-                () = terminated() => ct.cancel(),
+                r = &mut waiting => { r?; }
+                () = terminated() => {
+                    // rmcp keeps serving while calls in flight finish (or,
+                    // after the grace, are withdrawn), so their results go
+                    // out; only then is it stopped — it writes what its
+                    // handlers answered before it closes. Cancelling its
+                    // token first cancelled every call at once.
+                    self.drain().await;
+                    ct.cancel();
+                    waiting.await?;
+                }
             }
         }
         watcher.abort();
@@ -339,8 +350,10 @@ impl McpServer {
         Ok(())
     }
 
-    /// Stop accepting (done by the caller), let calls in flight finish within
-    /// the grace period, then cancel the rest; every step is committed.
+    /// Stop accepting new calls, let calls in flight finish within the grace
+    /// period, then cancel the rest; every step is committed. The caller
+    /// keeps the transport up meanwhile, so each call's result reaches its
+    /// client.
     async fn drain(&self) {
         let s = &self.shared;
         s.inflight.close();
