@@ -217,7 +217,10 @@ async fn the_guest_cannot_negotiate_what_the_host_cannot_check() {
         let seen = thief(&w.host, json!({"op": "http", "target": target})).await;
         assert!(seen.starts_with("err: "), "{form}: {seen}");
         assert_clean(&seen, form);
-        assert!(host_records(&w.host).await.iter().any(|r| r.contains("a header held credential `other`")), "{form}");
+        assert!(
+            host_records(&w.host).await.iter().any(|r| r.contains("a header held the secret of credential `other`")),
+            "{form}"
+        );
     }
     let seen = thief(&w.host, json!({"op": "http", "target": w.api.url("/recall?coding=x-mine-42")})).await;
     assert!(seen.starts_with("err: ") && !seen.contains("x-mine-42"), "{seen}");

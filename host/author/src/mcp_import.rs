@@ -194,9 +194,7 @@ pub async fn discover(
         let reason = reason.replace(&target, url);
         let reason = match scanner.find(reason.as_bytes()) {
             None => reason,
-            Some(f) => {
-                format!("an error whose text held credential `{}` ({}); its text is withheld", f.credential, f.form)
-            }
+            Some(f) => format!("an error whose text held {f}; its text is withheld"),
         };
         ImportError::Remote { url: url.to_owned(), reason }
     };

@@ -729,10 +729,7 @@ fn transport_line(dest: &str, error: &HttpError, scanner: &SecretScanner) -> Str
     let text = error.to_string();
     match scanner.find(text.as_bytes()) {
         None => format!("{dest}: {text}"),
-        Some(f) => format!(
-            "{dest}: a transport error whose text held credential `{}` ({}, {}); its text is withheld",
-            f.credential, f.form, f.view
-        ),
+        Some(f) => format!("{dest}: a transport error whose text held {f}; its text is withheld"),
     }
 }
 
@@ -786,10 +783,7 @@ fn inspect(
     scanner: &SecretScanner,
     limit: usize,
 ) -> Result<Bytes, Withheld> {
-    let held = |f: super::scan::Finding, place: &str| Withheld {
-        why: format!("{place} held credential `{}` ({}, {})", f.credential, f.form, f.view),
-        coding: false,
-    };
+    let held = |f: super::scan::Finding, place: &str| Withheld { why: format!("{place} held {f}"), coding: false };
     let in_head = parts
         .headers
         .iter()

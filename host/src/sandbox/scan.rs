@@ -130,6 +130,18 @@ pub struct Finding {
     pub view: &'static str,
 }
 
+/// What a record says the data held: the secret of a credential and where,
+/// or — past the base64 bound — data the check could not read through.
+impl std::fmt::Display for Finding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.form == OVER_BOUND {
+            write!(f, "{OVER_BOUND} (it could hold the secret of credential `{}`)", self.credential)
+        } else {
+            write!(f, "the secret of credential `{}` ({}, {})", self.credential, self.form, self.view)
+        }
+    }
+}
+
 /// Every configured secret, ready to be searched for.
 pub struct SecretScanner {
     /// Case-sensitive needles (every encoded form, short secrets).
@@ -2744,6 +2756,11 @@ mod base64_bound_tests {
         assert_eq!(s.find_with(data.as_bytes(), &mut budget(cost)), None);
         let over = s.find_with(data.as_bytes(), &mut budget(cost - 1)).expect("reported");
         assert_eq!((over.credential.as_str(), over.form, over.view), ("api, other", OVER_BOUND, "base64-decoded"));
+        // A record says what happened: not that the data held a secret.
+        assert_eq!(
+            over.to_string(),
+            "more base64 than the check decodes (it could hold the secret of credential `api, other`)"
+        );
         // At the top: a check's budget is 16× the data and more.
         assert_eq!(s.find(data.as_bytes()), None);
     }

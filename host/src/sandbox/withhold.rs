@@ -83,7 +83,7 @@ pub(super) fn find_in_kept(scanner: &SecretScanner, text: &str, keep: usize) -> 
 /// How a finding is named in a record or a note: the credential, the form
 /// and the view — never the secret.
 pub(super) fn named(f: &Finding) -> String {
-    format!("the secret of credential `{}` ({}, {})", f.credential, f.form, f.view)
+    f.to_string()
 }
 
 /// The scanner of the values there are, vouched for or not: for what is
