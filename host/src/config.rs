@@ -386,6 +386,16 @@ pub struct ServeConfig {
     pub max_body_kib: u64,
     /// HTTP connections served at once; more wait in the listen backlog.
     pub max_connections: usize,
+    /// HTTP connections served at once from one peer address (IPv6: one
+    /// /64); more are refused (429). Behind a reverse proxy every client has
+    /// the proxy's address: raise it (to `max_connections`) and limit there.
+    pub max_connections_per_address: usize,
+    /// Live MCP sessions per `[[serve.auth]]` entry; a new one past it is
+    /// refused (429) until one ends (DELETE, idle timeout).
+    pub max_sessions_per_token: usize,
+    /// HTTP requests of one `[[serve.auth]]` entry open at once, each until
+    /// its response ends (an SSE stream while it is open); more are refused (429).
+    pub max_requests_per_token: usize,
     /// How long a client has to send a request's headers, milliseconds
     /// (from the connection, or from the end of its previous request).
     pub header_timeout_ms: u64,
@@ -409,6 +419,9 @@ impl Default for ServeConfig {
             allowed_origins: Vec::new(),
             max_body_kib: 4096,
             max_connections: 1024,
+            max_connections_per_address: 64,
+            max_sessions_per_token: 32,
+            max_requests_per_token: 128,
             header_timeout_ms: 30_000,
             public_url: None,
             authorization_servers: Vec::new(),
@@ -585,6 +598,15 @@ impl Config {
                 "serve.max_connections",
                 format!("{} is out of range; use 1 to 65536", raw.serve.max_connections),
             ));
+        }
+        for (name, value) in [
+            ("serve.max_connections_per_address", raw.serve.max_connections_per_address),
+            ("serve.max_sessions_per_token", raw.serve.max_sessions_per_token),
+            ("serve.max_requests_per_token", raw.serve.max_requests_per_token),
+        ] {
+            if !(1..=65_536).contains(&value) {
+                return Err(field(name, format!("{value} is out of range; use 1 to 65536")));
+            }
         }
         if !(1..=600_000).contains(&raw.serve.header_timeout_ms) {
             return Err(field(
@@ -950,6 +972,26 @@ mod tests {
             let s = err(text);
             assert!(s.contains(word), "{name}: error lacks {word:?}: {s}");
         }
+    }
+
+    #[test]
+    fn serve_connection_caps_out_of_range_name_the_field() {
+        for key in
+            ["max_connections", "max_connections_per_address", "max_sessions_per_token", "max_requests_per_token"]
+        {
+            for value in ["0", "65537"] {
+                match parse(&format!("[serve]\n{key} = {value}\n")) {
+                    Err(ConfigError::Field { field, message, .. }) => {
+                        assert_eq!(field, format!("serve.{key}"));
+                        assert!(message.contains(value) && message.contains("use 1 to 65536"), "{message}");
+                    }
+                    other => panic!("{key} = {value}: expected a field error, got {other:?}"),
+                }
+            }
+        }
+        let ok = parse("[serve]\nmax_connections_per_address = 1024\nmax_sessions_per_token = 1\n").unwrap();
+        assert_eq!((ok.serve.max_connections_per_address, ok.serve.max_sessions_per_token), (1024, 1));
+        assert_eq!(ok.serve.max_requests_per_token, 128);
     }
 
     #[test]

@@ -13,6 +13,12 @@
 //! that initialized it: a request of any other token naming it gets 404, as
 //! for a session that does not exist.
 //!
+//! What one client can hold of what every agent shares is bounded: a
+//! connection stays open only after a request with a valid token; at most
+//! `[serve] max_connections_per_address` connections per peer; per
+//! `[[serve.auth]]` entry at most `max_sessions_per_token` live sessions and
+//! `max_requests_per_token` requests open (SSE streams included).
+//!
 //! A request is known by the `[[serve.auth]]` entry whose token it
 //! presented (`http token serve.auth[N]`, N counting from 0 in the config
 //! the server started with): the journal records that entry as who answered
@@ -24,7 +30,8 @@
 //! made it.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -34,8 +41,10 @@ use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use rmcp::model::ProtocolVersion;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use futures_util::Stream;
+use rmcp::model::{ClientJsonRpcMessage, ProtocolVersion, ServerJsonRpcMessage};
+use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, LocalSessionManagerError};
+use rmcp::transport::streamable_http_server::session::{EventStore, ServerSseMessage, SessionId, SessionManager};
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
@@ -94,54 +103,230 @@ fn bearer(value: &str) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
-/// Which token (by digest) made each MCP session.
-struct Sessions {
-    owners: Mutex<Owners>,
-    /// rmcp's sessions: bindings of sessions that ended are pruned against it.
-    manager: Arc<LocalSessionManager>,
+tokio::task_local! {
+    /// The `[[serve.auth]]` entry of the request being served, for a session
+    /// rmcp opens while serving it: its `create_session` is given no request
+    /// (rmcp awaits it inside the request's own future, in this task).
+    static OPENER: Opener;
 }
 
-struct Owners {
-    by_id: HashMap<String, [u8; 32]>,
-    /// Prune ended sessions when the map grows past this (amortized).
-    prune_at: usize,
+struct Opener {
+    digest: [u8; 32],
+    entry: usize,
+    /// Set when a session was refused for this request's token.
+    refused: Arc<AtomicBool>,
 }
 
-impl Sessions {
-    const PRUNE_FLOOR: usize = 256;
+/// rmcp's session store with each session bound to the token that opened it
+/// (by digest) and at most `max` live sessions per `[[serve.auth]]` entry:
+/// counted at `create_session`, released at `close_session`, which rmcp calls
+/// whenever a session ends — DELETE, its idle timeout, a failed handshake,
+/// shutdown. Without a cap one token's client could open sessions, and
+/// their streams, until no connection was left for any other agent.
+struct TokenSessions {
+    inner: LocalSessionManager,
+    bound: Mutex<Bound>,
+    max: usize,
+}
 
-    fn new(manager: Arc<LocalSessionManager>) -> Self {
-        let owners = Owners { by_id: HashMap::new(), prune_at: Self::PRUNE_FLOOR };
-        Sessions { owners: Mutex::new(owners), manager }
+struct Bound {
+    /// Session → (digest of the token that opened it, its entry).
+    owners: HashMap<SessionId, ([u8; 32], usize)>,
+    /// Live sessions (and ones being opened) per entry.
+    live: Vec<usize>,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum TokenSessionError {
+    #[error("serve.auth[{entry}] has {max} sessions open, the most `[serve] max_sessions_per_token` allows")]
+    Refused { entry: usize, max: usize },
+    #[error("a session can be opened only by an authenticated request")]
+    Unauthenticated,
+    #[error(transparent)]
+    Local(#[from] LocalSessionManagerError),
+}
+
+impl TokenSessions {
+    fn new(max: usize, entries: usize) -> Self {
+        let bound = Bound { owners: HashMap::new(), live: vec![0; entries] };
+        TokenSessions { inner: LocalSessionManager::default(), bound: Mutex::new(bound), max: max.max(1) }
     }
 
-    fn owners(&self) -> std::sync::MutexGuard<'_, Owners> {
-        self.owners.lock().unwrap_or_else(|p| p.into_inner())
+    fn bound(&self) -> std::sync::MutexGuard<'_, Bound> {
+        self.bound.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether session `id` was made by the token of `digest`.
     fn belongs_to(&self, id: &str, digest: &[u8; 32]) -> bool {
-        self.owners().by_id.get(id).is_some_and(|owner| bool::from(owner.ct_eq(digest)))
+        self.bound().owners.get(id).is_some_and(|(owner, _)| bool::from(owner.ct_eq(digest)))
     }
 
-    async fn bind(&self, id: String, digest: [u8; 32]) {
-        let grown = {
-            let mut o = self.owners();
-            o.by_id.insert(id, digest);
-            o.by_id.len() > o.prune_at
-        };
-        if grown {
-            let live: std::collections::HashSet<String> =
-                self.manager.sessions.read().await.keys().map(|k| k.to_string()).collect();
-            let mut o = self.owners();
-            o.by_id.retain(|id, _| live.contains(id));
-            o.prune_at = (o.by_id.len() * 2).max(Self::PRUNE_FLOOR);
+    /// Forget session `id` and free its place (once: rmcp closes a deleted
+    /// session again when its worker ends).
+    fn release(&self, id: &SessionId) {
+        let mut b = self.bound();
+        if let Some((_, entry)) = b.owners.remove(id)
+            && let Some(n) = b.live.get_mut(entry)
+        {
+            *n = n.saturating_sub(1);
         }
     }
+}
 
-    fn unbind(&self, id: &str) {
-        self.owners().by_id.remove(id);
+/// A place taken for a session being opened, given back unless the session
+/// was made (also when the request's future is dropped meanwhile).
+struct Reserved<'a> {
+    sessions: &'a TokenSessions,
+    entry: usize,
+    kept: bool,
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        if !self.kept
+            && let Some(n) = self.sessions.bound().live.get_mut(self.entry)
+        {
+            *n = n.saturating_sub(1);
+        }
     }
+}
+
+impl SessionManager for TokenSessions {
+    type Error = TokenSessionError;
+    type Transport = <LocalSessionManager as SessionManager>::Transport;
+
+    async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
+        let Ok((digest, entry, refused)) = OPENER.try_with(|o| (o.digest, o.entry, o.refused.clone())) else {
+            return Err(TokenSessionError::Unauthenticated);
+        };
+        let mut reserved = {
+            let mut b = self.bound();
+            let Some(n) = b.live.get_mut(entry) else { return Err(TokenSessionError::Unauthenticated) };
+            if *n >= self.max {
+                refused.store(true, Ordering::Relaxed);
+                return Err(TokenSessionError::Refused { entry, max: self.max });
+            }
+            *n += 1;
+            Reserved { sessions: self, entry, kept: false }
+        };
+        let (id, transport) = self.inner.create_session().await?;
+        self.bound().owners.insert(id.clone(), (digest, entry));
+        reserved.kept = true;
+        Ok((id, transport))
+    }
+
+    async fn initialize_session(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<ServerJsonRpcMessage, Self::Error> {
+        Ok(self.inner.initialize_session(id, message).await?)
+    }
+
+    async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
+        Ok(self.inner.has_session(id).await?)
+    }
+
+    async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
+        // Freed first: a close cut short (its request dropped) still frees it.
+        self.release(id);
+        Ok(self.inner.close_session(id).await?)
+    }
+
+    async fn create_stream(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        Ok(self.inner.create_stream(id, message).await?)
+    }
+
+    async fn accept_message(&self, id: &SessionId, message: ClientJsonRpcMessage) -> Result<(), Self::Error> {
+        Ok(self.inner.accept_message(id, message).await?)
+    }
+
+    async fn create_standalone_stream(
+        &self,
+        id: &SessionId,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        Ok(self.inner.create_standalone_stream(id).await?)
+    }
+
+    async fn resume(
+        &self,
+        id: &SessionId,
+        last_event_id: String,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        Ok(self.inner.resume(id, last_event_id).await?)
+    }
+
+    // `restore_session` keeps its default (not supported): no session store
+    // is configured, and a restored session would bypass the count.
+
+    fn event_store(&self) -> Option<Arc<dyn EventStore>> {
+        self.inner.event_store()
+    }
+}
+
+/// Requests of each `[[serve.auth]]` entry open at once: each holds a
+/// connection until its response ends (an SSE stream while it is open — a
+/// session may hold 33 GET streams in rmcp), so without a cap one token's
+/// client could hold every connection.
+struct OpenRequests {
+    open: Mutex<Vec<usize>>,
+    max: usize,
+}
+
+impl OpenRequests {
+    /// A place for a request of `entry`, if it has one left (`always`: taken
+    /// past the cap too — a DELETE, which frees a session).
+    fn take(self: &Arc<Self>, entry: usize, always: bool) -> Option<OpenRequest> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let n = open.get_mut(entry)?;
+        if *n >= self.max && !always {
+            return None;
+        }
+        *n += 1;
+        Some(OpenRequest { requests: self.clone(), entry })
+    }
+}
+
+/// A request's place in [`OpenRequests`], freed when dropped.
+struct OpenRequest {
+    requests: Arc<OpenRequests>,
+    entry: usize,
+}
+
+impl Drop for OpenRequest {
+    fn drop(&mut self) {
+        let mut open = self.requests.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(self.entry) {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
+
+/// Put on a response to a request whose token was valid: only then does its
+/// connection stay open for another request.
+#[derive(Clone, Copy)]
+struct Authenticated;
+
+/// Close the connection after any response to a request not authenticated
+/// (401, `/healthz`, a CORS preflight): otherwise a client with
+/// no token held a connection for ever by re-sending such a request before
+/// each header deadline.
+async fn close_unless_authenticated(request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    if response.extensions().get::<Authenticated>().is_none() {
+        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// A JSON-RPC error answering a request refused with `status`.
+fn refusal(status: StatusCode, code: i64, message: String) -> Response {
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": null, "error": { "code": code, "message": message }});
+    (status, axum::Json(body)).into_response()
 }
 
 /// The header naming an MCP session.
@@ -152,11 +337,11 @@ const PROTOCOL_VERSION: &str = "mcp-protocol-version";
 
 struct Auth {
     tokens: Tokens,
-    sessions: Sessions,
+    sessions: Arc<TokenSessions>,
+    requests: Arc<OpenRequests>,
     /// Responses to POSTs not yet written: at shutdown, what the calls in
     /// flight answered is written before rmcp ends its streams.
     responses: TaskTracker,
-    /// Where the protected-resource metadata is, for the 401 challenge.
     /// Where the RFC 9728 metadata is, named in the challenge: only when it
     /// names an authorization server (the metadata MUST name one; without,
     /// clients went looking for one at this origin and failed).
@@ -179,7 +364,7 @@ fn not_offered(version: &str, offered: &[ProtocolVersion], in_session: bool) -> 
 
 /// Let through only requests with a valid bearer token; bind its agent; let
 /// a request name only a session its token made.
-async fn authenticate(State(auth): State<Arc<Auth>>, mut request: Request, next: Next) -> Response {
+async fn authenticate(State(auth): State<Arc<Auth>>, request: Request, next: Next) -> Response {
     let presented = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer);
     let found = presented.and_then(|t| auth.tokens.agent(t)).map(|(digest, agent, i)| (digest, agent.to_owned(), i));
     let Some((digest, agent, entry)) = found else {
@@ -204,12 +389,28 @@ async fn authenticate(State(auth): State<Arc<Auth>>, mut request: Request, next:
         }
         return response;
     };
+    let mut response = authenticated(&auth, request, next, digest, agent, entry).await;
+    // The token was valid: the connection may carry its next request.
+    response.extensions_mut().insert(Authenticated);
+    response
+}
+
+/// [`authenticate`] past the token check: the request of `[[serve.auth]]`
+/// entry `entry`, whose token has `digest` and is bound to `agent`.
+async fn authenticated(
+    auth: &Arc<Auth>,
+    mut request: Request,
+    next: Next,
+    digest: [u8; 32],
+    agent: String,
+    entry: usize,
+) -> Response {
     // A session named by the request must be one this token made: anything
     // else (another token's, an unknown or unreadable id) is not found.
     let named = match request.headers().get(SESSION_ID) {
-        None => None,
+        None => false,
         Some(v) => match v.to_str() {
-            Ok(id) if auth.sessions.belongs_to(id, &digest) => Some(id.to_owned()),
+            Ok(id) if auth.sessions.belongs_to(id, &digest) => true,
             _ => return no_such_session(),
         },
     };
@@ -220,7 +421,7 @@ async fn authenticate(State(auth): State<Arc<Auth>>, mut request: Request, next:
     // claims the same. A request without a session naming an unknown one is
     // rmcp's to answer (on 2026-07-28, an error listing the supported ones).
     if let Some(v) = request.headers().get(PROTOCOL_VERSION)
-        && not_offered(v.to_str().unwrap_or(""), super::VERSIONS, named.is_some())
+        && not_offered(v.to_str().unwrap_or(""), super::VERSIONS, named)
     {
         let offered: Vec<&str> = super::VERSIONS.iter().map(|o| o.as_str()).collect();
         let message =
@@ -229,38 +430,50 @@ async fn authenticate(State(auth): State<Arc<Auth>>, mut request: Request, next:
     }
     let deleting = request.method() == Method::DELETE;
     let posting = request.method() == Method::POST;
+    // A DELETE is let past the cap: it ends a session, and is short.
+    let Some(open) = auth.requests.take(entry, deleting) else {
+        let max = auth.requests.max;
+        return refusal(
+            StatusCode::TOO_MANY_REQUESTS,
+            -32000,
+            format!(
+                "too many requests open: serve.auth[{entry}] has {max} open (SSE streams included), the most `[serve] max_requests_per_token` allows; end a stream, or raise the setting"
+            ),
+        );
+    };
     // Who the request is, as the journal records an approval it answers:
     // the configured entry whose token it presented (never the token).
     let principal = format!("http token serve.auth[{entry}]");
     // Whose asks a stateless request may find and answer: this token's (its
     // digest, stable across restarts and reordered entries).
     request.extensions_mut().insert(BoundAgent { agent, principal, key: hex::encode(digest) });
-    let response = next.run(request).await;
-    match named {
-        // A new session (the `initialize` response names it): this token's.
-        None => {
-            if let Some(id) = response.headers().get(SESSION_ID).and_then(|v| v.to_str().ok()) {
-                auth.sessions.bind(id.to_owned(), digest).await;
-            }
-        }
-        Some(id) if deleting && response.status().is_success() => auth.sessions.unbind(&id),
-        Some(_) => {}
+    let refused = Arc::new(AtomicBool::new(false));
+    let opener = Opener { digest, entry, refused: refused.clone() };
+    let response = OPENER.scope(opener, next.run(request)).await;
+    if refused.load(Ordering::Relaxed) {
+        let max = auth.sessions.max;
+        return refusal(
+            StatusCode::TOO_MANY_REQUESTS,
+            -32000,
+            format!(
+                "too many sessions: serve.auth[{entry}] has {max} open, the most `[serve] max_sessions_per_token` allows; end one (DELETE with its Mcp-Session-Id; an abandoned one ends at its idle timeout), or raise the setting"
+            ),
+        );
     }
-    if posting {
-        // A call's result goes out in the body of its POST (JSON or an SSE
-        // stream): counted until hyper has taken its last byte.
-        let token = auth.responses.token();
-        response.map(|body| axum::body::Body::new(Counted { body, _token: token }))
-    } else {
-        response
-    }
+    // A call's result goes out in the body of its POST (JSON or an SSE
+    // stream): counted until hyper has taken its last byte. Every response
+    // holds the request's place until then.
+    let token = posting.then(|| auth.responses.token());
+    response.map(|body| axum::body::Body::new(Counted { body, _token: token, _open: open }))
 }
 
-/// A response body counted in [`Auth::responses`] until it is dropped —
-/// which hyper does once it has taken the last byte, or the connection went.
+/// A response body counted in [`Auth::responses`] (a POST's) and in
+/// [`OpenRequests`] until it is dropped — which hyper does once it has taken
+/// the last byte, or the connection went.
 struct Counted {
     body: axum::body::Body,
-    _token: TaskTrackerToken,
+    _token: Option<TaskTrackerToken>,
+    _open: OpenRequest,
 }
 
 impl http_body::Body for Counted {
@@ -302,10 +515,12 @@ pub async fn serve(server: McpServer, addr: SocketAddr) -> anyhow::Result<()> {
     let origin = public.split(ENDPOINT).next().unwrap_or(&public).trim_end_matches('/').to_owned();
     let metadata_url = (!config.authorization_servers.is_empty())
         .then(|| format!("{origin}/.well-known/oauth-protected-resource{ENDPOINT}"));
-    let manager = Arc::new(LocalSessionManager::default());
+    let sessions = Arc::new(TokenSessions::new(config.max_sessions_per_token, tokens.0.len()));
+    let requests =
+        Arc::new(OpenRequests { open: Mutex::new(vec![0; tokens.0.len()]), max: config.max_requests_per_token.max(1) });
     let responses = TaskTracker::new();
     let auth =
-        Arc::new(Auth { tokens, sessions: Sessions::new(manager.clone()), responses: responses.clone(), metadata_url });
+        Arc::new(Auth { tokens, sessions: sessions.clone(), requests, responses: responses.clone(), metadata_url });
     let stop = CancellationToken::new();
 
     let mut http = StreamableHttpServerConfig::default()
@@ -322,7 +537,7 @@ pub async fn serve(server: McpServer, addr: SocketAddr) -> anyhow::Result<()> {
         let server = server.clone();
         move || Ok(server.for_new_session())
     };
-    let mcp: StreamableHttpService<McpServer, LocalSessionManager> = StreamableHttpService::new(factory, manager, http);
+    let mcp: StreamableHttpService<McpServer, TokenSessions> = StreamableHttpService::new(factory, sessions, http);
     let metadata = serde_json::json!({
         "resource": public,
         "authorization_servers": config.authorization_servers,
@@ -371,12 +586,19 @@ pub async fn serve(server: McpServer, addr: SocketAddr) -> anyhow::Result<()> {
     // so a preflight is answered before authentication; only the origins
     // rmcp also accepts (it refuses any other `Origin` with 403).
     let app = if config.allowed_origins.is_empty() { app } else { app.layer(cors(&config.allowed_origins)) };
+    // Outermost of all: whatever answered, only an authenticated request's
+    // connection is kept.
+    let app = app.layer(axum::middleware::from_fn(close_unless_authenticated));
 
     // Announced only once listening, for whoever started us (a test reads the port here).
     eprintln!("toolgate: serving MCP on http://{bound}{ENDPOINT}");
     let watcher = tokio::spawn(server.clone().watch());
-    let header_timeout = Duration::from_millis(config.header_timeout_ms);
-    let connections = serve_connections(listener, app, terminated(), config.max_connections, header_timeout).await;
+    let caps = Caps {
+        max: config.max_connections,
+        per_address: config.max_connections_per_address,
+        header_timeout: Duration::from_millis(config.header_timeout_ms),
+    };
+    let connections = serve_connections(listener, app, terminated(), caps).await;
     watcher.abort();
     // No new connection is accepted, nor a new call taken. Calls in flight
     // finish within the grace (the rest are withdrawn then) and their
@@ -421,22 +643,96 @@ fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
 /// How long a stopping server waits for open connections to finish.
 const DRAIN_CONNECTIONS: Duration = Duration::from_secs(30);
 
+/// What [`serve_connections`] allows.
+struct Caps {
+    /// Connections served at once; more wait in the listen backlog.
+    max: usize,
+    /// Connections served at once from one peer ([`peer_key`]); more are refused.
+    per_address: usize,
+    /// A request's headers must arrive within this of the connection or of
+    /// the end of the previous response (hyper re-arms it for each request,
+    /// so it also bounds a keep-alive connection left idle).
+    header_timeout: Duration,
+}
+
+/// What a connection is counted under: an IPv4 address (also written as
+/// IPv4-mapped IPv6), or the /64 of an IPv6 one — a single host is commonly
+/// given a whole /64 and can pick any address in it.
+fn peer_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(std::net::Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+        },
+    }
+}
+
+/// Connections open per [`peer_key`].
+#[derive(Default)]
+struct PerAddress(Mutex<HashMap<IpAddr, usize>>);
+
+impl PerAddress {
+    /// A place for a connection from `ip`, if its address has one left.
+    fn take(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<AddressSlot> {
+        let key = peer_key(ip);
+        let mut open = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = open.entry(key).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(AddressSlot { counts: self.clone(), key })
+    }
+}
+
+/// A connection's place in [`PerAddress`], freed when dropped.
+struct AddressSlot {
+    counts: Arc<PerAddress>,
+    key: IpAddr,
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut open = self.counts.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// The answer to a connection past its address's cap, written before its
+/// request is read (the connection is closed at once).
+fn too_many_from_address() -> String {
+    let body = "too many connections from this address: `[serve] max_connections_per_address`; behind a reverse proxy, raise it and limit connections at the proxy\n";
+    format!(
+        "HTTP/1.1 429 Too Many Requests\r\nConnection: close\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
 /// Serve `app` on `listener` until `shutdown`, then stop accepting; the
 /// connections still open are returned, to be let finish. What
-/// `axum::serve` does, with what it leaves
-/// out: a deadline for a request's headers (`header_timeout`; hyper has none without a timer,
-/// so a client sending nothing, or a byte at a time, held a task and a
-/// descriptor for ever — before authentication, which needs the headers) and
-/// at most `max` connections at once (more wait in the listen backlog).
+/// `axum::serve` does, with what it leaves out: a deadline for a request's
+/// headers (hyper has none without a timer, so a client sending nothing, or
+/// a byte at a time, held a task and a descriptor for ever — before
+/// authentication, which needs the headers), at most `caps.max` connections
+/// at once (more wait in the listen backlog), and at most `caps.per_address`
+/// of them from one peer, so that one client cannot take them all (more are
+/// answered 429 and closed).
 async fn serve_connections(
     listener: tokio::net::TcpListener,
     app: Router,
     shutdown: impl std::future::Future<Output = ()>,
-    max: usize,
-    header_timeout: Duration,
+    caps: Caps,
 ) -> hyper_util::server::graceful::GracefulShutdown {
     use hyper_util::rt::{TokioIo, TokioTimer};
-    let slots = Arc::new(tokio::sync::Semaphore::new(max.max(1)));
+    let slots = Arc::new(tokio::sync::Semaphore::new(caps.max.max(1)));
+    let per_address = Arc::new(PerAddress::default());
+    let refused = too_many_from_address();
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -446,11 +742,11 @@ async fn serve_connections(
             // Never closed: `Err` cannot happen.
             slot = slots.clone().acquire_owned() => match slot { Ok(s) => s, Err(_) => break },
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             biased;
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of descriptors, a connection reset before accept: wait, go on.
                     tracing::warn!("accepting a connection failed: {e}");
@@ -459,16 +755,25 @@ async fn serve_connections(
                 }
             },
         };
+        let Some(address_slot) = per_address.take(peer.ip(), caps.per_address) else {
+            // Its global slot goes back at once; the answer fits the socket
+            // buffer, so it never waits on the client.
+            drop(slot);
+            tracing::debug!("refused a connection from {peer}: `[serve] max_connections_per_address` reached");
+            let _ = stream.try_write(refused.as_bytes());
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let service = hyper_util::service::TowerToHyperService::new(app.clone());
         let connection = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
-            .header_read_timeout(header_timeout)
+            .header_read_timeout(caps.header_timeout)
             .serve_connection(TokioIo::new(stream), service);
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             let _ = connection.await;
             drop(slot);
+            drop(address_slot);
         });
     }
     drop(listener);
@@ -477,7 +782,7 @@ async fn serve_connections(
 
 #[cfg(test)]
 mod tests {
-    use super::{ProtocolVersion, bearer, not_offered};
+    use super::{ProtocolVersion, bearer, not_offered, peer_key};
 
     /// rmcp refuses a revision it does not know, but lets through one it
     /// knows that the server does not offer — as it did 2025-03-26 in a
@@ -494,6 +799,17 @@ mod tests {
         assert!(not_offered("2099-01-01", &offered, true));
         assert!(!not_offered("2099-01-01", &offered, false));
         assert!(not_offered("", &offered, true));
+    }
+
+    /// A host picks any address of its IPv6 /64, and a dual-stack listener
+    /// sees IPv4 peers as IPv4-mapped: both count as one peer.
+    #[test]
+    fn a_peer_is_counted_by_its_ipv4_address_or_its_ipv6_64() {
+        let key = |s: &str| peer_key(s.parse().unwrap());
+        assert_eq!(key("2001:db8:1:2::1"), key("2001:db8:1:2:ffff:ffff:ffff:ffff"));
+        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
+        assert_eq!(key("::ffff:192.0.2.7"), key("192.0.2.7"));
+        assert_ne!(key("192.0.2.7"), key("192.0.2.8"));
     }
 
     #[test]
