@@ -86,9 +86,8 @@ enum Proof {
     Attested {
         principal: String,
         channel: Channel,
-        /// [`call_digest`] of the record the approver was shown; `None` only
-        /// from [`Approval::by_mcp_client`], kept until `toolgate serve` passes it.
-        shown: Option<Digest>,
+        /// [`call_digest`] of the record the approver was shown.
+        shown: Digest,
     },
 }
 
@@ -104,7 +103,7 @@ impl Approval {
     /// only a signature counts), and an approval when the record is no
     /// longer the one shown.
     pub fn on_terminal(os_user: impl Into<String>, shown: Digest) -> Self {
-        Approval(Proof::Attested { principal: os_user.into(), channel: Channel::Terminal, shown: Some(shown) })
+        Approval(Proof::Attested { principal: os_user.into(), channel: Channel::Terminal, shown })
     }
     /// A decision the human made in MCP client `client`'s own UI about the
     /// call its prompt showed (`shown`: [`AwaitingRecord::call_digest`] of
@@ -112,23 +111,14 @@ impl Approval {
     /// `[approval] mcp_elicitation` is in effect ([`mcp_elicitation_in_effect`]),
     /// and an approval when the record is no longer the one shown.
     pub fn by_mcp_client_for(client: impl Into<String>, shown: Digest) -> Self {
-        Approval(Proof::Attested { principal: client.into(), channel: Channel::McpElicitation, shown: Some(shown) })
-    }
-    /// To be replaced by [`Approval::by_mcp_client_for`]: a decision in an
-    /// MCP client's UI that names no shown call, so a journal writer that
-    /// rewrites the pending record while the human reads the prompt gets
-    /// the rewritten call approved. Kept only while `toolgate serve` still
-    /// calls it.
-    #[deprecated(note = "binds no call: pass the digest of the record the prompt showed to `by_mcp_client_for`")]
-    pub fn by_mcp_client(client: impl Into<String>) -> Self {
-        Approval(Proof::Attested { principal: client.into(), channel: Channel::McpElicitation, shown: None })
+        Approval(Proof::Attested { principal: client.into(), channel: Channel::McpElicitation, shown })
     }
     /// A decision made in an embedding runtime's approval UI by `principal`
     /// about the call it showed: `shown` is [`AwaitingRecord::call_digest`]
     /// of the record it displayed (read with `runtime.store().awaiting(ticket)`).
     /// An approval is refused when the record is no longer the one shown.
     pub fn by_embedder(principal: impl Into<String>, shown: Digest) -> Self {
-        Approval(Proof::Attested { principal: principal.into(), channel: Channel::Embedder, shown: Some(shown) })
+        Approval(Proof::Attested { principal: principal.into(), channel: Channel::Embedder, shown })
     }
 
     /// Whether the decision is made inside the agent's conversation (MCP
@@ -266,9 +256,7 @@ pub fn verify(
             return Err(ApprovalError::ElicitationNotTrusted);
         }
         Proof::Attested { principal, channel, shown } => {
-            if let (Decision::Approve, Some(shown)) = (decision, shown)
-                && *shown != call_digest(record)
-            {
+            if matches!(decision, Decision::Approve) && *shown != call_digest(record) {
                 return Err(ApprovalError::ChangedSinceShown { ticket: record.ticket_id.clone() });
             }
             (principal.clone(), channel.clone())

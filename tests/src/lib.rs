@@ -212,6 +212,19 @@ pub fn rewrite_awaiting(
     assert_eq!(changed, 1, "no awaiting record for {ticket}");
 }
 
+/// Rewrite the run restrictions the pending call of `ticket` asked under
+/// (a JSON array of `Restriction`s; `None`: none) in the SQLite journal at
+/// `journal`, as a journal writer would: neither the tool, the arguments
+/// nor the run changes, so anything that finds the request by them still
+/// finds it.
+pub fn rewrite_awaiting_restriction(journal: &Path, ticket: &str, restriction: Option<&str>) {
+    let db = rusqlite::Connection::open(journal).unwrap();
+    let changed = db
+        .execute("UPDATE awaiting SET restriction = ?1 WHERE ticket_id = ?2", rusqlite::params![restriction, ticket])
+        .unwrap();
+    assert_eq!(changed, 1, "no awaiting record for {ticket}");
+}
+
 /// Write `bytes` to `dir/name`.
 pub fn put(dir: &Path, name: &str, bytes: &[u8]) {
     std::fs::write(dir.join(name), bytes).unwrap();

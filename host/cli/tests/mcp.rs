@@ -844,6 +844,11 @@ fn slow_tracker(delay: std::time::Duration) -> (u16, std::sync::mpsc::Receiver<(
 /// A directory whose `tracker.issues` calls the tracker on `port`, allowed,
 /// with a grace of 5 s at shutdown.
 fn slow_call_dir(port: u16) -> tempfile::TempDir {
+    slow_call_dir_with_grace(port, 5000)
+}
+
+/// [`slow_call_dir`] with a grace of `grace_ms` at shutdown.
+fn slow_call_dir_with_grace(port: u16, grace_ms: u64) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("plugins")).unwrap();
     std::fs::write(dir.path().join("plugins/tracker.wasm"), packed(guests::TRACKER)).unwrap();
@@ -855,7 +860,7 @@ plugins = "plugins"
 store = "journal.db"
 cache = "cache"
 [serve]
-grace_ms = 5000
+grace_ms = {grace_ms}
 auth = [{{ agent = "default", token = {{ env = "TOOLGATE_TEST_TOKEN" }} }}]
 [credentials.tracker]
 source = {{ env = "TOOLGATE_TRACKER_TOKEN" }}
@@ -942,6 +947,32 @@ fn sigterm_over_stdio_lets_a_call_in_flight_finish_within_the_grace() {
     arrived.recv_timeout(std::time::Duration::from_secs(60)).expect("the call reached the tracker");
     terminate(&s.child);
     let done = next_from_server(&mut s);
+    assert_eq!(done["id"], 2, "{done}");
+    assert_eq!(done["result"]["isError"], false, "the call's own result: {done}");
+    assert_eq!(done["result"]["content"][0]["text"], "[]", "{done}");
+    assert!(exited(&mut s.child).success());
+    assert_eq!(outcomes(dir.path(), "tracker.issues"), ["output"]);
+}
+
+/// Stdin closing (a stdio client's way to end the session) while a call
+/// that needs longer than the 5 s rmcp gives its handlers once its input
+/// ends, but less than `[serve] grace_ms`, is running: the client still gets
+/// the call's result, the journal records its output, the server exits 0.
+/// Before, rmcp cancelled the call after 5 s whatever the grace: journaled
+/// `cancelled`, and the client got nothing.
+#[test]
+fn stdin_closing_lets_a_call_in_flight_finish_within_the_grace() {
+    let (port, arrived) = slow_tracker(std::time::Duration::from_millis(6500));
+    let dir = slow_call_dir_with_grace(port, 10_000);
+    let mut s = Stdio::spawn(slow_serve_command(dir.path(), &[]));
+    s.send(serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}}));
+    assert!(s.receive()["result"]["protocolVersion"].is_string());
+    s.send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    s.send(tracker_call(2, port, None));
+    arrived.recv_timeout(std::time::Duration::from_secs(60)).expect("the call reached the tracker");
+    drop(s.stdin.take());
+    let done = s.receive();
     assert_eq!(done["id"], 2, "{done}");
     assert_eq!(done["result"]["isError"], false, "the call's own result: {done}");
     assert_eq!(done["result"]["content"][0]["text"], "[]", "{done}");

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use super::*;
+use toolgate::store::AwaitingRecord;
 use toolgate_tests::{guests, packed};
 
 /// A directory for `toolgate serve`: `notes`, whose `add` asks (no approver
@@ -215,4 +216,127 @@ async fn ask_answered_by_nobody() {
     let text = done["result"]["content"][0]["text"].as_str().unwrap_or_default();
     assert!(done["result"]["isError"] == true && text.contains("expired before the human answered"), "{done}");
     assert_eq!(withdrawn, Some(ask["id"].clone()), "the question is withdrawn");
+}
+
+/// The one pending request of `dir`'s journal, after rewriting it as a
+/// journal writer (the agent's OS user can write the journal) would while
+/// the human reads its prompt: another call of the tool, its arguments and
+/// their digest consistent. The record as it was is returned.
+async fn rewrite_the_pending_call(dir: &Path, store: &Arc<dyn toolgate::store::StepStore>) -> AwaitingRecord {
+    let pending = store.pending().await.unwrap();
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    let was = pending[0].clone();
+    let tampered = serde_json::json!({"op": "add", "note": "TAMPERED"});
+    toolgate_tests::rewrite_awaiting(
+        &dir.join("journal.db"),
+        &was.ticket_id,
+        "notes",
+        &tampered,
+        &was.component_digest,
+    );
+    was
+}
+
+/// `done` (the answer to the call that was asked) refuses the approval,
+/// naming the request and never its ticket; the request is still pending,
+/// as rewritten; nothing ran: the journal holds no output and no approval,
+/// and the rewritten note is not in the Tool's state.
+async fn assert_refused_and_nothing_ran(
+    done: &serde_json::Value,
+    store: &Arc<dyn toolgate::store::StepStore>,
+    was: &AwaitingRecord,
+) {
+    let message = done["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("request {}", was.call_id)) && message.contains("since it was shown to the human"),
+        "refused, naming the request: {done}"
+    );
+    assert!(message.contains("still pending") && !done.to_string().contains("tkt-"), "{done}");
+    let now = store.awaiting(&was.ticket_id).await.unwrap().expect("the request is in the journal");
+    assert_eq!(now.state, "pending", "still pending");
+    assert_ne!(now.call_digest(), was.call_digest(), "as rewritten");
+    let steps = store.steps(None).await.unwrap();
+    assert!(
+        steps.iter().all(|s| s.outcome == toolgate::store::OutcomeKind::Awaiting && s.approved_by.is_none()),
+        "the journal has no result for the request: {steps:?}"
+    );
+    let state = store.tool_state("default", "notes").await.unwrap();
+    assert!(!format!("{state:?}").contains("TAMPERED"), "the rewritten call did not run: {state:?}");
+}
+
+/// The pending call is rewritten while the human reads the prompt
+/// (`elicitation/create`, 2025-11-25) — `notes add "n"` becomes
+/// `notes add "TAMPERED"` — and the human accepts: the approval names the
+/// record the prompt was built from, which the journal no longer holds, so
+/// it is refused; nothing runs and the request stays pending. Before, the
+/// approval named no call and the rewritten call ran as the human's.
+#[tokio::test]
+async fn a_call_rewritten_while_the_prompt_is_open_is_not_approved() {
+    within_a_minute(rewritten_while_the_prompt_is_open()).await;
+}
+
+async fn rewritten_while_the_prompt_is_open() {
+    let dir = serve_dir("");
+    let server = server(dir.path(), settings(KEEP_ASKING)).await;
+    let store = server.shared.runtimes.read().unwrap().base.store().clone();
+    let (mut c, ask) = Client::asked(server).await;
+    let message = ask["params"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains(r#"{"note":"n","op":"add"}"#), "the prompt shows the pending call: {message}");
+    let was = rewrite_the_pending_call(dir.path(), &store).await;
+    c.send(serde_json::json!({"jsonrpc": "2.0", "id": ask["id"],
+        "result": {"action": "accept", "content": {"confirm": true}}}))
+        .await;
+    let done = c.receive().await;
+    assert_eq!(done["id"], 2, "{done}");
+    assert_refused_and_nothing_ran(&done, &store, &was).await;
+}
+
+/// The same on 2026-07-28 (input request; the answer comes with the retry
+/// and the sealed state). The retry finds its request by run, tool and
+/// arguments, so a rewrite of those is not found (the call is asked anew);
+/// here the restriction the call asked under is rewritten, which that
+/// lookup does not see. The sealed state carries the digest of the record
+/// shown, so the answer is refused; before, the rewritten call ran.
+#[tokio::test]
+async fn a_call_rewritten_before_the_retry_answers_is_not_approved() {
+    within_a_minute(rewritten_before_the_retry()).await;
+}
+
+async fn rewritten_before_the_retry() {
+    let dir = serve_dir("");
+    let server = server(dir.path(), settings(KEEP_ASKING)).await;
+    let store = server.shared.runtimes.read().unwrap().base.store().clone();
+    let mut c = Client::connect(server);
+    let call = |id: u64, extra: serde_json::Value| {
+        let mut params = serde_json::json!({"name": "notes", "arguments": {"op": "add", "note": "n"}, "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}},
+            "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "1"},
+        }});
+        if let (Some(p), Some(e)) = (params.as_object_mut(), extra.as_object()) {
+            p.extend(e.clone());
+        }
+        serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params})
+    };
+    c.send(call(1, serde_json::json!({}))).await;
+    let asked = c.receive().await;
+    assert_eq!(asked["result"]["resultType"], "input_required", "{asked}");
+    let state = asked["result"]["requestState"].as_str().unwrap_or_default().to_owned();
+    let pending = store.pending().await.unwrap();
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    let was = pending[0].clone();
+    let restriction = r#"[{"directories":["/elsewhere"],"hosts":null,"credentials":null}]"#;
+    toolgate_tests::rewrite_awaiting_restriction(&dir.path().join("journal.db"), &was.ticket_id, Some(restriction));
+    c.send(call(
+        2,
+        serde_json::json!({
+            "inputResponses": {"confirm": {"action": "accept", "content": {"confirm": true}}},
+            "requestState": state,
+        }),
+    ))
+    .await;
+    let done = c.receive().await;
+    assert_eq!(done["id"], 2, "{done}");
+    assert_refused_and_nothing_ran(&done, &store, &was).await;
+    assert_eq!(store.pending().await.unwrap().len(), 1, "not asked anew: the retry found the request");
 }

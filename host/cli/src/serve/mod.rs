@@ -14,9 +14,12 @@
 //! `requestState` naming the pending request in the durable journal (the
 //! client's retry carries the answer; the ticket never leaves the host); on
 //! 2025-06-18 and 2025-11-25, as a server-initiated `elicitation/create`
-//! (earlier revisions have none). A client that cannot ask gets the
-//! pending request named (never its ticket); an approver decides it out of
-//! band and the identical call later returns the result. With
+//! (earlier revisions have none). The prompt shows the pending record as the
+//! journal holds it, and the approval names that record (its call digest),
+//! so a record rewritten while the human reads is not approved. A client
+//! that cannot ask gets the pending request named (never its ticket); an
+//! approver decides it out of band and the identical call later returns the
+//! result. With
 //! `[approval] mcp_elicitation` off (the default with `[approval] keys`),
 //! every client is answered that way and no answer is taken. List changes go
 //! out through `subscriptions/listen` (2026-07-28) or as
@@ -49,6 +52,7 @@ use rmcp::{ErrorData, ServerHandler, ServiceExt};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use toolgate::approval::ApprovalError;
 use toolgate::config::Config;
 use toolgate::runtime::{CallError, Runtime, StepResult, new_id};
 use toolgate::sandbox::executor::Content;
@@ -123,6 +127,8 @@ struct Shared {
     inflight: TaskTracker,
     /// Fired when the grace period is over: calls still running are cancelled.
     stopping: CancellationToken,
+    /// When the grace period ends, set by the first [`McpServer::drain`].
+    drain_deadline: std::sync::OnceLock<tokio::time::Instant>,
     settings: ServeSettings,
 }
 
@@ -184,13 +190,18 @@ impl Session {
 }
 
 /// What the sealed `requestState` of an ask names: the pending request in the
-/// journal, never its ticket.
+/// journal, never its ticket, and the call its prompt showed.
 #[derive(Debug, Serialize, Deserialize)]
 struct AskState {
     run: String,
     request: String,
     tool: String,
     digest: String,
+    /// `call_digest` (hex) of the pending record the prompt was built from:
+    /// the retry's approval names it, so a record rewritten since is not
+    /// approved. Required: a state sealed without it (an older server) does
+    /// not open, and the retry is refused like any state that does not.
+    shown: String,
 }
 
 /// What the authentication layer bound an HTTP request to, from its token.
@@ -265,6 +276,7 @@ impl McpServer {
                 asker_key,
                 inflight: TaskTracker::new(),
                 stopping: CancellationToken::new(),
+                drain_deadline: std::sync::OnceLock::new(),
                 settings,
             }),
             session: Session::new(),
@@ -319,7 +331,8 @@ impl McpServer {
         let watcher = tokio::spawn(self.clone().watch());
         let ct = CancellationToken::new();
         let stdio = rmcp::transport::stdio();
-        let transport = RequestsFirst::new(rmcp::transport::async_rw::AsyncRwTransport::new_server(stdio.0, stdio.1));
+        let transport = RequestsFirst::new(rmcp::transport::async_rw::AsyncRwTransport::new_server(stdio.0, stdio.1))
+            .draining_at_end(self.clone());
         let service = match self.clone().serve_with_ct(transport, ct.clone()).await {
             Ok(service) => Some(service),
             // Input closed before any `initialize`: a client of the stateless
@@ -353,11 +366,13 @@ impl McpServer {
     /// Stop accepting new calls, let calls in flight finish within the grace
     /// period, then cancel the rest; every step is committed. The caller
     /// keeps the transport up meanwhile, so each call's result reaches its
-    /// client.
+    /// client. The grace runs from the first drain: a signal arriving while
+    /// stdin's end is being drained does not start another.
     async fn drain(&self) {
         let s = &self.shared;
         s.inflight.close();
-        if tokio::time::timeout(s.settings.grace, s.inflight.wait()).await.is_err() {
+        let deadline = *s.drain_deadline.get_or_init(|| tokio::time::Instant::now() + s.settings.grace);
+        if tokio::time::timeout_at(deadline, s.inflight.wait()).await.is_err() {
             tracing::warn!("cancelling calls still running after the {:?} grace period", s.settings.grace);
             s.stopping.cancel();
             s.inflight.wait().await;
@@ -534,7 +549,23 @@ impl McpServer {
                 format!("`{name}` needs human approval and this client cannot ask: {}", awaiting.model_text());
             return Ok(CallToolResult::error(vec![ContentBlock::text(message)]).into());
         }
-        let question = elicitation(name, arguments);
+        // The human is shown the pending record, not the request: what an
+        // approval runs is the record, and anything that writes the journal
+        // (the agent's OS user can) may have rewritten it since the gate
+        // stored it. One that is no longer this call is not shown at all;
+        // the approval names the record shown, so one rewritten while the
+        // human reads is refused (`ChangedSinceShown`).
+        let digest = toolgate::policy::gate::argument_digest(&normalize(arguments));
+        let record = runtime.store().awaiting(ticket).await.map_err(internal)?.filter(|r| {
+            r.state == "pending" && r.call_id == correlation && r.tool_id == name && r.argument_digest == digest
+        });
+        let Some(record) = record else {
+            let why = "the journal no longer holds this call as the pending request (something else wrote it), so \
+                       the human was not asked";
+            return Ok(still_pending(name, correlation, why));
+        };
+        let shown = record.call_digest();
+        let question = elicitation(&record.tool_id, &record.arguments);
         let modern = context.protocol_version().is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
         if modern {
             // Stateless: the client retries with the answer and this sealed
@@ -542,16 +573,12 @@ impl McpServer {
             // — a stateless request that found the agent's identical ask from
             // an earlier request — that request's run, where the retry's
             // answer is looked up.
-            let holder = runtime.store().awaiting(ticket).await.map_err(internal)?;
-            let run = match holder {
-                Some(r) if r.call_id == correlation && r.tool_id == name => r.run_id,
-                _ => self.session.run_id(stateless(context), || self.asker_tag(context)).to_owned(),
-            };
             let state = AskState {
-                run,
+                run: record.run_id.clone(),
                 request: correlation.to_owned(),
                 tool: name.to_owned(),
-                digest: toolgate::policy::gate::argument_digest(&normalize(arguments)),
+                digest,
+                shown: shown.hex(),
             };
             let ttl = Duration::from_secs(self.shared.config.limits.ticket_ttl_secs);
             let bound = seal_binding(name, &self.agent(&context.extensions)?, asker(context));
@@ -598,7 +625,7 @@ impl McpServer {
                 return still_pending("asking in the client failed");
             }
         };
-        let approval = Approval::by_mcp_client(approver(context));
+        let approval = Approval::by_mcp_client_for(approver(context), shown);
         let step = match decision {
             Decision::Approve => runtime.approve(ticket, &approval).await,
             Decision::Deny(why) => runtime.deny(ticket, why, &approval).await,
@@ -684,6 +711,11 @@ impl McpServer {
         if state.tool != name || state.digest != digest {
             return Err(refused("it belongs to another call"));
         }
+        // What the human was shown when asked, as sealed then: never the
+        // record as read now, which may have been rewritten since.
+        let Some(shown) = toolgate::Digest::from_hex(&state.shown) else {
+            return Err(refused("it names no call shown to the human"));
+        };
         let store = runtime.store();
         let prior = store
             .prior_ask(toolgate::store::AskScope::Run(&state.run), &state.tool, &state.digest)
@@ -703,13 +735,19 @@ impl McpServer {
         };
         let answer = request.input_responses.as_ref().and_then(|r| r.get(CONFIRM));
         let Some(answer) = answer else {
-            // Asked but not answered: ask again (SHOULD per the revision).
-            let question = elicitation(name, arguments);
+            // Asked but not answered: ask again (SHOULD per the revision),
+            // showing the record the sealed state names as shown — if it
+            // still is: an answer to anything else would be refused anyway.
+            if prior.record.call_digest() != shown {
+                let changed = ApprovalError::ChangedSinceShown { ticket: prior.record.ticket_id.clone() };
+                return Err(call_error(CallError::Approval(changed), Some(&prior.record.call_id)));
+            }
+            let question = elicitation(&prior.record.tool_id, &prior.record.arguments);
             let mut requests = InputRequests::new();
             requests.insert(CONFIRM.into(), InputRequest::Elicitation(ElicitRequest::new(question)));
             return Ok(InputRequiredResult::new(Some(requests), Some(sealed.to_owned())).into());
         };
-        let approval = Approval::by_mcp_client(approver(context));
+        let approval = Approval::by_mcp_client_for(approver(context), shown);
         let ticket = prior.record.ticket_id.clone();
         let step = match decision_of(answer) {
             Decision::Approve => runtime.approve(&ticket, &approval).await,
@@ -792,6 +830,11 @@ fn call_error(e: CallError, request: Option<&str>) -> ErrorData {
                 "the component of `{tool}` changed since {named} was asked; the approval does not carry over, make the call again"
             ),
         },
+        CallError::Approval(ApprovalError::ChangedSinceShown { .. }) => format!(
+            "{named} changed in the journal since it was shown to the human (toolgate never changes a pending \
+             request: something else wrote the journal); nothing was approved or run and it is still pending — \
+             make the same call again to be asked anew, and check who can write the journal"
+        ),
         other => other.to_string(),
     };
     ErrorData::internal_error(without_tickets(&message), None)
@@ -841,13 +884,14 @@ fn normalize(arguments: &serde_json::Value) -> serde_json::Value {
     }
 }
 
-/// The yes/no form an ask shows in the client's UI.
-fn elicitation(name: &str, arguments: &serde_json::Value) -> ElicitRequestParams {
+/// The yes/no form an ask shows in the client's UI: the pending record's
+/// tool and arguments (its JSON text, exactly as it will run).
+fn elicitation(name: &str, arguments: &str) -> ElicitRequestParams {
     let schema: ElicitationSchema =
         ElicitationSchema::builder().required_bool_property("confirm", |b| b.title("Run this call?")).build_unchecked();
     ElicitRequestParams::FormElicitationParams {
         meta: None,
-        message: approval_prompt(name, &normalize(arguments).to_string()),
+        message: approval_prompt(name, arguments),
         requested_schema: schema,
     }
 }
@@ -1107,8 +1151,11 @@ impl ServerHandler for McpServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        // Tracked, so shutdown waits for the step to be committed.
-        let Some(_inflight) = self.shared.track() else {
+        // Tracked, so shutdown waits for the step to be committed. A stdio
+        // call is counted from its receipt ([`Received`]): its handler may
+        // start only after stdin's end closed the tracker, and it still runs.
+        let received = context.extensions.get::<Received>().map(|r| r.0.clone());
+        let Some(_inflight) = received.or_else(|| self.shared.track()) else {
             return Err(ErrorData::internal_error("the server is shutting down", None));
         };
         // The client's W3C trace context (`_meta.traceparent`), when well-formed,
@@ -1168,14 +1215,42 @@ impl Shared {
 /// request (a client that sends `notifications/initialized` too early, or
 /// any stray notification): rmcp would end the session on them; the
 /// protocol says to ignore what cannot be handled.
+///
+/// With [`RequestsFirst::draining_at_end`], it also holds back the end of
+/// its input until the server has drained: rmcp, told the input ended,
+/// gives handlers 5 s to answer and then cancels them whatever the grace
+/// period — so a stdio client that closes our stdin (as the spec's
+/// shutdown has it) would lose a call that needed longer. Meanwhile rmcp
+/// keeps writing what handlers answer.
 struct RequestsFirst<T> {
     inner: T,
     started: bool,
+    /// Awaited once the input has ended, before rmcp hears of it; kept here,
+    /// not in `receive`'s future, because rmcp drops that future whenever
+    /// something else is ready (a handler's answer) and calls it again.
+    at_end: Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>,
+    ended: bool,
+    /// The server's calls in flight, each `tools/call` counted on receipt.
+    tracker: Option<TaskTracker>,
 }
+
+/// A `tools/call` counted in flight from its receipt (in its extensions,
+/// which rmcp hands its handler): the drain at stdin's end waits for calls
+/// already received whose handler has not started yet.
+#[derive(Clone)]
+struct Received(tokio_util::task::task_tracker::TaskTrackerToken);
 
 impl<T> RequestsFirst<T> {
     fn new(inner: T) -> Self {
-        RequestsFirst { inner, started: false }
+        RequestsFirst { inner, started: false, at_end: None, ended: false, tracker: None }
+    }
+
+    /// Hold back the end of the input until `server` drained its calls in
+    /// flight (within its grace period).
+    fn draining_at_end(mut self, server: McpServer) -> Self {
+        self.tracker = Some(server.shared.inflight.clone());
+        self.at_end = Some(Box::pin(async move { server.drain().await }));
+        self
     }
 }
 
@@ -1194,7 +1269,24 @@ where
 
     async fn receive(&mut self) -> Option<rmcp::service::RxJsonRpcMessage<RoleServer>> {
         loop {
-            let message = self.inner.receive().await?;
+            if self.ended {
+                if let Some(end) = self.at_end.as_mut() {
+                    end.await;
+                    self.at_end = None;
+                }
+                return None;
+            }
+            let Some(mut message) = self.inner.receive().await else {
+                self.ended = true;
+                continue;
+            };
+            if let (rmcp::model::JsonRpcMessage::Request(r), Some(tracker)) = (&mut message, &self.tracker)
+                && matches!(r.request, rmcp::model::ClientRequest::CallToolRequest(_))
+                && !tracker.is_closed()
+            {
+                use rmcp::model::GetExtensions as _;
+                r.request.extensions_mut().insert(Received(tracker.token()));
+            }
             if !self.started {
                 if matches!(message, rmcp::model::JsonRpcMessage::Notification(_)) {
                     tracing::debug!("ignoring a notification that arrived before the first request");
@@ -1263,6 +1355,10 @@ mod tests {
             let raw = ErrorData::internal_error(e.to_string(), Some(json!({ "t": t })));
             assert!(!scrubbed(raw).message.contains("tkt-"));
         }
+        // An approval refused because the record changed since it was shown.
+        let changed = ApprovalError::ChangedSinceShown { ticket: t.clone() };
+        let named = call_error(CallError::Approval(changed), Some("call-1"));
+        assert!(named.message.contains("request call-1 changed") && !named.message.contains("tkt-"), "{named:?}");
         assert_eq!(
             without_tickets("ticket `TKT-ab_c-1` and tkt-ff, tkt-; é tkt"),
             "ticket `[ticket withheld]` and [ticket withheld], [ticket withheld]; é tkt"
