@@ -76,6 +76,10 @@ const VERSIONS: &[ProtocolVersion] = &[
     ProtocolVersion::V_2026_07_28,
 ];
 
+/// How long a stopping stdio server waits for rmcp to write what its
+/// handlers answered and close.
+const STDIO_CLOSE: Duration = Duration::from_secs(10);
+
 /// The key of the one input request an ask makes.
 const CONFIRM: &str = "confirm";
 /// How often a server waiting on a human's answer pings the client, and
@@ -354,7 +358,11 @@ impl McpServer {
                     // token first cancelled every call at once.
                     self.drain().await;
                     ct.cancel();
-                    waiting.await?;
+                    // Bounded: rmcp's close waits on its writer, which a
+                    // client that stopped reading stdout blocks for ever.
+                    if tokio::time::timeout(STDIO_CLOSE, waiting).await.is_err() {
+                        tracing::warn!("stdout not drained {}s after the calls ended; exiting", STDIO_CLOSE.as_secs());
+                    }
                 }
             }
         }
@@ -606,7 +614,7 @@ impl McpServer {
         let expires_in = Duration::from_secs(u64::try_from(expires_at.saturating_sub(now_secs())).unwrap_or(0) + 1);
         let decision = match self.wait_for_answer(question, expires_in, context).await {
             Waited::Withdrawn => return still_pending("the call was withdrawn before the human answered"),
-            Waited::Gone => return still_pending("the client stopped answering while the human was asked"),
+            Waited::Gone => return still_pending("the client went away while the human was asked"),
             Waited::Answer(Ok(r)) => decision_of(&serde_json::to_value(r).unwrap_or_default()),
             Waited::Answer(Err(rmcp::service::ServiceError::Timeout { .. })) => {
                 let message = format!(
@@ -638,11 +646,12 @@ impl McpServer {
     /// Ask `question` in the client's UI and wait for the answer, no longer
     /// than `expires_in` — rmcp's own timeout, so at its end rmcp forgets the
     /// request and tells the client (`notifications/cancelled`). While
-    /// waiting, the client must answer a ping every `keep_alive`: the
-    /// traffic keeps an HTTP session from rmcp's idle timeout while the human
-    /// reads, and an unanswered ping ends the wait as a withdrawal does, so
-    /// an ask whose client went away neither waits nor keeps its session
-    /// alive for ever. A wait ended without an answer withdraws the question.
+    /// waiting, the client is pinged every `keep_alive`: the traffic keeps an
+    /// HTTP session from rmcp's idle timeout while the human reads; a ping
+    /// that cannot be sent (the transport is gone) ends the wait as a
+    /// withdrawal does, and one left unanswered does not (a client may be
+    /// busy with the dialog) — the ticket's life bounds the wait either way.
+    /// A wait ended without an answer withdraws the question.
     async fn wait_for_answer(
         &self,
         question: ElicitRequestParams,
@@ -924,11 +933,11 @@ enum Waited {
     Answer(Result<ElicitResult, rmcp::service::ServiceError>),
     /// The call was withdrawn, or the server's grace period ended.
     Withdrawn,
-    /// The client did not answer a keep-alive ping.
+    /// A keep-alive ping could not be sent: the client is gone.
     Gone,
 }
 
-/// Whether the client answers a ping sent after `every`, within `every`.
+/// Whether the client is still there for a ping sent after `every`.
 /// rmcp's own timeout, not ours around it: at its end rmcp drops its record
 /// of the ping and sends `notifications/cancelled`.
 async fn answers_ping(peer: Peer<RoleServer>, every: Duration) -> bool {
@@ -937,8 +946,12 @@ async fn answers_ping(peer: Peer<RoleServer>, every: Duration) -> bool {
     let ping = ServerRequest::PingRequest(PingRequest::default());
     match peer.send_request_with_option(ping, PeerRequestOptions::with_timeout(every)).await {
         Ok(handle) => match handle.await_response().await {
-            // An error is an answer too: the client is there.
-            Ok(_) | Err(ServiceError::McpError(_)) => true,
+            // An error is an answer too: the client is there. So is a ping
+            // that timed out: a client may read nothing while its elicitation
+            // dialog is open (the Python SDK's 1.x session handles one
+            // request at a time), and the ask's own wait is bounded by its
+            // ticket. Only a transport that is gone ends the wait.
+            Ok(_) | Err(ServiceError::McpError(_) | ServiceError::Timeout { .. }) => true,
             Err(_) => false,
         },
         Err(_) => false,
