@@ -758,8 +758,9 @@ async fn thief_step(host: &TestHost, args: Value) -> (StepResult, Vec<String>) {
 /// that does not pass on the user's shell, so `GITHUB_TOKEN` is unset in
 /// the host: there is nothing to look for, so the host cannot vouch for any
 /// check. A granted `.env` holding the token is refused (`access`), so is
-/// every other file, an HTTP response holding it (or not) is withheld, each
-/// recorded naming the credential, its source and the fix; a call that
+/// every other file, a request to a granted host is not sent (its response
+/// could not be checked), each recorded naming the credential, its source
+/// and the fix; a call that
 /// received what it could not check (names from a listing) has its output
 /// withheld. A call that uses none of that still works. Once the source can
 /// be read, the normal check applies. (Each credential is named for this
@@ -797,18 +798,21 @@ async fn a_credential_the_host_cannot_read_fails_closed_until_it_can() {
         if name.starts_with("unset_env") {
             assert!(records.iter().any(|r| r.contains("MCP client")), "the fix is named: {records:?}");
         }
-        // An HTTP response from a granted host: withheld, whether it echoes the token or not.
+        // A request to a granted host is not sent (its response could not be checked).
         for headers in [json!([["x-relay", token]]), json!([])] {
             let args = json!({"op": "http", "target": w.api.url("/echo"), "headers": headers});
             let seen = thief(&w.host, args).await;
-            assert!(seen.starts_with("err: ") && seen.contains("withheld"), "{name}: {seen}");
+            assert!(seen.starts_with("err: ") && seen.contains("did not send the request"), "{name}: {seen}");
             assert!(seen.contains(&format!("`{name}`")) && !seen.contains(token), "{name}: {seen}");
             let records = host_records(&w.host).await;
             assert!(
-                records.iter().any(|r| r.starts_with("response from http://127.0.0.1:") && unvouched(r)),
+                records
+                    .iter()
+                    .any(|r| r.starts_with("request to http://127.0.0.1:") && r.contains("not sent") && unvouched(r)),
                 "{name}: {records:?}"
             );
         }
+        assert!(w.api.requests().is_empty(), "{name}: nothing left the host");
         // Names from a listing pass (they are not a file's content), but the
         // call that received them cannot be vouched for: its output is withheld.
         let (result, records) = thief_step(&w.host, json!({"op": "list", "target": "/data"})).await;
@@ -886,5 +890,158 @@ async fn a_call_that_read_state_is_withheld_while_a_credential_cannot_be_read() 
         matches!(&r, StepResult::Output { content: Content::Json(v), .. } if v["notes"] == json!(["first"])),
         "{r:?}"
     );
+    unsafe { std::env::remove_var(&var) };
+}
+
+/// Invariant 13 with its effects: while a configured credential cannot be
+/// read, a request to a granted host is refused before anything leaves.
+/// Before, it was sent and only its response withheld: a POST, a DELETE or
+/// an MCP adapter's `tools/call` took effect upstream while the model read
+/// a failure — and retried it, so it took effect again. The server sees
+/// nothing until the credential can be read.
+#[tokio::test]
+async fn a_request_is_not_sent_while_a_credential_cannot_be_read() {
+    let var = format!("TOOLGATE_BOUNDARY_UNSENT_{}", std::process::id());
+    let w = world_with_credentials("", "", &credential_table("unsent_github", &format!("{{ env = \"{var}\" }}")));
+    let post = json!({"op": "post", "target": w.api.url("/upload"), "count": 8});
+    for args in [post.clone(), json!({"op": "http", "target": w.api.url("/echo"), "credential": true})] {
+        let seen = thief(&w.host, args.clone()).await;
+        assert!(w.api.requests().is_empty(), "{args}: the request reached the server ({seen})");
+        assert!(seen.starts_with("err: "), "{args}: {seen}");
+        let records = host_records(&w.host).await;
+        assert!(
+            records.iter().any(|r| r.starts_with(&format!("request to {} not sent", w.api.origin()))
+                && r.contains("credential `unsent_github`, whose secret this host has never read")
+                && r.contains(&var)),
+            "{args}: {records:?}"
+        );
+    }
+    let seen = thief(&w.host, json!({"op": "http", "target": w.api.url("/echo")})).await;
+    assert!(seen.contains("did not send the request") && seen.contains("`unsent_github`"), "{seen}");
+    assert!(w.api.requests().is_empty(), "nothing reached the server");
+    // SAFETY (edition 2024): the variable is this test's own.
+    unsafe { std::env::set_var(&var, "uns3nt-t0ken-now-readable") };
+    let seen = thief(&w.host, post).await;
+    assert!(seen.starts_with("ok: 200"), "{seen}");
+    assert_eq!(w.api.requests().len(), 1, "sent once it can be checked");
+    unsafe { std::env::remove_var(&var) };
+}
+
+/// While a credential cannot be read, a Tool may still create a file to
+/// write to: empty when opened, it holds nothing to keep from the guest
+/// (before, it was refused `access` and left on disk, 0 bytes). A file with
+/// bytes stays refused, also to a write-only open (its writes could cut a
+/// secret down to what a later check would not recognize).
+#[tokio::test]
+async fn a_tool_may_create_a_file_to_write_while_a_credential_cannot_be_read() {
+    let var = format!("TOOLGATE_BOUNDARY_CREATE_{}", std::process::id());
+    let w = world_with_credentials("", "", &credential_table("create_github", &format!("{{ env = \"{var}\" }}")));
+    let scratch = w.host.dir.path().join("scratch");
+    assert_eq!(thief(&w.host, json!({"op": "write", "target": "/scratch/new.txt"})).await, "ok: ()");
+    assert_eq!(std::fs::read(scratch.join("new.txt")).unwrap(), b"x");
+    assert!(host_records(&w.host).await.is_empty());
+    // Written again: truncated when opened, so empty when checked.
+    assert_eq!(thief(&w.host, json!({"op": "write", "target": "/scratch/new.txt"})).await, "ok: ()");
+    for op in ["read", "cut"] {
+        let seen = thief(&w.host, json!({"op": op, "target": "/scratch/new.txt", "count": 0})).await;
+        assert!(seen.starts_with("err: ") && seen.contains("ermission denied"), "{op}: {seen}");
+        let records = host_records(&w.host).await;
+        assert!(
+            records.iter().any(|r| r.starts_with("file \"/scratch/new.txt\" refused to the guest (`access`)")
+                && r.contains("`create_github`")),
+            "{op}: {records:?}"
+        );
+    }
+    assert_eq!(std::fs::read(scratch.join("new.txt")).unwrap(), b"x", "not cut");
+}
+
+/// While a credential cannot be read, a call that received what the host
+/// could not check for it (its `env` grant's literal, its state) may hold
+/// the secret, and write it into a host it asks for or a path it opens —
+/// which the host's records quote, and the journal keeps for `toolgate
+/// journal --json`. Before, its output was withheld but those records were
+/// checked only for the secrets there are. Now they keep the host's words
+/// (the setting, the credential) and leave the guest's text out. (The test
+/// hands the guest the value's hex; a Tool would compute it.)
+#[tokio::test]
+async fn the_guests_text_is_left_out_of_the_host_records_while_a_credential_cannot_be_read() {
+    let var = format!("TOOLGATE_BOUNDARY_RECORDS_{}", std::process::id());
+    const TOKEN: &str = "ghp_Rec0rdedInAPathOrAHost000";
+    let hex: String = TOKEN.bytes().map(|b| format!("{b:02x}")).collect();
+    let w = world_with_credentials(
+        "",
+        &format!("env = {{ GITHUB_TOKEN = \"{TOKEN}\" }}"),
+        &credential_table("records_github", &format!("{{ env = \"{var}\" }}")),
+    );
+    let left_out = "[the guest's text, left out]";
+    let withheld = |result: &StepResult| {
+        matches!(result, StepResult::ToolError { message, .. }
+            if message.contains("withheld the Tool's output") && message.contains("`env` grant"))
+    };
+    // A host it asks for.
+    let url = format!("http://{hex}.x/");
+    let (result, records) = thief_step(&w.host, json!({"op": "http", "target": url})).await;
+    assert!(withheld(&result), "{result:?}");
+    assert!(
+        records.iter().any(|r| *r == format!("outbound request denied: {left_out} is not granted to this Tool")),
+        "{records:?}"
+    );
+    assert!(records.iter().any(|r| r.contains("the guest's text left out of these records")), "{records:?}");
+    assert!(records.iter().all(|r| !r.contains(&hex)), "{records:?}");
+    // A path it opens: created (empty, it is the guest's), then opened again with a byte in it.
+    let path = format!("/scratch/{hex}");
+    let (result, records) = thief_step(&w.host, json!({"op": "write", "target": path})).await;
+    assert!(withheld(&result), "{result:?}");
+    assert!(records.iter().all(|r| !r.contains(&hex)), "{records:?}");
+    assert_eq!(std::fs::read(w.host.dir.path().join("scratch").join(&hex)).unwrap(), b"x");
+    let (result, records) = thief_step(&w.host, json!({"op": "read", "target": path})).await;
+    assert!(withheld(&result), "{result:?}");
+    assert!(
+        records.iter().any(|r| r.starts_with(&format!("file {left_out} refused to the guest (`access`)"))
+            && r.contains("credential `records_github`, whose secret this host has never read")
+            && r.contains(&var)),
+        "{records:?}"
+    );
+    assert!(records.iter().all(|r| !r.contains(&hex)), "{records:?}");
+    // Once the credential can be read, the records quote the guest again (checked for every secret).
+    // SAFETY (edition 2024): the variable is this test's own.
+    unsafe { std::env::set_var(&var, "r3cords-t0ken-now-readable") };
+    let (result, records) = thief_step(&w.host, json!({"op": "http", "target": url})).await;
+    assert!(matches!(result, StepResult::Output { .. }), "{result:?}");
+    assert!(records.iter().any(|r| r.contains(&format!("{hex}.x:80 is not granted"))), "{records:?}");
+    unsafe { std::env::remove_var(&var) };
+}
+
+/// Pinned data (a Skill's content, an MCP adapter's pins) was checked when
+/// packed — for the secrets the packer could read then, with its config if
+/// it had one — never for a secret this host has not read. While one
+/// cannot be read, a call that read pinned data has its output withheld
+/// (a Skill's references are files from a folder, like a granted `.env`);
+/// once it can be, the Skill works.
+#[tokio::test]
+async fn a_call_that_read_pinned_data_is_withheld_while_a_credential_cannot_be_read() {
+    let var = format!("TOOLGATE_BOUNDARY_UNSET_PINNED_{}", std::process::id());
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../example-tools/skills/release-notes");
+    let skill = toolgate_author::skill::read(&dir).unwrap();
+    let component = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(toolgate_author::skill::pack(&skill)).unwrap().0
+    })
+    .join()
+    .unwrap();
+    let table = credential_table("unset_env_pinned", &format!("{{ env = \"{var}\" }}"));
+    let config = format!("{table}\n[agents.default]\nvisible = [\"*\"]\ndefault = \"allow\"\n");
+    let host = TestHost::new(&config, &[("release-notes.wasm", component)]);
+    let call = || async {
+        let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+        run.call("skill.release-notes", json!({})).await.unwrap()
+    };
+    let r = call().await;
+    let StepResult::ToolError { message, .. } = &r else { panic!("{r:?}") };
+    assert!(message.contains("its pinned data") && message.contains("`unset_env_pinned`"), "{message}");
+    // SAFETY (edition 2024): the variable is this test's own.
+    unsafe { std::env::set_var(&var, "p1nned-t0ken-now-readable") };
+    let r = call().await;
+    assert!(matches!(&r, StepResult::Output { .. }), "{r:?}");
     unsafe { std::env::remove_var(&var) };
 }

@@ -521,6 +521,11 @@ fn assert_no_secret_in(dir: &Path) {
 #[tokio::test]
 async fn a_missing_secret_is_a_clear_error_that_names_only_the_reference() {
     let w = world();
+    // Read once by this process (every call's output is checked for it),
+    // then gone: its values stay watched, and using it is a clear error.
+    // (Never read, nothing is sent and the output is withheld: `boundary`.
+    // This test passed that way only while another test's `tracker` counted.)
+    thief(&w.host, "env", "", false).await;
     std::fs::remove_file(w.host.dir.path().join("tracker.secret")).unwrap();
     let seen = thief(&w.host, "http", &w.api.url("/echo"), true).await;
     assert!(seen.starts_with("err: ") && seen.contains("tracker"), "{seen}");

@@ -160,6 +160,19 @@ impl CredentialSpec {
         }
     }
 
+    /// Which secret this is, whatever the credential is called: its
+    /// variable, or its file's absolute path (`.` and repeated separators
+    /// dropped; `..` kept, as a symlink may make it mean another file). Two
+    /// configs in one process (an embedder's two runtimes) may give one
+    /// name to different sources: what the process has read is kept by
+    /// this, so a value read for one is never taken for the other's.
+    pub fn source_id(&self) -> Source {
+        match &self.source {
+            Source::Env(var) => Source::Env(var.clone()),
+            Source::File(path) => Source::File(std::path::absolute(path).unwrap_or_else(|_| path.clone())),
+        }
+    }
+
     /// Read the secret for one request to `scheme://host:port`. Refuses an
     /// unbound destination before reading anything.
     pub fn materialize(&self, scheme: &str, host: &str, port: u16) -> Result<Secret, CredentialError> {
@@ -461,6 +474,26 @@ mod tests {
         let c = spec(Apply::Query { param: "k".into() }, Source::File(dir.path().join("gone")));
         let why = c.unreadable().unwrap();
         assert!(why.contains("gone") && why.contains("`source.file`"), "{why}");
+    }
+
+    /// A source is one secret whatever the credential is called, and one
+    /// name can stand for two secrets: the identity is the source's.
+    #[test]
+    fn a_source_is_identified_by_where_it_is_read_not_by_its_name() {
+        let file = |p: &str| spec(Apply::Query { param: "k".into() }, Source::File(p.into())).source_id();
+        assert_eq!(file("/run/secrets/./gh"), file("/run//secrets/gh"));
+        assert_ne!(file("/run/secrets/gh"), file("/run/other/../secrets/gh"), "`..` may cross a symlink");
+        let cfg = |source| CredentialConfig {
+            source,
+            destinations: vec!["http://127.0.0.1:8080".into()],
+            apply: Apply::Query { param: "k".into() },
+        };
+        let relative =
+            CredentialSpec::new("github", &cfg(Source::File("gh".into())), Path::new("/etc/toolgate")).unwrap();
+        assert_eq!(relative.source_id(), Source::File("/etc/toolgate/gh".into()));
+        let env = CredentialSpec::new("github", &cfg(Source::Env("GITHUB_TOKEN".into())), Path::new("/")).unwrap();
+        assert_ne!(env.source_id(), relative.source_id(), "one name, two secrets");
+        assert_eq!(env.source_id(), Source::Env("GITHUB_TOKEN".into()));
     }
 
     #[test]

@@ -14,7 +14,9 @@
 //! checked for every configured secret before anyone reads it
 //! ([`withhold_secrets`]): a part holding one is withheld, with a note
 //! naming the credential, and recorded; all of it, while a credential
-//! cannot be read, when the call read its state or had an `env` grant.
+//! cannot be read, when the call read its state or pinned data, listed a
+//! directory or had an `env` grant — and then the guest's text quoted in
+//! its host records too.
 //!
 //! Architecture invariant: [`Executor::execute`] accepts only an
 //! [`AllowedCall`], which only the gate builds from Allow. Nothing here
@@ -38,7 +40,7 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::authority::narrowing::Access;
-use crate::sandbox::outbound::{HttpLimits, OutboundPolicy, Watched};
+use crate::sandbox::outbound::{HttpLimits, OutboundPolicy, Record, Watched};
 use crate::snapshot::EffectiveGrant;
 
 use crate::catalog::descriptor::CheckedTool;
@@ -387,6 +389,10 @@ struct CallState {
     log: Capture,
     /// The component's own `toolgate-pinned` section (usually empty).
     pinned: Arc<[u8]>,
+    /// Whether the guest read a `pinned` section that is not empty (for the
+    /// output check: it was checked when packed, for the secrets readable
+    /// there and then, if any).
+    pinned_read: bool,
     /// What the call holds open through its filesystem, against its limits.
     held: Held,
     /// What the call holds through `wasi:http` before its requests leave.
@@ -430,6 +436,7 @@ impl wit_log::Host for CallState {
 
 impl wit_pinned::Host for CallState {
     fn data(&mut self) -> Vec<u8> {
+        self.pinned_read |= !self.pinned.is_empty();
         self.pinned.to_vec()
     }
 }
@@ -787,6 +794,7 @@ impl Executor {
             state_read: false,
             log,
             pinned: component.pinned.clone(),
+            pinned_read: false,
             held: Held::new(limits, secrets.clone()),
             http_held: HttpHeld::new(limits),
         };
@@ -849,11 +857,11 @@ impl Executor {
         };
         // The instances, then every handle the guest held (requests in
         // flight among them) go before what the call left is read.
-        let CallState { outbound, table, held, http_held, state_read, .. } = store.into_data();
+        let CallState { outbound, table, held, http_held, state_read, pinned_read, .. } = store.into_data();
         drop(table);
-        let (mut host, mut host_dropped) = outbound.take_records();
-        host.extend(held.records());
-        host.extend(http_held.record());
+        let (mut host, mut host_dropped) = outbound.take_quoting_records();
+        host.extend(held.records().map(Record::host));
+        host.extend(http_held.record().map(Record::host));
         let mut kept = captured.take_all();
         let mut result = match raw {
             Ok(Ok(out)) => self.convert(out, &call.candidate().installed.tool),
@@ -868,6 +876,12 @@ impl Executor {
             }
             if !grant.env.is_empty() {
                 secrets.received("the values of its `env` grant");
+            }
+            // Packed from a Skill's folder or a remote server's answers, and
+            // checked then only for the secrets the packer could read (with
+            // the packer's config, if any): never for one this host has not read.
+            if pinned_read {
+                secrets.received("its pinned data (a Skill's content, an adapter's pins)");
             }
             // CPU in proportion to what the guest wrote: on the blocking pool.
             let checked = tokio::task::spawn_blocking(move || {
@@ -886,10 +900,10 @@ impl Executor {
                         "the host could not check the Tool's output for secrets; nothing it returned was kept".into(),
                     )),
                     Kept::default(),
-                    vec![
+                    vec![Record::host(
                         "the check of the call's output for secrets failed; its output and captures were withheld"
                             .into(),
-                    ],
+                    )],
                 ),
             };
         }
@@ -902,7 +916,7 @@ impl Executor {
                 stderr: kept.stderr,
                 log: kept.log,
                 dropped: kept.dropped,
-                host,
+                host: host.into_iter().map(Record::into_line).collect(),
                 host_dropped,
             },
             transport_failure: outbound.transport_failure(),
@@ -1134,6 +1148,7 @@ impl Executor {
             state_read: false,
             log: Capture::new(0),
             pinned,
+            pinned_read: false,
             held: Held::new(limits, None),
             http_held: HttpHeld::new(limits),
         };
@@ -1416,26 +1431,30 @@ fn withhold_secrets(
     secrets: &CallSecrets,
     result: &mut Result<ToolOutput, ToolFailure>,
     kept: &mut Kept,
-    host: &mut Vec<String>,
+    host: &mut Vec<Record>,
     limit: usize,
     capture: usize,
 ) -> u64 {
+    let mut unvouched_guest = false;
     let scanner = match secrets.scanner() {
         Watched::Complete(scanner) => scanner,
-        // A credential the host never read (unset where it runs): files and
-        // responses were refused, so what the guest had is its arguments
-        // (the model's own), its pinned data — and whatever it received
+        // A credential the host never read (unset where it runs): files
+        // with bytes were refused and no request sent, so what the guest
+        // had is its arguments (the model's own) — and whatever it received
         // unrefused: its state (committed by calls that may have run while
         // the credential was unreadable, so never checked for it), the
-        // literals of its `env` grant, names from its directories. Having
-        // any of those, nothing it wrote can be vouched for: all of it is
-        // withheld. Having none, it is checked for the secrets there are.
+        // literals of its `env` grant, names from its directories, its
+        // pinned data. Having any of those, nothing it wrote can be vouched
+        // for: all of it is withheld, and so is its text in the host's
+        // records (a path it opened, a host it asked for). Having none, it
+        // is checked for the secrets there are.
         Watched::Unvouched { scanner, credentials } => {
             let received = secrets.received_from_outside();
             if !received.is_empty() {
+                unvouched_guest = true;
                 secrets.record(format!(
-                    "the Tool's output, error text and captures were withheld: it received {}, which the host \
-                     cannot check for {}",
+                    "the Tool's output, error text and captures were withheld, and the guest's text left out of \
+                     these records: it received {}, which the host cannot check for {}",
                     received.join(", "),
                     credentials.why()
                 ));
@@ -1494,10 +1513,13 @@ fn withhold_secrets(
     }
     let (records, dropped) = secrets.take_records();
     host.extend(records);
-    // Host records quote the guest's text (a path, a destination).
-    for line in host.iter_mut() {
-        if let Some(f) = scanner.find(line.as_bytes()) {
-            *line = note(&f, "a host record");
+    for record in host.iter_mut() {
+        if unvouched_guest {
+            record.leave_out_guest_text();
+        }
+        // Host records quote the guest's text (a path, a destination).
+        if let Some(f) = scanner.find(record.line().as_bytes()) {
+            record.set_line(note(&f, "a host record"));
         }
     }
     dropped

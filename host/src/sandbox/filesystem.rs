@@ -392,11 +392,13 @@ fn read_batch(mut dir: rustix::fs::Dir, names: Option<&NameCheck>) -> (Option<ru
         if let Some(check) = names
             && let Some(f) = check.scanner.find(name.to_bytes())
         {
-            check.secrets.record(format!(
-                "a name in the listing of {} was left out: it held {}; keep secrets out of granted directories",
-                shown(&check.dir),
-                named(&f)
-            ));
+            check.secrets.record_quoting(|q| {
+                format!(
+                    "a name in the listing of {} was left out: it held {}; keep secrets out of granted directories",
+                    q(&shown(&check.dir)),
+                    named(&f)
+                )
+            });
             continue;
         }
         let kind = match entry.file_type() {
@@ -517,11 +519,13 @@ pub(super) fn add_to_linker<S: FilesystemCall>(linker: &mut Linker<S>) -> wasmti
                     Err(why) => {
                         // Closed before the guest could read a byte.
                         view.table.delete(opened)?;
-                        secrets.record(format!(
-                            "file {} refused to the guest (`access`): {why}. Keep secrets out of granted \
-                             directories, or the file out of the grant",
-                            shown(&guest)
-                        ));
+                        secrets.record_quoting(|q| {
+                            format!(
+                                "file {} refused to the guest (`access`): {why}. Keep secrets out of granted \
+                                 directories, or the file out of the grant",
+                                q(&shown(&guest))
+                            )
+                        });
                         Ok((Err(ErrorCode::Access),))
                     }
                 }
@@ -546,12 +550,14 @@ pub(super) fn add_to_linker<S: FilesystemCall>(linker: &mut Linker<S>) -> wasmti
                 let checked = tokio::task::spawn_blocking(move || {
                     let found = secrets.listing_scanner().find(target.as_bytes());
                     if let Some(f) = &found {
-                        secrets.record(format!(
-                            "the target of link {} was refused to the guest (`access`): it held {}; keep secrets \
-                             out of granted directories",
-                            shown(&guest),
-                            named(f)
-                        ));
+                        secrets.record_quoting(|q| {
+                            format!(
+                                "the target of link {} was refused to the guest (`access`): it held {}; keep \
+                                 secrets out of granted directories",
+                                q(&shown(&guest)),
+                                named(f)
+                            )
+                        });
                     }
                     (found.is_none(), target)
                 })

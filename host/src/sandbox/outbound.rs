@@ -25,9 +25,10 @@
 //! request of the call carried, in the encodings of [`super::scan`]; a
 //! response holding one is withheld from the guest. While a configured
 //! credential has no value the host can look for ([`Watched::Unvouched`]),
-//! every response is withheld: the check cannot vouch for it. Redirects
-//! are not followed: a guest that follows one makes a new request, decided
-//! anew.
+//! no request is sent: the check could not vouch for its response, and
+//! withholding only the response would leave its effects done upstream.
+//! Redirects are not followed: a guest that follows one makes a new
+//! request, decided anew.
 //!
 //! Architecture invariant: a denial is `HttpRequestDenied` (a withheld
 //! response an error) to the guest and a line in the call's host records;
@@ -44,7 +45,7 @@ use tokio::sync::Semaphore;
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
 use super::scan::SecretScanner;
-use crate::authority::credentials::{Apply, CredentialSpec, Secret};
+use crate::authority::credentials::{Apply, CredentialSpec, Secret, Source};
 use crate::authority::destination::{Destination, default_port};
 
 /// The request header a guest sets to ask for a credential by name.
@@ -70,7 +71,65 @@ pub struct HttpLimits {
 /// guest writes (stdout, stderr, log): a guest can neither erase these lines
 /// by flooding its own output nor add to them.
 #[derive(Debug, Default)]
-pub(super) struct HostRecords(Mutex<(Vec<String>, u64)>);
+pub(super) struct HostRecords(Mutex<(Vec<Record>, u64)>);
+
+/// One line of a call's host records, and the same line without the
+/// guest's text it quotes (a destination, a path, a name). While the host
+/// cannot vouch for what a guest received ([`Watched::Unvouched`]), the
+/// guest may hold a secret the host never read and write it into a path it
+/// opens or a host it asks for: the executor then keeps the line without
+/// the guest's text — the host's own words (which credential, which
+/// setting) stay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Record {
+    line: String,
+    /// `None`: the line is the host's words only.
+    without_guest: Option<String>,
+}
+
+/// What stands for the guest's text in a record kept without it.
+pub(super) const GUEST_TEXT_LEFT_OUT: &str = "[the guest's text, left out]";
+
+/// How a record quotes one piece of the guest's text.
+pub(super) type Quote<'a> = &'a dyn Fn(&str) -> String;
+
+impl Record {
+    /// A line of the host's words only.
+    pub(super) fn host(line: String) -> Self {
+        Record { line: bounded(line), without_guest: None }
+    }
+
+    /// A line quoting the guest's text: `line` puts each piece of it
+    /// through the quote it is given (built twice: with the text, without).
+    pub(super) fn quoting(line: impl Fn(Quote<'_>) -> String) -> Self {
+        let with = line(&|guest| guest.to_owned());
+        let without = line(&|_| GUEST_TEXT_LEFT_OUT.to_owned());
+        Record { line: bounded(with), without_guest: Some(bounded(without)) }
+    }
+
+    /// The line as kept.
+    pub(super) fn line(&self) -> &str {
+        &self.line
+    }
+
+    /// Replace the line.
+    pub(super) fn set_line(&mut self, line: String) {
+        self.line = line;
+        self.without_guest = None;
+    }
+
+    /// Keep the line without the guest's text it quotes.
+    pub(super) fn leave_out_guest_text(&mut self) {
+        if let Some(without) = self.without_guest.take() {
+            self.line = without;
+        }
+    }
+
+    /// The line as kept.
+    pub(super) fn into_line(self) -> String {
+        self.line
+    }
+}
 
 /// Most host records kept per call; further ones are counted.
 const MAX_RECORDS: usize = 64;
@@ -94,17 +153,24 @@ pub(super) fn bounded(line: String) -> String {
 }
 
 impl HostRecords {
-    /// Record one line (cut to [`MAX_RECORD_BYTES`]).
+    /// Record one line of the host's words (cut to [`MAX_RECORD_BYTES`]).
     pub(super) fn add(&self, line: String) {
+        self.push(Record::host(line));
+    }
+    /// Record one line quoting the guest's text ([`Record::quoting`]).
+    pub(super) fn quoting(&self, line: impl Fn(Quote<'_>) -> String) {
+        self.push(Record::quoting(line));
+    }
+    fn push(&self, record: Record) {
         let mut r = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if r.0.len() < MAX_RECORDS {
-            r.0.push(bounded(line));
+            r.0.push(record);
         } else {
             r.1 += 1;
         }
     }
     /// The lines kept, and how many more were dropped.
-    pub(super) fn take(&self) -> (Vec<String>, u64) {
+    pub(super) fn take(&self) -> (Vec<Record>, u64) {
         let mut r = self.0.lock().unwrap_or_else(|p| p.into_inner());
         (std::mem::take(&mut r.0), r.1)
     }
@@ -142,9 +208,9 @@ impl SecretWatch {
     /// A request of the call carries `secret`: watched from now on, for
     /// every response of the call (one still in flight, one checked before
     /// this request's own), whatever the source holds later.
-    fn sent(&self, name: &str, secret: &Secret) {
-        let value = (name.to_owned(), secret.expose().as_bytes().to_vec());
-        history(vec![value.clone()]);
+    fn sent(&self, spec: &CredentialSpec, secret: &Secret) {
+        let value = (spec.name.clone(), secret.expose().as_bytes().to_vec());
+        history(vec![(spec.source_id(), value.0.clone(), value.1.clone())]);
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         if !seen.values.contains(&value) {
             seen.values.push(value);
@@ -162,23 +228,25 @@ impl SecretWatch {
             // Whatever the host can read, also a value it would refuse to
             // apply (a file readable by others, a short or non-UTF-8 value).
             match spec.read_to_check() {
-                Ok(s) => current.push((spec.name.clone(), s.expose().to_vec())),
+                Ok(s) => current.push((spec.source_id(), spec.name.clone(), s.expose().to_vec())),
                 // Unreadable now: its earlier values are still in the history below.
                 Err(e) => unreadable.push((spec, e.to_string())),
             }
         }
         // Every value the process has seen for these credentials: a value
         // refreshed away in an earlier call may still be valid, and come back.
-        let current = history(current);
+        let kept = history(current);
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        for value in current {
-            if !seen.values.contains(&value) {
-                seen.values.push(value);
+        for (_, name, value) in &kept {
+            if !seen.values.iter().any(|(n, v)| n == name && v == value) {
+                seen.values.push((name.clone(), value.clone()));
             }
         }
         let mut unvouched = Vec::new();
         for (spec, why) in unreadable {
-            if !seen.values.iter().any(|(n, _)| *n == spec.name) {
+            // By source, not name: another config's `github` may be another secret.
+            let source = spec.source_id();
+            if !kept.iter().any(|(s, ..)| *s == source) {
                 // Never read by this process: nothing to look for at all.
                 unvouched.push((spec.name.clone(), format!("{why}; {}", spec.read_fix())));
             } else if !seen.unreadable.contains(&spec.name) {
@@ -237,23 +305,29 @@ impl Unreadable {
     }
 }
 
-/// Values kept per credential in [`history`].
+/// Values kept per source in [`history`].
 const HISTORY: usize = 8;
 
+/// One value the process read or sent: the source it came from
+/// ([`CredentialSpec::source_id`]), the credential's name (for findings),
+/// the value.
+type Kept = (Source, String, Vec<u8>);
+
 /// Add `values` to the process's history of credential values (the last
-/// [`HISTORY`] of each credential), and return the whole history: what a
+/// [`HISTORY`] of each source), and return the whole history: what a
 /// response is checked against, so an old value that is still valid is
 /// found in a later call too, and a credential that cannot be read right
-/// now is still checked for the values it had.
-fn history(values: Vec<(String, Vec<u8>)>) -> Vec<(String, Vec<u8>)> {
-    static KEPT: Mutex<Vec<(String, Vec<u8>)>> = Mutex::new(Vec::new());
+/// now is still checked for the values it had. Kept by source, not by
+/// name: two configs in one process may name different secrets alike.
+fn history(values: Vec<Kept>) -> Vec<Kept> {
+    static KEPT: Mutex<Vec<Kept>> = Mutex::new(Vec::new());
     let mut kept = KEPT.lock().unwrap_or_else(|p| p.into_inner());
     for value in values {
-        if let Some(at) = kept.iter().position(|v| *v == value) {
-            // Seen again: the newest of its credential.
+        if let Some(at) = kept.iter().position(|(s, _, v)| *s == value.0 && *v == value.2) {
+            // Seen again: the newest of its source (under the name it has now).
             kept.remove(at);
-        } else if kept.iter().filter(|(n, _)| *n == value.0).count() >= HISTORY
-            && let Some(oldest) = kept.iter().position(|(n, _)| *n == value.0)
+        } else if kept.iter().filter(|(s, ..)| *s == value.0).count() >= HISTORY
+            && let Some(oldest) = kept.iter().position(|(s, ..)| *s == value.0)
         {
             kept.remove(oldest);
         }
@@ -359,11 +433,18 @@ impl OutboundPolicy {
 
     /// What the host recorded about the call's requests (taken), and how many more lines were dropped.
     pub fn take_records(&self) -> (Vec<String>, u64) {
+        let (records, dropped) = self.take_quoting_records();
+        (records.into_iter().map(Record::into_line).collect(), dropped)
+    }
+
+    /// [`OutboundPolicy::take_records`], each line with what it quotes of the guest's text.
+    pub(super) fn take_quoting_records(&self) -> (Vec<Record>, u64) {
         self.call.get().map(|c| c.records.take()).unwrap_or_default()
     }
 
-    fn deny(&self, what: &str) -> HttpError {
-        self.traffic().records.add(format!("outbound request denied: {what}"));
+    /// Deny a request: `what` is the record's sentence, the guest's text in it quoted ([`Record::quoting`]).
+    fn deny(&self, what: impl Fn(Quote<'_>) -> String) -> HttpError {
+        self.traffic().records.quoting(|quote| format!("outbound request denied: {}", what(quote)));
         HttpError::HttpRequestDenied
     }
 
@@ -372,20 +453,23 @@ impl OutboundPolicy {
         let uri = request.uri();
         let scheme = uri.scheme_str().unwrap_or("https").to_ascii_lowercase();
         if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
-            return Err(self.deny("a URL with user information (`user:pass@`) is refused; use a credential reference"));
+            return Err(self
+                .deny(|_| "a URL with user information (`user:pass@`) is refused; use a credential reference".into()));
         }
         let Some(host) = uri.host().map(str::to_ascii_lowercase) else {
-            return Err(self.deny("the request names no host"));
+            return Err(self.deny(|_| "the request names no host".into()));
         };
         // No granted host is longer than a DNS name (an IPv6 literal is
         // shorter): refused before the text goes anywhere.
         if host.len() > MAX_HOST_BYTES {
-            return Err(self.deny(&format!("a host of {} bytes (a DNS name has at most 253) is refused", host.len())));
+            return Err(
+                self.deny(|_| format!("a host of {} bytes (a DNS name has at most 253) is refused", host.len()))
+            );
         }
         let port = uri.port_u16().unwrap_or_else(|| default_port(&scheme));
         let dest = format!("{scheme}://{host}:{port}");
         if !self.hosts.iter().any(|d| d.matches(&scheme, &host, port)) {
-            return Err(self.deny(&format!("{dest} is not granted to this Tool")));
+            return Err(self.deny(|q| format!("{} is not granted to this Tool", q(&dest))));
         }
         // An address the grant names is where the operator sent it; a name over HTTPS is bound by its certificate.
         let literal = host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>().is_ok();
@@ -393,7 +477,9 @@ impl OutboundPolicy {
         let headers = request.headers_mut();
         // A partial response could carry a secret in pieces too short to recognize.
         if headers.contains_key(http::header::RANGE) || headers.contains_key(http::header::IF_RANGE) {
-            return Err(self.deny(&format!("a `Range` request to {dest}: the host checks whole responses only")));
+            return Err(
+                self.deny(|q| format!("a `Range` request to {}: the host checks whole responses only", q(&dest)))
+            );
         }
         // The guest cannot negotiate a coding the host would have to trust blindly.
         headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
@@ -405,18 +491,18 @@ impl OutboundPolicy {
             [] => return Ok(Decided { dest, credential: None, resolve }),
             [one] => one.to_str().unwrap_or_default().trim().to_owned(),
             more => {
-                return Err(
-                    self.deny(&format!("{} credentials requested for {dest}; one request carries one", more.len()))
-                );
+                return Err(self.deny(|q| {
+                    format!("{} credentials requested for {}; one request carries one", more.len(), q(&dest))
+                }));
             }
         };
         let Some(spec) = self.credentials.iter().find(|c| c.name == name) else {
             // The name is the guest's text: quoted and cut short, so it cannot pass for a record of its own.
             let shown: String = name.chars().take(64).collect();
-            return Err(self.deny(&format!("credential {shown:?} is not granted to this Tool")));
+            return Err(self.deny(|q| format!("credential {} is not granted to this Tool", q(&format!("{shown:?}")))));
         };
         if !spec.bound_to(&scheme, &host, port) {
-            return Err(self.deny(&format!("credential `{name}` is not bound to {dest}")));
+            return Err(self.deny(|q| format!("credential `{name}` is not bound to {}", q(&dest))));
         }
         match spec.materialize(&scheme, &host, port) {
             Ok(secret) => Ok(Decided { dest, credential: Some((spec.clone(), secret)), resolve }),
@@ -999,10 +1085,39 @@ impl WasiHttpHooks for OutboundPolicy {
         Box::new(async move {
             let records = &call.records;
             let Decided { dest, credential, resolve } = decided?;
+            // While the host cannot check what would come back, nothing
+            // leaves: withholding only the response would let a POST, a
+            // DELETE or an adapter's `tools/call` take effect while the
+            // model is told it failed — and retries it. (Read on the
+            // blocking pool: a source may be a file.)
+            let watch = call.clone();
+            let watched = if call.watch.specs.is_empty() {
+                Ok(None)
+            } else {
+                tokio::task::spawn_blocking(move || Some(watch.watch.scanner(&watch.records))).await
+            };
+            match watched {
+                Ok(None | Some(Watched::Complete(_))) => {}
+                Ok(Some(Watched::Unvouched { credentials, .. })) => {
+                    records.quoting(|q| {
+                        format!(
+                            "request to {} not sent: the host cannot check its response for {}",
+                            q(&dest),
+                            credentials.why()
+                        )
+                    });
+                    return Err(HttpError::InternalError(Some(format!(
+                        "the host did not send the request: it cannot check a response for credential {} (see the \
+                         host's records)",
+                        credentials.names()
+                    ))));
+                }
+                Err(_) => return Err(HttpError::InternalError(Some("the host could not check its secrets".into()))),
+            }
             if let Some((spec, secret)) = &credential {
                 apply(&mut request, spec, secret)?;
                 // Watched for in every response of the call from now on, whatever the source holds by then.
-                call.watch.sent(&spec.name, secret);
+                call.watch.sent(spec, secret);
             }
             drop(credential);
             // In flight: at most so many of this call, and of the host; more wait their turn.
@@ -1014,7 +1129,7 @@ impl WasiHttpHooks for OutboundPolicy {
                 match checked_address(&name, port, limits.timeout).await {
                     Ok(address) => pin(&mut request, address)?,
                     Err(Unreachable::Prohibited(why)) => {
-                        records.add(format!("outbound request denied: {dest} {why}"));
+                        records.quoting(|q| format!("outbound request denied: {} {why}", q(&dest)));
                         return Err(HttpError::DestinationIpProhibited);
                     }
                     Err(Unreachable::Dns(why)) => {
@@ -1092,10 +1207,13 @@ impl WasiHttpHooks for OutboundPolicy {
             let collect = async {
                 Limited::new(body, limit).collect().await.map(|c| c.to_bytes()).map_err(|_| {
                     if limit < limits.response_bytes {
-                        records.add(format!(
-                            "response from {dest} refused: the call's {}-byte response budget is spent",
-                            limits.response_bytes_per_call
-                        ));
+                        records.quoting(|q| {
+                            format!(
+                                "response from {} refused: the call's {}-byte response budget is spent",
+                                q(&dest),
+                                limits.response_bytes_per_call
+                            )
+                        });
                     }
                     HttpError::HttpResponseBodySize(Some(limit as u64))
                 })
@@ -1107,11 +1225,15 @@ impl WasiHttpHooks for OutboundPolicy {
             let scanner = match call.watch.scanner(records) {
                 Watched::Complete(scanner) => scanner,
                 // What the host cannot check it does not hand over, as if it held the secret.
+                // (Not sent while unvouched; a source cannot become unread.)
                 Watched::Unvouched { credentials, .. } => {
-                    records.add(format!(
-                        "response from {dest} withheld: the host cannot check it for {}",
-                        credentials.why()
-                    ));
+                    records.quoting(|q| {
+                        format!(
+                            "response from {} withheld: the host cannot check it for {}",
+                            q(&dest),
+                            credentials.why()
+                        )
+                    });
                     return Err(HttpError::InternalError(Some(format!(
                         "the host withheld the response: it cannot check it for credential {} (see the host's \
                          records)",
@@ -1135,7 +1257,7 @@ impl WasiHttpHooks for OutboundPolicy {
             let data = match verdict {
                 Ok(data) => data,
                 Err(Withheld { why, coding }) => {
-                    records.add(format!("response from {dest} withheld: {why}"));
+                    records.quoting(|q| format!("response from {} withheld: {why}", q(&dest)));
                     return Err(if coding {
                         HttpError::HttpResponseContentCoding(Some(why))
                     } else {
@@ -1310,7 +1432,7 @@ mod tests {
         assert!(s.find(b"second-value-2222").is_some() && s.find(b"first-value-1111").is_some());
         // ...and for the exact value a request carried, even when the source no longer holds it.
         write("third-value-33333");
-        watch.sent("tracker", &first);
+        watch.sent(&spec, &first);
         let s = watch.scanner(&records).complete();
         for v in ["first-value-1111", "second-value-2222", "third-value-33333"] {
             assert!(s.find(v.as_bytes()).is_some(), "{v}");
@@ -1321,7 +1443,7 @@ mod tests {
         let watch = SecretWatch::new(Arc::from([spec.clone()]));
         write("fourth-value-4444");
         let sent = spec.materialize("http", "127.0.0.1", 8080).unwrap();
-        watch.sent("tracker", &sent);
+        watch.sent(&spec, &sent);
         write("fifth-value-55555");
         assert!(watch.scanner(&records).complete().find(b"fourth-value-4444").is_some());
         // A later call still watches a value an earlier one saw (it may still be valid),
@@ -1332,7 +1454,10 @@ mod tests {
         for v in ["first-value-1111", "fourth-value-4444", "fifth-value-55555"] {
             assert!(s.find(v.as_bytes()).is_some(), "{v}");
         }
-        assert!(records.take().0.iter().any(|r| r.contains("response check")), "the unreadable source is recorded");
+        assert!(
+            records.take().0.iter().any(|r| r.line().contains("response check")),
+            "the unreadable source is recorded"
+        );
     }
 
     impl Watched {
@@ -1385,6 +1510,48 @@ mod tests {
         let Watched::Unvouched { scanner, credentials } = watch.scanner(&records) else { panic!() };
         assert_eq!(credentials.names(), "`never-read-file`");
         assert!(scanner.find(b"x n3ver-read-t0ken-value").is_some());
+    }
+
+    /// An embedder's two configs in one process, each with a credential
+    /// `github`: one from a variable it has read, the other from a file
+    /// that is missing. The second has never been read — its check is
+    /// unvouched, whatever the first's history holds under the same name —
+    /// until its file can be read; then a third config naming that file
+    /// differently (`./`) shares what was read of it.
+    #[test]
+    fn a_credential_counts_as_read_only_when_its_own_source_was() {
+        use crate::authority::credentials::{CredentialConfig, Source};
+        let var = format!("TOOLGATE_OUTBOUND_SAME_NAME_{}", std::process::id());
+        let dir = tempfile::tempdir().unwrap();
+        let spec = |source, base: &std::path::Path| {
+            let config = CredentialConfig {
+                source,
+                destinations: vec!["https://api.example:443".into()],
+                apply: Apply::Header { name: "authorization".into(), format: "Bearer {}".into() },
+            };
+            Arc::new(CredentialSpec::new("github", &config, base).unwrap())
+        };
+        // SAFETY (edition 2024): the variable is this test's own.
+        unsafe { std::env::set_var(&var, "env-t0ken-of-the-first-config") };
+        let first = SecretWatch::new(Arc::from([spec(Source::Env(var.clone()), dir.path())]));
+        let records = HostRecords::default();
+        assert!(first.scanner(&records).complete().find(b"env-t0ken-of-the-first-config").is_some());
+        let second = SecretWatch::new(Arc::from([spec(Source::File("gh.secret".into()), dir.path())]));
+        let Watched::Unvouched { scanner, credentials } = second.scanner(&records) else {
+            panic!("the second `github` was never read: it cannot be vouched for")
+        };
+        assert!(credentials.why().contains("gh.secret"), "{}", credentials.why());
+        assert!(scanner.find(b"env-t0ken-of-the-first-config").is_some(), "other values are still looked for");
+        let file = dir.path().join("gh.secret");
+        std::fs::write(&file, "file-t0ken-of-the-second-config\n").unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(second.scanner(&records).complete().find(b"file-t0ken-of-the-second-config").is_some());
+        std::fs::remove_file(&file).unwrap();
+        let third = SecretWatch::new(Arc::from([spec(Source::File("./gh.secret".into()), dir.path())]));
+        let s = third.scanner(&records).complete();
+        assert!(s.find(b"file-t0ken-of-the-second-config").is_some(), "read before, as the same file");
+        unsafe { std::env::remove_var(&var) };
     }
 
     /// A response is checked for a secret the host refuses to apply (its
@@ -1440,11 +1607,32 @@ mod tests {
         // Each line too, at a character boundary.
         r.add(format!("denied: {}", "é".repeat(2 << 20)));
         let (lines, _) = r.take();
-        assert!(
-            lines[0].len() <= MAX_RECORD_BYTES + 40 && lines[0].ends_with("more bytes not kept)"),
-            "{}",
-            lines[0].len()
+        let line = lines[0].line();
+        assert!(line.len() <= MAX_RECORD_BYTES + 40 && line.ends_with("more bytes not kept)"), "{}", line.len());
+    }
+
+    /// A record keeps the host's words apart from the guest's text it
+    /// quotes, so it can be kept without the guest's text.
+    #[test]
+    fn a_record_can_be_kept_without_the_guests_text() {
+        let r = HostRecords::default();
+        let dest = "http://746f6b656e.x:80";
+        r.quoting(|q| format!("outbound request denied: {} is not granted to this Tool", q(dest)));
+        r.add("response check: credential `a`: cannot read /s".into());
+        let (mut lines, _) = r.take();
+        assert_eq!(lines[0].line(), "outbound request denied: http://746f6b656e.x:80 is not granted to this Tool");
+        for line in &mut lines {
+            line.leave_out_guest_text();
+        }
+        assert_eq!(
+            lines[0].line(),
+            format!("outbound request denied: {GUEST_TEXT_LEFT_OUT} is not granted to this Tool")
         );
+        assert_eq!(lines[1].line(), "response check: credential `a`: cannot read /s", "the host's words stay");
+        // A long quote is cut in both forms.
+        r.quoting(|q| format!("file {} refused", q(&"p".repeat(1 << 20))));
+        let (lines, _) = r.take();
+        assert!(lines[0].line().len() < MAX_RECORD_BYTES + 40, "{}", lines[0].line().len());
     }
 
     #[test]

@@ -29,9 +29,11 @@
 //!
 //! While a configured credential has no value to look for (its source
 //! unreadable and never read by the process: [`Watched::Unvouched`]), no
-//! check can vouch for what it passes: every file is refused, and the
-//! executor withholds the output of a call that received anything
-//! unrefused from outside ([`CallSecrets::received`]).
+//! check can vouch for what it passes: every file with bytes is refused
+//! (an empty one holds nothing: a Tool creating a file to write to gets
+//! it), and the executor withholds the output of a call that received
+//! anything unrefused from outside ([`CallSecrets::received`]), and the
+//! guest's text in its host records.
 //!
 //! What it cannot catch (a file changed after its check, a secret split
 //! across files or reads, compressed inside a large file) is in SECURITY.md,
@@ -46,7 +48,7 @@ use std::os::unix::fs::{FileExt as _, MetadataExt as _};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use super::outbound::{HostRecords, SecretWatch, Watched, check_compressed};
+use super::outbound::{HostRecords, Quote, Record, SecretWatch, Watched, check_compressed};
 use super::scan::{Finding, SecretScanner};
 use crate::authority::credentials::CredentialSpec;
 
@@ -222,13 +224,18 @@ impl CallSecrets {
         self.state().received.clone()
     }
 
-    /// Record one line in the call's host records.
+    /// Record one line of the host's words in the call's host records.
     pub(super) fn record(&self, line: String) {
         self.records.add(line);
     }
 
+    /// Record one line quoting the guest's text (a path, a name): see [`Record::quoting`].
+    pub(super) fn record_quoting(&self, line: impl Fn(Quote<'_>) -> String) {
+        self.records.quoting(line);
+    }
+
     /// The call's records from these checks (taken), and how many more were dropped.
-    pub(super) fn take_records(&self) -> (Vec<String>, u64) {
+    pub(super) fn take_records(&self) -> (Vec<Record>, u64) {
         self.records.take()
     }
 
@@ -284,6 +291,12 @@ impl CallSecrets {
         // The secrets as their sources hold them now (new values forget what was checked).
         let scanner = match self.scanner() {
             Watched::Complete(scanner) => scanner,
+            // Empty, there is nothing in it to hold the secret: a file a
+            // Tool creates (or truncates) to write to. Read, not taken from
+            // its size (a procfs file says 0 and has bytes). A write-only
+            // open of a file with bytes stays refused: its writes could cut
+            // a secret down to what a later check would not recognize.
+            Watched::Unvouched { .. } if is_empty(file) => return Ok(()),
             // Not remembered: once the source can be read, the file is checked.
             Watched::Unvouched { credentials, .. } => {
                 return Err(format!("the host cannot check it for {}", credentials.why()));
@@ -352,6 +365,17 @@ impl CallSecrets {
                 // It grew past the limit while being read.
                 return Err(Stopped::Why(self.too_large(offset)));
             }
+        }
+    }
+}
+
+/// Whether `file` has no bytes now: a read at its start finds its end.
+fn is_empty(file: &std::fs::File) -> bool {
+    loop {
+        match file.read_at(&mut [0], 0) {
+            Ok(n) => return n == 0,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return false,
         }
     }
 }
@@ -561,10 +585,11 @@ mod tests {
     }
 
     /// A credential the host has never read (its variable unset where the
-    /// host runs) leaves nothing to look for: every file is refused, clean
-    /// or not, naming the credential, its source and the fix — until the
-    /// variable is set, when the normal check applies (and, read once, its
-    /// value stays watched after it is unset again).
+    /// host runs) leaves nothing to look for: every file with bytes is
+    /// refused, clean or not, naming the credential, its source and the fix
+    /// (an empty one holds nothing to keep) — until the variable is set,
+    /// when the normal check applies (and, read once, its value stays
+    /// watched after it is unset again).
     #[test]
     fn a_file_is_refused_while_a_credential_was_never_read() {
         let var = format!("TOOLGATE_WITHHOLD_NEVER_READ_{}", std::process::id());
@@ -584,6 +609,8 @@ mod tests {
             );
         }
         assert!(s.state().checked.is_empty(), "an unvouched verdict is not remembered");
+        // An empty file holds nothing to keep from the guest (one a Tool creates to write to).
+        assert_eq!(check(&s, b""), Ok(()));
         // The listing's names pass (checked for what there is) but count as received.
         let _ = s.listing_scanner();
         assert_eq!(s.received_from_outside(), ["names from its directories"]);
