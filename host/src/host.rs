@@ -131,12 +131,13 @@ pub async fn precompile(
 pub async fn open(config: &Config, agent: &str) -> Result<Runtime, HostError> {
     // An MCP client starting `toolgate serve` passes its own environment,
     // not the user's shell's: a credential whose variable is missing leaves
-    // the host nothing to check for, so it refuses files and responses.
+    // the host nothing to check for, so it refuses files and requests.
     for spec in config.credentials.values() {
         if let Some(why) = spec.unreadable() {
             tracing::warn!(
-                "{why}; until the host can read it, it cannot check anything for this secret, and refuses Tools' \
-                 files and HTTP responses and the output of calls that read their state"
+                "{why}; until the host can read it, it cannot check anything for this secret: it refuses Tools' \
+                 files, sends none of their HTTP requests, and withholds the output of calls that read their \
+                 state or pinned data"
             );
         }
     }
