@@ -37,17 +37,21 @@
 //!   secret on one line), and with a list of hex byte values joined into
 //!   plain hex (`[]byte{0x73, 0x33}`, `[73, 33]`, `{ 0x73, 0x33 }`);
 //! - base64-decoded ([`SecretScanner::find_base64`]): every run of base64
-//!   or base64url characters (line breaks inside it skipped) of the data as
-//!   sent and of its last repeated pass, decoded whole at each of the four
-//!   character offsets, and what it decodes to (where it runs long enough
-//!   in bytes a form can be written with) searched with this whole list
-//!   of views, base64 included, down to [`MAX_BASE64_DEPTH`] decodings. So
-//!   every escape above is found inside base64 too, whatever library wrote
-//!   it (`\u002B` from System.Text.Json, `%2b` from `HttpUtility`,
-//!   `encodeURIComponent`'s `!'()*`), with no needle for each escaper. What
-//!   one check decodes is bounded by [`BASE64_FACTOR`] times the data;
-//!   data that needs more is reported, as a finding of its own, rather than
-//!   passed unread.
+//!   or base64url characters (line breaks inside it skipped, and blanks
+//!   around them: MIME, PEM, a folded header, an indented YAML block) of
+//!   the data as sent and of its last repeated pass, decoded at each of the
+//!   four character offsets, and what it decodes to (where it runs long
+//!   enough in bytes a form can be written with) searched with this whole
+//!   list of views, base64 included, down to [`MAX_BASE64_DEPTH`]
+//!   decodings. So every escape above is found inside base64 too, whatever
+//!   library wrote it (`\u002B` from System.Text.Json, `%2b` from
+//!   `HttpUtility`, `encodeURIComponent`'s `!'()*`), with no needle for
+//!   each escaper. What one check decodes is bounded by [`BASE64_FACTOR`]
+//!   times the data; data that needs more is reported, as a finding of its
+//!   own, rather than passed unread. What the view holds is bounded too: a
+//!   run is decoded a [`WINDOW`] at a time, the windows overlapping by
+//!   whatever a form can span, so a few windows a depth whatever the
+//!   data's size.
 //!
 //! A view with blanks is searched once, blanks removed, with every needle,
 //! and once as it is with the few needles that hold a blank (or end in the
@@ -107,6 +111,26 @@ pub const OVER_BOUND: &str = "more base64 than the check decodes";
 /// shortest needle is longer decodes only runs that can hold it
 /// ([`SecretScanner::run_shortest`]).
 const MIN_RUN: usize = (MIN_SECRET * 8).div_ceil(6);
+
+/// Characters of a run the base64 view decodes at a time (more when the
+/// secrets' forms are long: [`SecretScanner::base64_window`]). What the
+/// view holds is a few windows a depth, whatever the data's size: a 16 MiB
+/// run is read as it is by a 16 KiB one, the windows overlapping so that
+/// a form across a boundary is whole in one of them.
+const WINDOW: usize = 16 << 10;
+
+/// Bytes of form bytes the view gathers, over runs and windows, before it
+/// searches them one level deeper and lets them go: many short runs are
+/// searched together, not one by one.
+const KEPT_BATCH: usize = 32 << 10;
+
+/// How many bytes of the data around it a character of a base64 run inside
+/// decoded base64 may take ([`SecretScanner::span`]): line breaks and
+/// indentation between lines, `\/` or `%2F` for some of its characters.
+const RUN_GROWTH: usize = 2;
+
+/// Slots of the table of runs one level decoded ([`SeenRuns`]): 32 KiB.
+const SEEN_SLOTS: usize = 4096;
 
 /// How many times the all-kinds view undoes escapes: enough for the
 /// layering libraries produce by accident (a value escaped for a URL, then
@@ -623,73 +647,179 @@ impl SecretScanner {
             })
         };
         let mut unescaped = None;
-        if let Some(f) =
-            self.find_joined(data, &AS_SENT).or_else(single).or_else(|| self.find_repeated(data, &mut unescaped))
+        let mut saw_plus = data.contains(&b'+');
+        if let Some(f) = self
+            .find_joined(data, &AS_SENT)
+            .or_else(single)
+            .or_else(|| self.find_repeated(data, false, &mut saw_plus, &mut unescaped))
         {
+            return Some(f);
+        }
+        // The base64 view while the last pass is held, which goes before
+        // the views after it make copies of their own: the check never
+        // holds more copies of the data at once than those views do.
+        let found = self.find_base64(data, unescaped.as_deref(), budget);
+        drop(unescaped);
+        if found.is_some() {
+            return found;
+        }
+        if saw_plus && let Some(f) = self.find_repeated(data, true, &mut saw_plus, &mut None) {
             return Some(f);
         }
         // Text in UTF-16: with its zero bytes gone, ASCII is ASCII again
         // and every view applies (a secret's base64 or hex written in UTF-16).
-        if let Some(narrowed) = narrowed_utf16(data)
-            && let Some(f) = self.find_with(&narrowed, budget)
-        {
-            return Some(Finding { view: "UTF-16 narrowed", ..f });
-        }
-        self.find_base64(data, unescaped.as_deref(), budget)
+        let narrowed = narrowed_utf16(data)?;
+        self.find_with(&narrowed, budget).map(|f| Finding { view: "UTF-16 narrowed", ..f })
     }
 
     /// The base64 view: each run of base64 or base64url characters in
     /// `data` and in `unescaped` (its last repeated pass: base64 that a
     /// response percent-encoded, `\u002B`- or `\/`-escaped or wrapped with
-    /// JSON's `\r\n` is whole only there; a run in both is taken once),
-    /// decoded ([`decode_run`]) and searched with every view, this one
-    /// included one level deeper. A run is decoded at all four character
-    /// offsets, so its start need not be the encoding's (a version prefix
-    /// of letters, a path, data cut mid-token); the secret's own offset
-    /// inside what was encoded does not matter, as the run is decoded
-    /// whole. Of what it decodes to, the runs of form bytes are searched
-    /// ([`SecretScanner::keep_forms`]), together. [`OVER_BOUND`] when the
-    /// runs cost more than the budget has left.
+    /// JSON's `\r\n` is whole only there; a run met in both is mostly
+    /// taken once, see [`SeenRuns`]), decoded ([`decode_run`]) and
+    /// searched with every view, this one included one level deeper. A run
+    /// is decoded at all four character offsets, so its start need not be
+    /// the encoding's (a version prefix of letters, a path, data cut
+    /// mid-token); the secret's own offset inside what was encoded does not
+    /// matter. Of what it decodes to, the runs of form bytes are searched
+    /// ([`SecretScanner::keep_forms`]), gathered up to [`KEPT_BATCH`] bytes.
+    /// A run is decoded a window at a time ([`Level`]), so what the view
+    /// holds does not grow with the data. [`OVER_BOUND`] when the runs cost
+    /// more than the budget has left.
     fn find_base64(&self, data: &[u8], unescaped: Option<&[u8]>, budget: &mut Base64Budget) -> Option<Finding> {
         if budget.depth >= MAX_BASE64_DEPTH {
             return None;
         }
-        let mut seen: std::collections::HashSet<&[u8]> = std::collections::HashSet::new();
-        let (mut kept, mut narrowed, mut sextets, mut piece) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for source in [Some(data), unescaped].into_iter().flatten() {
-            for (start, end) in base64_runs(source, self.run_shortest) {
-                // With two views, a run met before (in both, or repeated) is
-                // decoded once; with one, runs are not hashed at all.
-                let Some(run) = source.get(start..end) else { continue };
-                if unescaped.is_some() && !seen.insert(run) {
-                    continue;
+        let mut level = Level::new(self.base64_window(budget.depth), unescaped.is_some());
+        let found = self.find_base64_in(data, unescaped, budget, &mut level);
+        budget.held = budget.held.saturating_sub(level.held);
+        found
+    }
+
+    /// [`SecretScanner::find_base64`] with its buffers, `level`.
+    fn find_base64_in(
+        &self,
+        data: &[u8],
+        unescaped: Option<&[u8]>,
+        budget: &mut Base64Budget,
+        level: &mut Level,
+    ) -> Option<Finding> {
+        let min = self.run_shortest;
+        let mut mine = Base64Runs::new(data, min).peekable();
+        if let Some(other) = unescaped {
+            // In step: a run of the unescaped pass after the data's runs up
+            // to where it can have come from (unescaping only shortens, by
+            // `lag` bytes in all), so the two copies of a run meet while
+            // the first is still in the table of runs seen.
+            let lag = data.len().saturating_sub(other.len());
+            for run in Base64Runs::new(other, min) {
+                while let Some(r) = mine.next_if(|r| r.start <= run.start.saturating_add(lag)) {
+                    if let Some(f) = self.decode_windows(data, r, level, budget) {
+                        return Some(f);
+                    }
                 }
-                sextets.clear();
-                sextets.extend(run.iter().map(|&b| BASE64_VALUE[usize::from(b)]).filter(|&v| v < 64));
-                // Four offsets, ¾ of a byte a character each.
-                let cost = sextets.len().saturating_mul(3);
-                let Some(left) = budget.left.checked_sub(cost) else {
-                    return Some(self.over_bound());
-                };
-                budget.left = left;
-                for offset in 0..4 {
-                    piece.clear();
-                    decode_run(sextets.get(offset..).unwrap_or_default(), &mut piece);
-                    budget.decoded = budget.decoded.saturating_add(piece.len());
-                    self.keep_forms(&piece, &mut kept, &mut narrowed);
+                if let Some(f) = self.decode_windows(other, run, level, budget) {
+                    return Some(f);
                 }
             }
         }
-        if kept.is_empty() {
+        for r in mine {
+            if let Some(f) = self.decode_windows(data, r, level, budget) {
+                return Some(f);
+            }
+        }
+        self.search_kept(level, budget)
+    }
+
+    /// One run of `source`, unless seen before, charged to the budget and
+    /// decoded a window at a time at each of the four offsets, its form
+    /// bytes kept ([`SecretScanner::keep_forms`]) and searched whenever
+    /// [`KEPT_BATCH`] bytes are. Windows overlap so that whatever a form
+    /// spans in the decoded run is whole in one of them ([`Window`]).
+    fn decode_windows(&self, source: &[u8], run: Run, level: &mut Level, budget: &mut Base64Budget) -> Option<Finding> {
+        let bytes = source.get(run.start..run.end).unwrap_or_default();
+        if !level.seen.first_time(bytes) {
             return None;
         }
+        // The whole run, four offsets, ¾ of a byte a character each, as if
+        // decoded at once: the overlaps' work is not charged (at most ⅓ more).
+        let Some(left) = budget.left.checked_sub(run.chars.saturating_mul(3)) else {
+            return Some(self.over_bound());
+        };
+        budget.left = left;
+        let Window { len, overlap } = level.window;
+        let mut chars = bytes.iter().map(|&b| BASE64_VALUE[usize::from(b)]).filter(|&v| v < 64);
+        level.sextets.clear();
+        level.sextets.reserve_exact(run.chars.min(len));
+        let mut first = true;
+        loop {
+            let before = level.sextets.len();
+            level.sextets.extend(chars.by_ref().take(len.saturating_sub(before)));
+            if level.sextets.len() == before && !first {
+                break;
+            }
+            first = false;
+            for offset in 0..4 {
+                level.piece.clear();
+                level.piece.reserve_exact(level.sextets.len() / 4 * 3 + 2);
+                decode_run(level.sextets.get(offset..).unwrap_or_default(), &mut level.piece);
+                budget.decoded = budget.decoded.saturating_add(level.piece.len());
+                self.keep_forms(&level.piece, &mut level.kept, &mut level.narrowed);
+                level.account(budget);
+                if level.kept.len() >= KEPT_BATCH
+                    && let Some(f) = self.search_kept(level, budget)
+                {
+                    return Some(f);
+                }
+            }
+            if level.sextets.len() < len {
+                break;
+            }
+            // The next window starts `len - overlap` characters on, a
+            // multiple of 4: the four offsets read the same groups.
+            let next = len.saturating_sub(overlap).min(level.sextets.len());
+            level.sextets.drain(..next);
+        }
+        None
+    }
+
+    /// The form bytes `level` gathered, searched with every view one level
+    /// deeper (and narrowed, if UTF-16), then let go.
+    fn search_kept(&self, level: &mut Level, budget: &mut Base64Budget) -> Option<Finding> {
+        if level.kept.is_empty() {
+            return None;
+        }
+        level.account(budget);
         budget.depth += 1;
-        let mut found = self.find_with(&kept, budget);
-        if found.is_none() && !narrowed.is_empty() {
-            found = self.find_with(&narrowed, budget);
+        let mut found = self.find_with(&level.kept, budget);
+        if found.is_none() && !level.narrowed.is_empty() {
+            found = self.find_with(&level.narrowed, budget);
         }
         budget.depth -= 1;
+        level.kept.clear();
+        level.narrowed.clear();
         found.map(|f| if f.form == OVER_BOUND { f } else { Finding { view: "base64-decoded", ..f } })
+    }
+
+    /// The window a base64 run found `depth` decodings deep is read in:
+    /// overlapping by the characters of [`SecretScanner::span`] decoded
+    /// bytes (and a group either side), at least four overlaps long.
+    fn base64_window(&self, depth: usize) -> Window {
+        let overlap = self.span(depth + 1).div_ceil(3).saturating_add(2).saturating_mul(4);
+        Window { len: WINDOW.max(overlap.saturating_mul(4)), overlap }
+    }
+
+    /// Bytes the forms found in data decoded `level` times can span: the
+    /// longest form as written, or, where the base64 view reads deeper, a
+    /// run of base64 that decodes to that span's bytes — its characters
+    /// each up to [`RUN_GROWTH`] bytes, and a group either side.
+    fn span(&self, level: usize) -> usize {
+        let mut span = self.longest.max(1);
+        for _ in level..MAX_BASE64_DEPTH {
+            let run = span.div_ceil(3).saturating_add(2).saturating_mul(4).saturating_mul(RUN_GROWTH);
+            span = span.max(run);
+        }
+        span
     }
 
     /// Each run of form bytes in `piece` (what one run decoded to at one
@@ -700,7 +830,7 @@ impl SecretScanner {
     fn keep_forms(&self, piece: &[u8], kept: &mut Vec<u8>, narrowed: &mut Vec<u8>) {
         let min = self.needle_shortest;
         let form = |i: usize| piece.get(i).is_some_and(|&b| self.form_bytes[usize::from(b)]);
-        // As [`base64_runs`]: a byte that is not a form byte `min` bytes on
+        // As [`Base64Runs`]: a byte that is not a form byte `min` bytes on
         // is skipped to, with no look at the bytes before it (the
         // decoded binary is about half form bytes).
         let mut i = 0;
@@ -735,36 +865,37 @@ impl SecretScanner {
         Finding { credential: self.names.join(", "), form: OVER_BOUND, view: "base64-decoded" }
     }
 
-    /// Every kind undone at once, pass after pass, each pass scanned; then
-    /// the same with `+` as a space, if a `+` showed up on the way. The last
-    /// pass without `+` as a space goes to `last`, for the base64 view.
-    fn find_repeated(&self, data: &[u8], last: &mut Option<Vec<u8>>) -> Option<Finding> {
-        let mut saw_plus = data.contains(&b'+');
-        for plus in [false, true] {
-            if plus && !saw_plus {
+    /// Every kind undone at once, pass after pass, each pass scanned; with
+    /// `plus`, `+` read as a space too ([`SecretScanner::find_with`] makes
+    /// that pass after the others if a `+` showed up on the way: it sets
+    /// `saw_plus`). The last pass goes to `last` (the base64 view reads it;
+    /// `+` as a space breaks base64, so only a pass without it).
+    fn find_repeated(
+        &self,
+        data: &[u8],
+        plus: bool,
+        saw_plus: &mut bool,
+        last: &mut Option<Vec<u8>>,
+    ) -> Option<Finding> {
+        let kinds = Kinds { plus, ..ALL };
+        let mut current = Cow::Borrowed(data);
+        for _ in 0..MAX_PASSES {
+            let plus_found = plus && memchr::memchr(b'+', &current).is_some();
+            if !plus_found && memchr::memchr3(b'\\', b'&', b'%', &current).is_none() {
                 break;
             }
-            let kinds = Kinds { plus, ..ALL };
-            let mut current = Cow::Borrowed(data);
-            for _ in 0..MAX_PASSES {
-                let plus_found = plus && memchr::memchr(b'+', &current).is_some();
-                if !plus_found && memchr::memchr3(b'\\', b'&', b'%', &current).is_none() {
-                    break;
-                }
-                let Some(next) = unescape(&current, kinds) else {
-                    break;
-                };
-                saw_plus |= next.contains(&b'+');
-                let stage = if plus { &FORM_DECODED_REPEATEDLY } else { &DECODED_REPEATEDLY };
-                if let Some(f) = self.find_joined(&next, stage) {
-                    return Some(f);
-                }
-                current = Cow::Owned(next);
+            let Some(next) = unescape(&current, kinds) else {
+                break;
+            };
+            *saw_plus |= next.contains(&b'+');
+            let stage = if plus { &FORM_DECODED_REPEATEDLY } else { &DECODED_REPEATEDLY };
+            if let Some(f) = self.find_joined(&next, stage) {
+                return Some(f);
             }
-            // `+` as a space breaks base64: only the other pass is kept.
-            if !plus && let Cow::Owned(view) = current {
-                *last = Some(view);
-            }
+            current = Cow::Owned(next);
+        }
+        if let Cow::Owned(view) = current {
+            *last = Some(view);
         }
         None
     }
@@ -965,6 +1096,10 @@ struct Base64Budget {
     /// ([`SecretScanner::find_with`]) at every depth: the check's work.
     decoded: usize,
     searched: usize,
+    /// Bytes the view's buffers hold now, at every depth together, and the
+    /// most they held at once ([`Level::account`]).
+    held: usize,
+    peak: usize,
 }
 
 impl Base64Budget {
@@ -975,7 +1110,100 @@ impl Base64Budget {
             depth: 0,
             decoded: 0,
             searched: 0,
+            held: 0,
+            peak: 0,
         }
+    }
+}
+
+/// How a run is read: `len` characters at a time, each window starting
+/// `len - overlap` characters after the one before (both multiples of 4).
+#[derive(Clone, Copy, Debug)]
+struct Window {
+    len: usize,
+    overlap: usize,
+}
+
+/// The buffers of the base64 view at one depth, reused from window to
+/// window and run to run, so what it holds is bounded by its [`Window`]
+/// and [`KEPT_BATCH`], not by the data: the characters of one window, what
+/// they decode to at one offset, the form bytes gathered (and narrowed),
+/// and the runs seen.
+struct Level {
+    window: Window,
+    sextets: Vec<u8>,
+    piece: Vec<u8>,
+    kept: Vec<u8>,
+    narrowed: Vec<u8>,
+    seen: SeenRuns,
+    /// Bytes these buffers held when last counted into the budget.
+    held: usize,
+}
+
+impl Level {
+    fn new(window: Window, dedupe: bool) -> Self {
+        Level {
+            window,
+            sextets: Vec::new(),
+            piece: Vec::new(),
+            kept: Vec::new(),
+            narrowed: Vec::new(),
+            seen: SeenRuns::new(dedupe),
+            held: 0,
+        }
+    }
+
+    /// Counts what the buffers hold now (their capacity) into `budget`'s
+    /// `held` and `peak`.
+    fn account(&mut self, budget: &mut Base64Budget) {
+        let now = [&self.sextets, &self.piece, &self.kept, &self.narrowed].iter().map(|v| v.capacity()).sum::<usize>()
+            + self.seen.held();
+        budget.held = budget.held.saturating_sub(self.held).saturating_add(now);
+        budget.peak = budget.peak.max(budget.held);
+        self.held = now;
+    }
+}
+
+/// The runs one level of the base64 view decoded, by a keyed hash of their
+/// bytes, in a table of [`SEEN_SLOTS`] (a later run may take an earlier
+/// one's slot: then a run met again is decoded again, which costs work,
+/// never a miss). Used only when the view reads two copies of the data (as
+/// sent and unescaped), where most runs are in both.
+struct SeenRuns {
+    keys: std::hash::RandomState,
+    slots: Vec<u64>,
+    on: bool,
+}
+
+impl SeenRuns {
+    fn new(on: bool) -> Self {
+        SeenRuns { keys: std::hash::RandomState::new(), slots: Vec::new(), on }
+    }
+
+    /// Whether `run` is met for the first time (always, when not on).
+    fn first_time(&mut self, run: &[u8]) -> bool {
+        use std::hash::BuildHasher as _;
+        if !self.on {
+            return true;
+        }
+        if self.slots.is_empty() {
+            self.slots = vec![0; SEEN_SLOTS];
+        }
+        // 0 marks an empty slot: no key is 0.
+        let key = self.keys.hash_one(run) | 1;
+        let at = usize::try_from(key % SEEN_SLOTS as u64).unwrap_or(0);
+        match self.slots.get_mut(at) {
+            Some(slot) if *slot == key => false,
+            Some(slot) => {
+                *slot = key;
+                true
+            }
+            None => true,
+        }
+    }
+
+    fn held(&self) -> usize {
+        self.slots.capacity() * std::mem::size_of::<u64>()
     }
 }
 
@@ -987,16 +1215,22 @@ fn narrowed_utf16(data: &[u8]) -> Option<Vec<u8>> {
     (zeros * 4 >= data.len()).then(|| data.iter().copied().filter(|&b| b != 0).collect())
 }
 
-/// [`BASE64_VALUE`] of a line break: a run goes on across it (MIME wraps
-/// base64 at 76 columns with CRLF, PEM at 64 with LF).
+/// [`BASE64_VALUE`] of a line break and of a blank (space, tab). A run goes
+/// on across blanks and line breaks together when they hold a line break:
+/// base64 wrapped at a fixed width (MIME's 76 columns with CRLF, PEM's 64
+/// with LF), and indented or folded after the break (a YAML block scalar,
+/// an HTTP or mail header folded with `CRLF` and a blank). Blanks on a line
+/// of their own end it: prose is words between blanks, so joining across
+/// them would make every line one run (SECURITY.md, Known limits).
 const LINE_BREAK: u8 = 0xFE;
+const BLANK: u8 = 0xFD;
 /// [`BASE64_VALUE`] of any other byte that is not base64: it ends a run
 /// (`=` too: padding ends an encoding).
 const NOT_BASE64: u8 = 0xFF;
 
 /// The 6-bit value of each base64 character in either alphabet (standard
-/// `+/`, URL-safe `-_`: one run may be read as either), or [`LINE_BREAK`]
-/// or [`NOT_BASE64`].
+/// `+/`, URL-safe `-_`: one run may be read as either), or [`LINE_BREAK`],
+/// [`BLANK`] or [`NOT_BASE64`].
 static BASE64_VALUE: [u8; 256] = {
     let mut table = [NOT_BASE64; 256];
     let mut i = 0;
@@ -1008,43 +1242,129 @@ static BASE64_VALUE: [u8; 256] = {
     table[b'_' as usize] = 63;
     table[b'\r' as usize] = LINE_BREAK;
     table[b'\n' as usize] = LINE_BREAK;
+    table[b' ' as usize] = BLANK;
+    table[b'\t' as usize] = BLANK;
     table
 };
 
-/// The runs of base64 characters (line breaks inside them included) in
-/// `data` that hold at least `min` characters (at least 1), as byte ranges.
-/// Looks at every `min`-th byte first: where that byte is not base64 no
-/// long enough run can hold it, so text with short words and no base64
-/// costs about one lookup in `min` bytes; each byte of a run is read at
-/// most twice.
-fn base64_runs(data: &[u8], min: usize) -> Vec<(usize, usize)> {
-    let min = min.max(1);
-    let class = |i: usize| data.get(i).map_or(NOT_BASE64, |&b| BASE64_VALUE[usize::from(b)]);
-    let mut runs = Vec::new();
-    // Invariant: the byte before `i` is not base64, or `i` is 0.
-    let mut i = 0;
-    while i + min <= data.len() {
-        let probe = i + min - 1;
-        if class(probe) == NOT_BASE64 {
-            i = probe + 1;
-            continue;
-        }
-        let (mut start, mut end) = (probe, probe + 1);
-        let mut breaks = usize::from(class(probe) == LINE_BREAK);
-        while start > i && class(start - 1) != NOT_BASE64 {
-            start -= 1;
-            breaks += usize::from(class(start) == LINE_BREAK);
-        }
-        while end < data.len() && class(end) != NOT_BASE64 {
-            breaks += usize::from(class(end) == LINE_BREAK);
+/// A run of base64 characters: its bytes (the line breaks and blanks
+/// inside included) and how many base64 characters it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Run {
+    start: usize,
+    end: usize,
+    chars: usize,
+}
+
+/// The runs of base64 characters in `data` that hold at least `min`
+/// characters (at least 1), in order; inside a run, blanks and line
+/// breaks that hold a line break ([`LINE_BREAK`]). Looks at every `min`-th
+/// byte first: where that byte is in no run no long enough run can hold
+/// it, so text with short words and no base64 costs about one lookup in
+/// `min` bytes; each byte is read a few times at most. An iterator: the
+/// view holds one run at a time, however many the data has.
+struct Base64Runs<'a> {
+    data: &'a [u8],
+    min: usize,
+    /// Where to look on; no run holds the byte before it.
+    at: usize,
+}
+
+impl<'a> Base64Runs<'a> {
+    fn new(data: &'a [u8], min: usize) -> Self {
+        Base64Runs { data, min: min.max(1), at: 0 }
+    }
+
+    fn class(&self, i: usize) -> u8 {
+        self.data.get(i).map_or(NOT_BASE64, |&b| BASE64_VALUE[usize::from(b)])
+    }
+
+    fn is_gap(&self, i: usize) -> bool {
+        matches!(self.class(i), LINE_BREAK | BLANK)
+    }
+
+    /// The end of the blanks and line breaks from `from` on, and whether a
+    /// line break is among them.
+    fn gap_forward(&self, from: usize) -> (usize, bool) {
+        let (mut end, mut broken) = (from, false);
+        while self.is_gap(end) {
+            broken |= self.class(end) == LINE_BREAK;
             end += 1;
         }
-        if end - start - breaks >= min {
-            runs.push((start, end));
-        }
-        i = end + 1;
+        (end, broken)
     }
-    runs
+
+    /// The start of the blanks and line breaks before `to`, not before
+    /// `floor`, and whether a line break is among them.
+    fn gap_backward(&self, floor: usize, to: usize) -> (usize, bool) {
+        let (mut start, mut broken) = (to, false);
+        while start > floor && self.is_gap(start - 1) {
+            start -= 1;
+            broken |= self.class(start) == LINE_BREAK;
+        }
+        (start, broken)
+    }
+}
+
+impl Iterator for Base64Runs<'_> {
+    type Item = Run;
+
+    fn next(&mut self) -> Option<Run> {
+        while self.at.saturating_add(self.min) <= self.data.len() {
+            let floor = self.at;
+            let probe = floor + self.min - 1;
+            let (mut start, mut end, mut chars) = match self.class(probe) {
+                NOT_BASE64 => {
+                    self.at = probe + 1;
+                    continue;
+                }
+                v if v < 64 => (probe, probe + 1, 1),
+                _ => {
+                    // A blank or line break: in a run only if its gap holds
+                    // a line break (the gap cannot reach before `floor`).
+                    let (gap_start, back) = self.gap_backward(floor, probe);
+                    let (gap_end, fore) = self.gap_forward(probe);
+                    if !(back || fore) {
+                        self.at = gap_end;
+                        continue;
+                    }
+                    (gap_start, gap_end, 0)
+                }
+            };
+            while start > floor {
+                match self.class(start - 1) {
+                    NOT_BASE64 => break,
+                    v if v < 64 => {
+                        start -= 1;
+                        chars += 1;
+                    }
+                    _ => match self.gap_backward(floor, start) {
+                        (gap_start, true) => start = gap_start,
+                        _ => break,
+                    },
+                }
+            }
+            // Where to look on: past the byte that ended the run, or past
+            // the blanks that did (no run holds them either).
+            self.at = loop {
+                match self.class(end) {
+                    NOT_BASE64 => break end + 1,
+                    v if v < 64 => {
+                        end += 1;
+                        chars += 1;
+                    }
+                    _ => match self.gap_forward(end) {
+                        (gap_end, true) => end = gap_end,
+                        (gap_end, false) => break gap_end,
+                    },
+                }
+            };
+            if chars >= self.min {
+                return Some(Run { start, end, chars });
+            }
+        }
+        None
+    }
 }
 
 /// `sextets` (6-bit values) decoded as base64 from their first, appended to
@@ -2711,6 +3031,40 @@ mod base64_view_tests {
         let github = r#"{"url":"https://api.github.com/repos/octocat/Hello-World/issues/1347","node_id":"MDU6SXNzdWUx","sha":"6dcb09b5b57875f334f61aebed695e2e4193db5e","labels_url":"https://api.github.com/repos/octocat/Hello-World/labels{/name}"}"#;
         assert_eq!(s.find(github.repeat(500).as_bytes()), None);
     }
+
+    /// An AWS-style secret with `/`, which PHP's `json_encode` writes `\/`.
+    const AWS_KEY: &str = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY";
+
+    /// `b64` in lines of `width` characters, `sep` between them.
+    fn wrapped(b64: &str, width: usize, sep: &str) -> String {
+        b64.as_bytes().chunks(width).map(|c| String::from_utf8_lossy(c).into_owned()).collect::<Vec<_>>().join(sep)
+    }
+
+    #[test]
+    fn base64_folded_or_indented_after_its_line_breaks_is_found() {
+        // Base64 of PHP's JSON of the secret (`\/` for `/`: only the base64
+        // view finds it), cut at every width that splits it, as a header
+        // folds it (RFC 5322/7230 obs-fold: CRLF and a blank) and as a
+        // YAML block scalar indents it.
+        let s = scanner_for(AWS_KEY);
+        let payload = format!("{{\"k\":\"{}\"}}", AWS_KEY.replace('/', "\\/"));
+        let token = STANDARD.encode(&payload);
+        for width in (4..token.len()).step_by(4) {
+            for (shape, data) in [
+                ("header folded with CRLF and a space", format!("X-State: {}\r\n", wrapped(&token, width, "\r\n "))),
+                ("header folded with CRLF and a tab", format!("X-State: {}\r\n", wrapped(&token, width, "\r\n\t"))),
+                ("YAML block scalar", format!("state: |\n  {}\nnext: 1\n", wrapped(&token, width, "\n  "))),
+                ("YAML, nested", format!("a:\n  b: |-\n      {}\n  c: 2\n", wrapped(&token, width, "\n      "))),
+                ("blanks before the break too", format!("{{\"s\": \"{}\"}}", wrapped(&token, width, " \r\n  "))),
+            ] {
+                assert_eq!(
+                    s.find(data.as_bytes()).map(|f| f.credential).as_deref(),
+                    Some("api"),
+                    "{shape}, {width} columns: {data}"
+                );
+            }
+        }
+    }
 }
 
 /// The base64 view's bound and its cost: what one check decodes and
@@ -2741,6 +3095,11 @@ mod base64_bound_tests {
 
     fn budget(left: usize) -> Base64Budget {
         Base64Budget { left, ..Base64Budget::for_len(0) }
+    }
+
+    /// The runs [`Base64Runs`] gives, as byte ranges.
+    fn base64_runs(data: &[u8], min: usize) -> Vec<(usize, usize)> {
+        Base64Runs::new(data, min).map(|r| (r.start, r.end)).collect()
     }
 
     #[test]
@@ -2822,6 +3181,114 @@ mod base64_bound_tests {
                 last = Some((searched, len));
             }
         }
+    }
+
+    /// The most the base64 view's buffers hold in one check of `s`: at
+    /// each depth a window of characters, what one offset decodes it to,
+    /// a batch and a piece kept and narrowed (twice: a vector grows by
+    /// doubling), and the table of runs seen.
+    fn held_bound(s: &SecretScanner) -> usize {
+        (0..MAX_BASE64_DEPTH)
+            .map(|depth| {
+                let window = s.base64_window(depth).len;
+                let piece = window / 4 * 3 + 2;
+                window + piece + 2 * 2 * (KEPT_BATCH + 2 * piece) + SEEN_SLOTS * 8
+            })
+            .sum()
+    }
+
+    /// The check of `data`: what it found, and the most the view held.
+    fn peak_held(s: &SecretScanner, data: &[u8]) -> (Option<&'static str>, usize) {
+        let mut b = Base64Budget::for_len(data.len());
+        let found = s.find_with(data, &mut b).map(|f| f.form);
+        assert_eq!(b.held, 0, "every buffer counted in was counted out");
+        (found, b.peak)
+    }
+
+    #[test]
+    fn what_the_view_holds_is_bounded_whatever_the_runs_size() {
+        let s = scanner();
+        let bound = held_bound(&s);
+        assert!(bound < 1 << 20, "{bound}");
+        type Data = fn(usize) -> Vec<u8>;
+        // Each at two sizes (KiB), the larger sixteen times the smaller.
+        let cases: [(&str, [usize; 2], Data); 4] = [
+            // What a 16 KiB gzip body may inflate to (4 × 4 MiB): zero bytes
+            // at every offset, all form bytes, all kept.
+            ("`A`s", [1 << 10, 16 << 10], |kib| b"A".repeat(kib << 10)),
+            ("base64 of text three deep", [256, 4 << 10], |kib| {
+                let text = "the quick brown fox jumps over the lazy dog, again and again\n";
+                let text = text.repeat((kib << 10) / 150);
+                STANDARD.encode(STANDARD.encode(STANDARD.encode(text))).into_bytes()
+            }),
+            ("base64 of noise", [256, 4 << 10], |kib| STANDARD.encode(noise((kib << 10) / 4 * 3, 11)).into_bytes()),
+            // Escaped: the unescaped copy is read too, with the table of runs seen.
+            ("many runs, escaped", [256, 4 << 10], |kib| {
+                (0..(kib << 10) / 40).flat_map(|i| format!("{:024}\\/{i:08},", i * 7).into_bytes()).collect()
+            }),
+        ];
+        for (name, [small, large], make) in cases {
+            let (small_found, small) = peak_held(&s, &make(small));
+            let (large_found, large) = peak_held(&s, &make(large));
+            assert_eq!((small_found, large_found), (None, None), "{name}");
+            assert!(large <= bound, "{name}: the view held {large} bytes, over {bound}");
+            // Not more for sixteen times the data: O(window × depth).
+            assert!(large <= small + small / 8, "{name}: {small} → {large}");
+        }
+    }
+
+    #[test]
+    fn a_secret_across_a_window_boundary_is_found() {
+        // System.Text.Json's `\u002B` inside base64: only the view finds it.
+        let s = scanner();
+        let form = format!("{{\"key\":\"{}\"}}", "Xq7+vR2pL9sK4mTz/8".replace('+', "\\u002B"));
+        let Window { len, overlap } = s.base64_window(0);
+        // Where the first two windows end, in bytes decoded at offset 0.
+        let ends = [len / 4 * 3, (2 * len - overlap) / 4 * 3];
+        for end in ends {
+            for before in end.saturating_sub(form.len() + 3)..=end + 3 {
+                let payload = [noise(before, 9), form.clone().into_bytes(), noise(2 * len, 10)].concat();
+                let data = format!("{{\"state\":\"{}\"}}", STANDARD.encode(&payload));
+                assert_eq!(s.find(data.as_bytes()).map(|f| f.credential).as_deref(), Some("api"), "at {before}");
+            }
+        }
+        // A level deeper: the token's run inside base64, cut by the outer
+        // windows at every place; every character an HTML reference with
+        // leading zeros, so its run is longer than the longest form (the
+        // overlap has room for more).
+        let escaped: String = "Xq7+vR2pL9sK4mTz/8".chars().map(|c| format!("&#x{:06x};", u32::from(c))).collect();
+        let form = format!("{{\"key\":\"{escaped}\"}}");
+        assert!(form.len() * 4 / 3 > s.longest());
+        let inner_at = "{\"blob\":\"".len();
+        let at_end = (len / 4 * 3 - inner_at) * 3 / 4;
+        for before in at_end.saturating_sub(form.len() + 3)..=at_end + 3 {
+            let payload = [noise(before, 12), form.clone().into_bytes(), noise(len, 13)].concat();
+            let inner = format!("{{\"blob\":\"{}\"}}", STANDARD.encode(&payload));
+            let data = STANDARD.encode(&inner);
+            assert!(data.len() > len, "the outer run is read in windows");
+            assert_eq!(s.find(data.as_bytes()).map(|f| f.credential).as_deref(), Some("api"), "inner at {before}");
+        }
+    }
+
+    #[test]
+    fn runs_go_on_across_blanks_around_a_line_break_and_end_at_other_blanks() {
+        let runs = |data: &[u8]| -> Vec<String> {
+            base64_runs(data, 4)
+                .iter()
+                .filter_map(|&(a, b)| data.get(a..b))
+                .map(|r| String::from_utf8_lossy(r).into_owned())
+                .collect()
+        };
+        // Folded, indented, blanks before the break, a blank line between.
+        for joined in ["QUJD\r\n REVG", "QUJD\n\t\tREVG", "QUJD  \r\n  REVG", "QUJD\n\n    REVG"] {
+            assert_eq!(runs(format!("k: {joined}; x").as_bytes()), [joined], "{joined:?}");
+        }
+        // Blanks within a line end a run: words are not joined.
+        assert_eq!(runs(b"QUJD REVG\tSElK ab"), ["QUJD", "REVG", "SElK"]);
+        assert_eq!(runs(b"   \n   "), Vec::<String>::new());
+        // Counted in characters, blanks and breaks left out.
+        let run = Base64Runs::new(b"x; QUJD\r\n  RE\n", 6).next();
+        assert_eq!(run, Some(Run { start: 3, end: 14, chars: 6 }));
     }
 
     #[test]
