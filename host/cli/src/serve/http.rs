@@ -449,6 +449,14 @@ async fn authenticated(
     request.extensions_mut().insert(BoundAgent { agent, principal, key: hex::encode(digest) });
     let refused = Arc::new(AtomicBool::new(false));
     let opener = Opener { digest, entry, refused: refused.clone() };
+    // A call's result goes out in the body of its POST (JSON or an SSE
+    // stream): counted from now until hyper has taken its last byte. From
+    // now, not from when a response exists: a stateless POST has none until
+    // rmcp hands its handler's first message over, and a stopping server
+    // that counted only responses cancelled rmcp between the call's end and
+    // that hand-over — the client got "no response message received from
+    // handler" instead of its result.
+    let token = posting.then(|| auth.responses.token());
     let response = OPENER.scope(opener, next.run(request)).await;
     if refused.load(Ordering::Relaxed) {
         let max = auth.sessions.max;
@@ -460,10 +468,8 @@ async fn authenticated(
             ),
         );
     }
-    // A call's result goes out in the body of its POST (JSON or an SSE
-    // stream): counted until hyper has taken its last byte. Every response
-    // holds the request's place until then.
-    let token = posting.then(|| auth.responses.token());
+    // Every response holds the request's place until hyper has taken its
+    // last byte.
     response.map(|body| axum::body::Body::new(Counted { body, _token: token, _open: open }))
 }
 
