@@ -125,15 +125,12 @@ struct Opener {
 /// their streams, until no connection was left for any other agent.
 struct TokenSessions {
     inner: LocalSessionManager,
-    bound: Mutex<Bound>,
-    max: usize,
-}
-
-struct Bound {
-    /// Session → (digest of the token that opened it, its entry).
-    owners: HashMap<SessionId, ([u8; 32], usize)>,
+    /// Session → the digest of the token that opened it, and its place in
+    /// `live` (freed with the entry).
+    owners: Mutex<HashMap<SessionId, ([u8; 32], Slot<usize>)>>,
     /// Live sessions (and ones being opened) per entry.
-    live: Vec<usize>,
+    live: Arc<Counts<usize>>,
+    max: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -147,47 +144,30 @@ enum TokenSessionError {
 }
 
 impl TokenSessions {
-    fn new(max: usize, entries: usize) -> Self {
-        let bound = Bound { owners: HashMap::new(), live: vec![0; entries] };
-        TokenSessions { inner: LocalSessionManager::default(), bound: Mutex::new(bound), max: max.max(1) }
+    fn new(max: usize) -> Self {
+        TokenSessions {
+            inner: LocalSessionManager::default(),
+            owners: Mutex::new(HashMap::new()),
+            live: Counts::new(),
+            max: max.max(1),
+        }
     }
 
-    fn bound(&self) -> std::sync::MutexGuard<'_, Bound> {
-        self.bound.lock().unwrap_or_else(|p| p.into_inner())
+    fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, ([u8; 32], Slot<usize>)>> {
+        self.owners.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether session `id` was made by the token of `digest`.
     fn belongs_to(&self, id: &str, digest: &[u8; 32]) -> bool {
-        self.bound().owners.get(id).is_some_and(|(owner, _)| bool::from(owner.ct_eq(digest)))
+        self.owners().get(id).is_some_and(|(owner, _)| bool::from(owner.ct_eq(digest)))
     }
 
     /// Forget session `id` and free its place (once: rmcp closes a deleted
     /// session again when its worker ends).
     fn release(&self, id: &SessionId) {
-        let mut b = self.bound();
-        if let Some((_, entry)) = b.owners.remove(id)
-            && let Some(n) = b.live.get_mut(entry)
-        {
-            *n = n.saturating_sub(1);
-        }
-    }
-}
-
-/// A place taken for a session being opened, given back unless the session
-/// was made (also when the request's future is dropped meanwhile).
-struct Reserved<'a> {
-    sessions: &'a TokenSessions,
-    entry: usize,
-    kept: bool,
-}
-
-impl Drop for Reserved<'_> {
-    fn drop(&mut self) {
-        if !self.kept
-            && let Some(n) = self.sessions.bound().live.get_mut(self.entry)
-        {
-            *n = n.saturating_sub(1);
-        }
+        let gone = self.owners().remove(id);
+        // The place is freed here, outside the owners' lock.
+        drop(gone);
     }
 }
 
@@ -199,19 +179,14 @@ impl SessionManager for TokenSessions {
         let Ok((digest, entry, refused)) = OPENER.try_with(|o| (o.digest, o.entry, o.refused.clone())) else {
             return Err(TokenSessionError::Unauthenticated);
         };
-        let mut reserved = {
-            let mut b = self.bound();
-            let Some(n) = b.live.get_mut(entry) else { return Err(TokenSessionError::Unauthenticated) };
-            if *n >= self.max {
-                refused.store(true, Ordering::Relaxed);
-                return Err(TokenSessionError::Refused { entry, max: self.max });
-            }
-            *n += 1;
-            Reserved { sessions: self, entry, kept: false }
+        // Held while the session is made: given back if it is not (also
+        // when the request's future is dropped meanwhile).
+        let Some(place) = self.live.take(entry, self.max, false) else {
+            refused.store(true, Ordering::Relaxed);
+            return Err(TokenSessionError::Refused { entry, max: self.max });
         };
         let (id, transport) = self.inner.create_session().await?;
-        self.bound().owners.insert(id.clone(), (digest, entry));
-        reserved.kept = true;
+        self.owners().insert(id.clone(), (digest, place));
         Ok((id, transport))
     }
 
@@ -268,40 +243,45 @@ impl SessionManager for TokenSessions {
     }
 }
 
-/// Requests of each `[[serve.auth]]` entry open at once: each holds a
-/// connection until its response ends (an SSE stream while it is open — a
-/// session may hold 33 GET streams in rmcp), so without a cap one token's
-/// client could hold every connection.
-struct OpenRequests {
-    open: Mutex<Vec<usize>>,
-    max: usize,
+/// How many of something each key holds open (requests per
+/// `[[serve.auth]]` entry, connections per [`peer_key`]), each place freed
+/// when its [`Slot`] is dropped.
+struct Counts<K> {
+    open: Mutex<HashMap<K, usize>>,
 }
 
-impl OpenRequests {
-    /// A place for a request of `entry`, if it has one left (`always`: taken
-    /// past the cap too — a DELETE, which frees a session).
-    fn take(self: &Arc<Self>, entry: usize, always: bool) -> Option<OpenRequest> {
+impl<K: std::hash::Hash + Eq + Clone> Counts<K> {
+    fn new() -> Arc<Self> {
+        Arc::new(Counts { open: Mutex::new(HashMap::new()) })
+    }
+
+    /// A place for `key` if it holds fewer than `max` (`always`: taken past
+    /// the cap too).
+    fn take(self: &Arc<Self>, key: K, max: usize, always: bool) -> Option<Slot<K>> {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        let n = open.get_mut(entry)?;
-        if *n >= self.max && !always {
+        let n = open.entry(key.clone()).or_insert(0);
+        if *n >= max && !always {
             return None;
         }
         *n += 1;
-        Some(OpenRequest { requests: self.clone(), entry })
+        Some(Slot { counts: self.clone(), key })
     }
 }
 
-/// A request's place in [`OpenRequests`], freed when dropped.
-struct OpenRequest {
-    requests: Arc<OpenRequests>,
-    entry: usize,
+/// A place in [`Counts`], freed when dropped.
+struct Slot<K: std::hash::Hash + Eq> {
+    counts: Arc<Counts<K>>,
+    key: K,
 }
 
-impl Drop for OpenRequest {
+impl<K: std::hash::Hash + Eq> Drop for Slot<K> {
     fn drop(&mut self) {
-        let mut open = self.requests.open.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = open.get_mut(self.entry) {
+        let mut open = self.counts.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.key) {
             *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.key);
+            }
         }
     }
 }
@@ -338,7 +318,12 @@ const PROTOCOL_VERSION: &str = "mcp-protocol-version";
 struct Auth {
     tokens: Tokens,
     sessions: Arc<TokenSessions>,
-    requests: Arc<OpenRequests>,
+    /// Requests of each `[[serve.auth]]` entry open at once: each holds a
+    /// connection until its response ends (an SSE stream while it is open —
+    /// a session may hold 33 GET streams in rmcp), so without a cap one
+    /// token's client could hold every connection.
+    requests: Arc<Counts<usize>>,
+    max_requests: usize,
     /// Responses to POSTs not yet written: at shutdown, what the calls in
     /// flight answered is written before rmcp ends its streams.
     responses: TaskTracker,
@@ -431,8 +416,9 @@ async fn authenticated(
     let deleting = request.method() == Method::DELETE;
     let posting = request.method() == Method::POST;
     // A DELETE is let past the cap: it ends a session, and is short.
-    let Some(open) = auth.requests.take(entry, deleting) else {
-        let max = auth.requests.max;
+    // A DELETE, which frees a session, is taken past the cap.
+    let Some(open) = auth.requests.take(entry, auth.max_requests, deleting) else {
+        let max = auth.max_requests;
         return refusal(
             StatusCode::TOO_MANY_REQUESTS,
             -32000,
@@ -474,12 +460,12 @@ async fn authenticated(
 }
 
 /// A response body counted in [`Auth::responses`] (a POST's) and in
-/// [`OpenRequests`] until it is dropped — which hyper does once it has taken
+/// [`Auth::requests`] until it is dropped — which hyper does once it has taken
 /// the last byte, or the connection went.
 struct Counted {
     body: axum::body::Body,
     _token: Option<TaskTrackerToken>,
-    _open: OpenRequest,
+    _open: Slot<usize>,
 }
 
 impl http_body::Body for Counted {
@@ -521,12 +507,16 @@ pub async fn serve(server: McpServer, addr: SocketAddr) -> anyhow::Result<()> {
     let origin = public.split(ENDPOINT).next().unwrap_or(&public).trim_end_matches('/').to_owned();
     let metadata_url = (!config.authorization_servers.is_empty())
         .then(|| format!("{origin}/.well-known/oauth-protected-resource{ENDPOINT}"));
-    let sessions = Arc::new(TokenSessions::new(config.max_sessions_per_token, tokens.0.len()));
-    let requests =
-        Arc::new(OpenRequests { open: Mutex::new(vec![0; tokens.0.len()]), max: config.max_requests_per_token.max(1) });
+    let sessions = Arc::new(TokenSessions::new(config.max_sessions_per_token));
     let responses = TaskTracker::new();
-    let auth =
-        Arc::new(Auth { tokens, sessions: sessions.clone(), requests, responses: responses.clone(), metadata_url });
+    let auth = Arc::new(Auth {
+        tokens,
+        sessions: sessions.clone(),
+        requests: Counts::new(),
+        max_requests: config.max_requests_per_token.max(1),
+        responses: responses.clone(),
+        metadata_url,
+    });
     let stop = CancellationToken::new();
 
     let mut http = StreamableHttpServerConfig::default()
@@ -674,42 +664,6 @@ fn peer_key(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// Connections open per [`peer_key`].
-#[derive(Default)]
-struct PerAddress(Mutex<HashMap<IpAddr, usize>>);
-
-impl PerAddress {
-    /// A place for a connection from `ip`, if its address has one left.
-    fn take(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<AddressSlot> {
-        let key = peer_key(ip);
-        let mut open = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let n = open.entry(key).or_insert(0);
-        if *n >= max {
-            return None;
-        }
-        *n += 1;
-        Some(AddressSlot { counts: self.clone(), key })
-    }
-}
-
-/// A connection's place in [`PerAddress`], freed when dropped.
-struct AddressSlot {
-    counts: Arc<PerAddress>,
-    key: IpAddr,
-}
-
-impl Drop for AddressSlot {
-    fn drop(&mut self) {
-        let mut open = self.counts.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = open.get_mut(&self.key) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                open.remove(&self.key);
-            }
-        }
-    }
-}
-
 /// The answer to a connection past its address's cap, written before its
 /// request is read (the connection is closed at once).
 fn too_many_from_address() -> String {
@@ -737,7 +691,7 @@ async fn serve_connections(
 ) -> hyper_util::server::graceful::GracefulShutdown {
     use hyper_util::rt::{TokioIo, TokioTimer};
     let slots = Arc::new(tokio::sync::Semaphore::new(caps.max.max(1)));
-    let per_address = Arc::new(PerAddress::default());
+    let per_address = Counts::new();
     let refused = too_many_from_address();
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(shutdown);
@@ -761,7 +715,7 @@ async fn serve_connections(
                 }
             },
         };
-        let Some(address_slot) = per_address.take(peer.ip(), caps.per_address) else {
+        let Some(address_slot) = per_address.take(peer_key(peer.ip()), caps.per_address, false) else {
             // Its global slot goes back at once; the answer fits the socket
             // buffer, so it never waits on the client.
             drop(slot);
