@@ -313,6 +313,32 @@ impl StoreLocation {
             _ => None,
         }
     }
+
+    /// The Unix sockets a PostgreSQL journal connects through (`host=/dir`:
+    /// `/dir/.s.PGSQL.<port>`); none for SQLite, TCP hosts, or a connection
+    /// string that does not parse (the store says so when it connects).
+    pub fn unix_sockets(&self) -> Vec<PathBuf> {
+        #[cfg(all(unix, feature = "postgres"))]
+        if let StoreLocation::Postgres(pg) = self
+            && let Ok(c) = <tokio_postgres::Config as std::str::FromStr>::from_str(&pg.dsn)
+        {
+            let ports = c.get_ports();
+            return c
+                .get_hosts()
+                .iter()
+                .enumerate()
+                .filter_map(|(i, h)| match h {
+                    tokio_postgres::config::Host::Unix(dir) => {
+                        // One port for every host, one per host, or the default.
+                        let port = ports.get(i).or_else(|| ports.first()).copied().unwrap_or(5432);
+                        Some(dir.join(format!(".s.PGSQL.{port}")))
+                    }
+                    _ => None,
+                })
+                .collect();
+        }
+        Vec::new()
+    }
 }
 
 /// A PostgreSQL journal: the connection string (without a password) and
@@ -733,18 +759,32 @@ impl Config {
         let lock = abs(raw.lock.unwrap_or_else(|| "toolgate.lock".into()));
         // The host's own state is out of reach (invariant 14): no directory
         // grant may contain it, nor sit inside the directories it owns.
-        let mut protected: Vec<(String, PathBuf, bool)> = vec![
+        use crate::sandbox::grant_dir::Guarded;
+        let mut protected: Vec<Guarded> = vec![
             // `path` as given: relative to the working directory, not to `base` (its own directory).
-            ("the config file".into(), std::path::absolute(path).unwrap_or_else(|_| path.to_owned()), false),
-            ("the plugin directory".into(), plugins.clone(), true),
-            ("the compiled-code cache".into(), cache.clone(), true),
-            ("the lock file".into(), lock.clone(), false),
+            Guarded::new("the config file", std::path::absolute(path).unwrap_or_else(|_| path.to_owned()), false),
+            Guarded::new("the plugin directory", plugins.clone(), true),
+            Guarded::new("the compiled-code cache", cache.clone(), true),
+            Guarded::new("the lock file", lock.clone(), false),
             // Guests run inside the host's process: `/proc/self/environ` holds
             // every secret read from the environment, `/proc/self/mem` all it read.
-            ("the host process's own files (its environment and memory)".into(), PathBuf::from("/proc"), true),
+            Guarded::new("the host process's own files (its environment and memory)", PathBuf::from("/proc"), true),
         ];
+        // The program running now (toolgate, or the embedder's): a Tool that
+        // could replace it — a build Tool given `~/.cargo` to write, which
+        // holds `~/.cargo/bin/toolgate` — runs its own native code, with every
+        // secret and approval, the next time it starts. Reading it is harmless.
+        if let Ok(exe) = std::env::current_exe() {
+            protected.push(Guarded::from_writes("the host's own executable", exe));
+        }
         if let Some(file) = store.file() {
-            protected.push(("the journal".into(), file.to_owned(), false));
+            protected.push(Guarded::new("the journal", file.to_owned(), false));
+        }
+        // The journal server's Unix sockets: a Tool that could write their
+        // directory could remove a socket (every commit fails) or put a link
+        // to another server's in its place (the journal goes there).
+        for socket in store.unix_sockets() {
+            protected.push(Guarded::from_writes("the PostgreSQL server's socket (`store`)", socket));
         }
         // The files among them no second name (hard link) may reach, with
         // their fields: `true` for those whose content is secret.
@@ -754,28 +794,28 @@ impl Config {
             single.push(("store".into(), file.to_owned(), true));
         }
         if let StoreLocation::Postgres(PostgresStore { password: Some(Source::File(p)), .. }) = &store {
-            protected.push(("the PostgreSQL password file".into(), p.clone(), false));
+            protected.push(Guarded::new("the PostgreSQL password file", p.clone(), false));
             single.push(("postgres.password".into(), p.clone(), true));
         }
         if let StoreLocation::Postgres(PostgresStore { ca_file: Some(p), .. }) = &store {
             // Whoever writes it chooses whom the journal's TLS connection trusts.
-            protected.push(("the PostgreSQL CA file (postgres.ca_file)".into(), p.clone(), false));
+            protected.push(Guarded::new("the PostgreSQL CA file (postgres.ca_file)", p.clone(), false));
             single.push(("postgres.ca_file".into(), p.clone(), false));
         }
         for (name, c) in &credentials {
             if let Some(file) = c.source_file() {
-                protected.push((format!("the secret file of credential `{name}`"), file.to_owned(), false));
+                protected.push(Guarded::new(format!("the secret file of credential `{name}`"), file.to_owned(), false));
                 single.push((format!("credentials.{name}.source"), file.to_owned(), true));
             }
         }
         for (i, a) in serve.auth.iter().enumerate() {
             if let Source::File(p) = &a.token {
-                protected.push((format!("the token file of serve.auth[{i}]"), p.clone(), false));
+                protected.push(Guarded::new(format!("the token file of serve.auth[{i}]"), p.clone(), false));
                 single.push((format!("serve.auth[{i}].token"), p.clone(), true));
             }
         }
         if let Some(Source::File(p)) = &serve.state_key {
-            protected.push(("the key file of serve.state_key".into(), p.clone(), false));
+            protected.push(Guarded::new("the key file of serve.state_key", p.clone(), false));
             single.push(("serve.state_key".into(), p.clone(), true));
         }
         if let Err(message) = crate::files::single_link(path, false) {
@@ -800,13 +840,15 @@ impl Config {
             .collect();
         for (at, d) in &dirs {
             let refuse = |message: String| Err(field(&format!("{at}.host"), message));
-            for (what, p, owned_dir) in protected.iter() {
-                if let Some(relation) = grant_dir::overlap(&d.host, p, *owned_dir) {
+            let read_write = d.access == toolgate_sdk::Access::ReadWrite;
+            for g in protected.iter().filter(|g| g.applies_to(read_write)) {
+                if let Some(relation) = grant_dir::overlap(&d.host, &g.path, g.owned_dir) {
                     return refuse(format!(
-                        "{} {relation} {what} ({}); a Tool must never reach the host's own state — grant a \
+                        "{} {relation} {} ({}); a Tool must never reach the host's own state — grant a \
                          directory that holds only the Tool's data",
                         d.host.display(),
-                        p.display()
+                        g.what,
+                        g.path.display()
                     ));
                 }
             }
@@ -1393,6 +1435,61 @@ mod tests {
         // Data beside them is fine; an in-memory journal protects no path.
         parse(&grant("data", "read-write")).unwrap();
         parse(&format!("store = \":memory:\"\ncache = \"/var/cache/tg\"\n{}", grant("/srv/data", "read"))).unwrap();
+    }
+
+    #[test]
+    fn no_grant_tools_may_write_holds_the_hosts_own_executable() {
+        // A build Tool given `~/.cargo` to write would otherwise hold
+        // `~/.cargo/bin/toolgate`: the next start runs the Tool's code.
+        let exe = std::env::current_exe().unwrap();
+        let bin = exe.parent().unwrap();
+        let grant = |host: &std::path::Path, access: &str| {
+            format!(
+                "[[grants]]\ntools = \"*\"\ndirectories = [{{ path = \"/d\", host = \"{}\", access = \"{access}\" }}]\n",
+                host.display()
+            )
+        };
+        for host in [bin, bin.parent().unwrap()] {
+            let e = parse(&grant(host, "read-write")).unwrap_err().to_string();
+            assert!(
+                e.contains("grants[0].directories[0].host") && e.contains("the host's own executable"),
+                "{}: {e}",
+                host.display()
+            );
+        }
+        // Reading it gives a Tool nothing: a read-only grant stays valid.
+        parse(&grant(bin, "read")).unwrap();
+        // Nor through a link to its directory placed where Tools write.
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(bin, dir.path().join("bin")).unwrap();
+        let e = parse(&grant(&dir.path().join("bin"), "read-write")).unwrap_err().to_string();
+        assert!(e.contains("the host's own executable"), "{e}");
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn no_grant_tools_may_write_holds_the_journal_servers_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("pg");
+        std::fs::create_dir(&run).unwrap();
+        let config = |store: &str, access: &str| {
+            format!(
+                "store = \"{store}\"\n[[grants]]\ntools = \"*\"\ndirectories = [{{ path = \"/d\", host = \"{}\", access = \"{access}\" }}]\n",
+                run.display()
+            )
+        };
+        // A key=value string and a URL naming the socket directory, with and without a port.
+        for store in [
+            format!("host={} dbname=tg", run.display()),
+            format!("host={} port=5433 dbname=tg", run.display()),
+            format!("postgresql:///tg?host={}", run.display()),
+        ] {
+            let e = parse(&config(&store, "read-write")).unwrap_err().to_string();
+            assert!(e.contains("the PostgreSQL server's socket") && e.contains(".s.PGSQL.543"), "{store}: {e}");
+            parse(&config(&store, "read")).unwrap();
+        }
+        // A TCP host has no socket here.
+        parse(&config("host=db.internal dbname=tg", "read-write")).unwrap();
     }
 
     #[cfg(unix)]

@@ -29,7 +29,39 @@ use std::sync::{Arc, OnceLock};
 
 /// The host's own state a grant must not reach: what it is, where, and
 /// whether it is a directory the host owns (a grant may not lie inside it).
-pub type Protected = Arc<[(String, PathBuf, bool)]>;
+pub type Protected = Arc<[Guarded]>;
+
+/// One thing of the host's that grants must not reach.
+#[derive(Debug, Clone)]
+pub struct Guarded {
+    /// What it is, as a refusal names it ("the journal").
+    pub what: String,
+    /// Where it is, as configured.
+    pub path: PathBuf,
+    /// A directory the host owns: no grant may lie inside it either.
+    pub owned_dir: bool,
+    /// Kept from grants Tools may write only: reading it gives a Tool
+    /// nothing (the host's own executable, the journal server's socket),
+    /// replacing it gives the Tool the host.
+    pub writes_only: bool,
+}
+
+impl Guarded {
+    /// Kept from every grant.
+    pub fn new(what: impl Into<String>, path: PathBuf, owned_dir: bool) -> Self {
+        Guarded { what: what.into(), path, owned_dir, writes_only: false }
+    }
+
+    /// Kept from grants Tools may write.
+    pub fn from_writes(what: impl Into<String>, path: PathBuf) -> Self {
+        Guarded { what: what.into(), path, owned_dir: false, writes_only: true }
+    }
+
+    /// Whether a grant (`read_write` or not) must be kept from it.
+    pub fn applies_to(&self, read_write: bool) -> bool {
+        read_write || !self.writes_only
+    }
+}
 
 /// One directory grant's binding; clones share it. Made by the config for
 /// each `[[grants]] directories` entry: bound for as long as that loaded
@@ -142,12 +174,17 @@ impl GrantDir {
         let real = real_path(&dir);
         let checked = real.clone().unwrap_or_else(|| configured.to_owned());
         let reach = Reach::of_opened(&dir, &checked);
-        for (what, p, owned_dir) in protected.iter() {
-            let relation = overlap(&checked, p, *owned_dir)
+        for g in protected.iter().filter(|g| g.applies_to(self.0.read_write)) {
+            let relation = overlap(&checked, &g.path, g.owned_dir)
                 .map(str::to_owned)
-                .or_else(|| reach.reaches(p, *owned_dir, self.0.read_write));
+                .or_else(|| reach.reaches(&g.path, g.owned_dir, self.0.read_write));
             if let Some(relation) = relation {
-                return Err(Unbound::Refused(Refusal { checked, relation, what: what.clone(), path: p.clone() }));
+                return Err(Unbound::Refused(Refusal {
+                    checked,
+                    relation,
+                    what: g.what.clone(),
+                    path: g.path.clone(),
+                }));
             }
         }
         if real.is_none() {
@@ -619,7 +656,7 @@ mod tests {
         }
         std::fs::write(data.join("a.txt"), "alpha").unwrap();
         std::fs::write(host.join("journal.db"), "state").unwrap();
-        let grant = GrantDir::new(vec![("the journal".to_owned(), host.join("journal.db"), false)].into(), false);
+        let grant = GrantDir::new(vec![Guarded::new("the journal", host.join("journal.db"), false)].into(), false);
         let first = grant.path(&data).unwrap();
         assert_eq!(std::fs::read_to_string(first.join("a.txt")).unwrap(), "alpha");
         // The path is swapped for a symlink to the host's state.
@@ -629,7 +666,7 @@ mod tests {
         assert_eq!(std::fs::read_to_string(again.join("a.txt")).unwrap(), "alpha");
         assert!(!again.join("journal.db").exists());
         // A binding made after the swap refuses it, naming what it would reach.
-        let fresh = GrantDir::new(vec![("the journal".to_owned(), host.join("journal.db"), false)].into(), false);
+        let fresh = GrantDir::new(vec![Guarded::new("the journal", host.join("journal.db"), false)].into(), false);
         let e = fresh.path(&data).unwrap_err();
         assert!(e.contains("the journal") && e.contains("refused"), "{e}");
         // One the config did not make (nothing to check against) is never opened.
