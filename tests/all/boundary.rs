@@ -1045,3 +1045,20 @@ async fn a_call_that_read_pinned_data_is_withheld_while_a_credential_cannot_be_r
     assert!(matches!(&r, StepResult::Output { .. }), "{r:?}");
     unsafe { std::env::remove_var(&var) };
 }
+
+/// Invariant 14, memory: the host allocates and fills what a guest asks of
+/// `get-random-bytes` (and `get-insecure-random-bytes`) before copying it
+/// into the guest — host memory outside `limits.memory_mib`. One request
+/// is bounded by `executor::MAX_RANDOM_BYTES` (64 KiB); one for more traps.
+/// (Before, wasmtime-wasi's 64 MiB default: the 1 MiB request passed.)
+#[tokio::test]
+async fn random_bytes_asked_of_the_host_are_bounded() {
+    let w = world();
+    for then in [json!([]), json!(["insecure"])] {
+        let seen = thief(&w.host, json!({"op": "random", "count": 64, "then": then})).await;
+        assert_eq!(seen, "ok: 65536 bytes", "{then}");
+        let (r, _) = thief_step(&w.host, json!({"op": "random", "count": 1024, "then": then})).await;
+        assert!(matches!(&r, StepResult::ToolError { message, .. } if message.contains("crashed")), "{then}: {r:?}");
+    }
+    assert_eq!(thief(&w.host, json!({"op": "random", "count": 1})).await, "ok: 1024 bytes");
+}

@@ -40,7 +40,7 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::authority::narrowing::Access;
-use crate::sandbox::outbound::{HttpLimits, OutboundPolicy, Record, Watched};
+use crate::sandbox::outbound::{self, HttpLimits, OutboundPolicy, Record, Watched};
 use crate::snapshot::EffectiveGrant;
 
 use crate::catalog::descriptor::CheckedTool;
@@ -501,6 +501,8 @@ pub struct Executor {
     behind: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Outbound requests in flight in the whole host.
     http_slots: Arc<tokio::sync::Semaphore>,
+    /// Name lookups of outbound requests, bounded in the whole host.
+    resolver: outbound::Resolver,
     /// Why the cache directory is not used, if it is not trusted (said once).
     cache_distrust: std::sync::OnceLock<Option<String>>,
 }
@@ -662,6 +664,7 @@ impl Executor {
             optimizing: Arc::new(tokio::sync::Semaphore::new(OPTIMIZING_AT_ONCE)),
             behind: Mutex::new(Vec::new()),
             http_slots: Arc::new(tokio::sync::Semaphore::new(http_in_flight)),
+            resolver: outbound::Resolver::system(outbound::LOOKUPS_AT_ONCE),
             cache_distrust: std::sync::OnceLock::new(),
         })
     }
@@ -780,6 +783,7 @@ impl Executor {
             self.http_limits(),
             grant.watched.clone(),
             self.http_slots.clone(),
+            self.resolver.clone(),
         );
         let state = CallState {
             wasi,
@@ -1138,6 +1142,7 @@ impl Executor {
                 no_http,
                 Arc::default(),
                 self.http_slots.clone(),
+                self.resolver.clone(),
             ),
             table: self.resource_table(),
             limits: StoreLimitsBuilder::new()
@@ -1236,7 +1241,8 @@ struct Loader {
     tier: Tier,
     /// Read first, written after a compile (Cranelift's code only).
     cache_file: Option<PathBuf>,
-    /// Compiles at once (a compile waits for a slot, outside its time limit).
+    /// Compiles at once (a compile waits for a slot, outside its time
+    /// limit; the compile job holds it until it ends, also past its limit).
     slots: Arc<tokio::sync::Semaphore>,
     /// Counts the compiles this loader does.
     counter: Arc<AtomicU64>,
@@ -1247,14 +1253,25 @@ struct Loader {
 impl Loader {
     async fn load(self, path: PathBuf, digest: Digest) -> Result<Pre, ExecutorError> {
         let Loader { tier, cache_file, slots, counter, timeout, memory_mib } = self;
-        // Compiling is CPU the host shares: a few at a time, under a time limit.
-        let _slot = slots
-            .acquire()
+        // Compiling is CPU the host shares: a few at a time, under a time
+        // limit. The slot goes with the compile job, which holds it to its
+        // end: a compile that ran past its limit keeps running (a compiler
+        // cannot be interrupted) and still counts as one of the few.
+        let slot = slots
+            .acquire_owned()
             .await
             .map_err(|_| ExecutorError::Load { path: path.clone(), reason: "the host is shutting down".into() })?;
         let engine = tier.engine.clone();
         let path_owned = path.clone();
+        // Told when the job starts: the limit counts from then, not from
+        // the queue of the blocking pool it waits in first.
+        let (started, began) = tokio::sync::oneshot::channel::<()>();
         let compile = tokio::task::spawn_blocking(move || -> Result<(Component, bool), ExecutorError> {
+            let _slot = slot;
+            if started.send(()).is_err() {
+                // The call gave up before a thread took the job: nothing to do.
+                return Err(ExecutorError::Instantiate { path: path_owned, reason: "abandoned".into() });
+            }
             if let Some(c) = cache_file.as_ref().filter(|c| trusted_cache_file(c)) {
                 // SAFETY: the file is a regular file owned by this user with
                 // no group or other access, in a directory with the same
@@ -1280,6 +1297,25 @@ impl Loader {
             }
             Ok((comp, true))
         });
+        // A job no thread took within the limit says nothing about the
+        // component (the host's blocking threads are busy): the call fails,
+        // and the component stays healthy.
+        match tokio::time::timeout(timeout, began).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => {
+                return Err(ExecutorError::Instantiate { path, reason: "the host is shutting down".into() });
+            }
+            Err(_) => {
+                return Err(ExecutorError::Instantiate {
+                    path,
+                    reason: format!(
+                        "the host had no thread free to compile it within `limits.compile_timeout_ms` ({} ms): it \
+                         is busy; try again",
+                        timeout.as_millis()
+                    ),
+                });
+            }
+        }
         let (component, compiled) = match tokio::time::timeout(timeout, compile).await {
             Ok(joined) => joined.map_err(|e| ExecutorError::Load {
                 path: path.clone(),
@@ -1322,6 +1358,10 @@ fn sandbox(grant: &EffectiveGrant, stdout: Capture, stderr: Capture) -> Result<W
     let mut b = WasiCtx::builder();
     b.stdout(stdout).stderr(stderr);
     b.allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false);
+    // The host allocates and fills what a guest asks of `get-random-bytes`
+    // (and the insecure one) before copying it in: wasmtime-wasi's bound
+    // is 64 MiB a request, outside the guest's memory limit.
+    b.max_random_size(MAX_RANDOM_BYTES);
     for (k, v) in &grant.env {
         b.env(k, v);
     }
@@ -1343,6 +1383,12 @@ fn sandbox(grant: &EffectiveGrant, stdout: Capture, stderr: Capture) -> Result<W
     }
     Ok(b.build())
 }
+
+/// Most bytes one `get-random-bytes` (or `get-insecure-random-bytes`) may
+/// ask for; a request for more traps, as wasmtime-wasi's own bound does.
+/// Key material and seeds take a few dozen bytes; a guest that wants more
+/// asks again.
+pub const MAX_RANDOM_BYTES: u64 = 64 << 10;
 
 /// The effective user id, owner of everything this host writes.
 #[cfg(unix)]
@@ -1735,5 +1781,57 @@ mod tests {
         }
         let host = ToolFailure::Trapped("y".repeat(500));
         assert_eq!(host.clone().bounded(8), host);
+    }
+
+    /// Invariant 14, threads: a compile waits for a thread of the blocking
+    /// pool (file checks, DNS and other calls' compiles use it too) before
+    /// it starts. `limits.compile_timeout_ms` counts from its start: a
+    /// compile that no thread took within it fails the call without
+    /// marking the component unhealthy (`ExecutorError::Load` does), and
+    /// the job, once a thread takes it, does nothing. (Before, the limit
+    /// counted from the queue: a busy pool marked the component unhealthy
+    /// for good; the first assertion fails on that code.)
+    #[test]
+    fn a_compile_waiting_for_a_thread_is_timed_from_its_start_and_leaves_the_component_healthy() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .max_blocking_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let settings = ExecutorSettings::new(Limits::default(), None);
+            let tier = tier(&settings, 1, wasmtime::Strategy::Cranelift).unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("text.wasm");
+            let bytes = toolgate_tests::packed(toolgate_tests::guests::TEXT);
+            std::fs::write(&path, &bytes).unwrap();
+            let digest = Digest::of(&bytes);
+            let compiled = Arc::new(AtomicU64::new(0));
+            let slots = Arc::new(tokio::sync::Semaphore::new(COMPILES_AT_ONCE));
+            let loader = || Loader {
+                tier: tier.clone(),
+                cache_file: None,
+                slots: slots.clone(),
+                counter: compiled.clone(),
+                timeout: Duration::from_secs(3),
+                memory_mib: 64,
+            };
+            // The host's one blocking thread is busy for longer than the limit.
+            let (free, wait) = std::sync::mpsc::channel::<()>();
+            let busy = tokio::task::spawn_blocking(move || wait.recv());
+            let refused = loader().load(path.clone(), digest).await.err().unwrap();
+            assert!(
+                matches!(&refused, ExecutorError::Instantiate { reason, .. } if reason.contains("no thread free")),
+                "{refused:?}"
+            );
+            free.send(()).unwrap();
+            busy.await.unwrap().unwrap();
+            // With a thread free, it compiles within the same limit; the
+            // abandoned job compiled nothing.
+            loader().load(path, digest).await.unwrap();
+            assert_eq!(compiled.load(Ordering::SeqCst), 1);
+            assert_eq!(slots.available_permits(), COMPILES_AT_ONCE, "every compile gave its slot back");
+        });
     }
 }

@@ -7,12 +7,16 @@
 //! request header, which never leaves the host: the hook removes it, checks
 //! the credential is granted to this call and bound to this destination,
 //! and only then reads the secret and writes it into the request. A granted
-//! *name* over plain HTTP leads to public addresses only, and the request
-//! goes to the address that was checked ([`checked_address`]): nothing but
-//! a certificate binds a name to its owner's servers, and over HTTP there
-//! is none — a name whose DNS says 127.0.0.1 would reach the host's own
-//! services, and one that changes its answer between the check and the
-//! connection would pass any check made on the name alone. The guest
+//! *name* is resolved by the host, never by the HTTP client, through a
+//! bounded [`Resolver`] (a lookup cannot be stopped, so it holds its call's
+//! and the host's slot until it returns), and the request goes to the
+//! addresses that were resolved ([`checked_addresses`], [`send_to`]; over
+//! HTTPS the TLS handshake names the host and checks its certificate). Over
+//! plain HTTP they must be public: nothing but a certificate binds a name
+//! to its owner's servers, and over HTTP there is none — a name whose DNS
+//! says 127.0.0.1 would reach the host's own services, and one that changes
+//! its answer between the check and the connection would pass any check
+//! made on the name alone. The guest
 //! cannot negotiate what the host could not check: `Accept-Encoding` is
 //! pinned to `identity`, `TE` is dropped and `Range` requests are refused.
 //! On the way back, the response is buffered (bounded per request, per call
@@ -377,6 +381,9 @@ struct CallTraffic {
     watch: SecretWatch,
     slots: Semaphore,
     buffered: std::sync::atomic::AtomicUsize,
+    /// Name lookups of this call still running ([`Resolver`]), whether or
+    /// not a request still waits for them.
+    lookups: Arc<Semaphore>,
 }
 
 /// The outbound authority of one call.
@@ -386,6 +393,8 @@ pub struct OutboundPolicy {
     limits: HttpLimits,
     /// Requests in flight in the whole host.
     host_slots: Arc<Semaphore>,
+    /// Name lookups, bounded in the whole host.
+    resolver: Resolver,
     watched: Arc<[Arc<CredentialSpec>]>,
     call: OnceLock<Arc<CallTraffic>>,
 }
@@ -394,21 +403,34 @@ pub struct OutboundPolicy {
 struct Decided {
     dest: String,
     credential: Option<(Arc<CredentialSpec>, Secret)>,
-    /// A name to resolve and check before a plain-HTTP request leaves, with its port.
-    resolve: Option<(String, u16)>,
+    /// Where it goes: the host's own lookup of the name, never the HTTP client's.
+    target: Target,
+}
+
+/// Where a granted request connects to.
+struct Target {
+    /// The host as the URL names it (lower case, an IPv6 literal without brackets).
+    host: String,
+    port: u16,
+    /// The address the URL names, if it names one (nothing to resolve).
+    literal: Option<std::net::IpAddr>,
+    /// HTTPS: TLS to the name (SNI and the certificate check), whatever address it resolved to.
+    tls: bool,
 }
 
 impl OutboundPolicy {
     /// Exactly `hosts` and `credentials`; responses checked for the secrets
-    /// of `watched`; at most `host_slots` requests in flight in the host.
+    /// of `watched`; at most `host_slots` requests in flight in the host;
+    /// names resolved by `resolver` (shared by the host's calls).
     pub fn new(
         hosts: Arc<[Destination]>,
         credentials: Arc<[Arc<CredentialSpec>]>,
         limits: HttpLimits,
         watched: Arc<[Arc<CredentialSpec>]>,
         host_slots: Arc<Semaphore>,
+        resolver: Resolver,
     ) -> Self {
-        OutboundPolicy { hosts, credentials, limits, host_slots, watched, call: OnceLock::new() }
+        OutboundPolicy { hosts, credentials, limits, host_slots, resolver, watched, call: OnceLock::new() }
     }
 
     /// The call's traffic, made at its first request.
@@ -420,6 +442,7 @@ impl OutboundPolicy {
                 watch: SecretWatch::new(self.watched.clone()),
                 slots: Semaphore::new(self.limits.in_flight_per_call.max(1)),
                 buffered: Default::default(),
+                lookups: Arc::new(Semaphore::new(LOOKUPS_PER_CALL)),
             })
         })
     }
@@ -471,9 +494,14 @@ impl OutboundPolicy {
         if !self.hosts.iter().any(|d| d.matches(&scheme, &host, port)) {
             return Err(self.deny(|q| format!("{} is not granted to this Tool", q(&dest))));
         }
-        // An address the grant names is where the operator sent it; a name over HTTPS is bound by its certificate.
-        let literal = host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>().is_ok();
-        let resolve = (scheme == "http" && !literal).then(|| (host.clone(), port));
+        // An address the grant names is where the operator sent it; a name is resolved by the host.
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        let target = Target {
+            literal: bare.parse().ok(),
+            host: bare.to_owned(),
+            port,
+            tls: scheme.eq_ignore_ascii_case("https"),
+        };
         let headers = request.headers_mut();
         // A partial response could carry a secret in pieces too short to recognize.
         if headers.contains_key(http::header::RANGE) || headers.contains_key(http::header::IF_RANGE) {
@@ -488,7 +516,7 @@ impl OutboundPolicy {
         let asked: Vec<HeaderValue> = headers.get_all(CREDENTIAL_HEADER).iter().cloned().collect();
         headers.remove(CREDENTIAL_HEADER);
         let name = match asked.as_slice() {
-            [] => return Ok(Decided { dest, credential: None, resolve }),
+            [] => return Ok(Decided { dest, credential: None, target }),
             [one] => one.to_str().unwrap_or_default().trim().to_owned(),
             more => {
                 return Err(self.deny(|q| {
@@ -505,7 +533,7 @@ impl OutboundPolicy {
             return Err(self.deny(|q| format!("credential `{name}` is not bound to {}", q(&dest))));
         }
         match spec.materialize(&scheme, &host, port) {
-            Ok(secret) => Ok(Decided { dest, credential: Some((spec.clone(), secret)), resolve }),
+            Ok(secret) => Ok(Decided { dest, credential: Some((spec.clone(), secret)), target }),
             Err(e) => {
                 self.traffic().records.add(e.to_string());
                 Err(HttpError::InternalError(Some(format!("credential `{name}` is unavailable on this host"))))
@@ -522,18 +550,122 @@ enum Unreachable {
     Dns(String),
 }
 
-/// The address a plain-HTTP request to the granted name `name` goes to:
-/// resolved once, every address checked — a public one, or for `localhost`
-/// and `*.localhost` (which name this machine wherever the host runs) a
-/// loopback one — and the first taken, as a connection would.
-async fn checked_address(name: &str, port: u16, timeout: Duration) -> Result<std::net::SocketAddr, Unreachable> {
-    let resolved = match tokio::time::timeout(timeout, tokio::net::lookup_host((name, port))).await {
-        Ok(Ok(addresses)) => addresses.collect::<Vec<_>>(),
-        Ok(Err(e)) => return Err(Unreachable::Dns(format!("cannot resolve {name}: {e}"))),
-        Err(_) => return Err(Unreachable::Dns(format!("resolving {name} took longer than {timeout:?}"))),
-    };
+/// Name lookups running at once in the whole host ([`Resolver`]).
+pub const LOOKUPS_AT_ONCE: usize = 32;
+
+/// Name lookups one call may have running at once, of the host's [`LOOKUPS_AT_ONCE`].
+pub const LOOKUPS_PER_CALL: usize = 4;
+
+/// How a name is looked up: the system's resolver (`getaddrinfo`) in the
+/// host; a test's stand-in in tests. It blocks, and cannot be stopped.
+pub type Lookup = dyn Fn(&str, u16) -> std::io::Result<Vec<std::net::SocketAddr>> + Send + Sync;
+
+/// The host's name lookups, bounded. A lookup blocks a thread of the
+/// blocking pool until the system's resolver answers, and nothing can stop
+/// it: a request that gives up on it (its timeout, its call's deadline)
+/// leaves it running. So a lookup holds one of the host's
+/// [`LOOKUPS_AT_ONCE`] slots and one of its call's [`LOOKUPS_PER_CALL`] for
+/// its whole life — both are moved into the blocking job and freed when the
+/// resolver returns, not when the request stops waiting. A name whose DNS
+/// answers slowly costs its call at most that many threads, and the host at
+/// most [`LOOKUPS_AT_ONCE`], whatever the call retries; before, a Tool
+/// looping request-and-timeout queued lookups without bound on the pool
+/// every call's file opens, output check and compile wait on. A request
+/// that cannot get a slot before its timeout fails, naming the host.
+#[derive(Clone)]
+pub struct Resolver {
+    lookup: Arc<Lookup>,
+    slots: Arc<Semaphore>,
+    at_once: usize,
+}
+
+impl Resolver {
+    /// The system's resolver, at most `at_once` lookups at a time.
+    pub fn system(at_once: usize) -> Self {
+        Resolver::with(
+            Arc::new(|name: &str, port: u16| {
+                use std::net::ToSocketAddrs as _;
+                (name, port).to_socket_addrs().map(Iterator::collect)
+            }),
+            at_once,
+        )
+    }
+
+    /// `lookup`, at most `at_once` lookups at a time.
+    pub fn with(lookup: Arc<Lookup>, at_once: usize) -> Self {
+        let at_once = at_once.max(1);
+        Resolver { lookup, slots: Arc::new(Semaphore::new(at_once)), at_once }
+    }
+
+    /// The addresses of `name`, looked up holding a slot of `call` (one of
+    /// its [`LOOKUPS_PER_CALL`]) and one of the host's, both held until the
+    /// lookup returns; given up (the lookup left running) after `within`.
+    async fn resolve(
+        &self,
+        call: &Arc<Semaphore>,
+        name: &str,
+        port: u16,
+        within: Duration,
+    ) -> Result<Vec<std::net::SocketAddr>, String> {
+        let deadline = tokio::time::Instant::now() + within;
+        // The call's slot first: a call waiting for the host's holds none of them.
+        let slots = tokio::time::timeout_at(deadline, async {
+            let mine = call.clone().acquire_owned().await?;
+            let host = self.slots.clone().acquire_owned().await?;
+            Ok::<_, tokio::sync::AcquireError>((mine, host))
+        })
+        .await;
+        let slots = match slots {
+            Ok(Ok(slots)) => slots,
+            Ok(Err(_)) => return Err(format!("cannot resolve {name}: the host is shutting down")),
+            Err(_) => {
+                let (theirs, all) = (call.available_permits() == 0, self.slots.available_permits() == 0);
+                let whose = match (theirs, all) {
+                    (true, _) => format!("this call's {LOOKUPS_PER_CALL}"),
+                    (false, true) => format!("the host's {}", self.at_once),
+                    (false, false) => "the lookups".into(),
+                };
+                return Err(format!(
+                    "no lookup of {name} could start within {within:?}: {whose} name lookups at once are taken by \
+                     earlier lookups still waiting for DNS (a lookup cannot be stopped once started)"
+                ));
+            }
+        };
+        let (lookup, owned) = (self.lookup.clone(), name.to_owned());
+        let job = tokio::task::spawn_blocking(move || {
+            let resolved = lookup(&owned, port);
+            // Freed only now: the thread was busy until the resolver answered.
+            drop(slots);
+            resolved
+        });
+        match tokio::time::timeout_at(deadline, job).await {
+            Ok(Ok(Ok(addresses))) => Ok(addresses),
+            Ok(Ok(Err(e))) => Err(format!("cannot resolve {name}: {e}")),
+            Ok(Err(_)) => Err(format!("cannot resolve {name}: the lookup failed")),
+            Err(_) => Err(format!("resolving {name} took longer than {within:?}")),
+        }
+    }
+}
+
+/// The addresses a request to `target` may connect to, in the order to try
+/// them: the address the URL names, or the name resolved once by the host
+/// ([`Resolver`]). Over plain HTTP every address of a name is checked — a
+/// public one, or for `localhost` and `*.localhost` (which name this
+/// machine wherever the host runs) a loopback one; over HTTPS the
+/// certificate binds the name.
+async fn checked_addresses(
+    resolver: &Resolver,
+    lookups: &Arc<Semaphore>,
+    target: &Target,
+    within: Duration,
+) -> Result<Vec<std::net::SocketAddr>, Unreachable> {
+    let name = target.host.as_str();
+    if let Some(ip) = target.literal {
+        return Ok(vec![std::net::SocketAddr::new(ip, target.port)]);
+    }
+    let resolved = resolver.resolve(lookups, name, target.port, within).await.map_err(Unreachable::Dns)?;
     let local = name == "localhost" || name.ends_with(".localhost");
-    for a in &resolved {
+    for a in resolved.iter().filter(|_| !target.tls) {
         let ip = a.ip().to_canonical();
         let refused = match not_public(ip) {
             Some("loopback") if local => None,
@@ -548,23 +680,168 @@ async fn checked_address(name: &str, port: u16, timeout: Duration) -> Result<std
             )));
         }
     }
-    resolved.first().copied().ok_or_else(|| Unreachable::Dns(format!("{name} has no address")))
+    if resolved.is_empty() {
+        return Err(Unreachable::Dns(format!("{name} has no address")));
+    }
+    Ok(resolved)
 }
 
-/// Send `request` to `address`, its `Host` header still naming what the guest asked for.
-fn pin<B>(request: &mut http::Request<B>, address: std::net::SocketAddr) -> Result<(), HttpError> {
-    let invalid = |_| HttpError::HttpRequestUriInvalid;
-    if let Some(authority) = request.uri().authority().cloned()
-        && !request.headers().contains_key(http::header::HOST)
+/// What a sent request's response body is: the server's, each wait for its
+/// next bytes bounded.
+struct Incoming {
+    body: hyper::body::Incoming,
+    between_bytes: tokio::time::Interval,
+}
+
+impl http_body::Body for Incoming {
+    type Data = Bytes;
+    type Error = HttpError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, HttpError>>> {
+        use std::task::Poll;
+        match std::pin::Pin::new(&mut self.body).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                self.between_bytes.reset();
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) if e.is_timeout() => Poll::Ready(Some(Err(HttpError::HttpResponseTimeout))),
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(HttpError::from(e)))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => {
+                std::task::ready!(self.between_bytes.poll_tick(cx));
+                Poll::Ready(Some(Err(HttpError::ConnectionReadTimeout)))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// A connection a request goes over: TCP, or TLS over TCP.
+trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static> Stream for T {}
+
+/// The TLS client of every HTTPS request: the web PKI's roots, as
+/// wasmtime-wasi-http's default client has.
+fn tls_client() -> tokio_rustls::TlsConnector {
+    static CONFIG: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
+    let config = CONFIG.get_or_init(|| {
+        let roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.into() };
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("ring supports the default TLS versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Arc::new(config)
+    });
+    tokio_rustls::TlsConnector::from(config.clone())
+}
+
+/// Send `request` over a connection to the first of `addresses` that
+/// accepts one (each tried in turn within the connect timeout) — the
+/// addresses the host resolved and checked: the HTTP client never looks a
+/// name up itself. Over TLS (`target.tls`) the server is asked for, and its
+/// certificate checked against, the name the guest asked for. The request
+/// keeps its `Host` header. As wasmtime-wasi-http's default client: HTTP/1.1,
+/// the connect timeout bounds connecting and the HTTP handshake, the
+/// first-byte timeout the response's head, the between-bytes timeout each
+/// wait for more of its body (the TLS handshake is bounded by the caller).
+async fn send_to<B>(
+    mut request: http::Request<B>,
+    target: &Target,
+    addresses: &[std::net::SocketAddr],
+    options: RequestOptions,
+) -> Result<(http::Response<Incoming>, Connection), HttpError>
+where
+    B: http_body::Body<Data = Bytes, Error = HttpError> + Send + 'static,
+{
+    let never = Duration::from_secs(600);
+    let connect_timeout = options.connect_timeout.unwrap_or(never);
+    let tcp = tokio::time::timeout(connect_timeout, async {
+        let mut last = None;
+        for address in addresses {
+            match tokio::net::TcpStream::connect(address).await {
+                Ok(tcp) => return Ok(tcp),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address to connect to")))
+    })
+    .await
+    .map_err(|_| HttpError::ConnectionTimeout)?
+    .map_err(HttpError::Connect)?;
+    let stream: Box<dyn Stream> = if target.tls {
+        let name = match target.literal {
+            Some(ip) => rustls::pki_types::ServerName::from(ip),
+            None => rustls::pki_types::ServerName::try_from(target.host.clone())?,
+        };
+        Box::new(tls_client().connect(name, tcp).await.map_err(HttpError::Tls)?)
+    } else {
+        Box::new(tcp)
+    };
+    let handshake = hyper::client::conn::http1::handshake(wasmtime_wasi_http::io::TokioIo::new(stream));
+    let (mut sender, conn) =
+        tokio::time::timeout(connect_timeout, handshake).await.map_err(|_| HttpError::ConnectionTimeout)??;
+    // The head names the host the guest asked for; the request line carries the path only.
+    if !request.headers().contains_key(http::header::HOST)
+        && let Some(authority) = request.uri().authority()
     {
         let host = HeaderValue::from_str(authority.as_str()).map_err(|_| HttpError::HttpRequestUriInvalid)?;
         request.headers_mut().insert(http::header::HOST, host);
     }
-    let mut parts = request.uri().clone().into_parts();
-    parts.authority = Some(address.to_string().parse().map_err(invalid)?);
-    *request.uri_mut() = http::Uri::from_parts(parts).map_err(|_| HttpError::HttpRequestUriInvalid)?;
-    Ok(())
+    let path = request.uri().path_and_query().map_or("/", |p| p.as_str());
+    *request.uri_mut() = path.parse().map_err(|_| HttpError::HttpRequestUriInvalid)?;
+    let first_byte = options.first_byte_timeout.unwrap_or(never);
+    // tokio's interval panics on zero.
+    let between_bytes = options.between_bytes_timeout.unwrap_or(never).max(Duration::from_nanos(1));
+    let send = async move {
+        let response = tokio::time::timeout(first_byte, sender.send_request(request))
+            .await
+            .map_err(|_| HttpError::ConnectionReadTimeout)??;
+        let mut between = tokio::time::interval(between_bytes);
+        between.reset();
+        Ok::<_, HttpError>(response.map(|body| Incoming { body, between_bytes: between }))
+    };
+    // Drive the connection while waiting for the response's head.
+    let mut send = std::pin::pin!(send);
+    let mut conn = Some(conn);
+    let response = std::future::poll_fn(|cx| {
+        use std::task::Poll;
+        if let Poll::Ready(r) = send.as_mut().poll(cx) {
+            return Poll::Ready(r);
+        }
+        let Some(c) = conn.as_mut() else { return Poll::Pending };
+        let done = std::task::ready!(std::pin::Pin::new(c).poll(cx));
+        conn = None;
+        match done {
+            Ok(()) => send.as_mut().poll(cx),
+            Err(e) => Poll::Ready(Err(HttpError::from(e))),
+        }
+    })
+    .await?;
+    Ok((
+        response,
+        Box::pin(async move {
+            match conn {
+                None => Ok(()),
+                Some(c) => c.await.map_err(|e| if e.is_timeout() { HttpError::HttpResponseTimeout } else { e.into() }),
+            }
+        }),
+    ))
 }
+
+/// What carries a sent request's response to its end.
+type Connection = std::pin::Pin<Box<dyn Future<Output = Result<(), HttpError>> + Send>>;
 
 /// What kind of address `ip` is, if it is not a public one: the host's own
 /// (loopback, unspecified), a private or link-local network's (cloud
@@ -732,16 +1009,34 @@ struct Charge {
 }
 
 impl Charge {
-    fn new(call: &Arc<CallTraffic>, size: usize) -> Self {
-        call.buffered.fetch_add(size, std::sync::atomic::Ordering::Relaxed);
-        Charge { call: call.clone(), size }
+    /// Nothing charged yet.
+    fn none(call: &Arc<CallTraffic>) -> Self {
+        Charge { call: call.clone(), size: 0 }
+    }
+
+    /// Charge `more` bytes, if the call's `total` has room for them: the
+    /// room is taken before the bytes are kept, so responses collected at
+    /// once share the budget instead of each seeing all of it.
+    fn grow(&mut self, more: usize, total: usize) -> bool {
+        use std::sync::atomic::Ordering;
+        let room = |held: usize| held.checked_add(more).filter(|&after| after <= total);
+        if self.call.buffered.fetch_update(Ordering::AcqRel, Ordering::Acquire, room).is_err() {
+            return false;
+        }
+        self.size += more;
+        true
     }
 
     /// Count `size` bytes instead (the body decoded).
-    fn resize(&mut self, size: usize) {
-        self.call.buffered.fetch_add(size, std::sync::atomic::Ordering::Relaxed);
-        self.call.buffered.fetch_sub(self.size, std::sync::atomic::Ordering::Relaxed);
+    /// Count `size` bytes instead (the body decoded), if `total` has room
+    /// for what it grows by.
+    fn resize(&mut self, size: usize, total: usize) -> bool {
+        if size > self.size {
+            return self.grow(size - self.size, total);
+        }
+        self.call.buffered.fetch_sub(self.size - size, std::sync::atomic::Ordering::AcqRel);
         self.size = size;
+        true
     }
 }
 
@@ -1037,6 +1332,57 @@ fn check_stream(
     }))
 }
 
+/// Why a response body was not kept.
+#[derive(Debug)]
+enum Refused {
+    /// It is larger than one response may be.
+    TooLarge,
+    /// The call's buffered responses leave no room for it.
+    BudgetSpent,
+    /// The transport failed while it came.
+    Failed(HttpError),
+}
+
+impl Refused {
+    fn into_error(self, limits: &HttpLimits) -> HttpError {
+        match self {
+            Refused::TooLarge => HttpError::HttpResponseBodySize(Some(limits.response_bytes as u64)),
+            Refused::BudgetSpent => HttpError::HttpResponseBodySize(Some(limits.response_bytes_per_call as u64)),
+            Refused::Failed(e) => e,
+        }
+    }
+}
+
+/// A response body, whole, and its charge against the call's buffered
+/// bytes: each frame is charged before it is kept, and refused when the
+/// response would pass `limits.response_bytes` or the call's buffered bytes
+/// `limits.response_bytes_per_call` (with the other responses being
+/// collected, checked or waiting for the guest).
+async fn collect_charged<B>(call: &Arc<CallTraffic>, body: B, limits: &HttpLimits) -> Result<(Bytes, Charge), Refused>
+where
+    B: http_body::Body<Data = Bytes, Error = HttpError>,
+{
+    let mut body = std::pin::pin!(body);
+    let mut charge = Charge::none(call);
+    let mut frames = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(Refused::Failed)?;
+        let Ok(data) = frame.into_data() else { continue };
+        if charge.size + data.len() > limits.response_bytes {
+            return Err(Refused::TooLarge);
+        }
+        if !charge.grow(data.len(), limits.response_bytes_per_call) {
+            return Err(Refused::BudgetSpent);
+        }
+        frames.push(data);
+    }
+    let data = match frames.len() {
+        1 => frames.pop().unwrap_or_default(),
+        _ => Bytes::from(frames.concat()),
+    };
+    Ok((data, charge))
+}
+
 type Sent = Result<(http::Response<WasiBody>, Box<dyn Future<Output = Result<(), HttpError>> + Send>), HttpError>;
 
 /// The wasi-http error codes for transport failures, as the defaults give
@@ -1081,10 +1427,10 @@ impl WasiHttpHooks for OutboundPolicy {
     ) -> Box<dyn Future<Output = Sent> + Send> {
         let decided = self.authorize(&mut request);
         let limits = self.limits;
-        let (call, host_slots) = (self.traffic().clone(), self.host_slots.clone());
+        let (call, host_slots, resolver) = (self.traffic().clone(), self.host_slots.clone(), self.resolver.clone());
         Box::new(async move {
             let records = &call.records;
-            let Decided { dest, credential, resolve } = decided?;
+            let Decided { dest, credential, target } = decided?;
             // While the host cannot check what would come back, nothing
             // leaves: withholding only the response would let a POST, a
             // DELETE or an adapter's `tools/call` take effect while the
@@ -1124,21 +1470,26 @@ impl WasiHttpHooks for OutboundPolicy {
             let closed = || HttpError::InternalError(Some("the host is shutting down".into()));
             let call_slot = CallSlot::acquire(&call).await.map_err(|_| closed())?;
             let host_slot = host_slots.clone().acquire_owned().await.map_err(|_| closed())?;
-            // Resolved holding its slots: no more lookups at once than requests in flight.
-            if let Some((name, port)) = resolve {
-                match checked_address(&name, port, limits.timeout).await {
-                    Ok(address) => pin(&mut request, address)?,
-                    Err(Unreachable::Prohibited(why)) => {
-                        records.quoting(|q| format!("outbound request denied: {} {why}", q(&dest)));
-                        return Err(HttpError::DestinationIpProhibited);
-                    }
-                    Err(Unreachable::Dns(why)) => {
-                        *call.transport.lock().unwrap_or_else(|p| p.into_inner()) =
-                            Some(bounded(format!("{dest}: {why}")));
-                        return Err(HttpError::DnsError { rcode: Some(why), info_code: None });
-                    }
+            let cap = |t: Option<Duration>| Some(t.map_or(limits.timeout, |t| t.min(limits.timeout)));
+            let options = RequestOptions {
+                connect_timeout: cap(options.and_then(|o| o.connect_timeout)),
+                first_byte_timeout: cap(options.and_then(|o| o.first_byte_timeout)),
+                between_bytes_timeout: cap(options.and_then(|o| o.between_bytes_timeout)),
+            };
+            let connect_timeout = options.connect_timeout.unwrap_or(limits.timeout);
+            // Resolved by the host (bounded: [`Resolver`]), holding the
+            // request's slots; the client connects to what was checked.
+            let addresses = match checked_addresses(&resolver, &call.lookups, &target, connect_timeout).await {
+                Ok(addresses) => addresses,
+                Err(Unreachable::Prohibited(why)) => {
+                    records.quoting(|q| format!("outbound request denied: {} {why}", q(&dest)));
+                    return Err(HttpError::DestinationIpProhibited);
                 }
-            }
+                Err(Unreachable::Dns(why)) => {
+                    *call.transport.lock().unwrap_or_else(|p| p.into_inner()) = Some(bounded(format!("{dest}: {why}")));
+                    return Err(HttpError::DnsError { rcode: Some(why), info_code: None });
+                }
+            };
             let (parts, body) = request.into_parts();
             let request_bytes = limits.request_bytes;
             // The client gets a copy of each chunk: the guest's bytes, counted
@@ -1156,21 +1507,15 @@ impl WasiHttpHooks for OutboundPolicy {
             let body = KeptOpen(Arc::new(Mutex::new(body)));
             let open_until_recorded = body.0.clone();
             let request = http::Request::from_parts(parts, body.boxed_unsync());
-            let cap = |t: Option<Duration>| Some(t.map_or(limits.timeout, |t| t.min(limits.timeout)));
-            let options = RequestOptions {
-                connect_timeout: cap(options.and_then(|o| o.connect_timeout)),
-                first_byte_timeout: cap(options.and_then(|o| o.first_byte_timeout)),
-                between_bytes_timeout: cap(options.and_then(|o| o.between_bytes_timeout)),
-            };
-            // wasmtime-wasi-http times the TCP connect, the HTTP handshake and
-            // the first byte, not the TLS handshake between them: a server
+            // The TCP connect, the HTTP handshake and the first byte are
+            // timed each, the TLS handshake between them is not: a server
             // that never finished it held the request and its slots until the
             // call's deadline. The whole send is bounded by their sum.
             let within = [options.connect_timeout, options.connect_timeout, options.first_byte_timeout]
                 .into_iter()
                 .map(|t| t.unwrap_or(limits.timeout))
                 .fold(Duration::ZERO, Duration::saturating_add);
-            let sent = tokio::time::timeout(within, wasmtime_wasi_http::default_send_request(request, Some(options)))
+            let sent = tokio::time::timeout(within, send_to(request, &target, &addresses, options))
                 .await
                 .unwrap_or(Err(HttpError::ConnectionTimeout));
             let (response, io) = match sent {
@@ -1200,28 +1545,22 @@ impl WasiHttpHooks for OutboundPolicy {
                 }
             };
             let (mut parts, body) = response.into_parts();
-            // Buffer (bounded) so the whole response can be checked before the guest reads it.
-            use std::sync::atomic::Ordering;
-            let left = limits.response_bytes_per_call.saturating_sub(call.buffered.load(Ordering::Relaxed));
-            let limit = limits.response_bytes.min(left);
-            let collect = async {
-                Limited::new(body, limit).collect().await.map(|c| c.to_bytes()).map_err(|_| {
-                    if limit < limits.response_bytes {
-                        records.quoting(|q| {
-                            format!(
-                                "response from {} refused: the call's {}-byte response budget is spent",
-                                q(&dest),
-                                limits.response_bytes_per_call
-                            )
-                        });
-                    }
-                    HttpError::HttpResponseBodySize(Some(limit as u64))
-                })
-            };
-            let (collected, _) = tokio::join!(collect, io);
-            let data = collected?;
-            // Counted against the call's budget from now until the guest has read it.
-            let mut charge = Charge::new(&call, data.len());
+            // Buffered (bounded) so the whole response can be checked before
+            // the guest reads it; each frame charged to the call's budget
+            // before it is kept ([`collect_charged`]).
+            let (collected, _) = tokio::join!(collect_charged(&call, body, &limits), io);
+            let (data, mut charge) = collected.map_err(|refused| {
+                if let Refused::BudgetSpent = refused {
+                    records.quoting(|q| {
+                        format!(
+                            "response from {} refused: the call's {}-byte response budget is spent",
+                            q(&dest),
+                            limits.response_bytes_per_call
+                        )
+                    });
+                }
+                refused.into_error(&limits)
+            })?;
             let scanner = match call.watch.scanner(records) {
                 Watched::Complete(scanner) => scanner,
                 // What the host cannot check it does not hand over, as if it held the secret.
@@ -1265,7 +1604,17 @@ impl WasiHttpHooks for OutboundPolicy {
                     });
                 }
             };
-            charge.resize(data.len());
+            if !charge.resize(data.len(), limits.response_bytes_per_call) {
+                records.quoting(|q| {
+                    format!(
+                        "response from {} refused: decoded, it is over what is left of the call's {}-byte response \
+                         budget",
+                        q(&dest),
+                        limits.response_bytes_per_call
+                    )
+                });
+                return Err(HttpError::HttpResponseBodySize(Some(limits.response_bytes_per_call as u64)));
+            }
             let held = HeldBody { data, _charge: charge };
             let body = held.map_err(|never| match never {}).boxed_unsync();
             let done: Box<dyn Future<Output = Result<(), HttpError>> + Send> = Box::new(async { Ok(()) });
@@ -1671,29 +2020,220 @@ mod tests {
         }
     }
 
+    fn http_to(host: &str, port: u16) -> Target {
+        Target { host: host.into(), port, literal: host.parse().ok(), tls: false }
+    }
+
     #[tokio::test]
     async fn a_name_over_http_leads_only_where_it_was_checked() {
+        let resolver = Resolver::system(4);
+        let lookups = Arc::new(Semaphore::new(LOOKUPS_PER_CALL));
+        let checked = |target: Target| {
+            let (resolver, lookups) = (resolver.clone(), lookups.clone());
+            async move { checked_addresses(&resolver, &lookups, &target, Duration::from_secs(5)).await }
+        };
         // A numeric name (not an address literal) that the resolver reads as 127.0.0.1.
         for name in ["2130706433", "127.1", "0x7f000001"] {
-            match checked_address(name, 80, Duration::from_secs(5)).await {
+            match checked(http_to(name, 80)).await {
                 Err(Unreachable::Prohibited(why)) => {
                     assert!(why.contains("resolved to 127.0.0.1, a loopback address"), "{name}: {why}")
                 }
                 Err(Unreachable::Dns(why)) => panic!("{name}: {why}"),
-                Ok(a) => panic!("{name} was let through to {a}"),
+                Ok(a) => panic!("{name} was let through to {a:?}"),
             }
         }
         // `localhost` names this machine: its loopback addresses are where it leads.
-        let a = checked_address("localhost", 8080, Duration::from_secs(5)).await.ok().unwrap();
-        assert!(a.ip().is_loopback() && a.port() == 8080, "{a}");
-        assert!(matches!(
-            checked_address("no-such-name.invalid", 80, Duration::from_secs(5)).await,
-            Err(Unreachable::Dns(_))
-        ));
-        // The request goes to the checked address, and still says which host it asked for.
-        let mut request = http::Request::get("http://localhost:8080/x?y=1").body(()).unwrap();
-        pin(&mut request, a).unwrap();
-        assert_eq!(request.uri().to_string(), format!("http://{a}/x?y=1"));
-        assert_eq!(request.headers()[http::header::HOST], "localhost:8080");
+        let a = checked(http_to("localhost", 8080)).await.ok().unwrap();
+        assert!(a.iter().all(|a| a.ip().is_loopback() && a.port() == 8080), "{a:?}");
+        assert!(matches!(checked(http_to("no-such-name.invalid", 80)).await, Err(Unreachable::Dns(_))));
+        // Over HTTPS the certificate binds the name: any address it resolves to.
+        let tls = Target { tls: true, ..http_to("2130706433", 443) };
+        assert_eq!(checked(tls).await.ok().unwrap(), ["127.0.0.1:443".parse().unwrap()]);
+        // An address literal is not looked up.
+        assert_eq!(checked(http_to("10.0.0.1", 80)).await.ok().unwrap(), ["10.0.0.1:80".parse().unwrap()]);
+        assert_eq!(lookups.available_permits(), LOOKUPS_PER_CALL, "every lookup gave its slot back");
+    }
+
+    /// A resolver that answers only once the test opens it, counting the lookups it started.
+    #[derive(Default)]
+    struct SlowDns {
+        started: std::sync::atomic::AtomicUsize,
+        open: Mutex<bool>,
+        opened: std::sync::Condvar,
+    }
+
+    impl SlowDns {
+        fn resolver(self: &Arc<Self>, at_once: usize) -> Resolver {
+            let dns = self.clone();
+            Resolver::with(
+                Arc::new(move |_: &str, port: u16| {
+                    dns.started.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let mut open = dns.open.lock().unwrap();
+                    while !*open {
+                        open = dns.opened.wait(open).unwrap();
+                    }
+                    Ok(vec![std::net::SocketAddr::new([203, 0, 113, 7].into(), port)])
+                }),
+                at_once,
+            )
+        }
+        fn started(&self) -> usize {
+            self.started.load(std::sync::atomic::Ordering::SeqCst)
+        }
+        fn answer(&self) {
+            *self.open.lock().unwrap() = true;
+            self.opened.notify_all();
+        }
+    }
+
+    /// Invariant 14, threads: a lookup blocks a thread until DNS answers,
+    /// and cannot be stopped. Requests that give up on one (timeout 0, in a
+    /// loop) leave it running; each running lookup keeps its call's and the
+    /// host's slot until the resolver returns, so a call has at most its
+    /// share running and the host at most its bound, and a request that
+    /// finds none free fails within its timeout, naming the host. (Before,
+    /// `lookup_host` and wasmtime-wasi-http's connect queued one blocking
+    /// job per request, without bound.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_name_lookup_holds_its_slots_until_the_resolver_answers() {
+        let dns = Arc::new(SlowDns::default());
+        let resolver = dns.resolver(3);
+        let short = Duration::from_millis(50);
+        let call_a = Arc::new(Semaphore::new(2));
+        for _ in 0..2 {
+            let e = resolver.resolve(&call_a, "slow.example", 443, short).await.unwrap_err();
+            assert!(e.contains("resolving slow.example took longer than"), "{e}");
+        }
+        // Both requests gave up; their lookups still run, holding the call's share.
+        let began = std::time::Instant::now();
+        for within in [Duration::ZERO, short] {
+            let e = resolver.resolve(&call_a, "slow.example", 443, within).await.unwrap_err();
+            assert!(e.contains("no lookup of slow.example could start") && e.contains("this call's"), "{e}");
+        }
+        assert!(began.elapsed() < Duration::from_secs(2), "refused within the request's timeout");
+        assert_eq!(dns.started(), 2, "a call starts no more lookups than its share");
+        // Another call gets the host's last slot, and a third none.
+        let call_b = Arc::new(Semaphore::new(2));
+        assert!(resolver.resolve(&call_b, "slow.example", 443, short).await.unwrap_err().contains("took longer"));
+        let call_c = Arc::new(Semaphore::new(2));
+        let e = resolver.resolve(&call_c, "other.example", 80, short).await.unwrap_err();
+        assert!(e.contains("no lookup of other.example could start") && e.contains("the host's 3"), "{e}");
+        assert_eq!(dns.started(), 3, "the host starts no more lookups than its bound");
+        // The calls are over; their lookups are not, and hold their slots.
+        drop((call_a, call_b));
+        tokio::time::sleep(short).await;
+        assert_eq!(resolver.slots.available_permits(), 0);
+        dns.answer();
+        let freed = std::time::Instant::now();
+        while resolver.slots.available_permits() < 3 {
+            assert!(freed.elapsed() < Duration::from_secs(10), "slots come back when the lookups return");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let found = resolver.resolve(&call_c, "other.example", 80, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(found, ["203.0.113.7:80".parse().unwrap()]);
+        assert_eq!(call_c.available_permits(), 2);
+    }
+
+    /// HTTPS goes where the host's lookup said, not through a second lookup
+    /// by the HTTP client: the connection reaches the resolved address and
+    /// asks for the name (SNI), whose certificate is then checked.
+    #[tokio::test]
+    async fn https_connects_to_the_address_the_host_resolved_and_asks_for_the_name() {
+        use tokio::io::AsyncReadExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            let mut hello = vec![0; 4096];
+            let n = tcp.read(&mut hello).await.unwrap();
+            hello.truncate(n);
+            hello
+        });
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let seen = asked.clone();
+        let resolver = Resolver::with(
+            Arc::new(move |name: &str, port: u16| {
+                seen.lock().unwrap().push(name.to_owned());
+                Ok(vec![std::net::SocketAddr::from(([127, 0, 0, 1], port))])
+            }),
+            1,
+        );
+        let target = Target { host: "api.tool.example".into(), port, literal: None, tls: true };
+        let lookups = Arc::new(Semaphore::new(1));
+        let addresses = checked_addresses(&resolver, &lookups, &target, Duration::from_secs(5)).await.ok().unwrap();
+        let body = http_body_util::Empty::<Bytes>::new().map_err(|never| -> HttpError { match never {} });
+        let request = http::Request::get(format!("https://api.tool.example:{port}/x")).body(body).unwrap();
+        let second = Duration::from_secs(5);
+        let options = RequestOptions {
+            connect_timeout: Some(second),
+            first_byte_timeout: Some(second),
+            between_bytes_timeout: Some(second),
+        };
+        let sent = send_to(request, &target, &addresses, options).await;
+        assert!(matches!(sent, Err(HttpError::Tls(_))), "the test server speaks no TLS");
+        let hello = server.await.unwrap();
+        assert!(memchr::memmem::find(&hello, b"api.tool.example").is_some(), "SNI names the host");
+        assert_eq!(*asked.lock().unwrap(), ["api.tool.example"], "looked up once, by the host");
+    }
+
+    /// A body that yields the chunks it was given.
+    struct Chunks(std::collections::VecDeque<Bytes>);
+
+    impl http_body::Body for Chunks {
+        type Data = Bytes;
+        type Error = HttpError;
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, HttpError>>> {
+            std::task::Poll::Ready(self.0.pop_front().map(|c| Ok(http_body::Frame::data(c))))
+        }
+    }
+
+    fn kib_chunks(n: usize) -> Chunks {
+        Chunks((0..n).map(|_| Bytes::from(vec![b'x'; 1024])).collect())
+    }
+
+    /// Invariant 14, memory: responses collected at once share the call's
+    /// budget (`limits.http_response_total_kib`): each frame is charged
+    /// before it is kept. (Before, each response was given what was left
+    /// when its head arrived and charged once whole: 8 in flight each
+    /// held up to the per-response limit against a total of 4.)
+    #[tokio::test]
+    async fn responses_collected_at_once_share_the_calls_budget() {
+        let limits = HttpLimits {
+            request_bytes: 0,
+            response_bytes: 4 << 10,
+            timeout: Duration::from_secs(1),
+            in_flight_per_call: 8,
+            response_bytes_per_call: 6 << 10,
+        };
+        let policy = OutboundPolicy::new(
+            Arc::default(),
+            Arc::default(),
+            limits,
+            Arc::default(),
+            Arc::new(Semaphore::new(8)),
+            Resolver::system(1),
+        );
+        let call = policy.traffic().clone();
+        let buffered = || call.buffered.load(std::sync::atomic::Ordering::SeqCst);
+        let (a, b) = tokio::join!(
+            collect_charged(&call, kib_chunks(4), &limits),
+            collect_charged(&call, kib_chunks(4), &limits)
+        );
+        let (data, charge) = a.unwrap();
+        assert_eq!(data.len(), 4 << 10);
+        assert!(matches!(b, Err(Refused::BudgetSpent)), "{:?}", b.map(|(data, _)| data.len()));
+        assert_eq!(buffered(), 4 << 10, "the refused response's bytes were given back");
+        let (small, held) = collect_charged(&call, kib_chunks(2), &limits).await.unwrap();
+        assert_eq!((small.len(), buffered()), (2 << 10, 6 << 10));
+        assert!(matches!(collect_charged(&call, kib_chunks(1), &limits).await, Err(Refused::BudgetSpent)));
+        drop((charge, held));
+        assert_eq!(buffered(), 0);
+        // Over the per-response limit, whatever the budget holds.
+        assert!(matches!(collect_charged(&call, kib_chunks(5), &limits).await, Err(Refused::TooLarge)));
+        assert_eq!(buffered(), 0);
+        assert_eq!(collect_charged(&call, kib_chunks(4), &limits).await.unwrap().0.len(), 4 << 10);
     }
 }
