@@ -425,6 +425,10 @@ pub struct ServeConfig {
     /// How long a client has to send a request's headers, milliseconds
     /// (from the connection, or from the end of its previous request).
     pub header_timeout_ms: u64,
+    /// How long an HTTP session may go without a request and with no SSE
+    /// stream open (a GET stream held open keeps it) before it is closed
+    /// and its place freed, seconds.
+    pub session_idle_secs: u64,
     /// The endpoint's public URL (for the OAuth protected-resource metadata), if not `http://ADDR/mcp`.
     pub public_url: Option<String>,
     /// Authorization servers named in the protected-resource metadata.
@@ -449,6 +453,7 @@ impl Default for ServeConfig {
             max_sessions_per_token: 32,
             max_requests_per_token: 128,
             header_timeout_ms: 30_000,
+            session_idle_secs: 1800,
             public_url: None,
             authorization_servers: Vec::new(),
             auth: Vec::new(),
@@ -633,6 +638,12 @@ impl Config {
             if !(1..=65_536).contains(&value) {
                 return Err(field(name, format!("{value} is out of range; use 1 to 65536")));
             }
+        }
+        if !(1..=604_800).contains(&raw.serve.session_idle_secs) {
+            return Err(field(
+                "serve.session_idle_secs",
+                format!("{} is out of range; use 1 to 604800 (a week)", raw.serve.session_idle_secs),
+            ));
         }
         if !(1..=600_000).contains(&raw.serve.header_timeout_ms) {
             return Err(field(
@@ -1034,6 +1045,21 @@ mod tests {
         let ok = parse("[serve]\nmax_connections_per_address = 1024\nmax_sessions_per_token = 1\n").unwrap();
         assert_eq!((ok.serve.max_connections_per_address, ok.serve.max_sessions_per_token), (1024, 1));
         assert_eq!(ok.serve.max_requests_per_token, 128);
+    }
+
+    #[test]
+    fn serve_session_idle_secs_defaults_to_half_an_hour_and_is_bounded() {
+        assert_eq!(parse("").unwrap().serve.session_idle_secs, 1800);
+        assert_eq!(parse("[serve]\nsession_idle_secs = 60\n").unwrap().serve.session_idle_secs, 60);
+        for value in ["0", "604801"] {
+            match parse(&format!("[serve]\nsession_idle_secs = {value}\n")) {
+                Err(ConfigError::Field { field, message, .. }) => {
+                    assert_eq!(field, "serve.session_idle_secs");
+                    assert!(message.contains(value), "{message}");
+                }
+                other => panic!("session_idle_secs = {value}: expected a field error, got {other:?}"),
+            }
+        }
     }
 
     #[test]

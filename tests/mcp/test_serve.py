@@ -14,6 +14,7 @@ for the agent `default`, TOOLGATE_READER_TOKEN for the agent `reader`).
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -129,17 +130,23 @@ def test_list_shows_the_snapshot_in_a_stable_order_with_valid_schemas(conn):
             assert c.protocol_version == REVISION[conn.mode]
             tools = (await c.list_tools()).tools
             names = [t.name for t in tools]
-            assert names == sorted(names), "sorted by id: the same order every time"
+            ids = [t.title for t in tools]
+            assert ids == sorted(ids), "sorted by id: the same order every time"
             assert names == [t.name for t in (await c.list_tools()).tools]
-            assert "text.upper" in names and "notes" in names
-            assert "hostile.membomb" not in names, "invisible tools are not listed"
+            # Names every client takes (Claude Desktop: `^[a-zA-Z0-9_-]{1,64}$`);
+            # the id, as rules and the journal name it, is the title.
+            assert all(re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", n) for n in names), names
+            assert "text_upper" in names and "notes" in names
+            assert "text.upper" in ids and "notes" in ids
+            assert "hostile_membomb" not in names, "invisible tools are not listed"
             for t in tools:
                 assert t.input_schema["type"] == "object"
                 jsonschema.validators.validator_for(t.input_schema).check_schema(t.input_schema)
                 if t.output_schema is not None:
                     assert t.output_schema["type"] == "object"
                     jsonschema.validators.validator_for(t.output_schema).check_schema(t.output_schema)
-            count = next(t for t in tools if t.name == "text.count")
+            count = next(t for t in tools if t.name == "text_count")
+            assert count.title == "text.count"
             assert count.output_schema is not None
             assert count.annotations.read_only_hint is True
 
@@ -149,10 +156,13 @@ def test_list_shows_the_snapshot_in_a_stable_order_with_valid_schemas(conn):
 def test_call_returns_content_and_structured_content(conn):
     async def body():
         async with conn() as c:
-            r = await c.call_tool("text.count", {"text": "a b\nc"})
+            r = await c.call_tool("text_count", {"text": "a b\nc"})
             assert not r.is_error
             assert r.structured_content == {"chars": 5, "words": 3, "lines": 2}
             assert json.loads(text(r)) == r.structured_content
+            r = await c.call_tool("text_upper", {"text": "hi"})
+            assert not r.is_error and text(r) == '"HI"'
+            # The id, as clients named tools before, still calls it.
             r = await c.call_tool("text.upper", {"text": "hi"})
             assert not r.is_error and text(r) == '"HI"'
 
@@ -257,7 +267,17 @@ def test_ask_cancelled_in_the_ui_decides_nothing_and_is_asked_again(mode):
 
 
 def approve_out_of_band(ticket):
-    out = subprocess.run([BIN, "--config", CONFIG, "approve", ticket, "--key", APPROVER_KEY], capture_output=True, text=True)
+    # The approver names the call it listed: its digest, from `journal --awaiting`.
+    listed = subprocess.run(
+        [BIN, "--config", CONFIG, "--json", "journal", "--awaiting", "--key", APPROVER_KEY], capture_output=True, text=True
+    )
+    assert listed.returncode == 0, listed.stderr
+    (digest,) = [r["digest"] for r in map(json.loads, listed.stdout.splitlines()) if r.get("ticket") == ticket]
+    out = subprocess.run(
+        [BIN, "--config", CONFIG, "approve", ticket, "--key", APPROVER_KEY, "--digest", digest],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
 
 
@@ -641,14 +661,14 @@ def test_plugin_directory_changes_reach_a_listening_client(transport, request):
     async def body():
         async with connect(transport, "auto", server) as c:
             names = {t.name for t in (await c.list_tools()).tools}
-            assert "files.read" not in names
+            assert "files_read" not in names
             async with c.listen(tools_list_changed=True) as sub:
                 shutil.copy(EXTRA, os.path.join(PLUGINS, "files.wasm"))
                 try:
                     event = await asyncio.wait_for(sub.__anext__(), 20)
                     assert event is not None
                     names = {t.name for t in (await c.list_tools()).tools}
-                    assert "files.read" in names
+                    assert "files_read" in names
                 finally:
                     os.remove(os.path.join(PLUGINS, "files.wasm"))
             # Give the server's watcher time to see the removal before the next test.
@@ -670,12 +690,12 @@ def test_plugin_directory_changes_notify_an_initialized_session(transport, reque
     async def body():
         async with connect(transport, "legacy", server, message_handler=on_message) as c:
             names = {t.name for t in (await c.list_tools()).tools}
-            assert "files.read" not in names
+            assert "files_read" not in names
             shutil.copy(EXTRA, os.path.join(PLUGINS, "files.wasm"))
             try:
                 await asyncio.wait_for(changed.wait(), 20)
                 names = {t.name for t in (await c.list_tools()).tools}
-                assert "files.read" in names
+                assert "files_read" in names
             finally:
                 os.remove(os.path.join(PLUGINS, "files.wasm"))
             await asyncio.sleep(1.2)
@@ -723,7 +743,7 @@ def test_revision_2025_06_18_is_served_and_the_server_exits_cleanly_when_stdin_c
     raw = Raw()
     assert raw.initialize("2025-06-18")["result"]["protocolVersion"] == "2025-06-18"
     raw.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
-    assert any(t["name"] == "text.upper" for t in raw.until(2)["result"]["tools"])
+    assert any(t["name"] == "text_upper" for t in raw.until(2)["result"]["tools"])
     raw.proc.stdin.close()
     assert raw.proc.wait(30) == 0
 
@@ -772,7 +792,7 @@ def test_malformed_input_is_answered_or_ignored_and_never_ends_the_session():
             assert isinstance(m["error"]["code"], int) and m["error"]["message"], m
     assert seen[11]["error"]["code"] == -32601, seen
     assert "error" in seen[10], seen[10]
-    assert any(t["name"] == "text.upper" for t in seen[12]["result"]["tools"])
+    assert any(t["name"] == "text_upper" for t in seen[12]["result"]["tools"])
     raw.proc.stdin.close()
     assert raw.proc.wait(30) == 0
 
@@ -906,7 +926,7 @@ def test_the_token_decides_the_agent(http_server, mode):
     async def body():
         async with connect("http", mode, http_server, token=READER_TOKEN) as c:
             names = [t.name for t in (await c.list_tools()).tools]
-            assert names and all(n.startswith("text.") for n in names), names
+            assert names and all(n.startswith("text_") for n in names), names
             with pytest.raises(MCPError) as e:
                 await c.call_tool("notes", {"op": "list"})
             assert "unknown tool" in str(e.value)
@@ -966,13 +986,14 @@ def test_the_inspector_cli_lists_and_calls(transport, era, request):
     code, out, err = inspector(transport, era, server, "--method", "tools/list")
     assert code == 0, err
     names = [t["name"] for t in json.loads(out)["result"]["tools"]]
-    assert "text.upper" in names and "hostile.membomb" not in names
-    code, out, err = inspector(transport, era, server, "--method", "tools/call", "--tool-name", "text.count",
+    assert "text_upper" in names and "hostile_membomb" not in names
+    code, out, err = inspector(transport, era, server, "--method", "tools/call", "--tool-name", "text_count",
                                "--tool-args-json", '{"text": "a b"}')
     assert code == 0, err
     assert json.loads(out)["result"]["structuredContent"] == {"chars": 3, "words": 2, "lines": 1}
-    # A denied call is an isError result: the CLI's exit code 5.
-    code, out, err = inspector(transport, era, server, "--method", "tools/call", "--tool-name", "text.repeat",
+    # A denied call is an isError result: the CLI's exit code 5. (The CLI
+    # calls only a listed name: `text.repeat` is listed as `text_repeat`.)
+    code, out, err = inspector(transport, era, server, "--method", "tools/call", "--tool-name", "text_repeat",
                                "--tool-args-json", '{"text": "a", "times": 2}')
     assert code == 5, (code, out, err)
     assert "denied" in out + err

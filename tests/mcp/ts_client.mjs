@@ -182,22 +182,25 @@ try {
     // tools/list: what the agent sees, and only that.
     const { tools } = await client.listTools();
     const names = tools.map((t) => t.name);
-    expect("list", names.join() === [...names].sort().join(), "not sorted by id", names);
-    for (const n of ["text.upper", "text.count", "notes", "hostile.loop"]) {
+    const ids = tools.map((t) => t.title);
+    expect("list", ids.join() === [...ids].sort().join(), "not sorted by id", ids);
+    for (const n of names) expect("list", /^[a-zA-Z0-9_-]{1,64}$/.test(n), `\`${n}\` is not a name every client takes`, names);
+    for (const n of ["text_upper", "text_count", "notes", "hostile_loop"]) {
         expect("list", names.includes(n), `\`${n}\` is not listed`, names);
     }
-    for (const n of ["hostile.membomb", "files.read"]) {
+    for (const n of ["hostile_membomb", "files_read"]) {
         expect("list", !names.includes(n), `\`${n}\` is listed though invisible or absent`, names);
     }
     for (const t of tools) expect("list", t.inputSchema?.type === "object", `${t.name}: inputSchema not an object`, t);
-    const count = tools.find((t) => t.name === "text.count");
+    const count = tools.find((t) => t.name === "text_count");
+    expect("list", count?.title === "text.count", "text_count's title is not its id", count);
     expect("list", count.outputSchema?.type === "object", "text.count has no object outputSchema", count);
     expect("list", count.annotations?.readOnlyHint === true, "text.count is not read-only", count.annotations);
     emit({ check: "list", ok: true, tools: names });
 
     // An allowed call: the Tool's content (and structured content, validated
     // by the SDK against the listed outputSchema).
-    const counted = await client.callTool({ name: "text.count", arguments: { text: "a b\nc" } });
+    const counted = await client.callTool({ name: "text_count", arguments: { text: "a b\nc" } });
     expect("call", !counted.isError, "text.count failed", counted);
     const expected = { chars: 5, words: 3, lines: 2 };
     expect("call", same(counted.structuredContent, expected),
@@ -291,14 +294,14 @@ try {
                 }
             };
         });
-        const added = until("list-changed", (names) => names.includes("files.read"));
+        const added = until("list-changed", (names) => names.includes("files_read"));
         copyFileSync(extra, plugin);
         let removed;
         try {
             const names = await added;
-            emit({ check: "list-changed", ok: true, added: names.filter((n) => n.startsWith("files.")) });
+            emit({ check: "list-changed", ok: true, added: names.filter((n) => n.startsWith("files_")) });
         } finally {
-            removed = until("list-changed-back", (names) => !names.includes("files.read"));
+            removed = until("list-changed-back", (names) => !names.includes("files_read"));
             rmSync(plugin);
         }
         await removed;

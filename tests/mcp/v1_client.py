@@ -81,12 +81,12 @@ async def run(args):
 
             tools = (await session.list_tools()).tools
             names = [t.name for t in tools]
-            for n in ["text.upper", "text.count", "notes"]:
+            for n in ["text_upper", "text_count", "notes"]:
                 expect("list", n in names, f"`{n}` is not listed", names)
-            expect("list", "hostile.membomb" not in names, "an invisible tool is listed", names)
+            expect("list", "hostile_membomb" not in names, "an invisible tool is listed", names)
             emit({"check": "list", "ok": True, "tools": names})
 
-            counted = await session.call_tool("text.count", {"text": "a b\nc"})
+            counted = await session.call_tool("text_count", {"text": "a b\nc"})
             expect("call", not counted.isError, "text.count failed", counted)
             expect("call", json.loads(text(counted)) == {"chars": 5, "words": 3, "lines": 2},
                    "unexpected text content", counted)

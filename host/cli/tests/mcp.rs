@@ -321,6 +321,29 @@ fn post(port: u16, token: &str, body: &serde_json::Value) -> (u16, serde_json::V
 
 /// [`post`] with `headers` (each line ending in CRLF); also the response's head.
 fn post_with(port: u16, token: &str, headers: &str, body: &serde_json::Value) -> (u16, String, serde_json::Value) {
+    let (status, head, text) = post_raw(port, token, headers, body);
+    let json = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(str::trim)
+        .filter(|d| d.starts_with('{'))
+        .last()
+        .map_or(text.as_str(), |d| d)
+        .to_owned();
+    let json = if json.trim().is_empty() {
+        serde_json::Value::Null
+    } else if status >= 400 && !json.trim_start().starts_with('{') {
+        // A refusal in plain text (rmcp's and ours).
+        serde_json::Value::String(text.clone())
+    } else {
+        serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {text}"))
+    };
+    (status, head, json)
+}
+
+/// [`post_with`]'s exchange: the status, the head and the body as sent
+/// (an SSE stream's text, chunks joined).
+fn post_raw(port: u16, token: &str, headers: &str, body: &serde_json::Value) -> (u16, String, String) {
     use std::io::{Read as _, Write as _};
     let body = body.to_string();
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -353,23 +376,88 @@ fn post_with(port: u16, token: &str, headers: &str, body: &serde_json::Value) ->
     } else {
         text = rest.to_owned();
     }
-    let json = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data:"))
-        .map(str::trim)
-        .filter(|d| d.starts_with('{'))
-        .last()
-        .map_or(text.as_str(), |d| d)
-        .to_owned();
-    let json = if json.trim().is_empty() {
-        serde_json::Value::Null
-    } else if status >= 400 && !json.trim_start().starts_with('{') {
-        // A refusal in plain text (rmcp's and ours).
-        serde_json::Value::String(text.clone())
-    } else {
-        serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {text}"))
-    };
-    (status, head.to_owned(), json)
+    (status, head.to_owned(), text)
+}
+
+/// The SSE events of `text` with no data (a priming event: an id and a
+/// retry, `data:` empty).
+fn dataless_events(text: &str) -> Vec<String> {
+    text.replace("\r\n", "\n")
+        .split("\n\n")
+        .filter(|e| e.lines().any(|l| l.starts_with("id:") || l.starts_with("retry:") || l.starts_with("data:")))
+        .filter(|e| e.lines().filter_map(|l| l.strip_prefix("data:")).all(|d| d.trim().is_empty()))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// What a session's GET stream sends within `wait` (its raw bytes: chunk
+/// sizes between the lines).
+fn get_stream(port: u16, token: &str, session: &str, version: &str, wait: std::time::Duration) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        s,
+        "GET /mcp HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\nAccept: text/event-stream\r\n\
+         Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: {version}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    s.set_read_timeout(Some(wait)).unwrap();
+    let mut raw = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let until = std::time::Instant::now() + wait;
+    while std::time::Instant::now() < until {
+        match s.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => raw.extend_from_slice(&chunk[..n]),
+        }
+    }
+    String::from_utf8_lossy(&raw).into_owned()
+}
+
+/// The `Mcp-Session-Id` of a response's head.
+fn session_of(head: &str) -> String {
+    head.lines()
+        .find_map(|l| l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("mcp-session-id")))
+        .map(|(_, v)| v.trim().to_owned())
+        .expect("a session")
+}
+
+/// Sessions of 2024-11-05 and 2025-03-26 get no priming event — an SSE
+/// event with an id, a retry and empty data (SEP-1699, 2025-11-25) — on
+/// the initialize answer, a request's stream or the GET stream: the Java
+/// and Go SDKs fail to initialize on one, older TypeScript clients report
+/// `JSON.parse("")`. A 2025-11-25 session still gets it on its request
+/// streams. Before, every session got one on each stream.
+#[test]
+fn sessions_before_2025_11_25_get_no_priming_event_over_http() {
+    let dir = serve_dir();
+    let (_server, port) = http_server(dir.path());
+    for version in ["2024-11-05", "2025-03-26", "2025-11-25"] {
+        let init = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "old", "version": "1"}}});
+        let (status, head, text) = post_raw(port, TEST_TOKEN, "", &init);
+        assert_eq!(status, 200, "{text}");
+        assert!(text.contains(&format!("\"protocolVersion\":\"{version}\"")), "{text}");
+        assert_eq!(dataless_events(&text), Vec::<String>::new(), "{version}: the initialize answer: {text}");
+        let session = session_of(&head);
+        let headers = format!("Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: {version}\r\n");
+        let initialized = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        post_raw(port, TEST_TOKEN, &headers, &initialized);
+        let list = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}});
+        let (status, _, text) = post_raw(port, TEST_TOKEN, &headers, &list);
+        assert!(status == 200 && text.contains("\"notes\""), "{text}");
+        let primed = !dataless_events(&text).is_empty();
+        assert_eq!(primed, version == "2025-11-25", "{version}: a request's stream: {text}");
+        let stream = get_stream(port, TEST_TOKEN, &session, version, std::time::Duration::from_millis(700));
+        assert!(stream.starts_with("HTTP/1.1 200"), "{stream}");
+        if version != "2025-11-25" {
+            let body = stream.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+            assert!(
+                !body.lines().any(|l| l.starts_with("retry:") || l.trim() == "data:"),
+                "{version}: the GET stream: {stream}"
+            );
+        }
+    }
 }
 
 /// `toolgate serve --http` in `dir` on a free port: killed when dropped.
@@ -707,13 +795,20 @@ fn a_browser_page_of_an_allowed_origin_passes_its_preflight_and_reads_the_sessio
     let preflight = |origin: &str| {
         exchange(format!(
             "OPTIONS /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: {origin}\r\nAccess-Control-Request-Method: POST\r\n\
-             Access-Control-Request-Headers: authorization, content-type, mcp-protocol-version\r\nConnection: close\r\n\r\n"
+             Access-Control-Request-Headers: authorization, content-type, mcp-protocol-version, mcp-method, mcp-name, \
+             mcp-param-region\r\nConnection: close\r\n\r\n"
         ))
     };
     let allowed = preflight("http://app.example");
     assert!(allowed.starts_with("http/1.1 200"), "{allowed}");
     assert!(allowed.contains("access-control-allow-origin: http://app.example"), "{allowed}");
-    assert!(allowed.contains("mcp-protocol-version") && allowed.contains("authorization"), "{allowed}");
+    // The 2026-07-28 request headers too: `Mcp-Method` and `Mcp-Name` on
+    // every request of the TypeScript client 2.4, `Mcp-Param-*` per marked
+    // parameter. Before, the preflight left them out and the browser sent nothing.
+    let allow = allowed.lines().find(|l| l.starts_with("access-control-allow-headers:")).unwrap_or_default();
+    for h in ["mcp-protocol-version", "authorization", "mcp-method", "mcp-name", "mcp-param-region"] {
+        assert!(allow.contains(h), "{h}: {allowed}");
+    }
     let foreign = preflight("http://evil.example");
     assert!(!foreign.contains("access-control-allow-origin"), "{foreign}");
 

@@ -33,7 +33,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{Request, State};
@@ -41,7 +41,7 @@ use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt as _};
 use rmcp::model::{ClientJsonRpcMessage, ProtocolVersion, ServerJsonRpcMessage};
 use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, LocalSessionManagerError};
 use rmcp::transport::streamable_http_server::session::{EventStore, ServerSseMessage, SessionId, SessionManager};
@@ -107,34 +107,124 @@ tokio::task_local! {
     /// The `[[serve.auth]]` entry of the request being served, for a session
     /// rmcp opens while serving it: its `create_session` is given no request
     /// (rmcp awaits it inside the request's own future, in this task).
-    static OPENER: Opener;
+    pub(super) static OPENER: Opener;
 }
 
-struct Opener {
-    digest: [u8; 32],
-    entry: usize,
+pub(super) struct Opener {
+    pub(super) digest: [u8; 32],
+    pub(super) entry: usize,
     /// Set when a session was refused for this request's token.
-    refused: Arc<AtomicBool>,
+    pub(super) refused: Arc<AtomicBool>,
 }
 
 /// rmcp's session store with each session bound to the token that opened it
 /// (by digest) and at most `max` live sessions per `[[serve.auth]]` entry:
 /// counted at `create_session`, released at `close_session`, which rmcp calls
-/// whenever a session ends — DELETE, its idle timeout, a failed handshake,
-/// shutdown. Without a cap one token's client could open sessions, and
-/// their streams, until no connection was left for any other agent.
-struct TokenSessions {
+/// whenever a session ends — DELETE, a failed handshake, shutdown — and
+/// which [`TokenSessions::reap_idle`] calls for a session idle past `idle`.
+/// Without a cap one token's client could open sessions, and their streams,
+/// until no connection was left for any other agent.
+///
+/// Idle sessions are reaped here, not by rmcp: rmcp's own timer (5 min)
+/// restarts only on the session's messages, not on an SSE stream the client
+/// holds open, so a client listening on its GET stream lost its session
+/// after 5 quiet minutes (the Python SDK then fails every call: "Session
+/// terminated"). Here a session is idle only with no stream open, for
+/// `[serve] session_idle_secs` since its last request or stream.
+///
+/// Priming events (an SSE event with an id and empty data, SEP-1699) go only
+/// to sessions of 2025-11-25 and later: clients of earlier revisions (the
+/// Java and Go SDKs, older TypeScript ones) fail on an event with no data.
+pub(super) struct TokenSessions {
     inner: LocalSessionManager,
-    /// Session → the digest of the token that opened it, and its place in
-    /// `live` (freed with the entry).
-    owners: Mutex<HashMap<SessionId, ([u8; 32], Slot<usize>)>>,
+    /// Session → the digest of the token that opened it, its place in
+    /// `live` (freed with the entry) and its activity.
+    owners: Mutex<HashMap<SessionId, Owned>>,
     /// Live sessions (and ones being opened) per entry.
     live: Arc<Counts<usize>>,
     max: usize,
+    /// How long a session with no stream open may go without a request.
+    idle: Duration,
+}
+
+struct Owned {
+    digest: [u8; 32],
+    _place: Slot<usize>,
+    activity: Arc<Activity>,
+}
+
+/// When a session was last used, how many of its SSE streams are open, and
+/// whether its revision takes priming events.
+struct Activity {
+    state: Mutex<(Instant, usize)>,
+    primed: AtomicBool,
+}
+
+impl Activity {
+    fn state(&self) -> std::sync::MutexGuard<'_, (Instant, usize)> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn touch(&self) {
+        self.state().0 = Instant::now();
+    }
+
+    /// Whether it is idle past `idle` at `now`: no stream open, and no use since.
+    fn idle_past(&self, idle: Duration, now: Instant) -> bool {
+        let (last, open) = *self.state();
+        open == 0 && now.saturating_duration_since(last) >= idle
+    }
+}
+
+/// An open SSE stream of a session, counted until it is dropped (hyper drops
+/// a response body when it has sent all of it or the connection went).
+struct OpenStream(Arc<Activity>);
+
+impl OpenStream {
+    fn new(activity: Arc<Activity>) -> Self {
+        let mut state = activity.state();
+        state.0 = Instant::now();
+        state.1 += 1;
+        drop(state);
+        OpenStream(activity)
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        state.0 = Instant::now();
+        state.1 = state.1.saturating_sub(1);
+    }
+}
+
+/// A session's SSE stream: counted open while it lives; without priming
+/// events (no message) for a session of a revision before 2025-11-25.
+struct Tracked<S> {
+    inner: std::pin::Pin<Box<S>>,
+    primed: bool,
+    _open: Option<OpenStream>,
+}
+
+impl<S: Stream<Item = ServerSseMessage>> Stream for Tracked<S> {
+    type Item = ServerSseMessage;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<ServerSseMessage>> {
+        let this = self.get_mut();
+        loop {
+            match this.inner.as_mut().poll_next(cx) {
+                std::task::Poll::Ready(Some(m)) if !this.primed && m.message.is_none() => continue,
+                other => return other,
+            }
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
-enum TokenSessionError {
+pub(super) enum TokenSessionError {
     #[error("serve.auth[{entry}] has {max} sessions open, the most `[serve] max_sessions_per_token` allows")]
     Refused { entry: usize, max: usize },
     #[error("a session can be opened only by an authenticated request")]
@@ -143,23 +233,27 @@ enum TokenSessionError {
     Local(#[from] LocalSessionManagerError),
 }
 
+/// The retry a priming event names (rmcp's default).
+const SSE_RETRY: Duration = Duration::from_secs(3);
+
 impl TokenSessions {
-    fn new(max: usize) -> Self {
-        TokenSessions {
-            inner: LocalSessionManager::default(),
-            owners: Mutex::new(HashMap::new()),
-            live: Counts::new(),
-            max: max.max(1),
-        }
+    pub(super) fn new(max: usize, idle: Duration) -> Self {
+        let mut inner = LocalSessionManager::default();
+        // Reaped here ([`TokenSessions::reap_idle`]), streams counted.
+        inner.session_config.keep_alive = None;
+        // Priming on request streams stays on (2025-11-25 sessions resume
+        // with it); [`Tracked`] takes it out for earlier revisions.
+        inner.session_config.sse_retry = Some(SSE_RETRY);
+        TokenSessions { inner, owners: Mutex::new(HashMap::new()), live: Counts::new(), max: max.max(1), idle }
     }
 
-    fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, ([u8; 32], Slot<usize>)>> {
+    fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Owned>> {
         self.owners.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether session `id` was made by the token of `digest`.
     fn belongs_to(&self, id: &str, digest: &[u8; 32]) -> bool {
-        self.owners().get(id).is_some_and(|(owner, _)| bool::from(owner.ct_eq(digest)))
+        self.owners().get(id).is_some_and(|o| bool::from(o.digest.ct_eq(digest)))
     }
 
     /// Forget session `id` and free its place (once: rmcp closes a deleted
@@ -168,6 +262,52 @@ impl TokenSessions {
         let gone = self.owners().remove(id);
         // The place is freed here, outside the owners' lock.
         drop(gone);
+    }
+
+    fn activity(&self, id: &SessionId) -> Option<Arc<Activity>> {
+        self.owners().get(id).map(|o| o.activity.clone())
+    }
+
+    /// `stream` counted open, without priming events unless its session takes them.
+    fn tracked<S: Stream<Item = ServerSseMessage>>(&self, id: &SessionId, stream: S) -> Tracked<S> {
+        let activity = self.activity(id);
+        Tracked {
+            inner: Box::pin(stream),
+            primed: activity.as_ref().is_some_and(|a| a.primed.load(Ordering::Relaxed)),
+            _open: activity.map(OpenStream::new),
+        }
+    }
+
+    /// Close every session idle past `idle` with no stream open; returns how many.
+    pub(super) async fn reap_idle(&self) -> usize {
+        let now = Instant::now();
+        let idle: Vec<SessionId> = self
+            .owners()
+            .iter()
+            .filter(|(_, o)| o.activity.idle_past(self.idle, now))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &idle {
+            // Used since it was found idle: kept.
+            if !self.activity(id).is_some_and(|a| a.idle_past(self.idle, Instant::now())) {
+                continue;
+            }
+            tracing::debug!("closing HTTP session {id}: idle for {:?} with no stream open", self.idle);
+            if let Err(e) = self.close_session(id).await {
+                tracing::debug!("closing idle session {id}: {e}");
+            }
+        }
+        idle.len()
+    }
+
+    /// [`TokenSessions::reap_idle`] for ever, checking often enough that a
+    /// session outlives its idle time by at most a quarter of it (or a minute).
+    pub(super) async fn reap(self: Arc<Self>) {
+        let every = (self.idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(60));
+        loop {
+            tokio::time::sleep(every).await;
+            self.reap_idle().await;
+        }
     }
 }
 
@@ -186,7 +326,8 @@ impl SessionManager for TokenSessions {
             return Err(TokenSessionError::Refused { entry, max: self.max });
         };
         let (id, transport) = self.inner.create_session().await?;
-        self.owners().insert(id.clone(), (digest, place));
+        let activity = Arc::new(Activity { state: Mutex::new((Instant::now(), 0)), primed: AtomicBool::new(false) });
+        self.owners().insert(id.clone(), Owned { digest, _place: place, activity });
         Ok((id, transport))
     }
 
@@ -195,7 +336,16 @@ impl SessionManager for TokenSessions {
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<ServerJsonRpcMessage, Self::Error> {
-        Ok(self.inner.initialize_session(id, message).await?)
+        let answer = self.inner.initialize_session(id, message).await?;
+        // The revision the session speaks, as the server answered it.
+        if let rmcp::model::JsonRpcMessage::Response(r) = &answer
+            && let rmcp::model::ServerResult::InitializeResult(init) = &r.result
+            && let Some(activity) = self.activity(id)
+        {
+            activity.primed.store(takes_priming(&init.protocol_version), Ordering::Relaxed);
+            activity.touch();
+        }
+        Ok(answer)
     }
 
     async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
@@ -213,10 +363,17 @@ impl SessionManager for TokenSessions {
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
-        Ok(self.inner.create_stream(id, message).await?)
+        if let Some(a) = self.activity(id) {
+            a.touch();
+        }
+        let stream = self.inner.create_stream(id, message).await?;
+        Ok(self.tracked(id, stream))
     }
 
     async fn accept_message(&self, id: &SessionId, message: ClientJsonRpcMessage) -> Result<(), Self::Error> {
+        if let Some(a) = self.activity(id) {
+            a.touch();
+        }
         Ok(self.inner.accept_message(id, message).await?)
     }
 
@@ -224,7 +381,12 @@ impl SessionManager for TokenSessions {
         &self,
         id: &SessionId,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
-        Ok(self.inner.create_standalone_stream(id).await?)
+        let stream = self.inner.create_standalone_stream(id).await?;
+        // rmcp's own priming of this stream is off (it primed every
+        // revision): a session that takes priming gets the same event here.
+        let primed = self.activity(id).is_some_and(|a| a.primed.load(Ordering::Relaxed));
+        let priming = primed.then(|| ServerSseMessage::priming("0", SSE_RETRY));
+        Ok(self.tracked(id, futures_util::stream::iter(priming).chain(stream)))
     }
 
     async fn resume(
@@ -232,7 +394,8 @@ impl SessionManager for TokenSessions {
         id: &SessionId,
         last_event_id: String,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
-        Ok(self.inner.resume(id, last_event_id).await?)
+        let stream = self.inner.resume(id, last_event_id).await?;
+        Ok(self.tracked(id, stream))
     }
 
     // `restore_session` keeps its default (not supported): no session store
@@ -241,6 +404,12 @@ impl SessionManager for TokenSessions {
     fn event_store(&self) -> Option<Arc<dyn EventStore>> {
         self.inner.event_store()
     }
+}
+
+/// Whether a session of `version` is sent priming events: from 2025-11-25,
+/// the revision that defines them (as the TypeScript SDK's server does).
+fn takes_priming(version: &ProtocolVersion) -> bool {
+    version.as_str() >= ProtocolVersion::V_2025_11_25.as_str()
 }
 
 /// How many of something each key holds open (requests per
@@ -450,7 +619,7 @@ async fn authenticated(
             StatusCode::TOO_MANY_REQUESTS,
             -32000,
             format!(
-                "too many sessions: serve.auth[{entry}] has {max} open, the most `[serve] max_sessions_per_token` allows; end one (DELETE with its Mcp-Session-Id; an abandoned one ends at its idle timeout), or raise the setting"
+                "too many sessions: serve.auth[{entry}] has {max} open, the most `[serve] max_sessions_per_token` allows; end one (DELETE with its Mcp-Session-Id; an abandoned one ends `[serve] session_idle_secs` after its last use), or raise the setting"
             ),
         );
     }
@@ -507,7 +676,8 @@ pub async fn serve(server: McpServer, addr: SocketAddr) -> anyhow::Result<()> {
     let origin = public.split(ENDPOINT).next().unwrap_or(&public).trim_end_matches('/').to_owned();
     let metadata_url = (!config.authorization_servers.is_empty())
         .then(|| format!("{origin}/.well-known/oauth-protected-resource{ENDPOINT}"));
-    let sessions = Arc::new(TokenSessions::new(config.max_sessions_per_token));
+    let sessions =
+        Arc::new(TokenSessions::new(config.max_sessions_per_token, Duration::from_secs(config.session_idle_secs)));
     let responses = TaskTracker::new();
     let auth = Arc::new(Auth {
         tokens,
@@ -519,7 +689,11 @@ pub async fn serve(server: McpServer, addr: SocketAddr) -> anyhow::Result<()> {
     });
     let stop = CancellationToken::new();
 
+    // No priming event from rmcp's HTTP layer (on the initialize answer and
+    // each GET stream, whatever the revision): [`TokenSessions`] primes only
+    // the sessions whose revision takes it.
     let mut http = StreamableHttpServerConfig::default()
+        .with_sse_retry(None)
         .with_cancellation_token(stop.clone())
         .with_max_request_body_bytes((config.max_body_kib as usize) << 10)
         .with_allowed_hosts(config.allowed_hosts.clone());
@@ -533,7 +707,8 @@ pub async fn serve(server: McpServer, addr: SocketAddr) -> anyhow::Result<()> {
         let server = server.clone();
         move || Ok(server.for_new_session())
     };
-    let mcp: StreamableHttpService<McpServer, TokenSessions> = StreamableHttpService::new(factory, sessions, http);
+    let mcp: StreamableHttpService<McpServer, TokenSessions> =
+        StreamableHttpService::new(factory, sessions.clone(), http);
     let metadata = serde_json::json!({
         "resource": public,
         "authorization_servers": config.authorization_servers,
@@ -589,6 +764,7 @@ pub async fn serve(server: McpServer, addr: SocketAddr) -> anyhow::Result<()> {
     // Announced only once listening, for whoever started us (a test reads the port here).
     eprintln!("toolgate: serving MCP on http://{bound}{ENDPOINT}");
     let watcher = tokio::spawn(server.clone().watch());
+    let reaper = tokio::spawn(sessions.clone().reap());
     let caps = Caps {
         max: config.max_connections,
         per_address: config.max_connections_per_address,
@@ -596,6 +772,7 @@ pub async fn serve(server: McpServer, addr: SocketAddr) -> anyhow::Result<()> {
     };
     let connections = serve_connections(listener, app, terminated(), caps).await;
     watcher.abort();
+    reaper.abort();
     // No new connection is accepted, nor a new call taken. Calls in flight
     // finish within the grace (the rest are withdrawn then) and their
     // results are written while rmcp's sessions and streams are still up;
@@ -617,22 +794,20 @@ pub async fn serve(server: McpServer, addr: SocketAddr) -> anyhow::Result<()> {
 /// responses to be written (a client that does not read them).
 const RESPONSES_WRITTEN: Duration = Duration::from_secs(10);
 
-/// What a browser page of one of `origins` may send and read.
+/// What a browser page of one of `origins` may send and read. Any request
+/// header it asks for is allowed (the preflight's list is mirrored): the
+/// 2026-07-28 revision adds `Mcp-Method`, `Mcp-Name` and one `Mcp-Param-…`
+/// per parameter a tool marks, which no fixed list holds, and a header
+/// grants nothing here — the origin list, the `Host` check and the token
+/// still decide every request.
 fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
-    use tower_http::cors::{AllowOrigin, CorsLayer};
+    use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
     let origins: Vec<HeaderValue> = origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()).collect();
     let name = axum::http::HeaderName::from_static;
     CorsLayer::new()
         .allow_origin(AllowOrigin::list(origins))
         .allow_methods([Method::GET, Method::POST, Method::DELETE])
-        .allow_headers([
-            header::AUTHORIZATION,
-            header::CONTENT_TYPE,
-            header::ACCEPT,
-            name("mcp-session-id"),
-            name("mcp-protocol-version"),
-            name("last-event-id"),
-        ])
+        .allow_headers(AllowHeaders::mirror_request())
         .expose_headers([name("mcp-session-id"), name("mcp-protocol-version"), header::WWW_AUTHENTICATE])
 }
 

@@ -87,10 +87,16 @@ struct Client {
 
 impl Client {
     fn connect(server: McpServer) -> Client {
+        let max = max_line(&server.shared.config);
+        Client::connect_with(server, max)
+    }
+
+    /// Over the stdio transport with lines of at most `max_line` bytes.
+    fn connect_with(server: McpServer, max_line: usize) -> Client {
         use tokio::io::AsyncBufReadExt as _;
         let (ours, theirs) = tokio::io::duplex(1 << 20);
         let (read, write) = tokio::io::split(theirs);
-        let transport = RequestsFirst::new(rmcp::transport::async_rw::AsyncRwTransport::new_server(read, write));
+        let transport = line_transport(read, write, max_line);
         tokio::spawn(async move {
             if let Ok(service) = server.serve(transport).await {
                 let _ = service.waiting().await;
@@ -103,6 +109,11 @@ impl Client {
     async fn send(&mut self, message: serde_json::Value) {
         use tokio::io::AsyncWriteExt as _;
         self.write.write_all(format!("{message}\n").as_bytes()).await.unwrap();
+    }
+
+    async fn send_line(&mut self, line: &str) {
+        use tokio::io::AsyncWriteExt as _;
+        self.write.write_all(format!("{line}\n").as_bytes()).await.unwrap();
     }
 
     /// The next message; a server that says nothing for 30 s fails the test
@@ -338,4 +349,215 @@ async fn rewritten_before_the_retry() {
     assert_eq!(done["id"], 2, "{done}");
     assert_refused_and_nothing_ran(&done, &store, &was).await;
     assert_eq!(store.pending().await.unwrap().len(), 1, "not asked anew: the retry found the request");
+}
+
+/// A stdio message longer than a line may be is answered, with the id its
+/// start names, and the connection goes on. Before, rmcp dropped it with no
+/// answer and the client waited for ever (here: no answer within 30 s).
+#[tokio::test]
+async fn a_stdio_message_past_the_line_limit_is_answered_with_its_id() {
+    within_a_minute(oversized_line()).await;
+}
+
+async fn oversized_line() {
+    let dir = serve_dir("");
+    let server = server(dir.path(), settings(KEEP_ASKING)).await;
+    let mut c = Client::connect_with(server, 4096);
+    c.send(serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}}))
+        .await;
+    assert!(c.receive().await["result"]["protocolVersion"].is_string());
+    c.send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+    let big = "x".repeat(64 * 1024);
+    for (id, params) in [
+        (serde_json::json!(2), serde_json::json!({"name": "notes", "arguments": {"op": "add", "note": big}})),
+        (
+            serde_json::json!("s-3"),
+            serde_json::json!({"name": "notes", "arguments": {"op": "add", "note": &big[..5000]}}),
+        ),
+    ] {
+        c.send(serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params})).await;
+        let answer = c.receive().await;
+        assert_eq!(answer["id"], id, "{answer}");
+        assert_eq!(answer["error"]["code"], -32600, "{answer}");
+        assert!(answer["error"]["message"].as_str().unwrap_or_default().contains("4096 bytes"), "{answer}");
+    }
+    // The id after a long `params`: past the start kept, answered without one.
+    let line = format!(
+        r#"{{"jsonrpc":"2.0","method":"tools/call","params":{{"name":"notes","arguments":{{"op":"add","note":"{big}"}}}},"id":4}}"#
+    );
+    c.send_line(&line).await;
+    let answer = c.receive().await;
+    assert!(answer["id"].is_null() && answer["error"]["code"] == -32600, "{answer}");
+    // The session goes on: the next message, whole, is read and answered.
+    c.send(serde_json::json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+        "params": {"name": "notes", "arguments": {"op": "list"}}}))
+        .await;
+    let answer = c.receive().await;
+    assert!(answer["id"] == 5 && answer["result"]["isError"] == false, "{answer}");
+}
+
+/// A directory whose agent sees `text.*` (ids with a dot) and `notes`.
+fn text_dir() -> tempfile::TempDir {
+    let dir = serve_dir("");
+    std::fs::write(dir.path().join("plugins/text.wasm"), packed(guests::TEXT)).unwrap();
+    let toml = dir.path().join("toolgate.toml");
+    let text = std::fs::read_to_string(&toml).unwrap().replace(
+        "visible = [\"notes\"]\ndefault = \"deny\"\nrules = [\n",
+        "visible = [\"notes\", \"text.*\"]\ndefault = \"deny\"\nrules = [\n  { pattern = \"text.*\", behavior = \"allow\" },\n",
+    );
+    assert!(text.contains("text.*"), "{text}");
+    std::fs::write(&toml, text).unwrap();
+    dir
+}
+
+/// `tools/list` gives names every client takes (`files.read` and
+/// `text.upper` were refused by Claude Desktop and Codex), the id as the
+/// title; a call by the listed name runs the tool by its id, in the rules
+/// and the journal; a call by the id runs it too.
+#[tokio::test]
+async fn listed_names_are_portable_and_a_call_by_name_runs_the_id() {
+    within_a_minute(portable_names()).await;
+}
+
+async fn portable_names() {
+    let dir = text_dir();
+    let server = server(dir.path(), settings(KEEP_ASKING)).await;
+    let store = server.shared.runtimes.read().unwrap().base.store().clone();
+    let mut c = Client::connect(server);
+    c.send(serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}}))
+        .await;
+    assert!(c.receive().await["result"]["protocolVersion"].is_string());
+    c.send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+    c.send(serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})).await;
+    let listed = c.receive().await;
+    let tools = listed["result"]["tools"].as_array().cloned().unwrap_or_default();
+    assert!(tools.len() > 2, "{listed}");
+    for t in &tools {
+        let name = t["name"].as_str().unwrap_or_default();
+        assert!(portable_name(name), "not a name every client takes: {name:?}");
+    }
+    let upper = tools.iter().find(|t| t["title"] == "text.upper").expect("text.upper listed");
+    assert_eq!(upper["name"], "text_upper", "{upper}");
+    for (id, name) in [(3, "text_upper"), (4, "text.upper")] {
+        c.send(serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": name, "arguments": {"text": "hi"}}}))
+            .await;
+        let done = c.receive().await;
+        assert_eq!(done["result"]["content"][0]["text"], "\"HI\"", "{name}: {done}");
+    }
+    c.send(serde_json::json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+        "params": {"name": "text_nothing", "arguments": {}}}))
+        .await;
+    let unknown = c.receive().await;
+    assert!(unknown["error"]["message"].as_str().unwrap_or_default().contains("unknown tool"), "{unknown}");
+    let steps = store.steps(None).await.unwrap();
+    let tools: Vec<&str> = steps.iter().map(|s| s.tool_id.as_str()).collect();
+    assert_eq!(tools, ["text.upper", "text.upper"], "the journal holds the id");
+}
+
+/// An HTTP session: made as rmcp makes one (its worker served, initialized
+/// at `version`) for `[[serve.auth]]` entry `entry`.
+async fn http_session(
+    sessions: &Arc<http::TokenSessions>,
+    server: &McpServer,
+    entry: usize,
+    version: &str,
+) -> Result<rmcp::transport::streamable_http_server::session::SessionId, http::TokenSessionError> {
+    use rmcp::transport::streamable_http_server::session::SessionManager as _;
+    let opener = http::Opener { digest: [entry as u8; 32], entry, refused: Default::default() };
+    let (id, transport) = http::OPENER.scope(opener, sessions.create_session()).await?;
+    let service = server.for_new_session();
+    tokio::spawn(async move {
+        if let Ok(s) = service.serve(transport).await {
+            let _ = s.waiting().await;
+        }
+    });
+    let init: rmcp::model::ClientJsonRpcMessage = serde_json::from_value(serde_json::json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}}))
+    .unwrap();
+    sessions.initialize_session(&id, init).await.unwrap();
+    let initialized: rmcp::model::ClientJsonRpcMessage =
+        serde_json::from_value(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).unwrap();
+    sessions.accept_message(&id, initialized).await.unwrap();
+    Ok(id)
+}
+
+/// A session whose client holds its GET stream open outlives the idle time
+/// however quiet it is; one with no stream open is closed once idle past
+/// it, and its place under `max_sessions_per_token` is freed. Before,
+/// rmcp closed every session 5 minutes after its last message, GET stream
+/// open or not (the Python SDK then failed every call).
+#[tokio::test]
+async fn an_http_session_with_an_open_stream_outlives_the_idle_time_and_an_idle_one_is_reaped() {
+    within_a_minute(idle_sessions()).await;
+}
+
+async fn idle_sessions() {
+    use futures_util::StreamExt as _;
+    use rmcp::transport::streamable_http_server::session::SessionManager as _;
+    let dir = serve_dir("");
+    let server = server(dir.path(), settings(KEEP_ASKING)).await;
+    let idle = Duration::from_millis(300);
+    let sessions = Arc::new(http::TokenSessions::new(1, idle));
+    let reaper = tokio::spawn(sessions.clone().reap());
+    let listening = http_session(&sessions, &server, 0, "2025-11-25").await.unwrap();
+    let mut stream = Box::pin(sessions.create_standalone_stream(&listening).await.unwrap());
+    // A 2025-11-25 session is primed: the stream's first event has no message.
+    let first = tokio::time::timeout(Duration::from_secs(5), stream.next()).await.unwrap().unwrap();
+    assert!(first.message.is_none() && first.retry.is_some(), "{first:?}");
+    let quiet = http_session(&sessions, &server, 1, "2025-03-26").await.unwrap();
+    // One session per entry: the second of entry 1 waits for the first to go.
+    assert!(matches!(
+        http_session(&sessions, &server, 1, "2025-03-26").await,
+        Err(http::TokenSessionError::Refused { .. })
+    ));
+    tokio::time::sleep(idle * 4).await;
+    assert!(sessions.has_session(&listening).await.unwrap(), "the session holding its stream was closed");
+    assert!(!sessions.has_session(&quiet).await.unwrap(), "the idle session was not closed");
+    let again = http_session(&sessions, &server, 1, "2025-03-26").await;
+    assert!(again.is_ok(), "the idle session's place was not freed");
+    // Its stream closed, the first one goes too, once idle.
+    drop(stream);
+    tokio::time::sleep(idle * 4).await;
+    assert!(!sessions.has_session(&listening).await.unwrap(), "an idle session with its stream closed stayed");
+    reaper.abort();
+}
+
+/// Sessions of revisions before 2025-11-25 get no priming event (an SSE
+/// event with no data: the Java and Go SDKs fail on one) on any stream.
+#[tokio::test]
+async fn sessions_before_2025_11_25_get_no_priming_event() {
+    within_a_minute(no_priming()).await;
+}
+
+async fn no_priming() {
+    use futures_util::StreamExt as _;
+    use rmcp::transport::streamable_http_server::session::SessionManager as _;
+    let dir = serve_dir("");
+    let server = server(dir.path(), settings(KEEP_ASKING)).await;
+    let sessions = Arc::new(http::TokenSessions::new(8, Duration::from_secs(60)));
+    for (entry, version) in [(0, "2024-11-05"), (1, "2025-03-26"), (2, "2025-06-18"), (3, "2025-11-25")] {
+        let id = http_session(&sessions, &server, entry, version).await.unwrap();
+        let list: rmcp::model::ClientJsonRpcMessage =
+            serde_json::from_value(serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})).unwrap();
+        let events: Vec<_> = tokio::time::timeout(
+            Duration::from_secs(10),
+            sessions.create_stream(&id, list).await.unwrap().collect::<Vec<_>>(),
+        )
+        .await
+        .unwrap();
+        let primed = events.iter().any(|e| e.message.is_none());
+        assert!(events.iter().any(|e| e.message.is_some()), "{version}: no answer: {events:?}");
+        assert_eq!(primed, version == "2025-11-25", "{version}: {events:?}");
+        let mut standalone = Box::pin(sessions.create_standalone_stream(&id).await.unwrap());
+        let first = tokio::time::timeout(Duration::from_millis(300), standalone.next()).await;
+        assert_eq!(
+            matches!(first, Ok(Some(ref e)) if e.message.is_none()),
+            version == "2025-11-25",
+            "{version}: {first:?}"
+        );
+    }
 }

@@ -83,8 +83,8 @@ const STDIO_CLOSE: Duration = Duration::from_secs(10);
 /// The key of the one input request an ask makes.
 const CONFIRM: &str = "confirm";
 /// How often a server waiting on a human's answer pings the client, and
-/// how long the client has to answer: well inside rmcp's idle timeout of an
-/// HTTP session (5 min).
+/// how long the client has to answer (a client whose transport is gone
+/// ends the wait).
 const KEEP_ASKING: Duration = Duration::from_secs(60);
 
 /// How a server runs: the grace period for calls in flight at shutdown.
@@ -134,6 +134,8 @@ struct Shared {
     /// When the grace period ends, set by the first [`McpServer::drain`].
     drain_deadline: std::sync::OnceLock<tokio::time::Instant>,
     settings: ServeSettings,
+    /// The names clients see for each agent's tools, per catalog generation.
+    names: Mutex<HashMap<String, (u64, Arc<ToolNames>)>>,
 }
 
 struct Runtimes {
@@ -282,6 +284,7 @@ impl McpServer {
                 stopping: CancellationToken::new(),
                 drain_deadline: std::sync::OnceLock::new(),
                 settings,
+                names: Mutex::new(HashMap::new()),
             }),
             session: Session::new(),
         })
@@ -335,8 +338,8 @@ impl McpServer {
         let watcher = tokio::spawn(self.clone().watch());
         let ct = CancellationToken::new();
         let stdio = rmcp::transport::stdio();
-        let transport = RequestsFirst::new(rmcp::transport::async_rw::AsyncRwTransport::new_server(stdio.0, stdio.1))
-            .draining_at_end(self.clone());
+        let max_line = max_line(&self.shared.config);
+        let transport = line_transport(stdio.0, stdio.1, max_line).draining_at_end(self.clone());
         let service = match self.clone().serve_with_ct(transport, ct.clone()).await {
             Ok(service) => Some(service),
             // Input closed before any `initialize`: a client of the stateless
@@ -486,7 +489,10 @@ impl McpServer {
     ) -> Result<CallToolResponse, ErrorData> {
         let agent = self.agent(&context.extensions)?;
         let (generation, runtime) = self.runtime(&agent)?;
-        let name = request.name.to_string();
+        // The name the client saw, as the tool's id: the gate, the rules, the
+        // journal and the prompt know only ids. Anything else (an unknown
+        // name) goes on as is, to be refused as unknown.
+        let name = self.names(generation, &agent, &runtime).id(&request.name).unwrap_or(&request.name).to_owned();
         let arguments = request.arguments.clone().map(serde_json::Value::Object).unwrap_or(serde_json::Value::Null);
         // A session serves the agent it first served (an HTTP session is also
         // bound to its token, in `http`): never another agent's request.
@@ -646,8 +652,8 @@ impl McpServer {
     /// Ask `question` in the client's UI and wait for the answer, no longer
     /// than `expires_in` — rmcp's own timeout, so at its end rmcp forgets the
     /// request and tells the client (`notifications/cancelled`). While
-    /// waiting, the client is pinged every `keep_alive`: the traffic keeps an
-    /// HTTP session from rmcp's idle timeout while the human reads; a ping
+    /// waiting, the client is pinged every `keep_alive` (an HTTP session is
+    /// not idle meanwhile: the call's stream is open); a ping
     /// that cannot be sent (the transport is gone) ends the wait as a
     /// withdrawal does, and one left unanswered does not (a client may be
     /// busy with the dialog) — the ticket's life bounds the wait either way.
@@ -1090,11 +1096,13 @@ fn fingerprint(dir: &std::path::Path) -> Vec<(String, u64, Option<SystemTime>)> 
     v
 }
 
-/// A descriptor as an MCP tool: name, description, input schema, output
-/// schema (object-rooted only, as MCP requires), annotations.
-pub fn to_mcp_tool(d: &ToolDescriptor) -> Tool {
+/// A descriptor as an MCP tool listed as `name` ([`ToolNames`]): its id as
+/// the title, description, input schema, output schema (object-rooted only,
+/// as MCP requires), annotations.
+pub fn to_mcp_tool(d: &ToolDescriptor, name: &str) -> Tool {
     let input = d.input_schema.as_object().cloned().unwrap_or_default();
-    let mut tool = Tool::new(d.id.clone(), d.description.clone(), Arc::new(input));
+    let mut tool = Tool::new(name.to_owned(), d.description.clone(), Arc::new(input));
+    tool.title = Some(d.id.clone());
     if let Some(out) = object_schema(d) {
         tool = tool.with_raw_output_schema(Arc::new(out));
     }
@@ -1133,6 +1141,101 @@ fn to_mcp_result(result: &StepResult, structured: bool) -> CallToolResult {
     }
 }
 
+/// The longest tool name clients take (Claude Desktop refuses a whole
+/// server listing a longer one).
+const NAME_MAX: usize = 64;
+
+/// Whether `name` is a tool name every client takes: `^[a-zA-Z0-9_-]{1,64}$`
+/// (Claude Desktop; OpenAI's function names and Codex allow the same
+/// characters).
+fn portable_name(name: &str) -> bool {
+    (1..=NAME_MAX).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// The names a client sees for the tools of one list, and back. A tool id
+/// is shown as it is when it is a [`portable_name`]; otherwise each
+/// character outside `[A-Za-z0-9_-]` becomes `_` (`files.read` →
+/// `files_read`); one still too long, or the same as another tool's, is cut
+/// to leave room for `_` and 8 hex digits of the SHA-256 of the id. Derived
+/// from the list alone: the same ids get the same names in every process
+/// and after a restart.
+pub struct ToolNames {
+    by_id: HashMap<String, String>,
+    by_name: HashMap<String, String>,
+}
+
+impl ToolNames {
+    pub fn new<'a>(ids: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut ids: Vec<&str> = ids.into_iter().collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let plain: Vec<String> = ids
+            .iter()
+            .map(|id| id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect())
+            .collect();
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        for p in &plain {
+            *seen.entry(p.as_str()).or_insert(0) += 1;
+        }
+        let (mut by_id, mut by_name) = (HashMap::new(), HashMap::new());
+        let mut hashed = Vec::new();
+        // First the names kept: an id that is a name already, or whose
+        // mapping is one no other id maps to.
+        for (id, p) in ids.iter().zip(&plain) {
+            if portable_name(id) || (portable_name(p) && seen[p.as_str()] == 1) {
+                by_name.insert(p.clone(), (*id).to_owned());
+                by_id.insert((*id).to_owned(), p.clone());
+            } else {
+                hashed.push((*id, p));
+            }
+        }
+        // Then the cut and hashed ones, clear of every name given.
+        for (id, p) in hashed {
+            let digest = hex::encode(Sha256::digest(id.as_bytes()));
+            let name = [8, 16, 32, 64]
+                .into_iter()
+                .map(|n| {
+                    let keep = p.len().min(NAME_MAX - 1 - n);
+                    format!("{}_{}", &p[..keep], &digest[..n])
+                })
+                .find(|name| !by_name.contains_key(name))
+                .unwrap_or_else(|| digest[..NAME_MAX].to_owned());
+            by_name.insert(name.clone(), id.to_owned());
+            by_id.insert(id.to_owned(), name);
+        }
+        ToolNames { by_id, by_name }
+    }
+
+    /// The name `id` is listed as (itself if not in the list).
+    pub fn name<'a>(&'a self, id: &'a str) -> &'a str {
+        self.by_id.get(id).map_or(id, String::as_str)
+    }
+
+    /// The id a client's `name` stands for: a listed name, or an id of the
+    /// list (as clients named tools before); a listed name wins.
+    pub fn id<'a>(&'a self, name: &'a str) -> Option<&'a str> {
+        self.by_name.get(name).map(String::as_str).or_else(|| self.by_id.contains_key(name).then_some(name))
+    }
+}
+
+impl McpServer {
+    /// The names of `agent`'s tools in generation `generation` (built once
+    /// per agent and generation, from every tool the agent sees — healthy
+    /// or not, so a tool's health never renames another).
+    fn names(&self, generation: u64, agent: &str, runtime: &Runtime) -> Arc<ToolNames> {
+        let mut names = self.shared.names.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((g, n)) = names.get(agent)
+            && *g == generation
+        {
+            return n.clone();
+        }
+        let listed = runtime.snapshot().list(&|_| None);
+        let built = Arc::new(ToolNames::new(listed.iter().map(|d| d.id.as_str())));
+        names.insert(agent.to_owned(), (generation, built.clone()));
+        built
+    }
+}
+
 impl ServerHandler for McpServer {
     fn get_info(&self) -> InitializeResult {
         let capabilities = ServerCapabilities::builder().enable_tools().enable_tool_list_changed().build();
@@ -1153,9 +1256,10 @@ impl ServerHandler for McpServer {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let agent = self.agent(&context.extensions).map_err(scrubbed)?;
-        let (_, runtime) = self.runtime(&agent).map_err(scrubbed)?;
+        let (generation, runtime) = self.runtime(&agent).map_err(scrubbed)?;
+        let names = self.names(generation, &agent, &runtime);
         // Sorted by id: the same order for the same set (clients cache it).
-        let tools = runtime.list().iter().map(to_mcp_tool).collect();
+        let tools = runtime.list().iter().map(|d| to_mcp_tool(d, names.name(&d.id))).collect();
         Ok(ListToolsResult::with_all_items(tools))
     }
 
@@ -1293,6 +1397,12 @@ where
                 self.ended = true;
                 continue;
             };
+            if let Some(answer) = oversized_answer(&message) {
+                // Spawned: rmcp may drop this future at any await, and the
+                // answer must go out all the same.
+                tokio::spawn(self.inner.send(answer));
+                continue;
+            }
             if let (rmcp::model::JsonRpcMessage::Request(r), Some(tracker)) = (&mut message, &self.tracker)
                 && matches!(r.request, rmcp::model::ClientRequest::CallToolRequest(_))
                 && !tracker.is_closed()
@@ -1314,6 +1424,248 @@ where
     async fn close(&mut self) -> Result<(), Self::Error> {
         self.inner.close().await
     }
+}
+
+/// The longest line (one JSON-RPC message, its newline included) read from
+/// a stdio client: rmcp's 16 MiB, or more when `[limits] arguments_kib`
+/// allows arguments that would not fit in it.
+fn max_line(config: &Config) -> usize {
+    let arguments = usize::try_from(config.limits.arguments_kib.saturating_mul(1024)).unwrap_or(usize::MAX);
+    rmcp::transport::async_rw::DEFAULT_MAX_LINE_LENGTH.max(arguments.saturating_add(1 << 20))
+}
+
+/// The transport of a line-delimited client (stdio): rmcp's, reading
+/// through [`Bounded`] so that a message longer than `max_line` is answered
+/// (-32600, with its id when the line's start names it) instead of being
+/// dropped with no answer — rmcp drops it and the client waited for ever.
+fn line_transport<R, W>(
+    read: R,
+    write: W,
+    max_line: usize,
+) -> RequestsFirst<rmcp::transport::async_rw::AsyncRwTransport<RoleServer, Bounded<R>, W>>
+where
+    R: tokio::io::AsyncRead + Send + Unpin,
+    W: tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    // rmcp's own cap past ours: a line it gets is at most ours, plus the
+    // two bytes that end a line cut short.
+    let inner = rmcp::transport::async_rw::AsyncRwTransport::new_server(Bounded::new(read, max_line), write)
+        .with_max_line_length(max_line.saturating_add(64));
+    RequestsFirst::new(inner)
+}
+
+/// The method of the notification [`Bounded`] puts in place of a line that
+/// was too long; [`RequestsFirst`] answers it and rmcp never sees it.
+const OVERSIZED: &str = "notifications/toolgate/oversized";
+
+/// How much of a line's start is kept to read its id from.
+const HEAD: usize = 4096;
+
+/// Reads a line-delimited stream, passing lines of at most `max` bytes (the
+/// newline included) as they are. A longer line is cut where it passes the
+/// limit — what was passed of it is ended with a NUL and a newline, which no
+/// JSON parser takes, so rmcp ignores it — the rest of it is dropped, and in
+/// its place comes an [`OVERSIZED`] notification naming the id read from the
+/// line's first [`HEAD`] bytes. Memory stays bounded: nothing is held but
+/// the line's start and what is being handed on.
+pub(crate) struct Bounded<R> {
+    inner: R,
+    max: usize,
+    /// Bytes of the current line passed on so far.
+    line: usize,
+    /// The current line's first bytes.
+    head: Vec<u8>,
+    /// Dropping the rest of a line that was too long, up to its newline.
+    discarding: bool,
+    /// Bytes to hand on before reading more.
+    out: Vec<u8>,
+    at: usize,
+}
+
+impl<R> Bounded<R> {
+    fn new(inner: R, max: usize) -> Self {
+        Bounded { inner, max: max.max(2), line: 0, head: Vec::new(), discarding: false, out: Vec::new(), at: 0 }
+    }
+
+    /// Take `data`, as read, into what is handed on.
+    fn take(&mut self, mut data: &[u8]) {
+        while !data.is_empty() {
+            let newline = data.iter().position(|b| *b == b'\n');
+            let end = newline.map_or(data.len(), |i| i + 1);
+            let (segment, rest) = data.split_at(end);
+            data = rest;
+            if self.discarding {
+                if newline.is_some() {
+                    self.discarding = false;
+                }
+                continue;
+            }
+            if self.head.len() < HEAD {
+                let more = (HEAD - self.head.len()).min(segment.len());
+                self.head.extend_from_slice(&segment[..more]);
+            }
+            if self.line + segment.len() > self.max {
+                if self.line > 0 {
+                    self.out.extend_from_slice(b"\0\n");
+                }
+                let id = id_at_start(&self.head);
+                let marker = serde_json::json!({"jsonrpc": "2.0", "method": OVERSIZED,
+                    "params": {"id": id, "max": self.max}});
+                self.out.extend_from_slice(marker.to_string().as_bytes());
+                self.out.push(b'\n');
+                self.discarding = newline.is_none();
+                self.line = 0;
+                self.head.clear();
+                continue;
+            }
+            self.out.extend_from_slice(segment);
+            self.line += segment.len();
+            if newline.is_some() {
+                self.line = 0;
+                self.head.clear();
+            }
+        }
+    }
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Bounded<R> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        loop {
+            if this.at < this.out.len() {
+                let n = buf.remaining().min(this.out.len() - this.at);
+                buf.put_slice(&this.out[this.at..this.at + n]);
+                this.at += n;
+                if this.at == this.out.len() {
+                    this.out.clear();
+                    this.at = 0;
+                }
+                return Poll::Ready(Ok(()));
+            }
+            let mut chunk = [0u8; 8192];
+            let mut read = tokio::io::ReadBuf::new(&mut chunk);
+            match std::pin::Pin::new(&mut this.inner).poll_read(cx, &mut read) {
+                Poll::Ready(Ok(())) if read.filled().is_empty() => return Poll::Ready(Ok(())),
+                Poll::Ready(Ok(())) => this.take(read.filled()),
+                other => return other,
+            }
+        }
+    }
+}
+
+/// The `id` member of the JSON object that `head` (a line's start) begins,
+/// when it comes before any other member's value ends the head: a number or
+/// a string; `null` otherwise. Only the object's own members are read, not
+/// those nested in a value (`params` may hold an `id` of its own).
+fn id_at_start(head: &[u8]) -> serde_json::Value {
+    let owned = String::from_utf8_lossy(head);
+    let text = owned.trim_start_matches('\u{feff}');
+    let mut chars = text.char_indices().peekable();
+    let skip_ws = |chars: &mut std::iter::Peekable<std::str::CharIndices<'_>>| {
+        while chars.peek().is_some_and(|(_, c)| c.is_whitespace()) {
+            chars.next();
+        }
+    };
+    // A JSON string starting at the current `"`: its raw text, decoded.
+    let string = |chars: &mut std::iter::Peekable<std::str::CharIndices<'_>>| -> Option<String> {
+        let (start, _) = chars.next()?;
+        let mut escaped = false;
+        for (i, c) in chars.by_ref() {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                return serde_json::from_str(&text[start..=i]).ok();
+            }
+        }
+        None
+    };
+    skip_ws(&mut chars);
+    if chars.next().map(|(_, c)| c) != Some('{') {
+        return serde_json::Value::Null;
+    }
+    loop {
+        skip_ws(&mut chars);
+        if chars.peek().map(|(_, c)| *c) != Some('"') {
+            return serde_json::Value::Null;
+        }
+        let Some(key) = string(&mut chars) else { return serde_json::Value::Null };
+        skip_ws(&mut chars);
+        if chars.next().map(|(_, c)| c) != Some(':') {
+            return serde_json::Value::Null;
+        }
+        skip_ws(&mut chars);
+        let Some(&(start, first)) = chars.peek() else { return serde_json::Value::Null };
+        if key == "id" {
+            if first == '"' {
+                return string(&mut chars).map_or(serde_json::Value::Null, serde_json::Value::String);
+            }
+            let mut end = start;
+            while let Some(&(i, c)) = chars.peek() {
+                if !(c.is_ascii_digit() || c == '-') {
+                    break;
+                }
+                end = i + 1;
+                chars.next();
+            }
+            // A number must end before the head does.
+            if chars.peek().is_none() {
+                return serde_json::Value::Null;
+            }
+            return text[start..end].parse::<i64>().map_or(serde_json::Value::Null, serde_json::Value::from);
+        }
+        // Skip the value: strings, and nesting, to the comma at this level.
+        let mut depth = 0usize;
+        loop {
+            match chars.peek().map(|(_, c)| *c) {
+                None => return serde_json::Value::Null,
+                Some('"') => {
+                    if string(&mut chars).is_none() {
+                        return serde_json::Value::Null;
+                    }
+                    continue;
+                }
+                Some('{' | '[') => depth += 1,
+                Some('}' | ']') if depth == 0 => return serde_json::Value::Null,
+                Some('}' | ']') => depth -= 1,
+                Some(',') if depth == 0 => {
+                    chars.next();
+                    break;
+                }
+                Some(_) => {}
+            }
+            chars.next();
+        }
+    }
+}
+
+/// The answer to an [`OVERSIZED`] notification: the JSON-RPC error for the
+/// line it stands for.
+fn oversized_answer(
+    message: &rmcp::service::RxJsonRpcMessage<RoleServer>,
+) -> Option<rmcp::model::ServerJsonRpcMessage> {
+    let rmcp::model::JsonRpcMessage::Notification(n) = message else { return None };
+    let rmcp::model::ClientNotification::CustomNotification(c) = &n.notification else { return None };
+    if c.method != OVERSIZED {
+        return None;
+    }
+    let params = c.params.clone().unwrap_or_default();
+    let id = match &params["id"] {
+        serde_json::Value::Number(n) => n.as_i64().map(rmcp::model::NumberOrString::Number),
+        serde_json::Value::String(s) => Some(rmcp::model::NumberOrString::String(s.as_str().into())),
+        _ => None,
+    };
+    let max = params["max"].as_u64().unwrap_or(0);
+    let message = format!(
+        "the message is longer than the {max} bytes a line may hold (`[limits] arguments_kib` raises it); it was not read"
+    );
+    Some(rmcp::model::JsonRpcMessage::error(ErrorData::invalid_request(message, None), id))
 }
 
 #[cfg(test)]
@@ -1377,6 +1729,81 @@ mod tests {
             "ticket `[ticket withheld]` and [ticket withheld], [ticket withheld]; é tkt"
         );
         assert!(scrubbed(ErrorData::internal_error("x", Some(json!(["tkt-1"])))).data.is_none());
+    }
+
+    /// Tool names every client takes (`^[a-zA-Z0-9_-]{1,64}$`): Claude
+    /// Desktop refused a whole server listing `files.read`, and Codex any
+    /// name with a dot. Before, the id went out as the name.
+    #[test]
+    fn every_listed_name_is_one_every_client_takes_and_maps_back_to_its_id() {
+        let long = format!("mcp__{}__{}", "a".repeat(40), "list_open_issues_for_repository_with_labels");
+        let ids = ["files.read", "text.upper", "tracker.issues", "notes", "é.tool", "", long.as_str(), "a b/c"];
+        let names = ToolNames::new(ids);
+        let mut seen = std::collections::HashSet::new();
+        for id in ids {
+            let name = names.name(id);
+            assert!(portable_name(name), "{id:?} → {name:?}");
+            assert!(seen.insert(name.to_owned()), "{name} given twice");
+            assert_eq!(names.id(name), Some(id), "{name} maps back");
+        }
+        assert_eq!(names.name("files.read"), "files_read");
+        assert_eq!(names.name("notes"), "notes", "a portable id is its own name");
+        // The real id is still taken (clients that called by it before).
+        assert_eq!(names.id("files.read"), Some("files.read"));
+        assert_eq!(names.id("no.such"), None);
+        // Deterministic, whatever the order: the same after a restart.
+        let mut reversed = ids;
+        reversed.reverse();
+        let again = ToolNames::new(reversed);
+        assert!(ids.iter().all(|id| again.name(id) == names.name(id)));
+    }
+
+    /// An id of `mcp import` (`mcp__NAME__tool`) past 64 characters is cut
+    /// and tagged with its hash: two that share their first 55 characters
+    /// still get two names.
+    #[test]
+    fn a_long_imported_id_is_cut_and_tagged_with_its_hash() {
+        let prefix = format!("mcp__github__{}", "x".repeat(60));
+        let (a, b) = (format!("{prefix}_alpha"), format!("{prefix}_beta"));
+        let names = ToolNames::new([a.as_str(), b.as_str()]);
+        let (na, nb) = (names.name(&a), names.name(&b));
+        assert_eq!(na.len(), 64, "{na}");
+        assert_ne!(na, nb);
+        let tag = &hex::encode(Sha256::digest(a.as_bytes()))[..8];
+        assert!(na.starts_with("mcp__github__xxx") && na.ends_with(&format!("_{tag}")), "{na}");
+        assert_eq!((names.id(na), names.id(nb)), (Some(a.as_str()), Some(b.as_str())));
+    }
+
+    /// Two ids that map to one name (`a.b`, `a-b`… → `a_b`) each get a
+    /// hashed name; an id that already is that name keeps it, and is what
+    /// the name calls (a listed name wins over another tool's id).
+    #[test]
+    fn ids_that_map_to_one_name_are_told_apart_and_a_portable_id_keeps_its_name() {
+        let names = ToolNames::new(["a.b", "a/b", "a_b"]);
+        assert_eq!(names.name("a_b"), "a_b");
+        let (dot, slash) = (names.name("a.b"), names.name("a/b"));
+        assert!(dot.starts_with("a_b_") && slash.starts_with("a_b_") && dot != slash, "{dot} {slash}");
+        assert!(portable_name(dot) && portable_name(slash));
+        assert_eq!(names.id("a_b"), Some("a_b"));
+        assert_eq!(names.id(dot), Some("a.b"));
+        // Without the portable one the two still collide with each other.
+        let two = ToolNames::new(["a.b", "a/b"]);
+        assert_ne!(two.name("a.b"), two.name("a/b"));
+        assert_ne!(two.name("a.b"), "a_b");
+    }
+
+    /// A line past the limit is answered with -32600 and the id its start
+    /// names; an `id` inside `params` is not taken for it.
+    #[test]
+    fn the_id_of_a_line_is_read_from_its_start_only() {
+        let id = |s: &str| id_at_start(s.as_bytes());
+        assert_eq!(id(r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"#), json!(7));
+        assert_eq!(id(r#" {"id" : "abc\"d", "method""#), json!("abc\"d"));
+        assert_eq!(id(r#"{"jsonrpc":"2.0","method":"x","params":{"id":3,"a":[1,{"id":4}]},"id":-5,"#), json!(-5));
+        assert_eq!(id(r#"{"method":"x","params":{"id":3,"text":"aaaa"#), json!(null));
+        assert_eq!(id(r#"{"id":12"#), json!(null), "a number the head may have cut");
+        assert_eq!(id(r#"{"method":"x"}, "id": 3"#), json!(null));
+        assert_eq!(id("not json"), json!(null));
     }
 
     #[test]
