@@ -561,3 +561,59 @@ async fn no_priming() {
         );
     }
 }
+
+/// A session whose client reads nothing does not hold the others' notices:
+/// the list-changed notice of a reload goes to every session at once, each
+/// for a bounded time. Before, they went one after another, each waiting
+/// until its transport took it, so one client that stopped reading (its
+/// pipe full) held every later session's notice — and the next reload —
+/// for as long as it did not read.
+#[tokio::test]
+async fn a_session_that_reads_nothing_does_not_hold_the_others_list_changed_notices() {
+    within_a_minute(stalled_session()).await;
+}
+
+async fn stalled_session() {
+    use tokio::io::AsyncBufReadExt as _;
+    let dir = text_dir();
+    let server = server(dir.path(), settings(Duration::from_secs(30))).await;
+    let init = |id: u64| {
+        serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}})
+    };
+    // The stalled client: a pipe of 64 bytes it stops reading after its
+    // initialize answer, and it is the first session the server knows.
+    let (ours, theirs) = tokio::io::duplex(64);
+    let (read, write) = tokio::io::split(theirs);
+    let stalled_server = server.for_new_session();
+    let max = max_line(&server.shared.config);
+    tokio::spawn(async move {
+        if let Ok(service) = stalled_server.serve(line_transport(read, write, max)).await {
+            let _ = service.waiting().await;
+        }
+    });
+    let (read, write) = tokio::io::split(ours);
+    let mut stalled = Client { write, lines: tokio::io::BufReader::new(read).lines() };
+    stalled.send(init(1)).await;
+    assert!(stalled.receive().await["result"]["protocolVersion"].is_string());
+    stalled.send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+    let mut other = Client::connect(server.for_new_session());
+    other.send(init(1)).await;
+    assert!(other.receive().await["result"]["protocolVersion"].is_string());
+    other.send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+    // Both registered.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while server.shared.legacy_peers.lock().unwrap().len() < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "both sessions are known");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Two reloads' notices: the first fills the stalled pipe, the second
+    // waits on it.
+    for _ in 0..2 {
+        tokio::time::timeout(Duration::from_secs(10), server.announce_list_changed())
+            .await
+            .expect("a reload's notices are sent within their bound");
+        let m = other.receive().await;
+        assert_eq!(m["method"], "notifications/tools/list_changed", "{m}");
+    }
+}

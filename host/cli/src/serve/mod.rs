@@ -59,6 +59,10 @@ use toolgate::sandbox::executor::Content;
 use toolgate::{Approval, ExecutableAgentSnapshot, ToolCapabilityNarrowing};
 use toolgate_sdk::ToolDescriptor;
 
+/// How long one session's list-changed notice may take to be sent before
+/// the others' go on without it.
+const NOTICE_WAIT: Duration = Duration::from_secs(2);
+
 /// How often the plugin directory is checked for changes.
 const RELOAD_POLL: Duration = Duration::from_millis(500);
 
@@ -438,12 +442,19 @@ impl McpServer {
     /// Tell every initialized (pre-2026) session; listen streams see the generation change.
     async fn announce_list_changed(&self) {
         let peers = self.shared.legacy_peers.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let mut gone = Vec::new();
-        for (id, peer) in &peers {
-            if peer.notify_tool_list_changed().await.is_err() {
-                gone.push(*id);
+        // All at once, each for a bounded time: a notice waits until its
+        // transport took it, and a client that reads nothing (a full stdout
+        // pipe, an SSE stream nobody reads) held every later session's notice,
+        // and the next reload, for as long as it did not read.
+        let sent = futures_util::future::join_all(peers.iter().map(|(id, peer)| async move {
+            match tokio::time::timeout(NOTICE_WAIT, peer.notify_tool_list_changed()).await {
+                Ok(Err(_)) => Some(*id),
+                // Sent, or still waiting: the session is kept.
+                Ok(Ok(())) | Err(_) => None,
             }
-        }
+        }))
+        .await;
+        let gone: Vec<_> = sent.into_iter().flatten().collect();
         if !gone.is_empty() {
             self.shared.legacy_peers.lock().unwrap_or_else(|p| p.into_inner()).retain(|(id, _)| !gone.contains(id));
         }
