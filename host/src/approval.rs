@@ -14,6 +14,13 @@
 //! reads it gets the approval refused. The journal records who decided,
 //! through which channel, and when.
 //!
+//! Who may decide an ask is fixed when the call asks ([`Approvers`], kept
+//! with its Awaiting record and covered by its call digest): a decision
+//! counts only from a principal allowed both then and by the deciding
+//! process's own settings. So a process started with another config (its
+//! own `[approval] keys`, or none, so a terminal or an MCP client would
+//! decide) decides nothing the operator's host asked.
+//!
 //! Architecture invariant: nothing here reads a model's or a Tool's output;
 //! a decision is verified against the stored Awaiting record before the
 //! ticket is claimed, so a refused approval changes nothing.
@@ -24,6 +31,72 @@ use crate::store::{ApprovedBy, AwaitingRecord};
 
 /// What an approval signature signs, before the message.
 const DOMAIN: &[u8] = b"toolgate-approval-v1\n";
+
+/// Who may decide an ask, as it was when the call asked: kept with its
+/// Awaiting record ([`AwaitingRecord::approvers`], as [`Approvers::to_text`])
+/// and covered by its [`call_digest`], so what an approver signs or is shown
+/// names it too. A decision counts only from a principal allowed by both
+/// this and the deciding process's settings ([`verify`]): a key removed
+/// from `[approval] keys` stops deciding at once, a key added later decides
+/// only asks made after, and an ask made under keys is decided by no
+/// terminal or MCP client (nor, made without keys, by any signature).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Approvers {
+    /// The approver keys in force (`ed25519:…`), sorted, each once.
+    pub keys: Vec<String>,
+    /// Whether a confirmation on an interactive terminal decides (no keys).
+    pub terminal: bool,
+    /// Whether an answer in an MCP client's own UI decides.
+    pub mcp_elicitation: bool,
+}
+
+impl Approvers {
+    /// The approvers a host with `keys` (`[approval] keys`) and
+    /// `mcp_elicitation` ([`mcp_elicitation_in_effect`]) asks for.
+    pub fn in_force(keys: &TrustedKeys, mcp_elicitation: bool) -> Self {
+        let mut keys = keys.publics();
+        keys.sort();
+        keys.dedup();
+        Approvers { terminal: keys.is_empty(), keys, mcp_elicitation }
+    }
+
+    /// As the journal keeps it (JSON, one way only: it is part of the call digest).
+    pub fn to_text(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Read what [`Approvers::to_text`] wrote; `None` if it is not that.
+    pub fn parse(text: &str) -> Option<Self> {
+        serde_json::from_str(text).ok()
+    }
+
+    /// Who they are, for a human.
+    pub fn describe(&self) -> String {
+        let mut who = Vec::new();
+        if !self.keys.is_empty() {
+            who.push(format!("a signature of approver key {}", self.keys.join(" or ")));
+        }
+        if self.terminal {
+            who.push("a confirmation on a terminal".to_owned());
+        }
+        if self.mcp_elicitation {
+            who.push("an answer in an MCP client's UI".to_owned());
+        }
+        if who.is_empty() { "nobody".to_owned() } else { who.join(", or ") }
+    }
+
+    /// Whether the principal `who` deciding through `channel` is one of them.
+    fn allow(&self, who: &str, channel: &Channel) -> bool {
+        match channel {
+            Channel::Signature => TrustedKeys::parse(&self.keys).is_ok_and(|k| k.contains(who)),
+            Channel::Terminal => self.terminal,
+            Channel::McpElicitation => self.mcp_elicitation,
+            // An embedding program's own dialog: the program is the host.
+            Channel::Embedder => true,
+        }
+    }
+}
 
 /// What a human decided about an Awaiting call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -169,6 +242,39 @@ pub enum ApprovalError {
         /// The ticket.
         ticket: String,
     },
+    /// The decider was not an approver of the ask when the call asked
+    /// (another config's key or channel, a key added since). Nothing was
+    /// claimed; the ticket stays pending.
+    #[error(
+        "ticket `{ticket}` (request `{request}`) was asked for {raised_for}; {who} was not an approver of it when \
+         it was asked, so it decides nothing (who may decide an ask is fixed when the call asks: a key added to \
+         `[approval] keys` since, another config's keys, or a terminal or MCP client where keys were configured, \
+         decide nothing). Nothing was claimed and the request is still pending: decide it as one of those \
+         approvers, with the config it was asked under, or let it expire and make the call again"
+    )]
+    NotAnApproverOfTheAsk {
+        /// The ticket.
+        ticket: String,
+        /// The request (call id).
+        request: String,
+        /// [`Approvers::describe`] of the ask's approvers.
+        raised_for: String,
+        /// Who tried to decide.
+        who: String,
+    },
+    /// The ask was journaled by a toolgate that did not record its approvers
+    /// (before the journal was migrated): it can be denied, not approved.
+    #[error(
+        "ticket `{ticket}` (request `{request}`) was asked before toolgate recorded who may approve an ask, so it \
+         cannot be approved: nothing was claimed and the request is still pending. Deny it (`toolgate deny \
+         {ticket}`) or let it expire, and make the call again to be asked anew"
+    )]
+    AskedBeforeApproversWereRecorded {
+        /// The ticket.
+        ticket: String,
+        /// The request (call id).
+        request: String,
+    },
 }
 
 /// Whether an answer in an MCP client's own UI (elicitation) decides tickets:
@@ -196,6 +302,8 @@ pub fn call_digest(r: &AwaitingRecord) -> Digest {
         &r.expires_at.to_string(),
         // The authority the call asked under is part of what is approved.
         r.restriction.as_deref().unwrap_or(""),
+        // And who it was asked of.
+        r.approvers.as_deref().unwrap_or(""),
     ];
     // Length-prefixed, so no two different calls share a digest by moving a separator.
     let mut buf = Vec::new();
@@ -229,7 +337,10 @@ pub fn sign(key: &SecretKey, record: &AwaitingRecord, decision: &Decision) -> St
 /// records it. An approval must name `record` as shown (its signature, or the
 /// channel's shown digest); a denial need not: it blocks whatever the ticket
 /// holds, never more than the approver wanted, and refusing it would leave a
-/// rewritten call pending.
+/// rewritten call pending. Either must come from an approver of the ask as
+/// it was asked ([`Approvers`], kept with `record`) as well as of `keys` and
+/// `mcp_elicitation`; a record with none kept (asked before they were) can
+/// be denied under `keys` and `mcp_elicitation` alone, never approved.
 pub fn verify(
     approval: &Approval,
     record: &AwaitingRecord,
@@ -262,7 +373,39 @@ pub fn verify(
             (principal.clone(), channel.clone())
         }
     };
+    asked_of(record, decision, &principal, &channel)?;
     Ok(ApprovedBy { principal, channel: channel.as_str().to_owned(), at: now })
+}
+
+/// Whether `principal`, deciding through `channel`, was an approver of the
+/// ask `record` when the call asked.
+fn asked_of(
+    record: &AwaitingRecord,
+    decision: &Decision,
+    principal: &str,
+    channel: &Channel,
+) -> Result<(), ApprovalError> {
+    let (ticket, request) = (record.ticket_id.clone(), record.call_id.clone());
+    let Some(text) = record.approvers.as_deref() else {
+        return match decision {
+            Decision::Deny { .. } => Ok(()),
+            Decision::Approve => Err(ApprovalError::AskedBeforeApproversWereRecorded { ticket, request }),
+        };
+    };
+    let (raised_for, allowed) = match Approvers::parse(text) {
+        Some(set) => (set.describe(), set.allow(principal, channel)),
+        None => ("approvers this toolgate cannot read".to_owned(), false),
+    };
+    if allowed {
+        return Ok(());
+    }
+    let who = match channel {
+        Channel::Signature => format!("approver key {principal}"),
+        Channel::Terminal => "a confirmation on a terminal".to_owned(),
+        Channel::McpElicitation => "an answer in an MCP client's UI".to_owned(),
+        Channel::Embedder => format!("embedder {principal}"),
+    };
+    Err(ApprovalError::NotAnApproverOfTheAsk { ticket, request, raised_for, who })
 }
 
 #[cfg(test)]
@@ -283,13 +426,25 @@ mod tests {
             requested_at: 1,
             state: "pending".into(),
             restriction: None,
+            // Asked of a terminal and an MCP client's UI (no keys).
+            approvers: Some(Approvers::in_force(&TrustedKeys::default(), true).to_text()),
         }
+    }
+
+    /// `record()` asked of `keys`, and of an MCP client's UI if `mcp`.
+    fn asked(keys: &TrustedKeys, mcp: bool) -> AwaitingRecord {
+        AwaitingRecord { approvers: Some(Approvers::in_force(keys, mcp).to_text()), ..record() }
+    }
+
+    fn approver() -> (SecretKey, String) {
+        let (secret, public) = crate::keys::keygen().unwrap();
+        (SecretKey::parse(&secret).unwrap(), public)
     }
 
     /// `record()` with one field of the call changed, each way.
     fn others() -> Vec<AwaitingRecord> {
         let mut others = Vec::new();
-        for change in 0..8 {
+        for change in 0..9 {
             let mut o = record();
             match change {
                 0 => o.ticket_id = "tkt-2".into(),
@@ -299,6 +454,8 @@ mod tests {
                 4 => o.arguments = r#"{"op":"clear"}"#.into(),
                 5 => o.restriction = Some("[]".into()),
                 6 => o.agent = "other".into(),
+                // The same approvers written otherwise: still another record.
+                7 => o.approvers = Some(r#"{"mcp_elicitation":true,"terminal":true,"keys":[]}"#.into()),
                 _ => o.run_id = "run-2".into(),
             }
             others.push(o);
@@ -311,7 +468,7 @@ mod tests {
         let (secret, public) = crate::keys::keygen().unwrap();
         let key = SecretKey::parse(&secret).unwrap();
         let keys = TrustedKeys::parse(std::slice::from_ref(&public)).unwrap();
-        let r = record();
+        let r = asked(&keys, false);
         let sig = sign(&key, &r, &Decision::Approve);
         let by = verify(&Approval::signed(&sig), &r, &Decision::Approve, &keys, true, 7).unwrap();
         assert_eq!(by, ApprovedBy { principal: public, channel: "signature".into(), at: 7 });
@@ -414,5 +571,107 @@ mod tests {
             let by = verify(&agent, &r, &Decision::Approve, k, on, 1).unwrap();
             assert_eq!((by.principal.as_str(), by.channel.as_str()), ("Claude Desktop", "mcp-elicitation"));
         }
+    }
+
+    /// F1: a process handed another config (the operator's journal, its own
+    /// `[approval] keys`, or none) decides nothing the operator's host asked;
+    /// a key added later decides only asks made after; a key removed stops
+    /// at once. Fails on the previous code, which checked the deciding
+    /// process's keys only.
+    #[test]
+    fn an_ask_is_decided_only_by_an_approver_in_force_when_it_was_asked() {
+        let (operator, operator_pub) = approver();
+        let (agent, agent_pub) = approver();
+        let (later, later_pub) = approver();
+        let keys = |k: &[&String]| TrustedKeys::parse(&k.iter().map(|s| (*s).clone()).collect::<Vec<_>>()).unwrap();
+        let deny = Decision::Deny { reason: "no".into() };
+        // Asked by the operator's host: its key only, no MCP client.
+        let r = asked(&keys(&[&operator_pub]), false);
+        let ok = |k: &SecretKey, config: &TrustedKeys, d: &Decision| {
+            verify(&Approval::signed(sign(k, &r, d)), &r, d, config, false, 1)
+        };
+        assert!(ok(&operator, &keys(&[&operator_pub]), &Decision::Approve).is_ok());
+        for d in [&Decision::Approve, &deny] {
+            // The agent's copy of the config, listing its own key.
+            let e = ok(&agent, &keys(&[&agent_pub]), d).unwrap_err();
+            assert!(matches!(e, ApprovalError::NotAnApproverOfTheAsk { .. }), "{e:?}");
+            let text = e.to_string();
+            assert!(
+                text.contains("tkt-1")
+                    && text.contains("call-1")
+                    && text.contains(&operator_pub)
+                    && text.contains(&agent_pub)
+                    && text.contains("still pending"),
+                "{text}"
+            );
+            // A key added to the operator's config since.
+            let e = ok(&later, &keys(&[&operator_pub, &later_pub]), d).unwrap_err();
+            assert!(matches!(e, ApprovalError::NotAnApproverOfTheAsk { .. }), "{e:?}");
+            // A key removed from the config stops deciding at once.
+            assert_eq!(ok(&operator, &keys(&[&later_pub]), d), Err(ApprovalError::Untrusted));
+            // A config without keys: a terminal or an MCP client decides nothing asked under keys.
+            let none = TrustedKeys::default();
+            for channel in
+                [Approval::on_terminal("agent", r.call_digest()), Approval::by_mcp_client_for("stdio", r.call_digest())]
+            {
+                let e = verify(&channel, &r, d, &none, true, 1).unwrap_err();
+                assert!(matches!(e, ApprovalError::NotAnApproverOfTheAsk { .. }), "{channel:?}: {e:?}");
+            }
+            // Nor with keys and the MCP client opted in, where the ask was not.
+            let e =
+                verify(&Approval::by_mcp_client_for("stdio", r.call_digest()), &r, d, &keys(&[&operator_pub]), true, 1)
+                    .unwrap_err();
+            assert!(matches!(e, ApprovalError::NotAnApproverOfTheAsk { .. }), "{e:?}");
+        }
+        // Asked without keys: a config that lists keys since decides it by no
+        // signature (the strict rule); the terminal it was asked of, without keys, does.
+        let open = asked(&TrustedKeys::default(), true);
+        let sig = sign(&operator, &open, &Decision::Approve);
+        let e =
+            verify(&Approval::signed(sig), &open, &Decision::Approve, &keys(&[&operator_pub]), false, 1).unwrap_err();
+        assert!(matches!(e, ApprovalError::NotAnApproverOfTheAsk { .. }), "{e:?}");
+        let tty = Approval::on_terminal("alice", open.call_digest());
+        assert!(verify(&tty, &open, &Decision::Approve, &TrustedKeys::default(), true, 1).is_ok());
+        // Approvers that cannot be read allow nobody.
+        let garbled = AwaitingRecord { approvers: Some("{".into()), ..open.clone() };
+        let tty = Approval::on_terminal("alice", garbled.call_digest());
+        let e = verify(&tty, &garbled, &Decision::Approve, &TrustedKeys::default(), true, 1).unwrap_err();
+        assert!(matches!(e, ApprovalError::NotAnApproverOfTheAsk { .. }), "{e:?}");
+        // The approvers are part of what is signed and shown: rewriting them voids both.
+        let widened =
+            AwaitingRecord { approvers: Some(Approvers::in_force(&keys(&[&agent_pub]), true).to_text()), ..r.clone() };
+        assert_ne!(widened.call_digest(), r.call_digest());
+        let sig = sign(&operator, &r, &Decision::Approve);
+        assert_eq!(
+            verify(&Approval::signed(sig), &widened, &Decision::Approve, &keys(&[&operator_pub]), false, 1),
+            Err(ApprovalError::Untrusted)
+        );
+    }
+
+    /// An ask journaled before approvers were recorded (a migrated journal)
+    /// can be denied under the deciding config, never approved.
+    #[test]
+    fn an_ask_from_before_approvers_were_recorded_can_be_denied_not_approved() {
+        let (operator, operator_pub) = approver();
+        let keys = TrustedKeys::parse(&[operator_pub]).unwrap();
+        let old = AwaitingRecord { approvers: None, ..asked(&keys, false) };
+        let deny = Decision::Deny { reason: "stale".into() };
+        let approve = verify(
+            &Approval::signed(sign(&operator, &old, &Decision::Approve)),
+            &old,
+            &Decision::Approve,
+            &keys,
+            false,
+            1,
+        );
+        assert_eq!(
+            approve,
+            Err(ApprovalError::AskedBeforeApproversWereRecorded { ticket: "tkt-1".into(), request: "call-1".into() })
+        );
+        assert!(approve.unwrap_err().to_string().contains("make the call again"));
+        assert!(verify(&Approval::signed(sign(&operator, &old, &deny)), &old, &deny, &keys, false, 1).is_ok());
+        // Still under the deciding config: a terminal does not deny where keys are configured.
+        let tty = Approval::on_terminal("x", old.call_digest());
+        assert_eq!(verify(&tty, &old, &deny, &keys, false, 1), Err(ApprovalError::KeyRequired));
     }
 }

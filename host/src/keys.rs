@@ -40,6 +40,11 @@ impl TrustedKeys {
         self.0.is_empty()
     }
 
+    /// These keys as `ed25519:…` text, in the order configured.
+    pub fn publics(&self) -> Vec<String> {
+        self.0.iter().map(public_text).collect()
+    }
+
     /// Whether `public` (`ed25519:…`) is one of these keys.
     pub fn contains(&self, public: &str) -> bool {
         parse_public(public).is_ok_and(|k| self.0.contains(&k))

@@ -893,6 +893,15 @@ fn awaiting_record(
                     .unwrap_or_else(|_| r#"[{"directories":[],"hosts":[],"credentials":[]}]"#.into()),
             ),
         },
+        // Who may decide it is fixed now: a process with other settings
+        // (another config, its own keys) decides nothing asked here.
+        approvers: Some(
+            approval::Approvers::in_force(
+                &rt.settings.approvers,
+                approval::mcp_elicitation_in_effect(rt.settings.mcp_elicitation, &rt.settings.approvers),
+            )
+            .to_text(),
+        ),
     }
 }
 

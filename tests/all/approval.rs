@@ -473,3 +473,70 @@ rules = [
     assert_eq!(host.instantiations(), 0);
     assert_eq!(steps(&host).await[0].verdict, "ask");
 }
+
+/// Invariant 11 across configs: who may decide an ask is fixed when it is
+/// asked. A process on the same journal with other approver settings — the
+/// agent's own key listed, MCP elicitation on, no keys so a terminal would
+/// decide — decides nothing the keyed host asked; the ticket stays pending
+/// and the host's own approver still decides it. An ask journaled before
+/// approvers were recorded can be denied, not approved. Fails on the
+/// previous code, where each process checked only its own settings.
+#[tokio::test]
+async fn a_process_with_other_approvers_decides_nothing_this_host_asked() {
+    use toolgate::approval::{ApprovalError, Approvers, Decision, sign};
+    use toolgate::keys::{SecretKey, TrustedKeys, keygen};
+    let (operator_secret, operator) = keygen().unwrap();
+    let (agent_secret, agent) = keygen().unwrap();
+    let host = text_and_notes(&format!("[approval]\nkeys = [\"{operator}\"]\n"));
+    let ticket = ask(&host, "asked under keys").await;
+    let record = host.runtime.store().awaiting(&ticket).await.unwrap().unwrap();
+    let asked_of = Approvers::parse(record.approvers.as_deref().unwrap()).unwrap();
+    assert_eq!(asked_of, Approvers { keys: vec![operator.clone()], terminal: false, mcp_elicitation: false });
+
+    let r = &host.runtime;
+    let with = |keys: &[String], mcp: Option<bool>| {
+        let settings = toolgate::RuntimeSettings {
+            approvers: TrustedKeys::parse(keys).unwrap(),
+            mcp_elicitation: mcp,
+            ..Default::default()
+        };
+        toolgate::Runtime::new(r.snapshot().clone(), r.executor().clone(), r.store().clone(), settings)
+    };
+    let agents_host = with(std::slice::from_ref(&agent), Some(true));
+    let open_host = with(&[], None);
+    let agent_key = SecretKey::parse(&agent_secret).unwrap();
+    let shown = record.call_digest();
+    let attempts = [
+        (&agents_host, toolgate::Approval::signed(sign(&agent_key, &record, &Decision::Approve))),
+        (&agents_host, toolgate::Approval::by_mcp_client_for("stdio", shown)),
+        (&open_host, toolgate::Approval::by_mcp_client_for("stdio", shown)),
+        (&open_host, toolgate::Approval::on_terminal("agent", shown)),
+    ];
+    for (rt, approval) in &attempts {
+        let e = rt.approve(&ticket, approval).await.unwrap_err();
+        assert!(matches!(e, CallError::Approval(ApprovalError::NotAnApproverOfTheAsk { .. })), "{approval:?}: {e}");
+        assert!(e.to_string().contains(&operator) && e.to_string().contains("still pending"), "{e}");
+    }
+    let e = open_host.deny(&ticket, "mine now", &toolgate::Approval::on_terminal("agent", shown)).await.unwrap_err();
+    assert!(matches!(e, CallError::Approval(ApprovalError::NotAnApproverOfTheAsk { .. })), "{e}");
+    assert_eq!(host.instantiations(), 0, "nothing ran");
+    assert_eq!(r.store().pending().await.unwrap().len(), 1, "the ticket stays pending");
+    assert_eq!(steps(&host).await.len(), 1, "no step");
+    let operator_key = SecretKey::parse(&operator_secret).unwrap();
+    let ok = r.approve(&ticket, &toolgate::Approval::signed(sign(&operator_key, &record, &Decision::Approve))).await;
+    assert!(matches!(ok, Ok(StepResult::Output { .. })), "{ok:?}");
+
+    // An ask from before approvers were recorded (a migrated journal).
+    let old = ask(&host, "asked before").await;
+    let db = rusqlite::Connection::open(host.journal_path()).unwrap();
+    db.execute("UPDATE awaiting SET approvers = NULL WHERE ticket_id = ?1", [&old]).unwrap();
+    let record = r.store().awaiting(&old).await.unwrap().unwrap();
+    let e = r
+        .approve(&old, &toolgate::Approval::signed(sign(&operator_key, &record, &Decision::Approve)))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, CallError::Approval(ApprovalError::AskedBeforeApproversWereRecorded { .. })), "{e}");
+    let deny = Decision::Deny { reason: "stale".into() };
+    let d = r.deny(&old, "stale", &toolgate::Approval::signed(sign(&operator_key, &record, &deny))).await;
+    assert!(matches!(d, Ok(StepResult::Blocked { .. })), "{d:?}");
+}

@@ -124,6 +124,7 @@ fn awaiting(ticket: &str, call_id: &str, expires_at: i64) -> AwaitingRecord {
         requested_at: 1,
         state: "pending".into(),
         restriction: None,
+        approvers: Some(r#"{"keys":[],"terminal":true,"mcp_elicitation":true}"#.into()),
     }
 }
 
@@ -609,7 +610,10 @@ pub async fn the_previous_schema_version_migrates(b: &dyn Backend) {
         legacy_fixture()
     );
     assert_eq!(s.tool_state("main", "notes.add").await.unwrap()["k"], "\"v\"");
-    assert_eq!(s.pending().await.unwrap().iter().map(|a| a.ticket_id.as_str()).collect::<Vec<_>>(), ["t-old"]);
+    let pending = s.pending().await.unwrap();
+    assert_eq!(pending.iter().map(|a| a.ticket_id.as_str()).collect::<Vec<_>>(), ["t-old"]);
+    // Asked before approvers were recorded: none are made up for it (it can be denied, not approved).
+    assert_eq!(pending[0].approvers, None);
     let claimed = s.claim_ticket("t-old", now(), ME).await.unwrap().expect("the old ticket is claimable");
     let mut resolving = step("c-old-2", OutcomeKind::Output);
     resolving.run_id = "run-old";

@@ -115,6 +115,11 @@ enum Command {
         /// An approver's secret key (its public key listed in `[approval] keys`).
         #[arg(long)]
         key: Option<PathBuf>,
+        /// The call digest `toolgate journal --awaiting` listed for the request
+        /// (at least 16 hex characters): the approval is refused if the stored
+        /// call is no longer that one. Needed with `--key` off a terminal.
+        #[arg(long)]
+        digest: Option<String>,
     },
     /// Deny a ticket as an approver: commit a blocked result the model reads.
     Deny {
@@ -375,16 +380,18 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             }
             Ok(report(&result, Some(run.id()), cli.json))
         }
-        Command::Approve { ticket, key } => {
+        Command::Approve { ticket, key, digest } => {
             let host = open_host(&cli).await?;
             let decision = toolgate::approval::Decision::Approve;
-            let result = approve::decide(&host.config, &host.runtime, ticket, key.as_deref(), decision).await?;
+            let result =
+                approve::decide(&host.config, &host.runtime, ticket, key.as_deref(), digest.as_deref(), decision)
+                    .await?;
             Ok(report(&result, None, cli.json))
         }
         Command::Deny { ticket, reason, key } => {
             let host = open_host(&cli).await?;
             let decision = toolgate::approval::Decision::Deny { reason: reason.clone() };
-            let result = approve::decide(&host.config, &host.runtime, ticket, key.as_deref(), decision).await?;
+            let result = approve::decide(&host.config, &host.runtime, ticket, key.as_deref(), None, decision).await?;
             Ok(report(&result, None, cli.json))
         }
         Command::Skill { command: SkillCommand::Pack { dir, output } } => {

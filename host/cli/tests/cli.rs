@@ -53,6 +53,28 @@ fn pending_ticket(dir: &Path) -> String {
     lines[0]["ticket"].as_str().expect("an approver sees the ticket").to_owned()
 }
 
+/// The call digest `journal --awaiting` lists for `ticket`, as an approver
+/// passes it to `approve --digest`.
+fn listed_digest(dir: &Path, ticket: &str) -> String {
+    let out = tg(dir, &["--json", "journal", "--awaiting", "--key", "approver.key"]);
+    text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["ticket"] == ticket)
+        .and_then(|v| v["digest"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("{ticket} is listed with its digest: {}", text(&out.stdout)))
+}
+
+/// `toolgate approve TICKET --key approver.key --digest …` with the digest listed.
+fn approve_listed(dir: &Path, ticket: &str, json: bool) -> Output {
+    let digest = listed_digest(dir, ticket);
+    let mut args = vec!["approve", ticket, "--key", "approver.key", "--digest", &digest];
+    if json {
+        args.insert(0, "--json");
+    }
+    tg(dir, &args)
+}
+
 fn tg(dir: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_toolgate")).current_dir(dir).args(args).output().unwrap()
 }
@@ -74,10 +96,11 @@ fn exit_codes_tell_output_tool_error_blocked_awaiting_and_config_error_apart() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["outcome"], "awaiting");
     let ticket = pending_ticket(d);
+    let digest = listed_digest(d, &ticket);
 
-    let out = tg(d, &["approve", &ticket, "--key", "approver.key"]);
+    let out = tg(d, &["approve", &ticket, "--key", "approver.key", "--digest", &digest]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let out = tg(d, &["approve", &ticket, "--key", "approver.key"]);
+    let out = tg(d, &["approve", &ticket, "--key", "approver.key", "--digest", &digest]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("already used"), "{}", text(&out.stderr));
 
@@ -286,7 +309,8 @@ fn the_ticket_reaches_only_the_approver_and_the_retry_gets_the_result_once() {
     assert_eq!(bare.status.code(), Some(1));
     assert!(text(&bare.stderr).contains("--key"), "{}", text(&bare.stderr));
     tg(d, &["keygen", "--for", "approval", "-o", "stranger.key"]);
-    let stranger = tg(d, &["approve", &ticket, "--key", "stranger.key"]);
+    let digest = listed_digest(d, &ticket);
+    let stranger = tg(d, &["approve", &ticket, "--key", "stranger.key", "--digest", &digest]);
     assert_eq!(stranger.status.code(), Some(1));
     assert!(text(&stranger.stderr).contains("does not verify"), "{}", text(&stranger.stderr));
     let stranger_list = tg(d, &["journal", "--awaiting", "--key", "stranger.key"]);
@@ -297,7 +321,7 @@ fn the_ticket_reaches_only_the_approver_and_the_retry_gets_the_result_once() {
     assert_eq!(text(&steps.stdout).lines().count(), 2, "nothing ran: two awaiting steps only");
 
     // The approver decides; the journal records who, how and when.
-    let approved = tg(d, &["--json", "approve", &ticket, "--key", "approver.key"]);
+    let approved = approve_listed(d, &ticket, true);
     assert_eq!(approved.status.code(), Some(0), "{}", text(&approved.stderr));
     assert!(text(&approved.stderr).contains("notes") && text(&approved.stderr).contains("milk"), "the call is shown");
     let public = std::fs::read_to_string(d.join("toolgate.toml")).unwrap();
@@ -358,6 +382,9 @@ fn without_approver_keys_a_decision_needs_a_terminal() {
         let mut child = Command::new("script")
             .args(["-qec", &format!("{} approve {ticket}", env!("CARGO_BIN_EXE_toolgate")), "/dev/null"])
             .current_dir(d)
+            // Who approved is the kernel's uid and its name, never the environment.
+            .env("USER", "alice-not-me")
+            .env("LOGNAME", "alice-not-me")
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -378,7 +405,14 @@ fn without_approver_keys_a_decision_needs_a_terminal() {
     let last: serde_json::Value =
         serde_json::from_str(text(&tg(d, &["--json", "journal"]).stdout).lines().last().unwrap()).unwrap();
     assert_eq!(last["approved_by"]["channel"], "terminal");
-    assert!(last["approved_by"]["principal"].as_str().unwrap().contains("uid"), "{last}");
+    // The real user, as the kernel and the user database name it (fails on
+    // the previous code, which journaled `alice-not-me (uid N)`).
+    let principal = last["approved_by"]["principal"].as_str().unwrap();
+    let uid = text(&Command::new("id").arg("-u").output().unwrap().stdout).trim().to_owned();
+    let name = text(&Command::new("id").arg("-un").output().unwrap().stdout).trim().to_owned();
+    let expected = if name.is_empty() || name == uid { format!("uid {uid}") } else { format!("{name} (uid {uid})") };
+    assert_eq!(principal, expected, "{last}");
+    assert!(!principal.contains("alice"), "{last}");
 }
 
 /// `toolgate approve` on a terminal shows the call and waits for the typed
@@ -482,7 +516,7 @@ fn call_wait_blocks_until_the_approver_decides_then_prints_the_result() {
                 .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["ticket"].as_str().unwrap().to_owned())
         })
         .expect("the request became pending");
-    let approved = tg(d, &["approve", &ticket, "--key", "approver.key"]);
+    let approved = approve_listed(d, &ticket, false);
     assert_eq!(approved.status.code(), Some(0), "{}", text(&approved.stderr));
     let out = waiting.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
@@ -736,7 +770,7 @@ fn the_text_journal_keeps_a_tools_result_apart_from_the_hosts_words() {
     assert_eq!(tg(d, &["call", "text.upper", "--args", &args]).status.code(), Some(0));
     assert_eq!(tg(d, &["call", "notes", "--args", r#"{"op":"add","note":"a"}"#]).status.code(), Some(12));
     let ticket = pending_ticket(d);
-    let out = tg(d, &["approve", &ticket, "--key", "approver.key"]);
+    let out = approve_listed(d, &ticket, false);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 
     let journal = text(&tg(d, &["journal"]).stdout);
@@ -762,11 +796,11 @@ fn the_approvers_views_show_every_unseen_character_of_the_arguments_escaped() {
     let args = serde_json::json!({ "op": "add", "note": note }).to_string();
     assert_eq!(tg(d, &["call", "notes", "--args", &args]).status.code(), Some(12));
     let listed = tg(d, &["journal", "--awaiting", "--key", "approver.key"]);
-    // With `--key`, `approve` signs without a prompt: the JSON listing may
-    // be the only view an approver has.
+    // With `--key` and `--digest`, `approve` signs without a prompt: the
+    // JSON listing may be the only view an approver has.
     let listed_json = tg(d, &["--json", "journal", "--awaiting", "--key", "approver.key"]);
     let ticket = pending_ticket(d);
-    let approved = tg(d, &["approve", &ticket, "--key", "approver.key"]);
+    let approved = approve_listed(d, &ticket, false);
     assert_eq!(approved.status.code(), Some(0), "{}", text(&approved.stderr));
     let journal = tg(d, &["journal"]);
     let journal_json = tg(d, &["--json", "journal"]);
@@ -795,4 +829,119 @@ fn the_approvers_views_show_every_unseen_character_of_the_arguments_escaped() {
         let arguments: serde_json::Value = serde_json::from_str(arguments.expect("the call is listed")).unwrap();
         assert_eq!(arguments["note"].as_str(), Some(note.as_str()), "{what}");
     }
+}
+
+/// F1: an agent with a shell copies the operator's config (same journal,
+/// plugins, agents) and lists its own key in `[approval] keys`, or none.
+/// The ask was made under the operator's key, so under the copy the ticket
+/// is not listed, the agent's signature decides nothing (refused naming the
+/// ticket and the key it was asked of), a terminal decides nothing, and the
+/// request stays pending for the operator's key. On the previous code the
+/// copy listed the ticket and the agent's key approved and ran the call.
+#[test]
+fn a_config_with_other_approvers_decides_nothing_the_operators_host_asked() {
+    let dir = setup();
+    let d = dir.path();
+    assert_eq!(tg(d, &["call", "notes", "--args", r#"{"op":"add","note":"rm"}"#]).status.code(), Some(12));
+    let ticket = pending_ticket(d);
+    let digest = listed_digest(d, &ticket);
+    let operator = std::fs::read_to_string(d.join("toolgate.toml")).unwrap();
+    let operator_key = operator.split("keys = [\"").nth(1).unwrap().split('"').next().unwrap().to_owned();
+    let agent = tg(d, &["keygen", "--for", "approval", "-o", "agent.key"]);
+    let agent_section = text(&agent.stdout);
+    let agent_key = agent_section.split("keys = [\"").nth(1).unwrap().split('"').next().unwrap().to_owned();
+    let base = operator.split("[approval]").next().unwrap().to_owned();
+    std::fs::write(d.join("other.toml"), format!("{base}{agent_section}")).unwrap();
+    std::fs::write(d.join("open.toml"), &base).unwrap();
+
+    let listed = tg(d, &["-c", "other.toml", "--json", "journal", "--awaiting", "--key", "agent.key"]);
+    assert_eq!(listed.status.code(), Some(0), "{}", text(&listed.stderr));
+    assert_no_ticket("journal --awaiting under the copy", &listed.stdout, &ticket);
+    assert!(text(&listed.stderr).contains("asked of other approvers"), "{}", text(&listed.stderr));
+    let v: serde_json::Value = serde_json::from_str(text(&listed.stdout).lines().next().unwrap()).unwrap();
+    assert_eq!(v["asked_of"]["keys"], serde_json::json!([operator_key]), "{v}");
+
+    let out = tg(d, &["-c", "other.toml", "approve", &ticket, "--key", "agent.key", "--digest", &digest]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let said = text(&out.stderr);
+    assert!(
+        said.contains(&ticket)
+            && said.contains(&operator_key)
+            && said.contains(&agent_key)
+            && said.contains("still pending"),
+        "{said}"
+    );
+    // A config without keys: a terminal decides nothing asked under keys.
+    let tty = Command::new("script")
+        .args(["-qec", &format!("{} -c open.toml approve {ticket}", env!("CARGO_BIN_EXE_toolgate")), "/dev/null"])
+        .current_dir(d)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut tty.stdin.as_ref().unwrap(), b"approve\n").unwrap();
+    let tty = tty.wait_with_output().unwrap();
+    assert_ne!(tty.status.code(), Some(0), "{}", text(&tty.stdout));
+    assert!(text(&tty.stdout).contains("decides nothing"), "{}", text(&tty.stdout));
+    // Nothing ran; the operator's approver still decides it.
+    let steps = tg(d, &["--json", "journal"]);
+    assert_eq!(text(&steps.stdout).lines().count(), 1, "{}", text(&steps.stdout));
+    let approved = approve_listed(d, &ticket, false);
+    assert_eq!(approved.status.code(), Some(0), "{}", text(&approved.stderr));
+    let last: serde_json::Value =
+        serde_json::from_str(text(&tg(d, &["--json", "journal"]).stdout).lines().last().unwrap()).unwrap();
+    assert_eq!(last["approved_by"]["principal"], operator_key.as_str());
+}
+
+/// F2: `approve --key` signs only the call the approver listed: it takes
+/// the digest `journal --awaiting` showed (text and `--json`), and a record
+/// rewritten after the listing is refused before anything is signed or
+/// claimed (the request stays pending, as rewritten); off a terminal,
+/// without `--digest`, nothing is decided. A denial needs no digest. On the
+/// previous code `approve --key` signed whatever the record held when it ran.
+#[test]
+fn an_approval_signed_with_a_key_names_the_digest_the_approver_listed() {
+    let dir = setup();
+    let d = dir.path();
+    assert_eq!(tg(d, &["call", "notes", "--args", r#"{"op":"add","note":"milk"}"#]).status.code(), Some(12));
+    let ticket = pending_ticket(d);
+    let digest = listed_digest(d, &ticket);
+    assert_eq!(digest.len(), 64);
+    let listed = text(&tg(d, &["journal", "--awaiting", "--key", "approver.key"]).stdout);
+    assert!(listed.contains(&format!("digest {}", &digest[..16])), "{listed}");
+
+    let bare = tg(d, &["approve", &ticket, "--key", "approver.key"]);
+    assert_eq!(bare.status.code(), Some(1));
+    assert!(text(&bare.stderr).contains("--digest"), "{}", text(&bare.stderr));
+    let short = tg(d, &["approve", &ticket, "--key", "approver.key", "--digest", &digest[..8]]);
+    assert_eq!(short.status.code(), Some(1));
+    assert!(text(&short.stderr).contains("at least"), "{}", text(&short.stderr));
+
+    // The agent rewrites the pending call after the approver listed it.
+    toolgate_tests::rewrite_awaiting(
+        &d.join("journal.db"),
+        &ticket,
+        "notes",
+        &serde_json::json!({"op": "add", "note": "TAMPERED"}),
+        &toolgate::Digest::of(&packed(guests::NOTES)),
+    );
+    for given in [&digest[..16], digest.as_str()] {
+        let out = tg(d, &["approve", &ticket, "--key", "approver.key", "--digest", given]);
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+        assert!(text(&out.stderr).contains("changed since it was shown"), "{}", text(&out.stderr));
+    }
+    let steps = tg(d, &["--json", "journal"]);
+    assert_eq!(text(&steps.stdout).lines().count(), 1, "nothing ran: {}", text(&steps.stdout));
+    let now = listed_digest(d, &ticket);
+    assert_ne!(now, digest, "the listing shows the rewritten call's digest");
+    // A denial blocks whatever the ticket holds: no digest needed.
+    let denied = tg(d, &["deny", &ticket, "--key", "approver.key", "--reason", "looked odd"]);
+    assert_eq!(denied.status.code(), Some(11), "{}", text(&denied.stderr));
+    let steps = tg(d, &["--json", "journal"]);
+    let outcomes: Vec<String> = text(&steps.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["outcome"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(outcomes, ["awaiting", "blocked"], "the rewritten call never ran");
 }

@@ -113,6 +113,12 @@ async fn ticket_of(journal: &PostgresJournal, request: &str) -> String {
         .expect("the request is pending")
 }
 
+/// The call digest of `ticket`'s pending record, as `journal --awaiting`
+/// lists it for `approve --digest`.
+async fn digest_of(journal: &PostgresJournal, ticket: &str) -> String {
+    journal.awaiting(ticket).await.unwrap().expect("the ticket is recorded").call_digest().hex()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_hosts_share_one_journal_and_run_each_approval_once() {
     let Some((locator, _drop)) = Postgres::fresh_database().await else {
@@ -175,8 +181,9 @@ async fn three_hosts_share_one_journal_and_run_each_approval_once() {
         let v = json_out(&host(&h[0], &["call", "notes", "--args", &args]).output().unwrap());
         assert_eq!(v["outcome"], "awaiting", "{v}");
         let ticket = ticket_of(&journal, v["request"].as_str().unwrap()).await;
-        let b = host(&h[1], &["approve", &ticket, "--key", "approver.key"]).spawn().unwrap();
-        let c = host(&h[2], &["approve", &ticket, "--key", "approver.key"]).spawn().unwrap();
+        let digest = digest_of(&journal, &ticket).await;
+        let b = host(&h[1], &["approve", &ticket, "--key", "approver.key", "--digest", &digest]).spawn().unwrap();
+        let c = host(&h[2], &["approve", &ticket, "--key", "approver.key", "--digest", &digest]).spawn().unwrap();
         let (b, c) = (b.wait_with_output().unwrap(), c.wait_with_output().unwrap());
         let mut codes = [b.status.code(), c.status.code()];
         codes.sort();
@@ -196,9 +203,10 @@ async fn three_hosts_share_one_journal_and_run_each_approval_once() {
     //    after the lease, C settles the claim as interrupted; it never runs again.
     let v = json_out(&host(&h[0], &["call", "hostile.loop"]).output().unwrap());
     let looping = ticket_of(&journal, v["request"].as_str().unwrap()).await;
+    let looping_digest = digest_of(&journal, &looping).await;
     assert!(
         toolgate_tests::run_or_kill(
-            host(&h[1], &["approve", &looping, "--key", "approver.key"]),
+            host(&h[1], &["approve", &looping, "--key", "approver.key", "--digest", &looping_digest]),
             Duration::from_millis(900)
         )
         .is_none(),
@@ -207,7 +215,7 @@ async fn three_hosts_share_one_journal_and_run_each_approval_once() {
     assert_eq!(journal.awaiting(&looping).await.unwrap().map(|a| a.state).as_deref(), Some("claimed"));
     std::thread::sleep(Duration::from_millis(2100));
     ok(&host(&h[2], &["call", "notes", "--args", r#"{"op":"list"}"#]).output().unwrap());
-    let o = host(&h[0], &["approve", &looping, "--key", "approver.key"]).output().unwrap();
+    let o = host(&h[0], &["approve", &looping, "--key", "approver.key", "--digest", &looping_digest]).output().unwrap();
     assert_eq!(o.status.code(), Some(1), "a settled ticket is used: {}", String::from_utf8_lossy(&o.stderr));
 
     // 4. The journal equals the replay of what was acknowledged.

@@ -432,6 +432,11 @@ pub struct AwaitingRecord {
     /// a run continued under a narrower restriction is not recorded with the
     /// run, and the approval must not widen what the ask was made under.
     pub restriction: Option<String>,
+    /// Who may decide it, as when the call asked
+    /// ([`crate::approval::Approvers::to_text`]); `None`: asked before
+    /// toolgate recorded it (a migrated journal) — such an ask can be denied,
+    /// not approved.
+    pub approvers: Option<String>,
 }
 
 /// A ticket this process claimed: the only value that lets the gate treat an

@@ -240,8 +240,14 @@ const SCHEMA_V5: &str = r#"
 ALTER TABLE awaiting ADD COLUMN restriction TEXT;
 "#;
 
+/// Version 6: a ticket keeps who may decide it, as when its call asked
+/// (`NULL` for asks made before: they can be denied, not approved).
+const SCHEMA_V6: &str = r#"
+ALTER TABLE awaiting ADD COLUMN approvers TEXT;
+"#;
+
 /// Migrations in order: `user_version` N means the first N are applied.
-const MIGRATIONS: &[&str] = &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5];
+const MIGRATIONS: &[&str] = &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -418,7 +424,7 @@ fn write_step(
     apply_changes(tx, step.agent, step.tool_id, changes)?;
     if let Some(a) = awaiting {
         tx.prepare_cached(&format!(
-            "INSERT INTO awaiting ({AWAITING_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'pending', ?11)"
+            "INSERT INTO awaiting ({AWAITING_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'pending', ?11, ?12)"
         ))?
         .execute(params![
             a.ticket_id,
@@ -431,7 +437,8 @@ fn write_step(
             a.component_digest.hex(),
             a.expires_at,
             a.requested_at,
-            a.restriction
+            a.restriction,
+            a.approvers
         ])?;
     }
     Ok(seq)
@@ -600,11 +607,12 @@ fn awaiting_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AwaitingRecord> 
         requested_at: r.get::<_, Option<i64>>(9)?.unwrap_or(0),
         state: r.get(10)?,
         restriction: r.get(11)?,
+        approvers: r.get(12)?,
     })
 }
 
 const AWAITING_COLS: &str = "ticket_id, run_id, agent, call_id, tool_id, arguments, argument_digest, component_digest, \
-                             expires_at, requested_at, state, restriction";
+                             expires_at, requested_at, state, restriction, approvers";
 
 const STEP_COLS: &str = "seq, run_id, call_id, tool_id, arguments, verdict, outcome, result, captured, ticket_id, \
                          structured, approved_by, approved_via, approved_at";
@@ -777,7 +785,7 @@ impl StepStore for SqliteJournal {
                      WHERE {column} = ?1 AND tool_id = ?2 AND argument_digest = ?3
                        AND substr(run_id, 1, length(?4)) = ?4 ORDER BY rowid DESC LIMIT 1"
                 ))?
-                .query_row(params![key, tool_id, argument_digest, runs], |r| Ok((awaiting_from_row(r)?, r.get(12)?)))
+                .query_row(params![key, tool_id, argument_digest, runs], |r| Ok((awaiting_from_row(r)?, r.get(13)?)))
                 .optional()?;
             let Some((record, delivered)) = found else { return Ok(None) };
             let resolution = if record.state == "resolved" {
@@ -881,6 +889,7 @@ mod tests {
             requested_at: 1,
             state: "pending".into(),
             restriction: None,
+            approvers: None,
         }
     }
 

@@ -43,6 +43,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("V1__journal.sql"),
     include_str!("V2__ask_by_agent.sql"),
     include_str!("V3__ticket_restriction.sql"),
+    include_str!("V4__ticket_approvers.sql"),
 ];
 
 /// The schema version this build writes.
@@ -504,6 +505,7 @@ async fn steps_pipelined(pool: &Pool, batch: &[Job]) -> R<Vec<i64>> {
                     &a.expires_at,
                     &a.requested_at,
                     &a.restriction,
+                    &a.approvers,
                 ],
             ));
         }
@@ -528,7 +530,9 @@ async fn steps_pipelined(pool: &Pool, batch: &[Job]) -> R<Vec<i64>> {
 }
 
 fn insert_awaiting_sql() -> String {
-    format!("INSERT INTO awaiting ({AWAITING_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending', $11)")
+    format!(
+        "INSERT INTO awaiting ({AWAITING_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending', $11, $12)"
+    )
 }
 
 /// Apply `write` inside the caller's transaction (a savepoint).
@@ -610,6 +614,7 @@ async fn write_step(
                 &a.expires_at,
                 &a.requested_at,
                 &a.restriction,
+                &a.approvers,
             ],
         )
         .await?;
@@ -764,7 +769,7 @@ async fn deliver(c: &Tx<'_>, ticket_id: &str, step: &OwnedStep) -> R<Option<i64>
 }
 
 const AWAITING_COLS: &str = "ticket_id, run_id, agent, call_id, tool_id, arguments, argument_digest, component_digest, \
-                             expires_at, requested_at, state, restriction";
+                             expires_at, requested_at, state, restriction, approvers";
 
 const STEP_COLS: &str = "seq, run_id, call_id, tool_id, arguments, verdict, outcome, result, captured, ticket_id, \
                          structured, approved_by, approved_via, approved_at";
@@ -785,6 +790,7 @@ fn awaiting_from_row(r: &Row) -> AwaitingRecord {
         requested_at: r.get::<_, Option<i64>>(9).unwrap_or(0),
         state: r.get(10),
         restriction: r.get(11),
+        approvers: r.get(12),
     }
 }
 
@@ -917,7 +923,7 @@ impl StepStore for PostgresJournal {
             .await?;
         let Some(row) = rows.first() else { return Ok(None) };
         let record = awaiting_from_row(row);
-        let delivered: bool = row.get(12);
+        let delivered: bool = row.get(13);
         let resolution = if record.state == "resolved" {
             self.query(
                 &format!(
