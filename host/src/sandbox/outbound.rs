@@ -1436,15 +1436,24 @@ impl WasiHttpHooks for OutboundPolicy {
             // DELETE or an adapter's `tools/call` take effect while the
             // model is told it failed — and retries it. (Read on the
             // blocking pool: a source may be a file.)
+            // In flight: at most so many of this call, and of the host; more
+            // wait their turn. Taken first: the read below is a blocking job
+            // that outlives a request the guest drops, and holds them to its end.
+            let closed = || HttpError::InternalError(Some("the host is shutting down".into()));
+            let call_slot = CallSlot::acquire(&call).await.map_err(|_| closed())?;
+            let host_slot = host_slots.clone().acquire_owned().await.map_err(|_| closed())?;
             let watch = call.clone();
-            let watched = if call.watch.specs.is_empty() {
-                Ok(None)
+            let (watched, (call_slot, host_slot)) = if call.watch.specs.is_empty() {
+                (None, (call_slot, host_slot))
             } else {
-                tokio::task::spawn_blocking(move || Some(watch.watch.scanner(&watch.records))).await
+                let job = move || (Some(watch.watch.scanner(&watch.records)), (call_slot, host_slot));
+                tokio::task::spawn_blocking(job)
+                    .await
+                    .map_err(|_| HttpError::InternalError(Some("the host could not check its secrets".into())))?
             };
             match watched {
-                Ok(None | Some(Watched::Complete(_))) => {}
-                Ok(Some(Watched::Unvouched { credentials, .. })) => {
+                None | Some(Watched::Complete(_)) => {}
+                Some(Watched::Unvouched { credentials, .. }) => {
                     records.quoting(|q| {
                         format!(
                             "request to {} not sent: the host cannot check its response for {}",
@@ -1458,7 +1467,6 @@ impl WasiHttpHooks for OutboundPolicy {
                         credentials.names()
                     ))));
                 }
-                Err(_) => return Err(HttpError::InternalError(Some("the host could not check its secrets".into()))),
             }
             if let Some((spec, secret)) = &credential {
                 apply(&mut request, spec, secret)?;
@@ -1466,10 +1474,6 @@ impl WasiHttpHooks for OutboundPolicy {
                 call.watch.sent(spec, secret);
             }
             drop(credential);
-            // In flight: at most so many of this call, and of the host; more wait their turn.
-            let closed = || HttpError::InternalError(Some("the host is shutting down".into()));
-            let call_slot = CallSlot::acquire(&call).await.map_err(|_| closed())?;
-            let host_slot = host_slots.clone().acquire_owned().await.map_err(|_| closed())?;
             let cap = |t: Option<Duration>| Some(t.map_or(limits.timeout, |t| t.min(limits.timeout)));
             let options = RequestOptions {
                 connect_timeout: cap(options.and_then(|o| o.connect_timeout)),
