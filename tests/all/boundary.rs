@@ -674,6 +674,78 @@ apply = { header = { name = "Authorization" } }
     assert!(host_records(&w.host).await.iter().any(|r| r.contains("credential `spaced`")));
 }
 
+/// Invariant 13 end to end for encodings the check once passed: UTF-16
+/// text mostly beyond Latin (PowerShell's `>` of a Cyrillic report) holding
+/// `Basic <base64>`, a secret's letters beyond ASCII as `htmlentities`
+/// writes them or upper-cased, escapes upper-cased after they were written,
+/// and a secret file saved with a byte order mark. Each file is refused and
+/// each response withheld, naming the credential; the request carried the
+/// secret without the mark.
+#[tokio::test]
+async fn text_in_utf16_named_references_changed_case_and_a_marked_secret_are_kept_from_the_guest() {
+    const ACCENTED: &str = "caf\u{e9}-s3cr3t-\u{fc}ber";
+    const MARKED: &str = "tok-m4rk3d-0123456789";
+    let extra = r#"
+[credentials.accented]
+source = { file = "accented.secret" }
+destinations = ["https://accented.example:443"]
+apply = { header = { name = "Authorization", format = "Bearer {}" } }
+
+[credentials.marked]
+source = { file = "marked.secret" }
+destinations = ["https://marked.example:443"]
+apply = { basic = { username = "bot" } }
+"#;
+    let w = world_with_credentials("", "", extra);
+    use base64::Engine as _;
+    use std::os::unix::fs::PermissionsExt as _;
+    for (name, stored) in [("accented", format!("{ACCENTED}\n")), ("marked", format!("\u{feff}{MARKED}\r\n"))] {
+        let path = w.host.dir.path().join(format!("{name}.secret"));
+        std::fs::write(&path, stored).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let prose = "\u{41e}\u{442}\u{447}\u{451}\u{442} \u{43e} \u{432}\u{44b}\u{43f}\u{43e}\u{43b}\u{43d}\u{435}\u{43d}\u{438}\u{438} \u{437}\u{430}\u{434}\u{430}\u{43d}\u{438}\u{44f}. "
+        .repeat(8);
+    let utf16le = |text: &str| -> Vec<u8> {
+        [0xFF, 0xFE].into_iter().chain(text.encode_utf16().flat_map(u16::to_le_bytes)).collect()
+    };
+    let upper_json_u = |s: &str| -> String { s.encode_utf16().map(|u| format!("\\U{u:04X}")).collect() };
+    let data = w.host.dir.path().join("data");
+    for (file, content, credential) in [
+        (
+            "report.txt",
+            utf16le(&format!("{prose}\r\n\"auth\":\"Basic {}\"\r\n{prose}", b64(&format!("u:{SECRET}")))),
+            "tracker",
+        ),
+        ("page.html", b"<p>caf&eacute;-s3cr3t-&uuml;ber</p>".to_vec(), "accented"),
+        ("shout.txt", "CAF\u{c9}-S3CR3T-\u{dc}BER".as_bytes().to_vec(), "accented"),
+        ("log.json", format!("{{\"ECHO\":\"{}\"}}", upper_json_u(SECRET)).into_bytes(), "tracker"),
+        ("marked.txt", format!("token = {}\n", b64(MARKED)).into_bytes(), "marked"),
+    ] {
+        std::fs::write(data.join(file), &content).unwrap();
+        let seen = thief(&w.host, json!({"op": "read", "target": format!("/data/{file}")})).await;
+        assert!(seen.starts_with("err: ") && seen.contains("ermission denied"), "{file}: {seen}");
+        let records = host_records(&w.host).await;
+        assert!(records.iter().any(|r| r.contains(&format!("credential `{credential}`"))), "{file}: {records:?}");
+    }
+    for (value, credential) in [
+        ("caf&Eacute;-s3cr3t-&Uuml;ber".to_owned(), "accented"),
+        (upper_json_u(SECRET).replace('\\', "%5C"), "tracker"),
+        (format!("Basic {}", b64(&format!("bot:{MARKED}"))), "marked"),
+    ] {
+        let headers = json!([["x-relay", value]]);
+        let seen = thief(&w.host, json!({"op": "http", "target": w.api.url("/echo"), "headers": headers})).await;
+        assert!(seen.contains("withheld"), "{value}: {seen}");
+        assert!(host_records(&w.host).await.iter().any(|r| r.contains(&format!("credential `{credential}`"))));
+    }
+    // The same text without a secret (and without the mark, which the
+    // Tool's UTF-8 read would refuse) reads whole.
+    std::fs::write(data.join("clean.txt"), &utf16le(&prose)[2..]).unwrap();
+    let seen = thief(&w.host, json!({"op": "read", "target": "/data/clean.txt"})).await;
+    assert!(seen.starts_with("ok: "), "{seen}");
+}
+
 /// Invariants 7 and 13, the Tool's output: a secret the Tool got some other
 /// way (here an environment variable an operator set to the same value) is
 /// withheld from everything the call hands the journal and the model — its

@@ -211,6 +211,9 @@ impl CredentialSpec {
         while value.last().is_some_and(|b| matches!(b, b'\n' | b'\r')) {
             value.pop();
         }
+        if value.starts_with(BOM.as_bytes()) {
+            value.drain(..BOM.len());
+        }
         // Blank is no value to look for: the real secret is elsewhere, and
         // the host cannot check for it (a client passing `GITHUB_TOKEN=""`).
         if value.trim_ascii().is_empty() {
@@ -257,7 +260,7 @@ impl CredentialSpec {
             })?,
             Source::File(path) => read_owner_only(path).map_err(unavailable)?,
         };
-        let value = value.trim_end_matches(['\n', '\r']).to_owned();
+        let value = without_bom(value.trim_end_matches(['\n', '\r'])).to_owned();
         if value.len() < MIN_SECRET {
             // Too short to tell apart from ordinary response text: it could not be checked.
             return Err(unavailable(format!(
@@ -280,7 +283,19 @@ pub fn read_source(source: &Source) -> Result<String, String> {
         }
         Source::File(path) => read_owner_only(path)?,
     };
-    Ok(value.trim_end_matches(['\n', '\r']).to_owned())
+    Ok(without_bom(value.trim_end_matches(['\n', '\r'])).to_owned())
+}
+
+/// A UTF-8 byte order mark, which Notepad and PowerShell (`Out-File`,
+/// `Set-Content -Encoding utf8` before 6.0) put at the start of a file.
+const BOM: &str = "\u{feff}";
+
+/// `value` without a byte order mark at its start: it is no part of the
+/// secret, and is dropped alike where a secret is read to be sent
+/// ([`CredentialSpec::materialize`], [`read_source`]) and to be watched for
+/// ([`CredentialSpec::read_to_check`]), so what is sent is what is watched.
+fn without_bom(value: &str) -> &str {
+    value.strip_prefix(BOM).unwrap_or(value)
 }
 
 /// The shortest secret toolgate applies: shorter ones cannot be told apart
@@ -455,6 +470,33 @@ mod tests {
         assert_eq!(c.read_to_check().unwrap().expose(), b"k3y-\xff-v4lue");
         let c = spec(Apply::Query { param: "k".into() }, Source::Env("TOOLGATE_TEST_UNSET_VAR".into()));
         assert!(c.read_to_check().unwrap_err().to_string().contains("not set"));
+    }
+
+    /// A secret file saved with a UTF-8 byte order mark (Notepad,
+    /// PowerShell's `Out-File`) is sent and watched without it, alike.
+    #[cfg(unix)]
+    #[test]
+    fn a_byte_order_mark_is_no_part_of_the_secret_sent_or_watched() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("s");
+        for content in ["\u{feff}v3ry-s3cret", "\u{feff}v3ry-s3cret\r\n", "\u{feff}v3ry-s3cret\n"] {
+            std::fs::write(&f, content).unwrap();
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+            for apply in [Apply::Query { param: "k".into() }, Apply::Basic { username: "u".into() }] {
+                let c = spec(apply, Source::File(f.clone()));
+                assert_eq!(c.materialize("http", "127.0.0.1", 8080).unwrap().expose(), "v3ry-s3cret", "{content:?}");
+                assert_eq!(c.read_to_check().unwrap().expose(), b"v3ry-s3cret", "{content:?}");
+            }
+            assert_eq!(read_source(&Source::File(f.clone())).unwrap(), "v3ry-s3cret", "{content:?}");
+        }
+        // A mark alone is an empty file.
+        std::fs::write(&f, "\u{feff}\n").unwrap();
+        let c = spec(Apply::Query { param: "k".into() }, Source::File(f.clone()));
+        assert!(c.read_to_check().unwrap_err().to_string().contains("is empty"));
+        // A mark inside the secret is the secret's.
+        std::fs::write(&f, "v3ry-\u{feff}s3cret").unwrap();
+        assert_eq!(c.read_to_check().unwrap().expose(), "v3ry-\u{feff}s3cret".as_bytes());
     }
 
     /// A source that is unset, missing or blank has no value to watch for:

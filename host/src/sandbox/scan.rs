@@ -3,11 +3,13 @@
 //!
 //! Owns the check behind DESIGN.md invariant 13. A secret is watched for
 //! in each value a destination may read as the credential
-//! ([`watched_values`]): as stored, trimmed of blanks, and each long
-//! enough word of it (the token of a stored `Bearer …`). For every value
-//! it builds *needles*, the value as an encoder would write it: raw (in any ASCII
-//! letter case, for secrets of [`MIN_SECRET`] bytes or more: servers
-//! normalize ids), and in Latin-1 when every character fits a byte;
+//! ([`watched_values`]): as stored, without a byte order mark, trimmed of
+//! blanks, and each long enough word of it (the token of a stored
+//! `Bearer …`). For every value it builds *needles*, the value as an
+//! encoder would write it: raw (in any ASCII letter case, for secrets of
+//! [`MIN_SECRET`] bytes or more: servers normalize ids; its letters beyond
+//! ASCII lower-, upper-cased and mixed, [`case_variants`]), and in Latin-1
+//! and Windows-1252 when every character fits a byte there;
 //! base64 and base64url at each of the three byte alignments (so a secret
 //! inside a larger value encoded whole, like `user:pass` or `Bearer …`, is
 //! found; padding does not matter), and base64 of that base64; base32; hex
@@ -26,12 +28,15 @@
 //!   `\uXXXX` and `\u{H…}` with surrogate pairs, `\xHH`, octal `\163`;
 //!   any ASCII punctuation or blank escaped, as Markdown, `re.escape` and
 //!   JavaScript write it; a line continuation, `\` before a line break),
-//!   HTML/XML character references (named ones in either documented case,
-//!   the legacy names without `;`), percent-encoding (with and without `+`
-//!   as a space, and JavaScript's `%uXXXX`), quoted-printable;
+//!   HTML/XML character references (every HTML5 named one, the legacy
+//!   names without `;`: [`named_at`]), percent-encoding (with and without
+//!   `+` as a space, and JavaScript's `%uXXXX`), quoted-printable;
 //! - every kind undone at once, repeatedly (up to [`MAX_PASSES`] times):
 //!   escapes inside escapes, such as percent-encoding twice or an HTML
 //!   reference inside a JSON escape (`\u0026#x2F;`), each pass scanned;
+//! - the same with the data lower-cased first, if it holds an escape
+//!   upper-cased after it was written (`\U002B`, `&SOL;`:
+//!   [`SecretScanner::find_case_changed`]);
 //! - as sent and after each repeated pass, with line breaks and blanks
 //!   removed (base64 wrapped at 64 or 76 columns, PEM, blanks put into the
 //!   secret on one line), and with a list of hex byte values joined into
@@ -51,7 +56,10 @@
 //!   own, rather than passed unread. What the view holds is bounded too: a
 //!   run is decoded a [`WINDOW`] at a time, the windows overlapping by
 //!   whatever a form can span, so a few windows a depth whatever the
-//!   data's size.
+//!   data's size;
+//! - UTF-16 narrowed ([`narrow_utf16`]): each run of its ASCII and Latin-1
+//!   characters, in either byte order, written as single bytes, with
+//!   every view above, whatever else the text holds.
 //!
 //! A view with blanks is searched once, blanks removed, with every needle,
 //! and once as it is with the few needles that hold a blank (or end in the
@@ -63,8 +71,9 @@
 //!
 //! What it cannot find is written down in SECURITY.md ("Known limits"): a
 //! secret split across responses, reversed, encrypted, hashed, compressed
-//! inside a field, in an encoding not listed, or escaped inside base64
-//! nested deeper than [`MAX_BASE64_DEPTH`].
+//! inside a field, in an encoding not listed, escaped inside base64
+//! nested deeper than [`MAX_BASE64_DEPTH`], or in base64 whose letters
+//! changed case.
 //!
 //! Architecture invariant: a finding names the credential, the encoding and
 //! the view — never the secret. Secrets shorter than [`MIN_SECRET`] bytes
@@ -73,6 +82,8 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+
+mod html_names;
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind, packed};
 use base64::Engine as _;
@@ -143,7 +154,8 @@ pub const MAX_PASSES: usize = 4;
 pub struct Finding {
     /// The credential's name.
     pub credential: String,
-    /// How the secret was encoded: `raw`, `raw, blanks removed`, `Latin-1`, `base64`,
+    /// How the secret was encoded: `raw`, `raw, blanks removed`, `raw,
+    /// letters in another case`, `Latin-1`, `Windows-1252`, `base64`,
     /// `base64url`, `base64 twice`, `base32`, `hex`, `hex with separators`,
     /// `byte list`, `UTF-16`, and `base64 of UTF-16` (and so on for
     /// base64url, base32, hex, hex with separators).
@@ -202,8 +214,9 @@ pub struct SecretScanner {
 
 /// The bytes a form of one of `secrets` can be written with: every ASCII
 /// byte (the escapes, encodings, blanks, lists and dumps the views read are
-/// ASCII), and each secret's other bytes as UTF-8, Latin-1 and UTF-16 in
-/// either byte order (the forms that write the secret's own characters).
+/// ASCII), and each secret's other characters, in either letter case, as
+/// UTF-8, Latin-1, Windows-1252 and UTF-16 in either byte order (the forms
+/// that write the secret's own characters).
 /// A form found in any view is a run of these bytes in the data: the
 /// base64 view leaves out the rest of what it decodes, which for base64 of
 /// binary (an image, the three wrong offsets of any run) is most of it.
@@ -215,13 +228,20 @@ fn form_bytes(secrets: &[(String, Vec<u8>)]) -> [bool; 256] {
     let mut mark = |b: u8| table[usize::from(b)] = true;
     for (_, stored) in secrets {
         stored.iter().copied().for_each(&mut mark);
-        for c in String::from_utf8_lossy(stored).chars() {
-            if let Ok(b) = u8::try_from(u32::from(c)) {
-                mark(b);
-            }
-            let mut units = [0u16; 2];
-            for u in c.encode_utf16(&mut units) {
-                u.to_le_bytes().into_iter().for_each(&mut mark);
+        for own in String::from_utf8_lossy(stored).chars() {
+            for c in std::iter::once(own).chain(own.to_lowercase()).chain(own.to_uppercase()) {
+                let mut utf8 = [0u8; 4];
+                c.encode_utf8(&mut utf8).bytes().for_each(&mut mark);
+                if let Ok(b) = u8::try_from(u32::from(c)) {
+                    mark(b);
+                }
+                if let Some(b) = cp1252_byte(c) {
+                    mark(b);
+                }
+                let mut units = [0u16; 2];
+                for u in c.encode_utf16(&mut units) {
+                    u.to_le_bytes().into_iter().for_each(&mut mark);
+                }
             }
         }
     }
@@ -482,16 +502,22 @@ impl Needles {
 /// and to every encoder after it); and each whitespace-separated word of
 /// at least [`MIN_SECRET`] bytes (a file holding `Bearer s3cr3t…`,
 /// applied with the format `{}`, carries a token the server reads as the
-/// word after its scheme). Each gets every needle. A value that is all
-/// whitespace is no secret: nothing is watched for it.
+/// word after its scheme). A UTF-8 byte order mark at its start (a file
+/// saved by Notepad or PowerShell) is no part of the secret: the value
+/// without it is watched too (the credentials layer sends it without).
+/// Each gets every needle. A value that is all whitespace is no secret:
+/// nothing is watched for it.
 fn watched_values(stored: &[u8]) -> Vec<&[u8]> {
-    let trimmed = stored.trim_ascii();
+    let unmarked = stored.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(stored);
+    let trimmed = unmarked.trim_ascii();
     if trimmed.is_empty() {
         return Vec::new();
     }
     let mut values = vec![stored];
-    if trimmed.len() < stored.len() {
-        values.push(trimmed);
+    for v in [unmarked, trimmed] {
+        if !values.contains(&v) {
+            values.push(v);
+        }
     }
     for word in trimmed.split(u8::is_ascii_whitespace) {
         if word.len() >= MIN_SECRET && word.len() < trimmed.len() && !values.contains(&word) {
@@ -514,16 +540,24 @@ fn add_needles(secret: &[u8], i: usize, exact: &mut Needles, folded: &mut Needle
     // Folded needles are kept in lower case and searched for in the
     // data lower-cased.
     folded.add(secret.to_ascii_lowercase(), i, "raw");
-    // In Latin-1, if every character fits a byte and some are not
-    // ASCII: a server answering in ISO-8859-1, and JavaScript's
-    // `\xHH` and octal escapes, which stand for characters (the
-    // views decode them as bytes, as C and Python write them).
+    // A secret with letters beyond ASCII: in UTF-8 with those letters in
+    // another case too (`É` for `é`: ASCII case is folded by searching the
+    // data lower-cased, theirs is not), and in each case in Latin-1 and in
+    // Windows-1252, where every character fits a byte: a server answering
+    // in ISO-8859-1 or cp1252 (`€` is 0x80 there, `–` 0x96, `’` 0x92), and
+    // JavaScript's `\xHH` and octal escapes, which stand for characters
+    // (the views decode them as bytes, as C and Python write them).
     if let Ok(text) = std::str::from_utf8(secret)
         && !text.is_ascii()
-        && let Ok(latin1) = text.chars().map(|c| u8::try_from(u32::from(c))).collect::<Result<Vec<u8>, _>>()
-        && latin1.len() >= MIN_SECRET
     {
-        folded.add(latin1.to_ascii_lowercase(), i, "Latin-1");
+        for variant in case_variants(text) {
+            folded.add(variant.to_ascii_lowercase().into_bytes(), i, "raw, letters in another case");
+            for (encoded, form) in [(latin1(&variant), "Latin-1"), (windows_1252(&variant), "Windows-1252")] {
+                if let Some(bytes) = encoded.filter(|b| b.len() >= MIN_SECRET) {
+                    folded.add(bytes.to_ascii_lowercase(), i, form);
+                }
+            }
+        }
     }
     // A secret with blanks of its own, as the view that removes
     // blanks leaves it (more blanks put into it).
@@ -568,6 +602,72 @@ fn add_needles(secret: &[u8], i: usize, exact: &mut Needles, folded: &mut Needle
             exact.add(wide, i, "UTF-16");
         }
     }
+}
+
+/// `text` (first) and its spellings with the letters beyond ASCII in
+/// another case: all lower, all upper, and, for up to three such letters,
+/// each mix of the two (a server upper-casing part of a value). ASCII
+/// letters are left: the search folds their case.
+fn case_variants(text: &str) -> Vec<String> {
+    let cased: Vec<char> = text.chars().filter(|c| !c.is_ascii() && (c.is_lowercase() || c.is_uppercase())).collect();
+    let mut variants = vec![text.to_owned()];
+    let mut push = |v: String| {
+        if !variants.contains(&v) {
+            variants.push(v);
+        }
+    };
+    let spell = |upper: &dyn Fn(usize) -> bool| {
+        let mut k = 0;
+        let mut out = String::with_capacity(text.len());
+        for c in text.chars() {
+            if c.is_ascii() || !(c.is_lowercase() || c.is_uppercase()) {
+                out.push(c);
+                continue;
+            }
+            if upper(k) {
+                out.extend(c.to_uppercase());
+            } else {
+                out.extend(c.to_lowercase());
+            }
+            k += 1;
+        }
+        out
+    };
+    push(spell(&|_| false));
+    push(spell(&|_| true));
+    if cased.len() <= 3 {
+        for mask in 0..1usize << cased.len() {
+            push(spell(&|k| mask >> k & 1 == 1));
+        }
+    }
+    variants
+}
+
+/// `text` in Latin-1, if every character fits a byte.
+fn latin1(text: &str) -> Option<Vec<u8>> {
+    text.chars().map(|c| u8::try_from(u32::from(c)).ok()).collect()
+}
+
+/// The characters Windows-1252 writes as 0x80 to 0x9F (the five it leaves
+/// undefined as the C1 controls, as WHATWG's decoder reads them).
+const CP1252_HIGH: [char; 32] = [
+    '\u{20ac}', '\u{81}', '\u{201a}', '\u{192}', '\u{201e}', '\u{2026}', '\u{2020}', '\u{2021}', '\u{2c6}', '\u{2030}',
+    '\u{160}', '\u{2039}', '\u{152}', '\u{8d}', '\u{17d}', '\u{8f}', '\u{90}', '\u{2018}', '\u{2019}', '\u{201c}',
+    '\u{201d}', '\u{2022}', '\u{2013}', '\u{2014}', '\u{2dc}', '\u{2122}', '\u{161}', '\u{203a}', '\u{153}', '\u{9d}',
+    '\u{17e}', '\u{178}',
+];
+
+/// The Windows-1252 byte of `c`, if it has one.
+fn cp1252_byte(c: char) -> Option<u8> {
+    match u32::from(c) {
+        0..=0x7F | 0xA0..=0xFF => u8::try_from(u32::from(c)).ok(),
+        _ => CP1252_HIGH.iter().position(|&h| h == c).and_then(|p| u8::try_from(0x80 + p).ok()),
+    }
+}
+
+/// `text` in Windows-1252, if every character has a byte there.
+fn windows_1252(text: &str) -> Option<Vec<u8>> {
+    text.chars().map(cp1252_byte).collect()
 }
 
 impl SecretScanner {
@@ -666,9 +766,17 @@ impl SecretScanner {
         if saw_plus && let Some(f) = self.find_repeated(data, true, &mut saw_plus, &mut None) {
             return Some(f);
         }
-        // Text in UTF-16: with its zero bytes gone, ASCII is ASCII again
-        // and every view applies (a secret's base64 or hex written in UTF-16).
-        let narrowed = narrowed_utf16(data)?;
+        if let Some(f) = self.find_case_changed(data) {
+            return Some(f);
+        }
+        // Text in UTF-16: its runs of ASCII, narrowed, are ASCII again and
+        // every view applies (a secret's base64, hex or escapes written in
+        // UTF-16, whatever else the text holds).
+        memchr::memchr(0, data)?;
+        let mut narrowed = Vec::new();
+        if !narrow_utf16(data, self.needle_shortest, self.separator, &mut narrowed) {
+            return None;
+        }
         self.find_with(&narrowed, budget).map(|f| Finding { view: "UTF-16 narrowed", ..f })
     }
 
@@ -824,9 +932,8 @@ impl SecretScanner {
 
     /// Each run of form bytes in `piece` (what one run decoded to at one
     /// offset) long enough to hold a needle, appended to `kept`, and, if it
-    /// is UTF-16 text, narrowed to `narrowed` (other runs beside it would
-    /// hide its zero bytes from the narrowed view); each followed by the
-    /// separator, so no form is made of two runs.
+    /// holds UTF-16 text, its runs narrowed to `narrowed` ([`narrow_utf16`]);
+    /// each followed by the separator, so no form is made of two runs.
     fn keep_forms(&self, piece: &[u8], kept: &mut Vec<u8>, narrowed: &mut Vec<u8>) {
         let min = self.needle_shortest;
         let form = |i: usize| piece.get(i).is_some_and(|&b| self.form_bytes[usize::from(b)]);
@@ -850,10 +957,7 @@ impl SecretScanner {
             if let Some(run) = piece.get(start..end).filter(|r| r.len() >= min) {
                 kept.extend_from_slice(run);
                 kept.push(self.separator);
-                if let Some(n) = narrowed_utf16(run) {
-                    narrowed.extend_from_slice(&n);
-                    narrowed.push(self.separator);
-                }
+                narrow_utf16(run, min, self.separator, narrowed);
             }
             i = end + 1;
         }
@@ -896,6 +1000,32 @@ impl SecretScanner {
         }
         if let Cow::Owned(view) = current {
             *last = Some(view);
+        }
+        None
+    }
+
+    /// The view of an escape whose letters changed case after it was
+    /// written (a gateway or logger upper-casing a body turns `\u002b`
+    /// into `\U002B`, `&sol;` into `&SOL;`): `data` lower-cased (ASCII),
+    /// then every kind undone at once, pass after pass, named references
+    /// read in any case ([`named_at`]); each pass searched with every
+    /// needle (the case-insensitive ones are the point: the secret's
+    /// letters changed case too). Only when `data` holds such an escape
+    /// ([`case_changed_escape`]). Base64 upper-cased lost its case, and is
+    /// not read (SECURITY.md, Known limits).
+    fn find_case_changed(&self, data: &[u8]) -> Option<Finding> {
+        if !case_changed_escape(data) {
+            return None;
+        }
+        let mut current = data.to_vec();
+        current.make_ascii_lowercase();
+        let kinds = Kinds { any_case: true, ..ALL };
+        for _ in 0..MAX_PASSES {
+            let next = unescape(&current, kinds)?;
+            if let Some(f) = self.find_joined(&next, &LOWERED_REPEATEDLY) {
+                return Some(f);
+            }
+            current = next;
         }
         None
     }
@@ -1086,6 +1216,32 @@ const FORM_DECODED_REPEATEDLY: Stage = Stage {
     chars: "form-decoded repeatedly, character list joined",
 };
 
+const LOWERED_REPEATEDLY: Stage = Stage {
+    name: "lower-cased, decoded repeatedly",
+    unwrapped: "lower-cased, decoded repeatedly, blanks removed",
+    list: "lower-cased, decoded repeatedly, hex list joined",
+    dump: "lower-cased, decoded repeatedly, dump joined",
+    dump_hex: "lower-cased, decoded repeatedly, dump's hex decoded",
+    chars: "lower-cased, decoded repeatedly, character list joined",
+};
+
+/// Whether `data` holds an escape whose letters are upper case where its
+/// encoder writes lower case, that only the lower-cased view decodes: `\U`
+/// or `\X` (`\U002B`, and so inside percent-encoding, `%5CU`), or an `&`
+/// before an upper-case letter that starts no name the table has in that
+/// case (`&SOL;`, `&EACUTE;`; `&AMP;` and `&Eacute;` are read as they are).
+fn case_changed_escape(data: &[u8]) -> bool {
+    let upper_after = |at: usize| matches!(data.get(at), Some(b'U' | b'X'));
+    memchr::memchr3_iter(b'\\', b'&', b'%', data).any(|at| match data.get(at) {
+        Some(b'\\') => upper_after(at + 1),
+        Some(b'%') => matches!(data.get(at + 1..at + 3), Some(b"5C" | b"5c")) && upper_after(at + 3),
+        _ => {
+            let rest = data.get(at + 1..).unwrap_or_default();
+            rest.first().is_some_and(u8::is_ascii_uppercase) && named_at(rest, false).is_none()
+        }
+    })
+}
+
 /// What the base64 view may still decode in one check, and what it did.
 struct Base64Budget {
     /// Bytes it may still decode, over every run at every depth.
@@ -1207,12 +1363,51 @@ impl SeenRuns {
     }
 }
 
-/// `data` without its zero bytes, if at least a quarter of it is zeros:
-/// UTF-16 text of ASCII, read as ASCII again.
-fn narrowed_utf16(data: &[u8]) -> Option<Vec<u8>> {
-    memchr::memchr(0, data)?;
-    let zeros = memchr::memchr_iter(0, data).count();
-    (zeros * 4 >= data.len()).then(|| data.iter().copied().filter(|&b| b != 0).collect())
+/// The text of UTF-16 in `data`, as single bytes: each run of 16-bit units
+/// whose high byte is zero (ASCII and Latin-1 characters), in either byte
+/// order and at either alignment, of at least `min` characters, appended
+/// to `out` as its low bytes, each run followed by `separator` (so no form
+/// is made of two runs). No byte order mark or charset is needed, and the
+/// rest of the text may be anything: Cyrillic or CJK prose written by
+/// PowerShell's `>`, `bcp -w` or .NET around a header or a URL is read for
+/// those. A run is a stretch where zero and other bytes alternate one by
+/// one: its other bytes are the characters of both readings (little-endian
+/// pairs `x 0`, big-endian `0 x`), and at most one byte either end that
+/// belongs to the character beside the run. Found from the zero bytes
+/// (memchr), so data with few costs little; what it appends is less than
+/// `data`'s length. Whether it appended anything.
+fn narrow_utf16(data: &[u8], min: usize, separator: u8, out: &mut Vec<u8>) -> bool {
+    let min = min.max(2);
+    let before = out.len();
+    let nonzero = |i: usize| data.get(i).is_some_and(|&b| b != 0);
+    let emit = |first: usize, last: usize, out: &mut Vec<u8>| {
+        // Zeros at `first`, `first + 2`, …, `last`, a character between each two.
+        let lead = first.checked_sub(1).filter(|&i| nonzero(i));
+        let tail = Some(last + 1).filter(|&i| nonzero(i));
+        let chars = (last - first) / 2 + usize::from(lead.is_some()) + usize::from(tail.is_some());
+        if chars < min {
+            return;
+        }
+        out.extend(lead.and_then(|i| data.get(i)));
+        out.extend(data.get(first + 1..last).unwrap_or_default().iter().step_by(2));
+        out.extend(tail.and_then(|i| data.get(i)));
+        out.push(separator);
+    };
+    let mut run: Option<(usize, usize)> = None;
+    for z in memchr::memchr_iter(0, data) {
+        run = match run {
+            Some((first, last)) if z == last + 2 && nonzero(last + 1) => Some((first, z)),
+            Some((first, last)) => {
+                emit(first, last, out);
+                Some((z, z))
+            }
+            None => Some((z, z)),
+        };
+    }
+    if let Some((first, last)) = run {
+        emit(first, last, out);
+    }
+    out.len() > before
 }
 
 /// [`BASE64_VALUE`] of a line break and of a blank (space, tab). A run goes
@@ -1600,9 +1795,13 @@ struct Kinds {
     percent: bool,
     plus: bool,
     quoted_printable: bool,
+    /// Named references in any letter case (data lower-cased first:
+    /// [`SecretScanner::find_case_changed`]).
+    any_case: bool,
 }
 
-const NONE: Kinds = Kinds { backslash: false, html: false, percent: false, plus: false, quoted_printable: false };
+const NONE: Kinds =
+    Kinds { backslash: false, html: false, percent: false, plus: false, quoted_printable: false, any_case: false };
 /// The kinds undone together, repeatedly. Quoted-printable is not among
 /// them: `=` followed by two hex digits is everyday text in URLs
 /// (`?key=de…`), and undoing it would break the secret that follows.
@@ -1654,7 +1853,7 @@ fn unescape(data: &[u8], kinds: Kinds) -> Option<Vec<u8>> {
         let rest = &data[i..];
         let used = match rest[0] {
             b'\\' => backslash_at(rest, &mut out),
-            b'&' => reference_at(rest, &mut out),
+            b'&' => reference_at(rest, kinds.any_case, &mut out),
             b'%' => percent_at(rest, &mut out),
             b'=' => quoted_printable_at(rest, &mut out),
             _ => {
@@ -1803,65 +2002,64 @@ fn backslash_at(s: &[u8], out: &mut Vec<u8>) -> Option<usize> {
     Some(2)
 }
 
-/// HTML5 named references for ASCII punctuation, plus the XML five.
-const NAMED: &[(&str, u8)] = &[
-    ("amp", b'&'),
-    ("AMP", b'&'),
-    ("lt", b'<'),
-    ("LT", b'<'),
-    ("gt", b'>'),
-    ("GT", b'>'),
-    ("quot", b'"'),
-    ("QUOT", b'"'),
-    ("apos", b'\''),
-    ("excl", b'!'),
-    ("num", b'#'),
-    ("dollar", b'$'),
-    ("percnt", b'%'),
-    ("lpar", b'('),
-    ("rpar", b')'),
-    ("ast", b'*'),
-    ("midast", b'*'),
-    ("plus", b'+'),
-    ("comma", b','),
-    ("period", b'.'),
-    ("sol", b'/'),
-    ("colon", b':'),
-    ("semi", b';'),
-    ("equals", b'='),
-    ("quest", b'?'),
-    ("commat", b'@'),
-    ("lsqb", b'['),
-    ("lbrack", b'['),
-    ("bsol", b'\\'),
-    ("rsqb", b']'),
-    ("rbrack", b']'),
-    ("Hat", b'^'),
-    ("lowbar", b'_'),
-    ("UnderBar", b'_'),
-    ("grave", b'`'),
-    ("DiacriticalGrave", b'`'),
-    ("lcub", b'{'),
-    ("lbrace", b'{'),
-    ("verbar", b'|'),
-    ("vert", b'|'),
-    ("VerticalLine", b'|'),
-    ("rcub", b'}'),
-    ("rbrace", b'}'),
-    ("tilde", b'~'),
-    ("nbsp", b' '),
-    ("Tab", b'\t'),
-    ("NewLine", b'\n'),
-];
+/// The characters the named reference at the start of `rest` (what follows
+/// an `&`) stands for, and the bytes of its name (its `;` included): any of
+/// the HTML5 named character references ([`html_names`], the WHATWG table:
+/// `&eacute;`, `&euro;`, `&sol;`, `&NewLine;`), the longest name with its
+/// `;`, else the longest legacy name, read without one (`&eacute`, `&ampx`
+/// is `&x`), as browsers read them. Names are case-sensitive, except with
+/// `any_case` (the view of data lower-cased: `&sol;` there may have been
+/// `&SOL;`, and `&hat;` `&Hat;`); there a name the table spells in both
+/// cases is read as its lower-case one.
+fn named_at(rest: &[u8], any_case: bool) -> Option<(&'static str, usize)> {
+    let len = rest.iter().take(html_names::LONGEST).take_while(|b| b.is_ascii_alphanumeric()).count();
+    if len == 0 {
+        return None;
+    }
+    let lookup = |name: &[u8]| if any_case { named_any_case(name) } else { named_exact(name) };
+    if rest.get(len) == Some(&b';')
+        && let Some(chars) = rest.get(..=len).and_then(lookup)
+    {
+        return Some((chars, len + 1));
+    }
+    // Legacy names are at most 6 bytes.
+    (2..=len.min(6)).rev().find_map(|n| rest.get(..n).and_then(lookup).map(|chars| (chars, n)))
+}
 
-/// The names above that HTML5 also reads without their `;` (its legacy
-/// list, ASCII part): `&ampx` is `&x`.
-const LEGACY: &[&str] = &["amp", "AMP", "lt", "LT", "gt", "GT", "quot", "QUOT", "nbsp"];
+/// The characters of `name` (its `;` included, if it has one) in the table.
+fn named_exact(name: &[u8]) -> Option<&'static str> {
+    let at = html_names::NAMES.binary_search_by(|(n, _)| n.as_bytes().cmp(name)).ok()?;
+    html_names::NAMES.get(at).map(|&(_, chars)| chars)
+}
 
-/// A character reference at the start of `s` (`&#NN;`, `&#xHH;` — the `;`
-/// optional, as browsers accept — or a named one above, the legacy ones
-/// with or without `;`).
-fn reference_at(s: &[u8], out: &mut Vec<u8>) -> Option<usize> {
+/// [`named_exact`] whatever the letter case of `name` (its lower-case
+/// spelling's characters where the table has one).
+fn named_any_case(name: &[u8]) -> Option<&'static str> {
+    static FOLDED: std::sync::OnceLock<HashMap<Vec<u8>, &'static str>> = std::sync::OnceLock::new();
+    let table = FOLDED.get_or_init(|| {
+        let mut table = HashMap::with_capacity(html_names::NAMES.len());
+        for &(n, chars) in html_names::NAMES {
+            let lower = n.to_ascii_lowercase().into_bytes();
+            if lower == n.as_bytes() {
+                table.insert(lower, chars);
+            } else {
+                table.entry(lower).or_insert(chars);
+            }
+        }
+        table
+    });
+    let mut buf = [0u8; html_names::LONGEST];
+    let lowered = buf.get_mut(..name.len())?;
+    lowered.copy_from_slice(name);
+    lowered.make_ascii_lowercase();
+    table.get(&*lowered).copied()
+}
+
+/// A character reference at the start of `s`: `&#NN;` or `&#xHH;` (the
+/// `;` optional, as browsers accept), or a named one ([`named_at`]). A
+/// no-break space (`&nbsp;`) is read as a space: an encoder writes the
+/// secret's blank so.
+fn reference_at(s: &[u8], any_case: bool, out: &mut Vec<u8>) -> Option<usize> {
     let rest = s.get(1..)?;
     if rest.first() == Some(&b'#') {
         let (radix, start) = if matches!(rest.get(1), Some(b'x' | b'X')) { (16, 2) } else { (10, 1) };
@@ -1878,16 +2076,12 @@ fn reference_at(s: &[u8], out: &mut Vec<u8>) -> Option<usize> {
         let semi = usize::from(tail.get(digits) == Some(&b';'));
         return push_char(code, out).then_some(1 + start + digits + semi);
     }
-    // The longest name is 16 bytes: look for its `;` no further.
-    let with_semi = rest.iter().take(17).position(|&b| b == b';').and_then(|semi| {
-        let name = rest.get(..semi)?;
-        NAMED.iter().find(|(n, _)| n.as_bytes() == name).map(|&(_, b)| (b, semi + 1))
-    });
-    let (b, used) = with_semi.or_else(|| {
-        let n = LEGACY.iter().find(|n| rest.starts_with(n.as_bytes()))?;
-        NAMED.iter().find(|(name, _)| name == n).map(|&(_, b)| (b, n.len()))
-    })?;
-    out.push(b);
+    let (chars, used) = named_at(rest, any_case)?;
+    if chars == "\u{a0}" {
+        out.push(b' ');
+    } else {
+        out.extend_from_slice(chars.as_bytes());
+    }
     Some(1 + used)
 }
 
@@ -2208,6 +2402,39 @@ mod tests {
     /// Whether `data` is found, naming the credential.
     fn found(s: &SecretScanner, data: &[u8]) -> Option<String> {
         s.find(data).map(|f| f.credential)
+    }
+
+    /// The narrowed view is built from the zero bytes, holds less than the
+    /// data whatever it is, and reads both byte orders at both alignments.
+    #[test]
+    fn utf16_is_narrowed_by_runs_into_less_than_the_data() {
+        let prose = "\u{41e}\u{442}\u{447}\u{451}\u{442} \u{670d}\u{52a1}\u{5668}".repeat(50);
+        let mixed = format!("{prose}key=tok-abcdef0123456789{prose}");
+        let cases: Vec<Vec<u8>> = vec![
+            utf16("plain ASCII text in UTF-16, all of it", true),
+            utf16("plain ASCII text in UTF-16, all of it", false),
+            utf16(&mixed, true),
+            utf16(&mixed, false),
+            [&b"\x07"[..], &utf16(&mixed, true)].concat(),
+            b"a\0".repeat(4096),
+            b"\0a".repeat(4096),
+            vec![0; 4096],
+            (0..65536u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect(),
+            b"\0a\0b\0c\0".to_vec(),
+        ];
+        for data in &cases {
+            let mut out = Vec::new();
+            narrow_utf16(data, 8, 0xFF, &mut out);
+            assert!(out.len() < data.len().max(1), "{} → {}", data.len(), out.len());
+        }
+        for data in &cases[2..5] {
+            let mut out = Vec::new();
+            assert!(narrow_utf16(data, 8, 0xFF, &mut out));
+            assert!(memchr::memmem::find(&out, b"key=tok-abcdef0123456789").is_some());
+            assert!(out.len() < 40, "only the ASCII run, not the prose: {}", out.len());
+        }
+        // Runs shorter than the shortest needle are left out.
+        assert!(!narrow_utf16(&utf16("short", true), 8, 0xFF, &mut Vec::new()));
     }
 
     #[test]
@@ -2766,6 +2993,194 @@ mod tests {
         #[test]
         fn scanning_never_panics(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
             let _ = scanner().find(&data);
+        }
+    }
+}
+
+/// Encodings the review found passing: UTF-16 text mostly beyond Latin,
+/// a secret's letters beyond ASCII (named references, another case,
+/// Windows-1252), escapes whose case changed after they were written, and
+/// a secret stored with a byte order mark. Only the public API.
+#[cfg(test)]
+mod encoding_gap_tests {
+    use super::*;
+    use base64::engine::general_purpose::STANDARD;
+
+    const SECRET: &str = "tg/s3+cr=t Zq8v~\u{e9}";
+    const TOKEN: &str = "tok-abcdef0123456789";
+
+    fn scanner() -> SecretScanner {
+        SecretScanner::new(&[("tracker".into(), SECRET.as_bytes().to_vec()), ("api".into(), TOKEN.as_bytes().to_vec())])
+    }
+
+    fn found(s: &SecretScanner, data: &[u8]) -> Option<String> {
+        s.find(data).map(|f| f.credential)
+    }
+
+    fn utf16(s: &str, le: bool) -> Vec<u8> {
+        s.encode_utf16().flat_map(|u| if le { u.to_le_bytes() } else { u.to_be_bytes() }).collect()
+    }
+
+    fn json_escape_all(s: &str) -> String {
+        s.encode_utf16().map(|u| format!("\\u{u:04x}")).collect()
+    }
+
+    fn pct(s: &str) -> String {
+        s.bytes().map(|b| format!("%{b:02X}")).collect()
+    }
+
+    /// Prose of PowerShell's, `bcp -w`'s or Excel's UTF-16 output: Cyrillic
+    /// and CJK, far more of it than of ASCII.
+    fn prose() -> String {
+        "\u{41e}\u{442}\u{447}\u{451}\u{442} \u{43e} \u{432}\u{44b}\u{43f}\u{43e}\u{43b}\u{43d}\u{435}\u{43d}\u{438}\u{438}: \
+         \u{432}\u{441}\u{435} \u{43f}\u{440}\u{43e}\u{432}\u{435}\u{440}\u{43a}\u{438} \u{43f}\u{440}\u{43e}\u{439}\u{434}\u{435}\u{43d}\u{44b}. \
+         \u{670d}\u{52a1}\u{5668}\u{8fd4}\u{56de}\u{7684}\u{6570}\u{636e}\u{5982}\u{4e0b}\u{6240}\u{793a}\u{3002}"
+            .repeat(6)
+    }
+
+    /// A secret's base64 (in `Basic user:secret`), percent-encoding, JSON
+    /// escapes or hex, amid UTF-16 prose mostly beyond Latin: in either
+    /// byte order, with or without a byte order mark, at either alignment.
+    #[test]
+    fn utf16_prose_mostly_beyond_latin_is_read_for_its_ascii() {
+        let s = scanner();
+        for (secret, name) in [(SECRET, "tracker"), (TOKEN, "api")] {
+            for (what, payload) in [
+                ("Basic", format!("\"auth\":\"Basic {}\"", STANDARD.encode(format!("svc:{secret}")))),
+                ("percent", format!("https://h/cb?code={}&x=1", pct(secret))),
+                ("JSON escapes", format!("\"v\":\"{}\"", json_escape_all(secret))),
+                ("hex", format!("key={}", hex::encode(secret))),
+                ("base64 in a JSON string", format!("\"t\":\"{}\"", STANDARD.encode(secret).replace('/', "\\/"))),
+            ] {
+                let text = format!("{p}\r\n{payload}\r\n{p}", p = prose());
+                for le in [true, false] {
+                    for (framing, prefix) in [("no mark", &b""[..]), ("a mark", b"\xFE"), ("one byte off", b"\x07")] {
+                        let mut data = prefix.to_vec();
+                        if framing == "a mark" {
+                            data = if le { b"\xFF\xFE".to_vec() } else { b"\xFE\xFF".to_vec() };
+                        }
+                        data.extend(utf16(&text, le));
+                        assert_eq!(found(&s, &data).as_deref(), Some(name), "{name}, {what}, le {le}, {framing}");
+                    }
+                }
+            }
+        }
+        // The prose alone, and with another value's forms, holds no secret.
+        let other =
+            format!("{p}\"auth\":\"Basic {}\" %41%42%43 {p}", STANDARD.encode("svc:not-the-secret-1"), p = prose());
+        for le in [true, false] {
+            assert_eq!(s.find(&utf16(&prose(), le)), None);
+            assert_eq!(s.find(&utf16(&other, le)), None);
+        }
+    }
+
+    /// Secrets with letters beyond ASCII: as PHP's `htmlentities` and
+    /// Commons Text's `escapeHtml4` write them (named references, legacy
+    /// ones without `;` too), upper-cased (`É`), and in Windows-1252 (`€`
+    /// 0x80, `–` 0x96, `“”` 0x93 0x94), which Latin-1 cannot write.
+    #[test]
+    fn a_secrets_letters_beyond_ascii_are_found_named_in_another_case_and_in_cp1252() {
+        let cases: [(&str, Vec<Vec<u8>>); 3] = [
+            (
+                "caf\u{e9}-s3cr3t-\u{fc}ber",
+                vec![
+                    b"caf&eacute;-s3cr3t-&uuml;ber".to_vec(),
+                    b"caf&eacute-s3cr3t-&uumlber".to_vec(),
+                    b"CAF&Eacute;-S3CR3T-&Uuml;BER".to_vec(),
+                    "CAF\u{c9}-S3CR3T-\u{dc}BER".as_bytes().to_vec(),
+                    "caf\u{e9}-s3cr3t-\u{dc}ber".as_bytes().to_vec(),
+                    b"CAF\xC9-S3CR3T-\xDCBER".to_vec(),
+                    b"CAF%C3%89-S3CR3T-%C3%9CBER".to_vec(),
+                    b"CAF\\u00C9-S3CR3T-\\u00DCBER".to_vec(),
+                ],
+            ),
+            (
+                "pr\u{e9}\u{20ac}-k3y\u{2013}\u{201c}x\u{201d}",
+                vec![
+                    b"pr\xE9\x80-k3y\x96\x93x\x94".to_vec(),
+                    b"PR\xC9\x80-K3Y\x96\x93X\x94".to_vec(),
+                    b"pr&eacute;&euro;-k3y&ndash;&ldquo;x&rdquo;".to_vec(),
+                    b"pr&eacute;&euro;-k3y&ndash;&OpenCurlyDoubleQuote;x&CloseCurlyDoubleQuote;".to_vec(),
+                    "PR\u{c9}\u{20ac}-K3Y\u{2013}\u{201c}X\u{201d}".as_bytes().to_vec(),
+                ],
+            ),
+            (
+                "Stra\u{df}e-t0ken-\u{e6}\u{f8}\u{e5}",
+                vec![
+                    b"Stra&szlig;e-t0ken-&aelig;&oslash;&aring;".to_vec(),
+                    "STRASSE-T0KEN-\u{c6}\u{d8}\u{c5}".as_bytes().to_vec(),
+                    b"STRASSE-T0KEN-\xC6\xD8\xC5".to_vec(),
+                    b"stra\xDFe-t0ken-\xE6\xF8\xE5".to_vec(),
+                ],
+            ),
+        ];
+        for (secret, forms) in cases {
+            let s = SecretScanner::new(&[("t".into(), secret.as_bytes().to_vec())]);
+            for form in forms {
+                for (prefix, suffix) in [(&b""[..], &b""[..]), (b"<p>", b"</p>"), (b"{\"v\":\"", b"\"}")] {
+                    let data = [prefix, &form, suffix].concat();
+                    assert_eq!(found(&s, &data).as_deref(), Some("t"), "{secret}: {}", String::from_utf8_lossy(&data));
+                }
+            }
+            // Other text with the same letters is not the secret.
+            assert_eq!(s.find("caf&eacute; &uuml;ber &euro; &ndash; STRASSE \u{c9}".as_bytes()), None);
+        }
+    }
+
+    /// A body upper-cased after it was escaped (a gateway, a logger):
+    /// `\u002b` is `\U002B`, `&sol;` `&SOL;`, `\x2f` `\X2F`, inside JSON
+    /// and percent-encoding too.
+    #[test]
+    fn escapes_upper_cased_after_they_were_written_are_decoded() {
+        let s = scanner();
+        let named = |v: &str| {
+            v.replace('/', "&sol;")
+                .replace('+', "&plus;")
+                .replace('=', "&equals;")
+                .replace('~', "&tilde;")
+                .replace('\u{e9}', "&eacute;")
+        };
+        for (secret, name) in [(SECRET, "tracker"), (TOKEN, "api")] {
+            for (what, escaped) in [
+                (
+                    "System.Text.Json",
+                    secret.replace('+', "\\u002b").replace('~', "\\u007e").replace('\u{e9}', "\\u00e9"),
+                ),
+                ("every character \\u", json_escape_all(secret)),
+                ("braced \\u", secret.chars().map(|c| format!("\\u{{{:x}}}", c as u32)).collect()),
+                ("\\x", secret.bytes().map(|b| format!("\\x{b:02x}")).collect()),
+                ("named references", named(secret)),
+                ("a reference inside a JSON escape", named(secret).replace('&', "\\u0026")),
+                ("JSON escapes percent-encoded", json_escape_all(secret).replace('\\', "%5c")),
+            ] {
+                for upper in [escaped.to_uppercase(), escaped.to_ascii_uppercase()] {
+                    let data = format!("{{\"ECHO\":\"{upper}\"}}");
+                    assert_eq!(found(&s, data.as_bytes()).as_deref(), Some(name), "{name}, {what}: {data}");
+                }
+            }
+        }
+        // Upper-cased escapes of other text hold no secret.
+        let other = json_escape_all("another-value-entirely").to_uppercase() + "&SOL;&PLUS;&EQUALS;\\X2F";
+        assert_eq!(s.find(other.as_bytes()), None);
+    }
+
+    /// A secret file with a UTF-8 byte order mark: the value without it is
+    /// watched in every form (it is what is sent), the raw value with it too.
+    #[test]
+    fn a_secret_stored_with_a_byte_order_mark_is_found_without_it() {
+        for stored in [format!("\u{feff}{TOKEN}"), format!("\u{feff}{TOKEN}\n"), format!("\u{feff}Bearer {TOKEN}")] {
+            let s = SecretScanner::new(&[("t".into(), stored.as_bytes().to_vec())]);
+            for (what, data) in [
+                ("raw", TOKEN.to_owned()),
+                ("Basic", format!("Basic {}", STANDARD.encode(format!("user:{TOKEN}")))),
+                ("base64", STANDARD.encode(TOKEN)),
+                ("hex", hex::encode(TOKEN)),
+                ("percent", pct(TOKEN)),
+            ] {
+                let data = format!("{{\"v\":\"{data}\"}}");
+                assert_eq!(found(&s, data.as_bytes()).as_deref(), Some("t"), "{stored:?}, {what}: {data}");
+            }
+            assert_eq!(found(&s, stored.as_bytes()).as_deref(), Some("t"), "{stored:?} as stored");
         }
     }
 }
