@@ -965,6 +965,45 @@ async fn a_call_that_read_state_is_withheld_while_a_credential_cannot_be_read() 
     unsafe { std::env::remove_var(&var) };
 }
 
+/// Invariant 13 for what the host keeps for a Tool: its committed state is
+/// checked for secrets when the guest reads it, not only when it was
+/// committed. State committed before a credential was configured — or
+/// readable, as here — (or by a host with another config sharing the
+/// journal) was never checked for it: a value holding the secret reads as
+/// absent, a key holding it is left out of the keys, each recorded, and the
+/// rest reads as it is. Before, the guest read both (handed back reversed, a
+/// form no output check knows).
+#[tokio::test]
+async fn committed_state_holding_a_secret_is_withheld_from_the_guest_when_read() {
+    let var = format!("TOOLGATE_BOUNDARY_LATER_STATE_{}", std::process::id());
+    let w = world_with_credentials("", "", &credential_table("later", &format!("{{ env = \"{var}\" }}")));
+    let later = format!("l4ter-t0ken-{}-value", std::process::id());
+    let reversed = |s: &str| s.chars().rev().collect::<String>();
+    // Committed while the host could not know it as a secret.
+    for (key, value) in [("kept", later.as_str()), (later.as_str(), "x"), ("plain", "p")] {
+        let seen = thief(&w.host, json!({"op": "remember", "target": key, "then": [value]})).await;
+        assert_eq!(seen, "remembered");
+    }
+    // SAFETY (edition 2024): the variable is this test's own.
+    unsafe { std::env::set_var(&var, &later) };
+    let (result, records) = thief_step(&w.host, json!({"op": "recall", "target": "kept"})).await;
+    let StepResult::Output { content: Content::Json(Value::String(seen)), .. } = &result else { panic!("{result:?}") };
+    assert!(!seen.contains(&reversed(&later)) && !seen.contains(&later), "the guest read the secret: {seen}");
+    assert_eq!(seen, &format!("value: (none); keys: {},{}", reversed("kept"), reversed("plain")));
+    for what in ["a value of the Tool's committed state", "a key of the Tool's committed state"] {
+        assert!(
+            records
+                .iter()
+                .any(|r| r.starts_with(&format!("{what} was withheld from the guest")) && r.contains("`later`")),
+            "{what}: {records:?}"
+        );
+    }
+    // What holds no secret reads as it is.
+    let seen = thief(&w.host, json!({"op": "recall", "target": "plain"})).await;
+    assert!(seen.starts_with("value: p;"), "{seen}");
+    unsafe { std::env::remove_var(&var) };
+}
+
 /// Invariant 13 with its effects: while a configured credential cannot be
 /// read, a request to a granted host is refused before anything leaves.
 /// Before, it was sent and only its response withheld: a POST, a DELETE or

@@ -383,16 +383,9 @@ struct CallState {
     /// The Tool's committed state as the call read it (shared with the
     /// runtime's compare-and-set at commit, not copied).
     state: Arc<BTreeMap<String, String>>,
-    /// Whether the guest read anything of `state` (for the output check:
-    /// state committed while a credential was unreadable was not checked for it).
-    state_read: bool,
     log: Capture,
     /// The component's own `toolgate-pinned` section (usually empty).
     pinned: Arc<[u8]>,
-    /// Whether the guest read a `pinned` section that is not empty (for the
-    /// output check: it was checked when packed, for the secrets readable
-    /// there and then, if any).
-    pinned_read: bool,
     /// What the call holds open through its filesystem, against its limits.
     held: Held,
     /// What the call holds through `wasi:http` before its requests leave.
@@ -434,22 +427,48 @@ impl wit_log::Host for CallState {
     }
 }
 
+// What the guest reads of the host's own keeping is checked for secrets
+// when read: state committed before a credential was configured (or by a
+// host with another config sharing the journal) and data pinned under the
+// packer's config were never checked for this host's secrets. A value
+// holding one reads as absent, a key holding one is left out, pinned data
+// holding one reads as empty; each is recorded.
+
+/// As the output check names them while a credential is unreadable.
+const STATE_RECEIVED: &str = "its committed state";
+const PINNED_RECEIVED: &str = "its pinned data (a Skill's content, an adapter's pins)";
+
 impl wit_pinned::Host for CallState {
     fn data(&mut self) -> Vec<u8> {
-        self.pinned_read |= !self.pinned.is_empty();
+        if self.pinned.is_empty() {
+            return Vec::new();
+        }
+        if let Some(secrets) = self.held.secrets()
+            && secrets.holds_secret(PINNED_RECEIVED, "the component's pinned data", &self.pinned)
+        {
+            return Vec::new();
+        }
         self.pinned.to_vec()
     }
 }
 
 impl wit_state::Host for CallState {
     fn get(&mut self, key: String) -> Option<String> {
-        let value = self.state.get(&key).cloned();
-        self.state_read |= value.is_some();
-        value
+        let value = self.state.get(&key)?;
+        if let Some(secrets) = self.held.secrets()
+            && secrets.holds_secret(STATE_RECEIVED, "a value of the Tool's committed state", value.as_bytes())
+        {
+            return None;
+        }
+        Some(value.clone())
     }
     fn keys(&mut self) -> Vec<String> {
-        self.state_read |= !self.state.is_empty();
-        self.state.keys().cloned().collect()
+        let Some(secrets) = self.held.secrets() else { return self.state.keys().cloned().collect() };
+        self.state
+            .keys()
+            .filter(|k| !secrets.holds_secret(STATE_RECEIVED, "a key of the Tool's committed state", k.as_bytes()))
+            .cloned()
+            .collect()
     }
 }
 
@@ -795,10 +814,8 @@ impl Executor {
                 .trap_on_grow_failure(true)
                 .build(),
             state,
-            state_read: false,
             log,
             pinned: component.pinned.clone(),
-            pinned_read: false,
             held: Held::new(limits, secrets.clone()),
             http_held: HttpHeld::new(limits),
         };
@@ -861,7 +878,7 @@ impl Executor {
         };
         // The instances, then every handle the guest held (requests in
         // flight among them) go before what the call left is read.
-        let CallState { outbound, table, held, http_held, state_read, pinned_read, .. } = store.into_data();
+        let CallState { outbound, table, held, http_held, .. } = store.into_data();
         drop(table);
         let (mut host, mut host_dropped) = outbound.take_quoting_records();
         host.extend(held.records().map(Record::host));
@@ -875,17 +892,8 @@ impl Executor {
         };
         let output_limit = (limits.output_kib as usize) << 10;
         if let Some(secrets) = secrets {
-            if state_read {
-                secrets.received("its committed state");
-            }
             if !grant.env.is_empty() {
                 secrets.received("the values of its `env` grant");
-            }
-            // Packed from a Skill's folder or a remote server's answers, and
-            // checked then only for the secrets the packer could read (with
-            // the packer's config, if any): never for one this host has not read.
-            if pinned_read {
-                secrets.received("its pinned data (a Skill's content, an adapter's pins)");
             }
             // CPU in proportion to what the guest wrote: on the blocking pool.
             let checked = tokio::task::spawn_blocking(move || {
@@ -1150,10 +1158,8 @@ impl Executor {
                 .trap_on_grow_failure(true)
                 .build(),
             state: Arc::default(),
-            state_read: false,
             log: Capture::new(0),
             pinned,
-            pinned_read: false,
             held: Held::new(limits, None),
             http_held: HttpHeld::new(limits),
         };

@@ -194,6 +194,11 @@ impl<T> Counted<T> {
 }
 
 impl Held {
+    /// The call's check for secrets; `None` when no credential is configured.
+    pub(super) fn secrets(&self) -> Option<&Arc<CallSecrets>> {
+        self.secrets.as_ref()
+    }
+
     /// Nothing held; the limits of `limits`; files and names checked by `secrets`, if any.
     pub(super) fn new(limits: &Limits, secrets: Option<Arc<CallSecrets>>) -> Self {
         Held {

@@ -199,13 +199,35 @@ impl CallSecrets {
     /// a file's content), but the guest received them: the output check
     /// counts them ([`CallSecrets::received`]).
     pub(super) fn listing_scanner(&self) -> Arc<SecretScanner> {
+        self.received_scanner("names from its directories")
+    }
+
+    /// Whether `data` — of the host's own keeping, about to be handed to
+    /// the guest: its committed state, its pinned data — holds a watched
+    /// secret; if so it is recorded as withheld from the guest (`what` names
+    /// it there, e.g. "a value of its committed state"). Checked when read,
+    /// not only when committed or packed: state committed before a
+    /// credential was configured, or by a host with another config sharing
+    /// the journal, and data pinned under the packer's config were never
+    /// checked for this host's secrets. `received` names it for the output
+    /// check while a credential is unreadable ([`CallSecrets::received`]).
+    pub(super) fn holds_secret(&self, received: &'static str, what: &str, data: &[u8]) -> bool {
+        let Some(f) = self.received_scanner(received).find(data) else { return false };
+        self.record(format!("{what} was withheld from the guest: it held {}", named(&f)));
+        true
+    }
+
+    /// The call's last complete scanner, or one read now (blocking), for
+    /// what the guest receives that is not refused while a credential is
+    /// unreadable; `what` is counted as received.
+    fn received_scanner(&self, what: &'static str) -> Arc<SecretScanner> {
         let last = self.state().scanner.clone();
         let watched = match last {
             Some(complete @ Watched::Complete(_)) => complete,
             // Read again: the source may be readable by now.
             _ => self.scanner(),
         };
-        self.received("names from its directories");
+        self.received(what);
         scanner_of(&watched).clone()
     }
 
