@@ -457,6 +457,102 @@ async fn portable_names() {
     assert_eq!(tools, ["text.upper", "text.upper"], "the journal holds the id");
 }
 
+/// `text.upper` listed as `text_upper`; then a plugin whose id is
+/// `text_upper` is added (the next generation). A client that has not
+/// listed again calls `text_upper` meaning `text.upper`: the name is now
+/// ambiguous, so the call is refused naming both ids and nothing runs —
+/// neither tool is listed under it, and `text.upper` still runs by its id.
+/// Before, `text_upper` went to the new tool and `text.upper` was renamed.
+#[tokio::test]
+async fn a_name_another_plugin_takes_later_is_refused_as_ambiguous_never_runs_the_other() {
+    within_a_minute(stale_name()).await;
+}
+
+async fn stale_name() {
+    let dir = text_dir();
+    let toml = dir.path().join("toolgate.toml");
+    let text = std::fs::read_to_string(&toml)
+        .unwrap()
+        .replace("visible = [\"notes\", \"text.*\"]", "visible = [\"notes\", \"text.*\", \"text_upper\"]");
+    let text = text.replace(
+        "  { pattern = \"text.*\", behavior = \"allow\" },\n",
+        "  { pattern = \"text.*\", behavior = \"allow\" },\n  { pattern = \"text_upper\", behavior = \"allow\" },\n",
+    );
+    assert!(text.contains("pattern = \"text_upper\""), "{text}");
+    std::fs::write(&toml, text).unwrap();
+    let server = server(dir.path(), settings(KEEP_ASKING)).await;
+    let store = server.shared.runtimes.read().unwrap().base.store().clone();
+    let mut c = Client::connect(server.clone());
+    c.send(serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}}))
+        .await;
+    assert!(c.receive().await["result"]["protocolVersion"].is_string());
+    c.send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+    let names = |listed: &serde_json::Value| -> Vec<(String, String)> {
+        let tools = listed["result"]["tools"].as_array().cloned().unwrap_or_default();
+        tools
+            .iter()
+            .map(|t| (t["name"].as_str().unwrap().to_owned(), t["title"].as_str().unwrap().to_owned()))
+            .collect()
+    };
+    c.send(serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})).await;
+    let first = names(&c.receive().await);
+    assert!(first.contains(&("text_upper".into(), "text.upper".into())), "{first:?}");
+
+    // Generation 2: a component whose one tool is `text_upper` (the text
+    // component with its metadata renamed).
+    let packed = packed(guests::TEXT);
+    let mut tools: Vec<_> = toolgate::catalog::descriptor::read_metadata(&packed)
+        .unwrap()
+        .iter()
+        .filter(|t| t.id() == "text.upper")
+        .map(|t| t.metadata.clone())
+        .collect();
+    tools[0].descriptor.id = "text_upper".into();
+    let doc = toolgate_sdk::ComponentMetadata::new(tools);
+    let renamed = toolgate::catalog::descriptor::embed_metadata(&packed, &doc).unwrap();
+    std::fs::write(dir.path().join("plugins/other.wasm"), renamed).unwrap();
+    server.reload().unwrap();
+
+    // The stale name: refused, naming both ids; nothing runs.
+    c.send(serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "text_upper", "arguments": {"text": "hi"}}}))
+        .await;
+    let refused = loop {
+        let m = c.receive().await;
+        if m["id"] == 3 {
+            break m;
+        }
+    };
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("ambiguous") && message.contains("`text.upper`") && message.contains("`text_upper`"),
+        "{refused}"
+    );
+    assert!(store.steps(None).await.unwrap().is_empty(), "nothing ran");
+    c.send(serde_json::json!({"jsonrpc": "2.0", "id": 4, "method": "tools/list"})).await;
+    let second = loop {
+        let m = c.receive().await;
+        if m["id"] == 4 {
+            break names(&m);
+        }
+    };
+    assert!(
+        second.iter().all(|(name, title)| name != "text_upper" && title != "text.upper" && title != "text_upper"),
+        "{second:?}"
+    );
+    assert!(second.contains(&("text_count".into(), "text.count".into())), "the others keep their names: {second:?}");
+    // By its real id, `text.upper` still runs.
+    c.send(serde_json::json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+        "params": {"name": "text.upper", "arguments": {"text": "hi"}}}))
+        .await;
+    let done = c.receive().await;
+    assert_eq!(done["result"]["content"][0]["text"], "\"HI\"", "{done}");
+    let steps = store.steps(None).await.unwrap();
+    let ran: Vec<&str> = steps.iter().map(|s| s.tool_id.as_str()).collect();
+    assert_eq!(ran, ["text.upper"]);
+}
+
 /// An HTTP session: made as rmcp makes one (its worker served, initialized
 /// at `version`) for `[[serve.auth]]` entry `entry`.
 async fn http_session(

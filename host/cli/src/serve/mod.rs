@@ -503,7 +503,10 @@ impl McpServer {
         // The name the client saw, as the tool's id: the gate, the rules, the
         // journal and the prompt know only ids. Anything else (an unknown
         // name) goes on as is, to be refused as unknown.
-        let name = self.names(generation, &agent, &runtime).id(&request.name).unwrap_or(&request.name).to_owned();
+        let name = match self.names(generation, &agent, &runtime).id(&request.name) {
+            Ok(id) => id.unwrap_or(&request.name).to_owned(),
+            Err(ambiguous) => return Err(ErrorData::invalid_params(ambiguous.to_string(), None)),
+        };
         let arguments = request.arguments.clone().map(serde_json::Value::Object).unwrap_or(serde_json::Value::Null);
         // A session serves the agent it first served (an HTTP session is also
         // bound to its token, in `http`): never another agent's request.
@@ -1163,16 +1166,56 @@ fn portable_name(name: &str) -> bool {
     (1..=NAME_MAX).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-/// The names a client sees for the tools of one list, and back. A tool id
-/// is shown as it is when it is a [`portable_name`]; otherwise each
-/// character outside `[A-Za-z0-9_-]` becomes `_` (`files.read` →
-/// `files_read`); one still too long, or the same as another tool's, is cut
-/// to leave room for `_` and 8 hex digits of the SHA-256 of the id. Derived
-/// from the list alone: the same ids get the same names in every process
-/// and after a restart.
+/// The name `id` is listed as, a function of the id alone: the id itself
+/// when it is a [`portable_name`]; otherwise the id with each character
+/// outside `[A-Za-z0-9_-]` made `_` (`files.read` → `files_read`), and one
+/// still longer than [`NAME_MAX`] cut to 55 characters, `_` and 8 hex digits
+/// of the SHA-256 of the id. No other id changes it (a name that depended on
+/// the whole list changed under clients that had not listed again).
+pub fn tool_name(id: &str) -> String {
+    if portable_name(id) {
+        return id.to_owned();
+    }
+    let plain: String = id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
+    if portable_name(&plain) {
+        return plain;
+    }
+    // Longer than NAME_MAX (or empty): every character is ASCII now, so
+    // cutting by bytes cuts by characters.
+    const TAG: usize = 8;
+    let keep = plain.len().min(NAME_MAX - 1 - TAG);
+    let digest = hex::encode(Sha256::digest(id.as_bytes()));
+    format!("{}_{}", &plain[..keep], &digest[..TAG])
+}
+
+/// The names a client sees for the tools of one list ([`tool_name`]), and
+/// back. A name that two listed ids get is ambiguous — as two components
+/// claiming one id are: neither tool is listed under it, and a call by it is
+/// refused naming both ids (each is still called by its real id), never
+/// given to the one that came first.
 pub struct ToolNames {
     by_id: HashMap<String, String>,
     by_name: HashMap<String, String>,
+    ambiguous: HashMap<String, Vec<String>>,
+}
+
+/// A call by a name two or more listed ids get.
+#[derive(Debug, PartialEq, Eq)]
+pub struct AmbiguousName {
+    pub name: String,
+    pub ids: Vec<String>,
+}
+
+impl std::fmt::Display for AmbiguousName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ids: Vec<String> = self.ids.iter().map(|id| format!("`{id}`")).collect();
+        write!(
+            f,
+            "tool name `{}` is ambiguous: it stands for {}; call the tool by its real id",
+            self.name,
+            ids.join(" and ")
+        )
+    }
 }
 
 impl ToolNames {
@@ -1180,52 +1223,48 @@ impl ToolNames {
         let mut ids: Vec<&str> = ids.into_iter().collect();
         ids.sort_unstable();
         ids.dedup();
-        let plain: Vec<String> = ids
-            .iter()
-            .map(|id| id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect())
-            .collect();
-        let mut seen: HashMap<&str, usize> = HashMap::new();
-        for p in &plain {
-            *seen.entry(p.as_str()).or_insert(0) += 1;
+        let mut claims: HashMap<String, Vec<String>> = HashMap::new();
+        for id in ids {
+            claims.entry(tool_name(id)).or_default().push(id.to_owned());
         }
-        let (mut by_id, mut by_name) = (HashMap::new(), HashMap::new());
-        let mut hashed = Vec::new();
-        // First the names kept: an id that is a name already, or whose
-        // mapping is one no other id maps to.
-        for (id, p) in ids.iter().zip(&plain) {
-            if portable_name(id) || (portable_name(p) && seen[p.as_str()] == 1) {
-                by_name.insert(p.clone(), (*id).to_owned());
-                by_id.insert((*id).to_owned(), p.clone());
-            } else {
-                hashed.push((*id, p));
+        let (mut by_id, mut by_name, mut ambiguous) = (HashMap::new(), HashMap::new(), HashMap::new());
+        for (name, ids) in claims {
+            match <[String; 1]>::try_from(ids) {
+                Ok([id]) => {
+                    by_id.insert(id.clone(), name.clone());
+                    by_name.insert(name, id);
+                }
+                Err(ids) => {
+                    let shown: Vec<String> = ids.iter().map(|id| toolgate::display::quoted(id, 128)).collect();
+                    tracing::warn!(
+                        "tools {} are all named `{name}` for MCP clients: none is listed; call each by its id",
+                        shown.join(" and ")
+                    );
+                    ambiguous.insert(name, ids);
+                }
             }
         }
-        // Then the cut and hashed ones, clear of every name given.
-        for (id, p) in hashed {
-            let digest = hex::encode(Sha256::digest(id.as_bytes()));
-            let name = [8, 16, 32, 64]
-                .into_iter()
-                .map(|n| {
-                    let keep = p.len().min(NAME_MAX - 1 - n);
-                    format!("{}_{}", &p[..keep], &digest[..n])
-                })
-                .find(|name| !by_name.contains_key(name))
-                .unwrap_or_else(|| digest[..NAME_MAX].to_owned());
-            by_name.insert(name.clone(), id.to_owned());
-            by_id.insert(id.to_owned(), name);
-        }
-        ToolNames { by_id, by_name }
+        ToolNames { by_id, by_name, ambiguous }
     }
 
-    /// The name `id` is listed as (itself if not in the list).
-    pub fn name<'a>(&'a self, id: &'a str) -> &'a str {
-        self.by_id.get(id).map_or(id, String::as_str)
+    /// The name `id` is listed under; `None` when that name is ambiguous
+    /// (or `id` is not in the list).
+    pub fn listed(&self, id: &str) -> Option<&str> {
+        self.by_id.get(id).map(String::as_str)
     }
 
     /// The id a client's `name` stands for: a listed name, or an id of the
-    /// list (as clients named tools before); a listed name wins.
-    pub fn id<'a>(&'a self, name: &'a str) -> Option<&'a str> {
-        self.by_name.get(name).map(String::as_str).or_else(|| self.by_id.contains_key(name).then_some(name))
+    /// list (as clients named tools before); `Ok(None)` for neither. A name
+    /// two ids get is refused, naming both.
+    pub fn id<'a>(&'a self, name: &'a str) -> Result<Option<&'a str>, AmbiguousName> {
+        if let Some(ids) = self.ambiguous.get(name) {
+            return Err(AmbiguousName { name: name.to_owned(), ids: ids.clone() });
+        }
+        if let Some(id) = self.by_name.get(name) {
+            return Ok(Some(id));
+        }
+        let an_id = self.by_id.contains_key(name) || self.ambiguous.values().flatten().any(|id| id == name);
+        Ok(an_id.then_some(name))
     }
 }
 
@@ -1270,7 +1309,9 @@ impl ServerHandler for McpServer {
         let (generation, runtime) = self.runtime(&agent).map_err(scrubbed)?;
         let names = self.names(generation, &agent, &runtime);
         // Sorted by id: the same order for the same set (clients cache it).
-        let tools = runtime.list().iter().map(|d| to_mcp_tool(d, names.name(&d.id))).collect();
+        // A tool whose name is ambiguous is left out (warned of when the
+        // names were made); it is still called by its id.
+        let tools = runtime.list().iter().filter_map(|d| Some(to_mcp_tool(d, names.listed(&d.id)?))).collect();
         Ok(ListToolsResult::with_all_items(tools))
     }
 
@@ -1752,21 +1793,21 @@ mod tests {
         let names = ToolNames::new(ids);
         let mut seen = std::collections::HashSet::new();
         for id in ids {
-            let name = names.name(id);
+            let name = names.listed(id).unwrap_or_else(|| panic!("{id:?} listed"));
             assert!(portable_name(name), "{id:?} → {name:?}");
             assert!(seen.insert(name.to_owned()), "{name} given twice");
-            assert_eq!(names.id(name), Some(id), "{name} maps back");
+            assert_eq!(names.id(name), Ok(Some(id)), "{name} maps back");
         }
-        assert_eq!(names.name("files.read"), "files_read");
-        assert_eq!(names.name("notes"), "notes", "a portable id is its own name");
+        assert_eq!(names.listed("files.read"), Some("files_read"));
+        assert_eq!(names.listed("notes"), Some("notes"), "a portable id is its own name");
         // The real id is still taken (clients that called by it before).
-        assert_eq!(names.id("files.read"), Some("files.read"));
-        assert_eq!(names.id("no.such"), None);
+        assert_eq!(names.id("files.read"), Ok(Some("files.read")));
+        assert_eq!(names.id("no.such"), Ok(None));
         // Deterministic, whatever the order: the same after a restart.
         let mut reversed = ids;
         reversed.reverse();
         let again = ToolNames::new(reversed);
-        assert!(ids.iter().all(|id| again.name(id) == names.name(id)));
+        assert!(ids.iter().all(|id| again.listed(id) == names.listed(id)));
     }
 
     /// An id of `mcp import` (`mcp__NAME__tool`) past 64 characters is cut
@@ -1777,30 +1818,84 @@ mod tests {
         let prefix = format!("mcp__github__{}", "x".repeat(60));
         let (a, b) = (format!("{prefix}_alpha"), format!("{prefix}_beta"));
         let names = ToolNames::new([a.as_str(), b.as_str()]);
-        let (na, nb) = (names.name(&a), names.name(&b));
+        let (na, nb) = (names.listed(&a).unwrap(), names.listed(&b).unwrap());
         assert_eq!(na.len(), 64, "{na}");
         assert_ne!(na, nb);
         let tag = &hex::encode(Sha256::digest(a.as_bytes()))[..8];
-        assert!(na.starts_with("mcp__github__xxx") && na.ends_with(&format!("_{tag}")), "{na}");
-        assert_eq!((names.id(na), names.id(nb)), (Some(a.as_str()), Some(b.as_str())));
+        assert_eq!(na, format!("{}_{tag}", &a[..55]));
+        assert_eq!((names.id(na), names.id(nb)), (Ok(Some(a.as_str())), Ok(Some(b.as_str()))));
     }
 
-    /// Two ids that map to one name (`a.b`, `a-b`… → `a_b`) each get a
-    /// hashed name; an id that already is that name keeps it, and is what
-    /// the name calls (a listed name wins over another tool's id).
+    /// Ids that get one name (`a.b`, `a/b` and `a_b` → `a_b`) make it
+    /// ambiguous, as two components claiming one id are: none is listed
+    /// under it and a call by it is refused naming every id — never given to
+    /// one of them. Each is still called by its real id. Before, `a_b` kept
+    /// the name and the others were renamed by the rest of the list.
     #[test]
-    fn ids_that_map_to_one_name_are_told_apart_and_a_portable_id_keeps_its_name() {
-        let names = ToolNames::new(["a.b", "a/b", "a_b"]);
-        assert_eq!(names.name("a_b"), "a_b");
-        let (dot, slash) = (names.name("a.b"), names.name("a/b"));
-        assert!(dot.starts_with("a_b_") && slash.starts_with("a_b_") && dot != slash, "{dot} {slash}");
-        assert!(portable_name(dot) && portable_name(slash));
-        assert_eq!(names.id("a_b"), Some("a_b"));
-        assert_eq!(names.id(dot), Some("a.b"));
-        // Without the portable one the two still collide with each other.
-        let two = ToolNames::new(["a.b", "a/b"]);
-        assert_ne!(two.name("a.b"), two.name("a/b"));
-        assert_ne!(two.name("a.b"), "a_b");
+    fn a_name_two_ids_get_is_ambiguous_never_first_wins() {
+        let names = ToolNames::new(["a.b", "a/b", "a_b", "c"]);
+        for id in ["a.b", "a/b", "a_b"] {
+            assert_eq!(names.listed(id), None, "{id} is not listed under an ambiguous name");
+        }
+        let refused = names.id("a_b").unwrap_err();
+        assert_eq!(refused.ids, ["a.b", "a/b", "a_b"]);
+        let message = refused.to_string();
+        assert!(message.contains("`a.b`") && message.contains("`a/b`") && message.contains("real id"), "{message}");
+        assert_eq!(names.id("a.b"), Ok(Some("a.b")), "the real id still calls it");
+        assert_eq!(names.id("a/b"), Ok(Some("a/b")));
+        assert_eq!(names.listed("c"), Some("c"));
+    }
+
+    /// A name is a function of its id alone: adding ids never renames a tool
+    /// — it only makes a name ambiguous, which then calls nothing. Before,
+    /// adding a plugin `files_read` gave it the name `files.read` had been
+    /// listed under, and a client that had not listed again ran it.
+    #[test]
+    fn a_name_does_not_change_when_ids_are_added_unless_it_becomes_ambiguous() {
+        let before = ToolNames::new(["files.read", "notes"]);
+        assert_eq!(before.listed("files.read"), Some("files_read"));
+        let long = "x".repeat(70);
+        let more = ["files.read", "notes", "files_read", "text.upper", "files-read", long.as_str()];
+        let after = ToolNames::new(more);
+        assert!(after.id("files_read").is_err(), "the stale name calls neither tool");
+        assert_eq!(after.id("files.read"), Ok(Some("files.read")));
+        for id in more {
+            assert_eq!(after.listed(id).is_none(), tool_name(id) == "files_read", "{id}");
+            if let Some(name) = after.listed(id) {
+                assert_eq!(name, tool_name(id), "{id}: named by itself");
+            }
+        }
+        assert_eq!(after.listed("notes"), before.listed("notes"));
+    }
+
+    /// Ids crafted to fill every candidate of the old search (`files_read`,
+    /// then `files_read_` and 8, 16, 32 hex digits of the SHA-256 of
+    /// `files.read`) drove it past its last candidate, where `64 - 1 - n`
+    /// underflowed: a panic on every list and call of the agent in a debug
+    /// build, a 75-character name in a release one. Now no name is searched
+    /// for: each is portable, and a clash is an ambiguity.
+    #[test]
+    fn crafted_ids_neither_panic_nor_give_a_name_clients_refuse() {
+        let digest = hex::encode(Sha256::digest(b"files.read"));
+        let mut ids = vec!["files.read".to_owned(), "files_read".to_owned()];
+        for n in [8, 16, 32, 64] {
+            ids.push(format!("files_read_{}", &digest[..n]));
+        }
+        ids.push(digest[..NAME_MAX].to_owned());
+        ids.push(format!("x{}", &digest[..NAME_MAX]));
+        let names = ToolNames::new(ids.iter().map(String::as_str));
+        for id in &ids {
+            if let Some(name) = names.listed(id) {
+                assert!(portable_name(name), "{id} → {name}");
+                assert_eq!(names.id(name), Ok(Some(id.as_str())));
+            }
+            assert!(portable_name(&tool_name(id)), "{id}");
+        }
+        assert!(names.id("files_read").is_err());
+        for len in [0, 1, 63, 64, 65, 200] {
+            let id = ".".repeat(len);
+            assert!(portable_name(&tool_name(&id)), "{len} dots → {}", tool_name(&id));
+        }
     }
 
     /// A line past the limit is answered with -32600 and the id its start
