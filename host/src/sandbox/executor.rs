@@ -383,6 +383,9 @@ struct CallState {
     /// The Tool's committed state as the call read it (shared with the
     /// runtime's compare-and-set at commit, not copied).
     state: Arc<BTreeMap<String, String>>,
+    /// What of `state` and `pinned` is withheld from the guest: it holds a
+    /// watched secret (checked when the call starts).
+    withheld: Withheld,
     log: Capture,
     /// The component's own `toolgate-pinned` section (usually empty).
     pinned: Arc<[u8]>,
@@ -427,12 +430,23 @@ impl wit_log::Host for CallState {
     }
 }
 
-// What the guest reads of the host's own keeping is checked for secrets
-// when read: state committed before a credential was configured (or by a
-// host with another config sharing the journal) and data pinned under the
-// packer's config were never checked for this host's secrets. A value
-// holding one reads as absent, a key holding one is left out, pinned data
-// holding one reads as empty; each is recorded.
+/// What the guest may not read of the host's own keeping — its committed
+/// state, its pinned data — because it holds a watched secret: state
+/// committed before a credential was configured (or by a host with another
+/// config sharing the journal) and data pinned under the packer's config
+/// were never checked for this host's secrets. Found when the call starts,
+/// on the blocking pool within its deadline ([`Executor::check_kept`]).
+#[derive(Debug, Default)]
+struct Withheld {
+    /// Nothing of either is handed over (the check could not finish).
+    all: bool,
+    /// The pinned data reads as empty.
+    pinned: bool,
+    /// Keys holding one: left out of the keys, their values absent.
+    keys: std::collections::HashSet<String>,
+    /// Keys whose value holds one: the value reads as absent.
+    values: std::collections::HashSet<String>,
+}
 
 /// As the output check names them while a credential is unreadable.
 const STATE_RECEIVED: &str = "its committed state";
@@ -443,9 +457,10 @@ impl wit_pinned::Host for CallState {
         if self.pinned.is_empty() {
             return Vec::new();
         }
-        if let Some(secrets) = self.held.secrets()
-            && secrets.holds_secret(PINNED_RECEIVED, "the component's pinned data", &self.pinned)
-        {
+        if let Some(secrets) = self.held.secrets() {
+            secrets.received(PINNED_RECEIVED);
+        }
+        if self.withheld.all || self.withheld.pinned {
             return Vec::new();
         }
         self.pinned.to_vec()
@@ -455,20 +470,24 @@ impl wit_pinned::Host for CallState {
 impl wit_state::Host for CallState {
     fn get(&mut self, key: String) -> Option<String> {
         let value = self.state.get(&key)?;
-        if let Some(secrets) = self.held.secrets()
-            && secrets.holds_secret(STATE_RECEIVED, "a value of the Tool's committed state", value.as_bytes())
-        {
-            return None;
+        if let Some(secrets) = self.held.secrets() {
+            secrets.received(STATE_RECEIVED);
         }
-        Some(value.clone())
+        let w = &self.withheld;
+        (!(w.all || w.keys.contains(&key) || w.values.contains(&key))).then(|| value.clone())
     }
     fn keys(&mut self) -> Vec<String> {
-        let Some(secrets) = self.held.secrets() else { return self.state.keys().cloned().collect() };
-        self.state
-            .keys()
-            .filter(|k| !secrets.holds_secret(STATE_RECEIVED, "a key of the Tool's committed state", k.as_bytes()))
-            .cloned()
-            .collect()
+        if self.state.is_empty() {
+            return Vec::new();
+        }
+        if let Some(secrets) = self.held.secrets() {
+            secrets.received(STATE_RECEIVED);
+        }
+        let w = &self.withheld;
+        if w.all {
+            return Vec::new();
+        }
+        self.state.keys().filter(|k| !w.keys.contains(*k)).cloned().collect()
     }
 }
 
@@ -524,7 +543,14 @@ pub struct Executor {
     resolver: outbound::Resolver,
     /// Why the cache directory is not used, if it is not trusted (said once).
     cache_distrust: std::sync::OnceLock<Option<String>>,
+    /// Each component's pinned data, checked for secrets with a complete
+    /// scanner: the verdict holds while the scanner does (pinned data does
+    /// not change with the digest).
+    pinned_checked: Arc<Mutex<HashMap<Digest, PinnedVerdict>>>,
 }
+
+/// A component's pinned data checked for secrets, and with what.
+type PinnedVerdict = (Arc<super::scan::SecretScanner>, Result<(), String>);
 
 /// Back-pressure: a call waits for a slot of its Tool and a slot of the
 /// executor before it instantiates, so saturation queues calls instead of
@@ -685,6 +711,7 @@ impl Executor {
             http_slots: Arc::new(tokio::sync::Semaphore::new(http_in_flight)),
             resolver: outbound::Resolver::system(outbound::LOOKUPS_AT_ONCE),
             cache_distrust: std::sync::OnceLock::new(),
+            pinned_checked: Arc::default(),
         })
     }
 
@@ -814,6 +841,7 @@ impl Executor {
                 .trap_on_grow_failure(true)
                 .build(),
             state,
+            withheld: Withheld::default(),
             log,
             pinned: component.pinned.clone(),
             held: Held::new(limits, secrets.clone()),
@@ -842,6 +870,13 @@ impl Executor {
         let deadline = Duration::from_millis(limits.timeout_ms);
         let raw = {
             let run = async {
+                if let Some(secrets) = &secrets {
+                    let data = store.data();
+                    if !data.state.is_empty() || !data.pinned.is_empty() {
+                        let (state, pinned) = (data.state.clone(), data.pinned.clone());
+                        store.data_mut().withheld = self.check_kept(secrets, component.digest, state, pinned).await;
+                    }
+                }
                 self.instantiations.fetch_add(1, Ordering::SeqCst);
                 if !Engine::same(pre.engine(), &self.optimized.engine) {
                     self.baseline_instantiations.fetch_add(1, Ordering::SeqCst);
@@ -933,6 +968,65 @@ impl Executor {
             },
             transport_failure: outbound.transport_failure(),
         })
+    }
+
+    /// What of a call's committed `state` and the component's `pinned`
+    /// data holds a watched secret ([`Withheld`]), checked on the blocking
+    /// pool (CPU in proportion to their size, bounded by
+    /// `limits.file_check_mib` each) and stopped when the call is dropped;
+    /// each withheld part is recorded. A check that cannot finish withholds
+    /// all of both.
+    async fn check_kept(
+        &self,
+        secrets: &Arc<CallSecrets>,
+        digest: Digest,
+        state: Arc<BTreeMap<String, String>>,
+        pinned: Arc<[u8]>,
+    ) -> Withheld {
+        let cancel = Arc::new(AtomicBool::new(false));
+        let _stop = withhold::CancelOnDrop(cancel.clone());
+        let (secrets, verdicts) = (secrets.clone(), self.pinned_checked.clone());
+        let check = tokio::task::spawn_blocking(move || {
+            let mut withheld = Withheld::default();
+            let watched = secrets.scanner();
+            let scanner = withhold::scanner_of(&watched);
+            if !pinned.is_empty() {
+                let complete = secrets.complete_scanner();
+                let known = complete.as_ref().and_then(|s| {
+                    let verdicts = verdicts.lock().unwrap_or_else(|p| p.into_inner());
+                    verdicts.get(&digest).filter(|(with, _)| Arc::ptr_eq(with, s)).map(|(_, v)| v.clone())
+                });
+                let verdict = known.unwrap_or_else(|| {
+                    let v = secrets.check_kept(scanner, &pinned, &cancel);
+                    if let Some(s) = complete
+                        && !cancel.load(Ordering::Relaxed)
+                    {
+                        verdicts.lock().unwrap_or_else(|p| p.into_inner()).insert(digest, (s, v.clone()));
+                    }
+                    v
+                });
+                if let Err(why) = verdict {
+                    secrets.record(format!("the component's pinned data was withheld from the guest: {why}"));
+                    withheld.pinned = true;
+                }
+            }
+            for (key, value) in state.iter() {
+                if cancel.load(Ordering::Relaxed) {
+                    // The call is over: nothing of it is read any more.
+                    withheld.all = true;
+                    break;
+                }
+                if let Err(why) = secrets.check_kept(scanner, key.as_bytes(), &cancel) {
+                    secrets.record(format!("a key of the Tool's committed state was withheld from the guest: {why}"));
+                    withheld.keys.insert(key.clone());
+                } else if let Err(why) = secrets.check_kept(scanner, value.as_bytes(), &cancel) {
+                    secrets.record(format!("a value of the Tool's committed state was withheld from the guest: {why}"));
+                    withheld.values.insert(key.clone());
+                }
+            }
+            withheld
+        });
+        check.await.unwrap_or_else(|_| Withheld { all: true, ..Withheld::default() })
     }
 
     fn http_limits(&self) -> HttpLimits {
@@ -1158,6 +1252,7 @@ impl Executor {
                 .trap_on_grow_failure(true)
                 .build(),
             state: Arc::default(),
+            withheld: Withheld::default(),
             log: Capture::new(0),
             pinned,
             held: Held::new(limits, None),

@@ -202,19 +202,55 @@ impl CallSecrets {
         self.received_scanner("names from its directories")
     }
 
-    /// Whether `data` — of the host's own keeping, about to be handed to
-    /// the guest: its committed state, its pinned data — holds a watched
-    /// secret; if so it is recorded as withheld from the guest (`what` names
-    /// it there, e.g. "a value of its committed state"). Checked when read,
-    /// not only when committed or packed: state committed before a
-    /// credential was configured, or by a host with another config sharing
-    /// the journal, and data pinned under the packer's config were never
-    /// checked for this host's secrets. `received` names it for the output
-    /// check while a credential is unreadable ([`CallSecrets::received`]).
-    pub(super) fn holds_secret(&self, received: &'static str, what: &str, data: &[u8]) -> bool {
-        let Some(f) = self.received_scanner(received).find(data) else { return false };
-        self.record(format!("{what} was withheld from the guest: it held {}", named(&f)));
-        true
+    /// Whether the guest may be handed `data` the host keeps for it — its
+    /// committed state, its pinned data — (blocking): `Err(why)` when it
+    /// holds a watched secret (also inside a compressed stream, as a file
+    /// is checked) or is larger than `limits.file_check_mib`. Checked when
+    /// the call starts, not only when committed or packed: state committed
+    /// before a credential was configured, or by a host with another config
+    /// sharing the journal, and data pinned under the packer's config were
+    /// never checked for this host's secrets. With the watch unvouched, for
+    /// the values there are (the output check then counts what the guest
+    /// read: [`CallSecrets::received`]). `scanner`: of [`CallSecrets::scanner`].
+    /// Stops once `cancel` is set.
+    pub(super) fn check_kept(&self, scanner: &SecretScanner, data: &[u8], cancel: &AtomicBool) -> Result<(), String> {
+        if data.len() as u64 > self.file_limit {
+            return Err(self.too_large(data.len() as u64));
+        }
+        let found = if data.len() <= WHOLE {
+            check_compressed(scanner, data, WHOLE_INFLATE, "16 MiB (4× the 4 MiB checked whole)")?
+        } else {
+            // In overlapping pieces, as a large file: a secret across a
+            // boundary is whole in one of them.
+            let (overlap, mut start) = (overlap(scanner), 0);
+            loop {
+                if cancel.load(Ordering::Relaxed) {
+                    return Err("the call ended before the check did".into());
+                }
+                let end = (start + WHOLE).min(data.len());
+                if let Some(f) = scanner.find(&data[start..end]) {
+                    break Some(f);
+                }
+                if end == data.len() {
+                    break None;
+                }
+                start = end.saturating_sub(overlap).max(start + 1);
+            }
+        };
+        match found {
+            Some(f) => Err(format!("it holds {}", named(&f))),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether this call's checks were made for every configured secret
+    /// (none unreadable): a verdict then holds for any call with the same
+    /// scanner.
+    pub(super) fn complete_scanner(&self) -> Option<Arc<SecretScanner>> {
+        match self.state().scanner.as_ref()? {
+            Watched::Complete(s) => Some(s.clone()),
+            Watched::Unvouched { .. } => None,
+        }
     }
 
     /// The call's last complete scanner, or one read now (blocking), for
@@ -548,6 +584,34 @@ mod tests {
         }
         let clean = vec![b'.'; 2 * CHUNK + 5];
         assert_eq!(check(&s, &clean), Ok(()));
+    }
+
+    /// What the host keeps for a Tool (its state, its pinned data) is
+    /// checked as a file is: whole or in overlapping pieces, inside
+    /// compressed streams, bounded by `limits.file_check_mib`, and a
+    /// cancelled check stops.
+    #[test]
+    fn kept_data_is_checked_as_a_file_is() {
+        let s = secrets(16);
+        let watched = s.scanner();
+        let scanner = scanner_of(&watched);
+        let no = AtomicBool::new(false);
+        let kept = |data: &[u8]| s.check_kept(scanner, data, &no);
+        assert_eq!(kept(b"nothing here"), Ok(()));
+        assert!(kept(format!("x {SECRET} y").as_bytes()).unwrap_err().contains("`tracker`"));
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        std::io::Write::write_all(&mut gz, format!("packed: {SECRET}").as_bytes()).unwrap();
+        assert!(kept(&gz.finish().unwrap()).is_err(), "inside a gzip stream");
+        for at in [WHOLE - 5, 2 * WHOLE + 1] {
+            let mut data = vec![b'.'; 3 * WHOLE];
+            data[at..at + SECRET.len()].copy_from_slice(SECRET.as_bytes());
+            assert!(kept(&data).is_err(), "at {at}");
+        }
+        let over = vec![b'.'; (16 << 20) + 1];
+        assert!(kept(&over).unwrap_err().contains("limits.file_check_mib"));
+        let mut late = vec![b'.'; 3 * WHOLE];
+        late[3 * WHOLE - 40..3 * WHOLE - 40 + SECRET.len()].copy_from_slice(SECRET.as_bytes());
+        assert!(s.check_kept(scanner, &late, &AtomicBool::new(true)).unwrap_err().contains("ended"));
     }
 
     #[test]
