@@ -73,21 +73,22 @@ fn user_name(uid: libc::uid_t) -> Option<String> {
     }
 }
 
-/// How much of a call digest `journal --awaiting` shows as text: 64 bits,
-/// the least `--digest` takes.
-const SHORT_DIGEST: usize = 16;
+/// The length of a call digest in hex: SHA-256, all of it.
+const DIGEST_HEX: usize = 64;
 
-/// Whether `given` (from `--digest`) names `record`'s call digest: its
-/// first [`SHORT_DIGEST`] hex characters or more, in either case.
+/// Whether `given` (from `--digest`) is `record`'s call digest: all of it,
+/// in either case. A prefix is refused: an agent that can write the journal
+/// can choose two calls whose digests share any short prefix (64 bits take
+/// about 2^32 hashes), show the approver one and swap in the other.
 fn check_digest(record: &AwaitingRecord, given: &str) -> Result<()> {
     let given = given.trim().to_ascii_lowercase();
-    if given.len() < SHORT_DIGEST || given.len() > 64 || !given.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if given.len() != DIGEST_HEX || !given.bytes().all(|b| b.is_ascii_hexdigit()) {
         bail!(
-            "`--digest` takes the call digest `toolgate journal --awaiting` shows (at least its first {SHORT_DIGEST} \
-             hex characters); nothing was decided and the request is still pending"
+            "`--digest` takes the whole call digest ({DIGEST_HEX} hex characters): copy all of it from \
+             `toolgate journal --awaiting`; nothing was decided and the request is still pending"
         );
     }
-    if !record.call_digest().hex().starts_with(&given) {
+    if record.call_digest().hex() != given {
         return Err(ApprovalError::ChangedSinceShown { ticket: record.ticket_id.clone() }.into());
     }
     Ok(())
@@ -253,7 +254,7 @@ pub async fn list_pending(config: &Config, runtime: &Runtime, key: Option<&Path>
                 field(&a.arguments),
                 field(&a.agent),
                 field(&a.run_id),
-                &digest[..SHORT_DIGEST],
+                digest,
                 ticket.map(|t| format!("  ticket {t}")).unwrap_or_default()
             );
         }

@@ -116,8 +116,8 @@ enum Command {
         #[arg(long)]
         key: Option<PathBuf>,
         /// The call digest `toolgate journal --awaiting` listed for the request
-        /// (at least 16 hex characters): the approval is refused if the stored
-        /// call is no longer that one. Needed with `--key` off a terminal.
+        /// (all 64 hex characters): the approval is refused if the stored call
+        /// is no longer that one. Needed with `--key` off a terminal.
         #[arg(long)]
         digest: Option<String>,
     },

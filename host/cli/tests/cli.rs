@@ -909,14 +909,22 @@ fn an_approval_signed_with_a_key_names_the_digest_the_approver_listed() {
     let digest = listed_digest(d, &ticket);
     assert_eq!(digest.len(), 64);
     let listed = text(&tg(d, &["journal", "--awaiting", "--key", "approver.key"]).stdout);
-    assert!(listed.contains(&format!("digest {}", &digest[..16])), "{listed}");
+    assert!(listed.contains(&format!("digest {digest}")), "the text listing shows all of it: {listed}");
 
     let bare = tg(d, &["approve", &ticket, "--key", "approver.key"]);
     assert_eq!(bare.status.code(), Some(1));
     assert!(text(&bare.stderr).contains("--digest"), "{}", text(&bare.stderr));
-    let short = tg(d, &["approve", &ticket, "--key", "approver.key", "--digest", &digest[..8]]);
-    assert_eq!(short.status.code(), Some(1));
-    assert!(text(&short.stderr).contains("at least"), "{}", text(&short.stderr));
+    // A prefix of the record's own digest decides nothing: an agent that
+    // writes the journal can choose two calls sharing a 64-bit prefix (about
+    // 2^32 hashes), list one and swap in the other. Before, the first 16 hex
+    // characters (what the text listing showed) were taken.
+    for short in [&digest[..8], &digest[..16], &digest[..63]] {
+        let out = tg(d, &["approve", &ticket, "--key", "approver.key", "--digest", short]);
+        assert_eq!(out.status.code(), Some(1), "{short}: {}", text(&out.stderr));
+        let err = text(&out.stderr);
+        assert!(err.contains("whole call digest") && err.contains("journal --awaiting"), "{err}");
+    }
+    assert_eq!(pending_ticket(d), ticket, "still pending");
 
     // The agent rewrites the pending call after the approver listed it.
     toolgate_tests::rewrite_awaiting(
@@ -926,8 +934,8 @@ fn an_approval_signed_with_a_key_names_the_digest_the_approver_listed() {
         &serde_json::json!({"op": "add", "note": "TAMPERED"}),
         &toolgate::Digest::of(&packed(guests::NOTES)),
     );
-    for given in [&digest[..16], digest.as_str()] {
-        let out = tg(d, &["approve", &ticket, "--key", "approver.key", "--digest", given]);
+    for given in [digest.clone(), digest.to_ascii_uppercase()] {
+        let out = tg(d, &["approve", &ticket, "--key", "approver.key", "--digest", &given]);
         assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
         assert!(text(&out.stderr).contains("changed since it was shown"), "{}", text(&out.stderr));
     }
