@@ -196,7 +196,7 @@ fn compile_path_glob(glob: &str, at: usize) -> Result<Pattern, Fault> {
         let literal = !text.contains(['*', '?', '[', ']', '{', '}', '\\']);
         variants.push(if literal { Variant::Literal(text.into()) } else { Variant::Glob(glob.compile_matcher()) });
     }
-    Ok(Pattern { url, variants: variants.into(), source: glob.into() })
+    Ok(Pattern { url, query: super::url::glob_names_query(glob), variants: variants.into(), source: glob.into() })
 }
 
 /// What to write instead of primary-argument glob `glob` on `tool`, which

@@ -13,7 +13,12 @@
 //! `/`; in the path, percent-encoded unreserved characters decoded, other
 //! percent-encodings in uppercase hex, non-ASCII and `"<>\`{}` percent-encoded,
 //! and `.` / `..` segments (also as `%2e`) resolved per RFC 3986 §5.2.4;
-//! query and fragment as written.
+//! the query as written; no fragment. A fragment never leaves the client
+//! (every HTTP client drops it before the request), so it is no part of any
+//! reading of an argument, a rule's URL literal or a rule's URL glob. A
+//! query is: a URL with one has a second reading without it
+//! ([`without_query`]), the destination's path alone, which a rule that
+//! names no query is compared against as well.
 //!
 //! A URL-shaped argument that is not in a form every common client reads
 //! the same way — user information (`user@`), a host that is not a plain
@@ -136,6 +141,8 @@ fn standard(s: &str, side: Side) -> Option<(Cow<'_, str>, Option<String>)> {
     if s.bytes().any(|b| b <= b' ' || b == 0x7f) {
         return None;
     }
+    // The fragment stays in the client: `https://h/x#/../y` requests `/x`.
+    let s = without_fragment(s);
     let (scheme, rest) = s.split_once("://")?;
     if !valid_scheme(scheme) {
         return None;
@@ -191,6 +198,33 @@ fn standard(s: &str, side: Side) -> Option<(Cow<'_, str>, Option<String>)> {
         m
     });
     Some((Cow::Owned(out), merged))
+}
+
+/// `s` up to its first `#`: what a client sends of a URL.
+fn without_fragment(s: &str) -> &str {
+    s.find('#').map_or(s, |i| s.get(..i).unwrap_or(s))
+}
+
+/// A standard form (or its merged reading) without its query, when it has
+/// one: `https://h/admin?x` is `https://h/admin`, the path a server
+/// routes. In a standard form of an argument the first `?` starts the
+/// query: scheme, host and port never hold one.
+pub(super) fn without_query(text: &str) -> Option<&str> {
+    text.find('?').and_then(|i| text.get(..i))
+}
+
+/// Whether a rule's URL glob names a query: a `?` after its host
+/// (`https://h/search?q=*`). Such a rule is not also held against the
+/// query-less reading of an argument by an allow (see `Pattern::holds`).
+/// In a path glob any `?` counts.
+pub(super) fn glob_names_query(glob: &str) -> bool {
+    if !is_url_glob(glob) {
+        return glob.contains('?');
+    }
+    without_fragment(glob)
+        .split_once("://")
+        .and_then(|(_, rest)| rest.find('/').and_then(|i| rest.get(i..)))
+        .is_some_and(|path| path.contains('?'))
 }
 
 fn lowercase(s: &str) -> Cow<'_, str> {
@@ -444,10 +478,12 @@ pub(super) fn literal(text: &str) -> Result<(Box<str>, Option<Box<str>>), RuleUr
 /// crosses `/` itself). A glob port (`:*`) also stands for the default port,
 /// which standard forms do not write. A trailing `/**` on a longer path also
 /// matches the path itself (`https://h/admin/**` covers `https://h/admin`).
+/// A fragment (`#…`) is dropped, as from arguments.
 pub(super) fn glob_variants(glob: &str) -> Result<Vec<String>, RuleUrlError> {
     let Some((scheme, rest)) = glob.split_once("://") else {
         return Ok(vec![glob.to_owned()]);
     };
+    let rest = without_fragment(rest);
     let auth_end = rest.find('/').unwrap_or(rest.len());
     let (authority, path) = rest.split_at(auth_end);
     if authority.contains('@') {
@@ -515,13 +551,18 @@ mod tests {
             prefix in prop_oneof![Just(""), Just("https://"), Just("HTTP://"), Just("s3://"), Just("https:"), Just(" http://")],
             rest in r"[a-zA-Z0-9.:@%/\\?#\[\]{}~ _-]{0,30}",
             unicode in r"\PC{0,8}",
+            fragment in r"[a-zA-Z0-9./?#%@:\\-]{0,10}",
         ) {
             for input in [format!("{prefix}{rest}"), format!("{prefix}{rest}{unicode}"), format!("{prefix}{unicode}/{rest}")] {
                 if let UrlReading::Known(text, merged) = read(&input) {
                     prop_assert!(matches!(read(&text), UrlReading::Known(ref again, _) if *again == *text), "{} -> {}", input, text);
-                    if let Some(m) = merged {
-                        prop_assert!(matches!(read(&m), UrlReading::Known(ref again, _) if *again == *m), "{} -> {}", input, m);
+                    if let Some(m) = &merged {
+                        prop_assert!(matches!(read(m), UrlReading::Known(ref again, _) if *again == **m), "{} -> {}", input, m);
                     }
+                    // A fragment is no part of any reading.
+                    prop_assert!(!text.contains('#'), "{} -> {}", input, text);
+                    let with = format!("{input}#{fragment}");
+                    prop_assert_eq!(read(&with), UrlReading::Known(text.clone(), merged.clone()), "{}", with);
                 }
                 let _ = glob_variants(&input);
             }
@@ -557,9 +598,14 @@ mod tests {
             ("https://h/a%2fb", "https://h/a%2Fb"),
             ("https://h/é", "https://h/%C3%A9"),
             ("https://h/a{b}", "https://h/a%7Bb%7D"),
-            ("https://h/x?a=/../b#/../c", "https://h/x?a=/../b#/../c"),
+            ("https://h/x?a=/../b#/../c", "https://h/x?a=/../b"),
             ("https://h?q", "https://h/?q"),
-            ("https://h#f", "https://h/#f"),
+            ("https://h#f", "https://h/"),
+            ("https://h/x#/../y", "https://h/x"),
+            ("https://h/x#", "https://h/x"),
+            ("https://h/x?#", "https://h/x?"),
+            ("https://h/x#?q", "https://h/x"),
+            ("HTTPS://H/a/../b#c", "https://h/b"),
             ("http://[0:0::1]:8080/", "http://[::1]:8080/"),
             ("http://127.0.0.1:5000/x", "http://127.0.0.1:5000/x"),
             ("s3://bucket/key", "s3://bucket/key"),
@@ -569,7 +615,46 @@ mod tests {
             assert_eq!(std_form(input).as_deref(), Some(want), "{input}");
         }
         assert!(matches!(read("https://api.github.com/repos/x"), UrlReading::Known(Cow::Borrowed(_), None)));
-        assert!(matches!(read("http://127.0.0.1:5000/x?y#z"), UrlReading::Known(Cow::Borrowed(_), None)));
+        assert!(matches!(
+            read("http://127.0.0.1:5000/x?y#z"),
+            UrlReading::Known(Cow::Borrowed("http://127.0.0.1:5000/x?y"), None)
+        ));
+    }
+
+    /// A fragment never leaves the client, so it is in no reading of an
+    /// argument, a literal or a glob; a query-less reading is the path a
+    /// server routes. Fails on the previous code (the fragment was kept).
+    #[test]
+    fn a_fragment_is_dropped_and_a_query_has_a_reading_without_it() {
+        assert_eq!(std_form("https://api.example/v1/reset#"), std_form("https://api.example/v1/reset"));
+        assert!(
+            matches!(read("https://h/public//../admin#x"), UrlReading::Known(a, Some(b)) if a == "https://h/public/admin" && b == "https://h/admin")
+        );
+        for (text, bare) in [
+            ("https://h/admin?", Some("https://h/admin")),
+            ("https://h/admin?x=/../y", Some("https://h/admin")),
+            ("https://h/?q", Some("https://h/")),
+            ("https://h:8443/a?b?c", Some("https://h:8443/a")),
+            ("https://h/admin", None),
+        ] {
+            assert_eq!(without_query(text), bare, "{text}");
+        }
+        let v = |g: &str| glob_variants(g).unwrap_or_else(|e| panic!("{g}: {e}"));
+        assert_eq!(v("https://h/admin/**#x"), ["https://h/admin/**", "https://h/admin"]);
+        assert_eq!(v("https://h#x"), ["https://h/"]);
+        assert_eq!(v("https://h/a#/../../b"), ["https://h/a"]);
+        for (glob, names) in [
+            ("https://h/search?q=*", true),
+            ("https://h/a/**?x", true),
+            ("https://h/**", false),
+            ("https://h?.example/**", false),
+            ("https://h/x#?", false),
+            ("data/file?.csv", true),
+            ("data/**", false),
+        ] {
+            assert_eq!(glob_names_query(glob), names, "{glob}");
+        }
+        assert_eq!(literal("https://h/x#frag"), Ok(("https://h/x".into(), None)));
     }
 
     #[test]
