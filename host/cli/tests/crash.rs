@@ -71,6 +71,14 @@ async fn ticket_of(dir: &Path, request: &str) -> String {
     pending.into_iter().find(|a| a.call_id == request).map(|a| a.ticket_id).expect("the request is pending")
 }
 
+/// The call digest of `ticket`'s record, as `journal --awaiting` lists it
+/// for `approve --digest` (the approver names what it was shown).
+async fn digest_of(dir: &Path, ticket: &str) -> String {
+    let config = Config::load(&dir.join("toolgate.toml")).unwrap();
+    let journal = SqliteJournal::open(config.store.file().expect("a SQLite journal")).unwrap();
+    journal.awaiting(ticket).await.unwrap().expect("the ticket is recorded").call_digest().hex()
+}
+
 fn json_out(o: &Output) -> Value {
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
         panic!("{e}: {}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
@@ -137,7 +145,9 @@ async fn killing_the_host_at_random_points(durability: &str) {
         let approve = !pending.is_empty() && rng.below(3) == 0;
         if approve {
             let ticket = pending[rng.below(pending.len() as u64) as usize].clone();
-            match toolgate_tests::run_or_kill(host(d, &["approve", &ticket, "--key", "approver.key"]), kill_after) {
+            let digest = digest_of(d, &ticket).await;
+            let approve = host(d, &["approve", &ticket, "--key", "approver.key", "--digest", &digest]);
+            match toolgate_tests::run_or_kill(approve, kill_after) {
                 None => killed += 1,
                 Some(o) => {
                     let code = o.status.code();
@@ -176,9 +186,10 @@ async fn killing_the_host_at_random_points(durability: &str) {
     // until its deadline, and the process dies holding the claim.
     let o = host(d, &["call", "hostile.loop"]).output().unwrap();
     let looping = ticket_of(d, json_out(&o)["request"].as_str().unwrap()).await;
+    let looping_digest = digest_of(d, &looping).await;
     assert!(
         toolgate_tests::run_or_kill(
-            host(d, &["approve", &looping, "--key", "approver.key"]),
+            host(d, &["approve", &looping, "--key", "approver.key", "--digest", &looping_digest]),
             Duration::from_millis(700)
         )
         .is_none()
@@ -193,7 +204,8 @@ async fn killing_the_host_at_random_points(durability: &str) {
 
     // Awaiting tickets are still resumable: approve every one still pending.
     for a in journal.pending().await.unwrap() {
-        let o = host(d, &["approve", &a.ticket_id, "--key", "approver.key"]).output().unwrap();
+        let digest = a.call_digest().hex();
+        let o = host(d, &["approve", &a.ticket_id, "--key", "approver.key", "--digest", &digest]).output().unwrap();
         assert_eq!(
             o.status.code(),
             Some(0),
@@ -254,8 +266,9 @@ async fn two_processes_approving_one_ticket_execute_it_once() {
         let args = json!({"op": "add", "note": format!("ask-race-{round}")}).to_string();
         let o = host(d, &["call", "notes", "--args", &args]).output().unwrap();
         let ticket = ticket_of(d, json_out(&o)["request"].as_str().unwrap()).await;
-        let a = host(d, &["approve", &ticket, "--key", "approver.key"]).spawn().unwrap();
-        let b = host(d, &["approve", &ticket, "--key", "approver.key"]).spawn().unwrap();
+        let digest = digest_of(d, &ticket).await;
+        let a = host(d, &["approve", &ticket, "--key", "approver.key", "--digest", &digest]).spawn().unwrap();
+        let b = host(d, &["approve", &ticket, "--key", "approver.key", "--digest", &digest]).spawn().unwrap();
         let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
         let mut codes = [a.status.code(), b.status.code()];
         codes.sort();
