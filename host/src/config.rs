@@ -788,6 +788,17 @@ impl Config {
         if let Ok(exe) = std::env::current_exe() {
             protected.push(Guarded::from_writes("the host's own executable", exe));
         }
+        // `current_exe` is where the last link leads (`/proc/self/exe`); a
+        // symlinked install (Homebrew's `bin/toolgate`, a Nix profile,
+        // `~/.local/bin/toolgate -> /opt/…`) is started through a link a
+        // Tool writing its directory could replace. The name it was started
+        // as is kept too, not followed: every name on the way to it (that
+        // link included) is then kept from read-write grants.
+        if let (Some(argv0), Ok(cwd)) = (std::env::args_os().next(), std::env::current_dir())
+            && let Some(started) = started_as(&argv0, std::env::var_os("PATH").as_deref(), &cwd)
+        {
+            protected.push(Guarded::from_writes("the host's own executable (the name it was started as)", started));
+        }
         if let Some(file) = store.file() {
             protected.push(Guarded::new("the journal", file.to_owned(), false));
         }
@@ -965,6 +976,27 @@ impl Config {
             ),
         })
     }
+}
+
+/// The path a program started as `argv0` was found at, its last symlink
+/// not followed: `argv0` itself when it holds a `/` (made absolute against
+/// `cwd`), else the first entry of `path` (`PATH`; an empty entry is the
+/// working directory) holding an executable file of that name, as a shell
+/// or `execvp` finds it. `None` when there is no such name.
+pub fn started_as(argv0: &std::ffi::OsStr, path: Option<&std::ffi::OsStr>, cwd: &Path) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt as _;
+    use std::os::unix::fs::PermissionsExt as _;
+    if argv0.is_empty() {
+        return None;
+    }
+    if argv0.as_bytes().contains(&b'/') {
+        return Some(cwd.join(argv0));
+    }
+    std::env::split_paths(path?).find_map(|dir| {
+        let candidate = cwd.join(dir).join(argv0);
+        let meta = std::fs::metadata(&candidate).ok()?;
+        (meta.is_file() && meta.permissions().mode() & 0o111 != 0).then_some(candidate)
+    })
 }
 
 #[cfg(test)]
@@ -1490,6 +1522,89 @@ mod tests {
         std::os::unix::fs::symlink(bin, dir.path().join("bin")).unwrap();
         let e = parse(&grant(&dir.path().join("bin"), "read-write")).unwrap_err().to_string();
         assert!(e.contains("the host's own executable"), "{e}");
+    }
+
+    /// Where a program started as `argv[0]` was found, its last link not
+    /// followed: the name with a `/` against the working directory, else
+    /// the first `PATH` entry holding an executable of that name.
+    #[test]
+    fn the_name_a_program_was_started_as_is_found_as_execvp_finds_it() {
+        use std::ffi::OsStr;
+        use std::os::unix::fs::PermissionsExt as _;
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        for d in ["opt/bin", "local/bin", "plain", "work"] {
+            std::fs::create_dir_all(r.join(d)).unwrap();
+        }
+        let real = r.join("opt/bin/toolgate");
+        std::fs::write(&real, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::symlink(&real, r.join("local/bin/toolgate")).unwrap();
+        // Not executable: skipped, as execvp skips it.
+        std::fs::write(r.join("plain/toolgate"), "data").unwrap();
+        let cwd = r.join("work");
+        let path =
+            std::env::join_paths([r.join("nowhere"), r.join("plain"), r.join("local/bin"), r.join("opt/bin")]).unwrap();
+        let found = started_as(OsStr::new("toolgate"), Some(&path), &cwd).unwrap();
+        assert_eq!(found, r.join("local/bin/toolgate"), "the link, not its target");
+        assert!(std::fs::symlink_metadata(&found).unwrap().file_type().is_symlink());
+        assert_eq!(started_as(OsStr::new("other"), Some(&path), &cwd), None);
+        assert_eq!(started_as(OsStr::new("toolgate"), None, &cwd), None);
+        assert_eq!(started_as(OsStr::new(""), Some(&path), &cwd), None);
+        // With a `/`: as given, against the working directory; PATH unread.
+        assert_eq!(
+            started_as(OsStr::new("../local/bin/toolgate"), Some(&path), &cwd),
+            Some(cwd.join("../local/bin/toolgate"))
+        );
+        assert_eq!(started_as(OsStr::new("/usr/bin/x"), None, &cwd), Some(PathBuf::from("/usr/bin/x")));
+        // An empty PATH entry is the working directory.
+        std::os::unix::fs::symlink(&real, cwd.join("toolgate")).unwrap();
+        let with_empty = std::env::join_paths([r.join("nowhere"), PathBuf::new(), r.join("opt/bin")]).unwrap();
+        assert_eq!(started_as(OsStr::new("toolgate"), Some(&with_empty), &cwd), Some(cwd.join("toolgate")));
+    }
+
+    /// Started through a symlink (`~/.local/bin/toolgate -> /opt/…`), a
+    /// read-write grant of the link's directory is refused: a Tool there
+    /// could replace the link the MCP client launches. Before, only where
+    /// the link leads (`current_exe`) was kept. This process's `argv[0]` is
+    /// the test binary, so the check runs in a child started through a link
+    /// to it: by a path, and by a bare name found on `PATH`.
+    #[test]
+    fn a_read_write_grant_of_the_directory_holding_the_link_the_host_was_started_through_is_refused() {
+        const CHILD: &str = "TOOLGATE_TEST_STARTED_THROUGH_LINK";
+        let grant = |host: &Path, access: &str| {
+            format!(
+                "[[grants]]\ntools = \"*\"\ndirectories = [{{ path = \"/d\", host = \"{}\", access = \"{access}\" }}]\n",
+                host.display()
+            )
+        };
+        if let Some(bin) = std::env::var_os(CHILD) {
+            let bin = PathBuf::from(bin);
+            let e = parse(&grant(&bin, "read-write")).unwrap_err().to_string();
+            assert!(e.contains("the name it was started as"), "{e}");
+            // Reading it gives a Tool nothing.
+            parse(&grant(&bin, "read")).unwrap();
+            return;
+        }
+        let name = "config::tests::a_read_write_grant_of_the_directory_holding_the_link_the_host_was_started_through_is_refused";
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        std::os::unix::fs::symlink(std::env::current_exe().unwrap(), bin.join("tg-link")).unwrap();
+        // The link's directory alone holds nothing of the host's otherwise.
+        parse(&grant(&bin, "read-write")).unwrap();
+        for by_path in [true, false] {
+            let mut cmd = if by_path {
+                std::process::Command::new(bin.join("tg-link"))
+            } else {
+                let mut c = std::process::Command::new("tg-link");
+                c.env("PATH", &bin);
+                c
+            };
+            let out = cmd.args([name, "--exact", "--nocapture", "--test-threads=1"]).env(CHILD, &bin).output().unwrap();
+            let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success() && said.contains("1 passed"), "by path {by_path}: {said}");
+        }
     }
 
     #[cfg(feature = "postgres")]
