@@ -326,3 +326,39 @@ async fn a_url_rule_holds_against_every_spelling_of_the_url() {
     assert!(matches!(&r, StepResult::Output { .. }), "the allowed server, in any spelling: {r:?}");
     assert_eq!(acme.requests().len(), 2);
 }
+
+/// Review (URL fragment and query), end to end: a deny on a subtree was
+/// dodged by `#…` or `?` after its base — the rule compared the text with
+/// them, while the client drops the fragment and the server routes the path
+/// without the query, so the denied path was requested. Each spelling is now
+/// blocked before the Tool runs and the server sees nothing. Fails on the
+/// previous code (the server saw `GET /admin…`).
+#[tokio::test]
+async fn a_fragment_or_a_query_does_not_dodge_a_url_rule_end_to_end() {
+    let server = TestServer::start(TRACKER_SECRET, "http://127.0.0.1:1/");
+    let other = TestServer::start(TRACKER_SECRET, "http://127.0.0.1:1/");
+    let port = server.port;
+    let deny = format!(
+        r#"[{{ pattern = 'tracker.issues(base_url ~ "http://127.0.0.1:{port}/admin/**")', behavior = "deny" }}]"#
+    );
+    let host = tracker_host([&server, &other], "allow", &deny);
+    for url in [
+        format!("http://127.0.0.1:{port}/admin#"),
+        format!("http://127.0.0.1:{port}/admin#x"),
+        format!("http://127.0.0.1:{port}/admin?"),
+        format!("http://127.0.0.1:{port}/admin?#"),
+        format!("http://127.0.0.1:{port}/x/../admin?x=1"),
+    ] {
+        let r = call(&host, "tracker.issues", json!({"base_url": url})).await;
+        assert!(matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("base_url ~")), "{url}: {r:?}");
+    }
+    assert!(server.requests().is_empty(), "the denied path saw nothing: {:?}", server.requests());
+    // Outside the subtree the call runs, and the client drops the fragment:
+    // what the rule must read is what the server is asked for.
+    let url = format!("http://127.0.0.1:{port}/public#/../admin");
+    let r = call(&host, "tracker.issues", json!({"base_url": url})).await;
+    assert!(!matches!(&r, StepResult::Blocked { .. }), "{r:?}");
+    let requests = server.requests();
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    assert!(requests[0].line.starts_with("GET /public "), "{}", requests[0].line);
+}
