@@ -726,6 +726,13 @@ impl http_body::Body for Incoming {
     }
 }
 
+/// Most bytes of a response's head (status line and fields) the host
+/// reads, and most fields: a larger head fails the request
+/// (`HttpProtocolError`). Its bytes are also charged to the call's response
+/// budget with its body ([`collect_charged`]).
+const MAX_RESPONSE_HEAD: usize = 64 << 10;
+const MAX_RESPONSE_FIELDS: usize = 100;
+
 /// A connection a request goes over: TCP, or TLS over TCP.
 trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static> Stream for T {}
@@ -737,11 +744,17 @@ fn tls_client() -> tokio_rustls::TlsConnector {
     let config = CONFIG.get_or_init(|| {
         let roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.into() };
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .expect("ring supports the default TLS versions")
             .with_root_certificates(roots)
             .with_no_client_auth();
+        // No session resumption: one config serves every call of every Tool,
+        // and a ticket or session id one call got would be sent, in the clear,
+        // in a later call's ClientHello — linking calls across Tools and
+        // agents, state shared between calls. (Each request is its own
+        // connection anyway.)
+        config.resumption = rustls::client::Resumption::disabled();
         Arc::new(config)
     });
     tokio_rustls::TlsConnector::from(config.clone())
@@ -789,7 +802,12 @@ where
     } else {
         Box::new(tcp)
     };
-    let handshake = hyper::client::conn::http1::handshake(wasmtime_wasi_http::io::TokioIo::new(stream));
+    // A response's head is bounded (hyper's default was ~408 KiB and 100
+    // fields, held by wasmtime for as long as the guest keeps the response).
+    let handshake = hyper::client::conn::http1::Builder::new()
+        .max_header_size(MAX_RESPONSE_HEAD)
+        .max_headers(MAX_RESPONSE_FIELDS)
+        .handshake(wasmtime_wasi_http::io::TokioIo::new(stream));
     let (mut sender, conn) =
         tokio::time::timeout(connect_timeout, handshake).await.map_err(|_| HttpError::ConnectionTimeout)??;
     // The head names the host the guest asked for; the request line carries the path only.
@@ -799,8 +817,11 @@ where
         let host = HeaderValue::from_str(authority.as_str()).map_err(|_| HttpError::HttpRequestUriInvalid)?;
         request.headers_mut().insert(http::header::HOST, host);
     }
-    let path = request.uri().path_and_query().map_or("/", |p| p.as_str());
-    *request.uri_mut() = path.parse().map_err(|_| HttpError::HttpRequestUriInvalid)?;
+    // The path and query as wasi-http gave them (`?a=b` too: its text does
+    // not parse as a URI on its own), as wasmtime-wasi-http's client sends them.
+    let path = request.uri().path_and_query().cloned().unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+    *request.uri_mut() =
+        http::Uri::builder().path_and_query(path).build().map_err(|_| HttpError::HttpRequestUriInvalid)?;
     let first_byte = options.first_byte_timeout.unwrap_or(never);
     // tokio's interval panics on zero.
     let between_bytes = options.between_bytes_timeout.unwrap_or(never).max(Duration::from_nanos(1));
@@ -1358,12 +1379,22 @@ impl Refused {
 /// response would pass `limits.response_bytes` or the call's buffered bytes
 /// `limits.response_bytes_per_call` (with the other responses being
 /// collected, checked or waiting for the guest).
-async fn collect_charged<B>(call: &Arc<CallTraffic>, body: B, limits: &HttpLimits) -> Result<(Bytes, Charge), Refused>
+async fn collect_charged<B>(
+    call: &Arc<CallTraffic>,
+    head: usize,
+    body: B,
+    limits: &HttpLimits,
+) -> Result<(Bytes, Charge), Refused>
 where
     B: http_body::Body<Data = Bytes, Error = HttpError>,
 {
     let mut body = std::pin::pin!(body);
     let mut charge = Charge::none(call);
+    // The head first: a server answering with large heads and empty bodies
+    // held memory no budget counted.
+    if !charge.grow(head, limits.response_bytes_per_call) {
+        return Err(Refused::BudgetSpent);
+    }
     let mut frames = Vec::new();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(Refused::Failed)?;
@@ -1481,9 +1512,23 @@ impl WasiHttpHooks for OutboundPolicy {
                 between_bytes_timeout: cap(options.and_then(|o| o.between_bytes_timeout)),
             };
             let connect_timeout = options.connect_timeout.unwrap_or(limits.timeout);
+            // The name lookup, the TCP connect, the HTTP handshake and the
+            // first byte are timed each, the TLS handshake between them is
+            // not: a server that never finished it held the request and its
+            // slots until the call's deadline. The whole — lookup included —
+            // is bounded by two connect timeouts and the first-byte one.
+            let within = [options.connect_timeout, options.connect_timeout, options.first_byte_timeout]
+                .into_iter()
+                .map(|t| t.unwrap_or(limits.timeout))
+                .fold(Duration::ZERO, Duration::saturating_add);
+            let deadline = tokio::time::Instant::now() + within;
             // Resolved by the host (bounded: [`Resolver`]), holding the
             // request's slots; the client connects to what was checked.
-            let addresses = match checked_addresses(&resolver, &call.lookups, &target, connect_timeout).await {
+            let lookup = checked_addresses(&resolver, &call.lookups, &target, connect_timeout);
+            let looked_up = tokio::time::timeout_at(deadline, lookup)
+                .await
+                .unwrap_or_else(|_| Err(Unreachable::Dns("the name lookup took longer than the request may".into())));
+            let addresses = match looked_up {
                 Ok(addresses) => addresses,
                 Err(Unreachable::Prohibited(why)) => {
                     records.quoting(|q| format!("outbound request denied: {} {why}", q(&dest)));
@@ -1511,15 +1556,7 @@ impl WasiHttpHooks for OutboundPolicy {
             let body = KeptOpen(Arc::new(Mutex::new(body)));
             let open_until_recorded = body.0.clone();
             let request = http::Request::from_parts(parts, body.boxed_unsync());
-            // The TCP connect, the HTTP handshake and the first byte are
-            // timed each, the TLS handshake between them is not: a server
-            // that never finished it held the request and its slots until the
-            // call's deadline. The whole send is bounded by their sum.
-            let within = [options.connect_timeout, options.connect_timeout, options.first_byte_timeout]
-                .into_iter()
-                .map(|t| t.unwrap_or(limits.timeout))
-                .fold(Duration::ZERO, Duration::saturating_add);
-            let sent = tokio::time::timeout(within, send_to(request, &target, &addresses, options))
+            let sent = tokio::time::timeout_at(deadline, send_to(request, &target, &addresses, options))
                 .await
                 .unwrap_or(Err(HttpError::ConnectionTimeout));
             let (response, io) = match sent {
@@ -1552,7 +1589,8 @@ impl WasiHttpHooks for OutboundPolicy {
             // Buffered (bounded) so the whole response can be checked before
             // the guest reads it; each frame charged to the call's budget
             // before it is kept ([`collect_charged`]).
-            let (collected, _) = tokio::join!(collect_charged(&call, body, &limits), io);
+            let head: usize = parts.headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
+            let (collected, _) = tokio::join!(collect_charged(&call, head, body, &limits), io);
             let (data, mut charge) = collected.map_err(|refused| {
                 if let Refused::BudgetSpent = refused {
                     records.quoting(|q| {
@@ -2180,6 +2218,44 @@ mod tests {
         assert_eq!(*asked.lock().unwrap(), ["api.tool.example"], "looked up once, by the host");
     }
 
+    /// The host's client sends a path that is only a query (`?a=b`, which
+    /// wasi-http allows) as wasmtime-wasi-http's did, and reads no response
+    /// head larger than [`MAX_RESPONSE_HEAD`]: a server answering with heads
+    /// of hundreds of KiB and empty bodies held memory no budget counted.
+    #[tokio::test]
+    async fn a_query_only_path_is_sent_and_a_huge_response_head_is_refused() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let mut lines = Vec::new();
+            for head in [1usize, 100 << 10] {
+                let (mut tcp, _) = listener.accept().await.unwrap();
+                let mut request = vec![0; 4096];
+                let n = tcp.read(&mut request).await.unwrap();
+                lines.push(String::from_utf8_lossy(&request[..n]).lines().next().unwrap_or_default().to_owned());
+                let response = format!("HTTP/1.1 200 OK\r\nx-big: {}\r\ncontent-length: 0\r\n\r\n", "y".repeat(head));
+                let _ = tcp.write_all(response.as_bytes()).await;
+            }
+            lines
+        });
+        let target = Target { host: "127.0.0.1".into(), port: address.port(), literal: Some(address.ip()), tls: false };
+        let second = Some(Duration::from_secs(5));
+        let options =
+            RequestOptions { connect_timeout: second, first_byte_timeout: second, between_bytes_timeout: second };
+        let addresses = [address];
+        let send = || {
+            let body = http_body_util::Empty::<Bytes>::new().map_err(|never| -> HttpError { match never {} });
+            let request = http::Request::get(format!("http://{address}?a=b")).body(body).unwrap();
+            send_to(request, &target, &addresses, options)
+        };
+        let (response, _conn) = send().await.ok().unwrap();
+        assert_eq!(response.status(), 200);
+        assert!(send().await.is_err(), "a 100 KiB head is refused");
+        let lines = server.await.unwrap();
+        assert!(lines[0].starts_with("GET /?a=b ") || lines[0].starts_with("GET ?a=b "), "{lines:?}");
+    }
+
     /// A body that yields the chunks it was given.
     struct Chunks(std::collections::VecDeque<Bytes>);
 
@@ -2223,21 +2299,28 @@ mod tests {
         let call = policy.traffic().clone();
         let buffered = || call.buffered.load(std::sync::atomic::Ordering::SeqCst);
         let (a, b) = tokio::join!(
-            collect_charged(&call, kib_chunks(4), &limits),
-            collect_charged(&call, kib_chunks(4), &limits)
+            collect_charged(&call, 0, kib_chunks(4), &limits),
+            collect_charged(&call, 0, kib_chunks(4), &limits)
         );
         let (data, charge) = a.unwrap();
         assert_eq!(data.len(), 4 << 10);
         assert!(matches!(b, Err(Refused::BudgetSpent)), "{:?}", b.map(|(data, _)| data.len()));
         assert_eq!(buffered(), 4 << 10, "the refused response's bytes were given back");
-        let (small, held) = collect_charged(&call, kib_chunks(2), &limits).await.unwrap();
+        let (small, held) = collect_charged(&call, 0, kib_chunks(2), &limits).await.unwrap();
         assert_eq!((small.len(), buffered()), (2 << 10, 6 << 10));
-        assert!(matches!(collect_charged(&call, kib_chunks(1), &limits).await, Err(Refused::BudgetSpent)));
+        assert!(matches!(collect_charged(&call, 0, kib_chunks(1), &limits).await, Err(Refused::BudgetSpent)));
         drop((charge, held));
         assert_eq!(buffered(), 0);
         // Over the per-response limit, whatever the budget holds.
-        assert!(matches!(collect_charged(&call, kib_chunks(5), &limits).await, Err(Refused::TooLarge)));
+        assert!(matches!(collect_charged(&call, 0, kib_chunks(5), &limits).await, Err(Refused::TooLarge)));
         assert_eq!(buffered(), 0);
-        assert_eq!(collect_charged(&call, kib_chunks(4), &limits).await.unwrap().0.len(), 4 << 10);
+        assert_eq!(collect_charged(&call, 0, kib_chunks(4), &limits).await.unwrap().0.len(), 4 << 10);
+        // A response's head is charged with its body: heads with empty
+        // bodies no longer hold memory outside the budget.
+        let (empty, head) = collect_charged(&call, 5 << 10, kib_chunks(0), &limits).await.unwrap();
+        assert_eq!((empty.len(), buffered()), (0, 5 << 10));
+        assert!(matches!(collect_charged(&call, 2 << 10, kib_chunks(0), &limits).await, Err(Refused::BudgetSpent)));
+        drop(head);
+        assert_eq!(buffered(), 0);
     }
 }
