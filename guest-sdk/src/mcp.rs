@@ -210,6 +210,17 @@ pub fn drift(pinned: &PinnedTool, remote: &Value) -> Option<String> {
     if remote.get("outputSchema").filter(|v| !v.is_null()) != pinned.output_schema.as_ref() {
         changed.push("outputSchema");
     }
+    // The hints go to MCP clients under the host's name (a client may skip
+    // its own confirmation for a tool that says it is read-only): a hint
+    // changed since the pin is drift too.
+    let hints = remote.get("annotations");
+    let hint = |key: &str| hints.and_then(|a| a.get(key)).and_then(Value::as_bool);
+    let a = &pinned.annotations;
+    if (hint("readOnlyHint"), hint("destructiveHint"), hint("idempotentHint"), hint("openWorldHint"))
+        != (a.read_only, a.destructive, a.idempotent, a.open_world)
+    {
+        changed.push("annotations");
+    }
     if changed.is_empty() { None } else { Some(changed.join(", ")) }
 }
 
@@ -309,6 +320,12 @@ mod client {
         config: &'c AdapterConfig,
         id: Option<String>,
         protocol: String,
+        /// This call's requests are numbered after a random prefix: calls
+        /// of one Tool resuming the same remote session at once (parallel
+        /// calls, two tokens of one agent, hosts sharing a journal) must
+        /// never send the same id — a server routes each reply by id within
+        /// the session, and one call got the other's result.
+        prefix: String,
         next: u64,
         /// Taken from the cache rather than opened by this call.
         resumed: bool,
@@ -318,6 +335,12 @@ mod client {
         verified_at: Option<u64>,
         /// A response said the remote's tool list changed.
         list_changed: bool,
+    }
+
+    /// 128 random bits (the host's `wasi:random`), as hex.
+    fn request_prefix() -> String {
+        let (a, b) = (wasip2::random::random::get_random_u64(), wasip2::random::random::get_random_u64());
+        format!("{a:016x}{b:016x}")
     }
 
     fn unix_now() -> u64 {
@@ -330,6 +353,7 @@ mod client {
                 config,
                 id: cached.session.clone(),
                 protocol: cached.protocol.clone(),
+                prefix: request_prefix(),
                 next: 1,
                 resumed: true,
                 initialized: true,
@@ -343,6 +367,7 @@ mod client {
                 config,
                 id: None,
                 protocol: PROTOCOL_VERSION.to_owned(),
+                prefix: request_prefix(),
                 next: 1,
                 resumed: false,
                 initialized: false,
@@ -464,10 +489,10 @@ mod client {
 
         /// A JSON-RPC request; returns the HTTP response and the `result`.
         fn request(&mut self, method: &str, params: Value) -> Result<(Response, Value), Fail> {
-            let id = self.next;
+            let id = format!("{}-{}", self.prefix, self.next);
             self.next += 1;
             let response = self.post(&json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }))?;
-            let (message, list_changed) = reply(&response, id);
+            let (message, list_changed) = reply(&response, &id);
             self.list_changed |= list_changed;
             let message = message.ok_or_else(|| {
                 ToolError::failed(format!(
@@ -494,9 +519,15 @@ mod client {
 
     /// The JSON-RPC reply with `id`, from a JSON body or a server-sent-event
     /// stream, and whether the stream also said the remote's tool list changed.
-    fn reply(response: &Response, id: u64) -> (Option<Value>, bool) {
+    fn reply(response: &Response, id: &str) -> (Option<Value>, bool) {
         let is_sse = response.header("content-type").is_some_and(|c| c.starts_with("text/event-stream"));
-        let matches = |v: &Value| v.get("id").and_then(Value::as_u64) == Some(id);
+        // A response, not a request of the server's own that happens to
+        // carry the same id (its ids are a sequence of its own).
+        let matches = |v: &Value| {
+            v.get("id").and_then(Value::as_str) == Some(id)
+                && v.get("method").is_none()
+                && (v.get("result").is_some() || v.get("error").is_some())
+        };
         if !is_sse {
             return (serde_json::from_slice::<Value>(&response.body).ok().filter(matches), false);
         }
@@ -565,6 +596,29 @@ mod client {
             assert!(
                 matches!(to_output("add", true, structured).map(|o| o.content), Ok(Content::Json(j)) if j == r#"{"sum":3}"#)
             );
+        }
+
+        fn sse(events: &[Value]) -> Response {
+            let body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+            Response {
+                status: 200,
+                headers: vec![("content-type".into(), "text/event-stream".into())],
+                body: body.into_bytes(),
+            }
+        }
+
+        /// The reply to a request is the response with its id: not a
+        /// request of the server's own carrying the same id (a `ping` with
+        /// id 1 was taken for the answer to `tools/call` 1, which then
+        /// "succeeded" empty), nor a numeric id equal to a counter.
+        #[test]
+        fn only_a_response_with_the_requests_own_id_is_its_reply() {
+            let id = "5f0c-1";
+            let ping = json!({"jsonrpc": "2.0", "id": id, "method": "ping"});
+            let other = json!({"jsonrpc": "2.0", "id": 1, "result": {"content": []}});
+            let ours = json!({"jsonrpc": "2.0", "id": id, "result": {"content": [{"type": "text", "text": "x"}]}});
+            assert_eq!(reply(&sse(&[ping.clone(), other.clone(), ours.clone()]), id).0, Some(ours));
+            assert_eq!(reply(&sse(&[ping, other]), id).0, None);
         }
     }
 }
@@ -649,6 +703,14 @@ mod tests {
         assert_eq!(drift(&p, &out).as_deref(), Some("outputSchema"));
         let none = json!({"name": "add", "inputSchema": p.input_schema});
         assert_eq!(drift(&p, &none).as_deref(), Some("description"));
+        // The hints clients read under the host's name are pinned too.
+        let read_only = json!({"name": "add", "description": "Add two numbers.", "inputSchema": p.input_schema,
+                               "annotations": {"readOnlyHint": true}});
+        assert_eq!(drift(&p, &read_only).as_deref(), Some("annotations"));
+        let mut hinted = pinned();
+        hinted.annotations.read_only = Some(true);
+        assert_eq!(drift(&hinted, &read_only), None);
+        assert_eq!(drift(&hinted, &same).as_deref(), Some("annotations"), "a hint dropped is drift");
     }
 
     #[test]
