@@ -1396,10 +1396,13 @@ where
         return Err(Refused::BudgetSpent);
     }
     let mut frames = Vec::new();
+    // The per-response limit is the body's (`limits.response_bytes`); the head counts in the call's budget only.
+    let mut size = 0usize;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(Refused::Failed)?;
         let Ok(data) = frame.into_data() else { continue };
-        if charge.size + data.len() > limits.response_bytes {
+        size += data.len();
+        if size > limits.response_bytes {
             return Err(Refused::TooLarge);
         }
         if !charge.grow(data.len(), limits.response_bytes_per_call) {
@@ -1646,7 +1649,7 @@ impl WasiHttpHooks for OutboundPolicy {
                     });
                 }
             };
-            if !charge.resize(data.len(), limits.response_bytes_per_call) {
+            if !charge.resize(data.len().saturating_add(head), limits.response_bytes_per_call) {
                 records.quoting(|q| {
                     format!(
                         "response from {} refused: decoded, it is over what is left of the call's {}-byte response \
@@ -2322,5 +2325,10 @@ mod tests {
         assert!(matches!(collect_charged(&call, 2 << 10, kib_chunks(0), &limits).await, Err(Refused::BudgetSpent)));
         drop(head);
         assert_eq!(buffered(), 0);
+        // The per-response limit is the body's: a head does not push a body
+        // of exactly the limit over it.
+        let (full, with_head) = collect_charged(&call, 1 << 10, kib_chunks(4), &limits).await.unwrap();
+        assert_eq!((full.len(), buffered()), (4 << 10, 5 << 10));
+        drop(with_head);
     }
 }
