@@ -908,9 +908,15 @@ fn not_public(ip: std::net::IpAddr) -> Option<&'static str> {
                 Some("link-local")
             } else if v6.is_multicast() || (s[0] == 0x2001 && s[1] == 0x0db8) {
                 Some("multicast or reserved")
-            } else if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
-                // NAT64: the IPv4 address it translates to decides.
+            } else if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || s[..6] == [0, 0, 0, 0, 0xffff, 0] {
+                // NAT64 (RFC 6052), and SIIT's IPv4-translated addresses
+                // (`::ffff:0:a.b.c.d`, RFC 2765): the IPv4 address it
+                // translates to decides.
                 embedded(s[6], s[7])
+            } else if s[..3] == [0x64, 0xff9b, 1] {
+                // Local-use NAT64 (RFC 8215): translated by the operator's
+                // own gateway, into whatever it serves.
+                Some("reserved (local-use NAT64)")
             } else if s[0] == 0x2002 {
                 // 6to4: likewise.
                 embedded(s[1], s[2])
@@ -2059,6 +2065,11 @@ mod tests {
             ("172.32.0.1", None),
             ("2606:4700:4700::1111", None),
             ("64:ff9b::808:808", None),
+            ("::ffff:0:7f00:1", Some("loopback")),
+            ("::ffff:0:a9fe:a9fe", Some("link-local")),
+            ("::ffff:0:808:808", None),
+            ("64:ff9b:1::a00:1", Some("reserved (local-use NAT64)")),
+            ("64:ff9b:1:ffff::1", Some("reserved (local-use NAT64)")),
         ];
         for (ip, kind) in table {
             assert_eq!(not_public(ip.parse().unwrap()), kind, "{ip}");

@@ -563,7 +563,7 @@ impl McpServer {
             let how = if self.shared.config.approvers.is_empty() {
                 "on a terminal with `toolgate approve …`"
             } else {
-                "with `toolgate approve … --key FILE`"
+                "with `toolgate approve … --key FILE --digest HEX`, the digest `toolgate journal --awaiting` lists"
             };
             let message = format!(
                 "`{name}` needs human approval, which this server does not take in the client's UI (an approver \
