@@ -961,6 +961,28 @@ impl Config {
         )
     }
 
+    /// Every secret the config names by reference, watched for in all that
+    /// comes back to a guest (DESIGN.md invariants 7 and 13): each
+    /// credential of `[credentials]`, then the host's own — each
+    /// `[[serve.auth]]` token (`serve.auth[N].token`), `serve.state_key`
+    /// and `postgres.password` — as [`CredentialSpec::watch_only`] entries
+    /// named by their field, which nothing applies to a request. Empty when
+    /// the config names no secret at all (then no check is built).
+    pub fn watched(&self) -> Vec<Arc<CredentialSpec>> {
+        let mut watched: Vec<Arc<CredentialSpec>> = self.credentials.values().cloned().collect();
+        let own = |field: String, source: &Source| Arc::new(CredentialSpec::watch_only(&field, source.clone()));
+        for (i, a) in self.serve.auth.iter().enumerate() {
+            watched.push(own(format!("serve.auth[{i}].token"), &a.token));
+        }
+        if let Some(source) = &self.serve.state_key {
+            watched.push(own("serve.state_key".into(), source));
+        }
+        if let StoreLocation::Postgres(PostgresStore { password: Some(source), .. }) = &self.store {
+            watched.push(own("postgres.password".into(), source));
+        }
+        watched
+    }
+
     /// The agent named `name`; the error lists the configured ones.
     pub fn agent(&self, name: &str) -> Result<&AgentConfig, ConfigError> {
         self.agents.get(name).ok_or_else(|| ConfigError::Field {

@@ -130,9 +130,11 @@ pub async fn precompile(
 /// catalog refused are in `runtime.snapshot().catalog().refused()`.
 pub async fn open(config: &Config, agent: &str) -> Result<Runtime, HostError> {
     // An MCP client starting `toolgate serve` passes its own environment,
-    // not the user's shell's: a credential whose variable is missing leaves
-    // the host nothing to check for, so it refuses files and requests.
-    for spec in config.credentials.values() {
+    // not the user's shell's: a secret whose variable is missing (a
+    // credential's, or the host's own: a `[[serve.auth]]` token,
+    // `serve.state_key`, `postgres.password`) leaves the host nothing to
+    // check for, so it refuses files and requests.
+    for spec in config.watched() {
         if let Some(why) = spec.unreadable() {
             tracing::warn!(
                 "{why}; until the host can read it, it cannot check anything for this secret: it refuses Tools' \

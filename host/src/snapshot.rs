@@ -80,8 +80,9 @@ pub struct EffectiveGrant {
     pub credentials: Arc<[Arc<CredentialSpec>]>,
     /// Environment variables (literal, non-secret values).
     pub env: Vec<(String, String)>,
-    /// Every configured credential — not authority: what comes back to the
-    /// guest is checked for all of their secrets, granted or not.
+    /// Every secret the config names — each credential's and the host's
+    /// own ([`Config::watched`]) — not authority: what comes back to the
+    /// guest is checked for all of them, granted or not.
     pub watched: Arc<[Arc<CredentialSpec>]>,
 }
 
@@ -147,7 +148,8 @@ pub struct ExecutableAgentSnapshot {
     skills_as_of: u64,
     grants: Arc<Vec<(globset::GlobMatcher, Grant)>>,
     credentials: Arc<BTreeMap<String, Arc<CredentialSpec>>>,
-    /// Every configured credential, for checking responses (built once).
+    /// Every secret the config names (credentials and the host's own,
+    /// [`Config::watched`]), for the checks (built once).
     watched: Arc<[Arc<CredentialSpec>]>,
     catalog: Arc<Catalog>,
     /// The filter's result per installed Tool id, computed on its first call:
@@ -205,7 +207,7 @@ impl ExecutableAgentSnapshot {
             skills_as_of: 0,
             grants: Arc::new(grants),
             credentials: Arc::new(config.credentials.clone()),
-            watched: config.credentials.values().cloned().collect(),
+            watched: config.watched().into(),
             catalog,
             filtered: Arc::default(),
         })

@@ -191,6 +191,11 @@ async fn every_configured_secret_is_checked_not_only_the_one_applied() {
         let seen = thief(&w.host, json!({"op": "http", "target": w.api.url("/echo"), "headers": headers})).await;
         assert!(seen.contains("withheld"), "{form}: {seen}");
         assert_clean(&seen, form);
+        // The guest learns that some configured secret was found, never which one nor how it was written.
+        assert!(
+            seen.contains("it held a configured secret") && !seen.contains("other") && !seen.contains("credential"),
+            "{seen}"
+        );
         assert!(host_records(&w.host).await.iter().any(|r| r.contains("credential `other`")));
     }
 }
@@ -1172,4 +1177,132 @@ async fn random_bytes_asked_of_the_host_are_bounded() {
         assert!(matches!(&r, StepResult::ToolError { message, .. } if message.contains("crashed")), "{then}: {r:?}");
     }
     assert_eq!(thief(&w.host, json!({"op": "random", "count": 1})).await, "ok: 1024 bytes");
+}
+
+/// Invariants 7 and 13 for the host's own secrets, with no `[credentials]`
+/// at all: a `[[serve.auth]]` token (from the environment) and
+/// `serve.state_key` (from a file) are secrets the config names by
+/// reference, watched for in every check like a credential's. A granted
+/// `.env` holding the token, or a copy of the key, is refused to the guest
+/// (`files.read` would return it, to the journal and the model); the token
+/// in a Tool's output is withheld; each record names the field, never the
+/// value. Before, with no credential configured nothing was checked: the
+/// token was read, returned, journaled and shown to the model, and with it
+/// the agent could call `serve` as another agent.
+#[tokio::test]
+async fn the_hosts_own_secrets_are_kept_from_the_guest_without_any_credential() {
+    const TOKEN: &str = "tg-adm1n/serve+t0ken=Xq9";
+    const KEY: &str = "st4te-k3y/0f+the-serve=r3plicas-0123456789";
+    let var = format!("TOOLGATE_BOUNDARY_ADMIN_TOKEN_{}", std::process::id());
+    // SAFETY (edition 2024): the variable is this test's own.
+    unsafe { std::env::set_var(&var, TOKEN) };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for sub in ["plugins", "data"] {
+        std::fs::create_dir_all(d.join(sub)).unwrap();
+    }
+    std::fs::write(d.join("data/a.txt"), "alpha\n").unwrap();
+    std::fs::write(d.join("data/.env"), format!("TG_ADMIN_TOKEN={TOKEN}\n")).unwrap();
+    std::fs::write(d.join("data/key.bak"), encode("b64", KEY)).unwrap();
+    std::fs::write(d.join("state.key"), format!("{KEY}\n")).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(d.join("state.key"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::write(d.join("plugins/files.wasm"), toolgate_tests::Lang::Rust.files()).unwrap();
+    std::fs::write(d.join("plugins/hostile.wasm"), packed(guests::HOSTILE)).unwrap();
+    let config = format!(
+        r#"{preamble}
+[limits]
+timeout_ms = 5000
+
+[serve]
+auth = [{{ agent = "default", token = {{ env = "{var}" }} }}]
+state_key = {{ file = "state.key" }}
+
+[[grants]]
+tools = "files.*"
+directories = [{{ path = "/data", host = "data", access = "read" }}]
+
+[[grants]]
+tools = "hostile.snoop"
+env = {{ LEAK = "{TOKEN}" }}
+
+[agents.default]
+visible = ["files.read", "hostile.snoop"]
+default = "allow"
+"#,
+        preamble = toolgate_tests::PREAMBLE,
+    );
+    std::fs::write(d.join("toolgate.toml"), config).unwrap();
+    let host = TestHost::open(dir, "default");
+    let call = |tool: &'static str, args: Value| {
+        let host = &host;
+        async move {
+            let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+            let result = run.call(tool, args).await.unwrap();
+            (result, host_records(host).await)
+        }
+    };
+    // Files holding them: refused, the record naming the field.
+    for (file, field) in [(".env", "serve.auth[0].token"), ("key.bak", "serve.state_key")] {
+        let (result, records) = call("files.read", json!({ "path": file })).await;
+        let StepResult::ToolError { message, .. } = &result else { panic!("{file}: {result:?}") };
+        assert!(message.contains("ermission denied"), "{file}: {message}");
+        assert!(
+            records
+                .iter()
+                .any(|r| r.contains(&format!("\"/data/{file}\" refused")) && r.contains(&format!("`{field}`"))),
+            "{file}: {records:?}"
+        );
+    }
+    let (result, _) = call("files.read", json!({ "path": "a.txt" })).await;
+    assert!(matches!(&result, StepResult::Output { content: Content::Json(v), .. } if v == "alpha\n"), "{result:?}");
+    // Returned in the output (here from an `env` grant an operator set to it): withheld.
+    let (result, records) = call("hostile.snoop", json!({})).await;
+    let StepResult::ToolError { message, .. } = &result else { panic!("{result:?}") };
+    assert!(message.contains("withheld the Tool's output") && message.contains("`serve.auth[0].token`"), "{message}");
+    assert!(!message.contains(TOKEN), "{message}");
+    assert!(records.iter().all(|r| !r.contains(TOKEN)), "{records:?}");
+    // The journal holds neither.
+    let journal = host.dir.path().join("journal.db");
+    for suffix in ["", "-wal"] {
+        let mut p = journal.as_os_str().to_owned();
+        p.push(suffix);
+        if let Ok(bytes) = std::fs::read(&p) {
+            for secret in [TOKEN, KEY] {
+                assert!(!bytes.windows(secret.len()).any(|w| w == secret.as_bytes()), "{}", p.to_string_lossy());
+            }
+        }
+    }
+    // SAFETY: as above.
+    unsafe { std::env::remove_var(&var) };
+}
+
+/// The host's own secrets beside credentials: a response holding a
+/// `[[serve.auth]]` token is withheld, the guest told only that it held a
+/// configured secret (the record names the field); a guest naming the
+/// token's field as a credential gets nothing attached.
+#[tokio::test]
+async fn a_response_holding_a_serve_token_is_withheld_and_the_token_is_never_applied() {
+    const TOKEN: &str = "tg-s3rve/t0ken+for=0ther-agent";
+    let var = format!("TOOLGATE_BOUNDARY_SERVE_TOKEN_{}", std::process::id());
+    // SAFETY (edition 2024): the variable is this test's own.
+    unsafe { std::env::set_var(&var, TOKEN) };
+    let serve = format!("\n[serve]\nauth = [{{ agent = \"default\", token = {{ env = \"{var}\" }} }}]\n");
+    let w = world_with_credentials("", "", &serve);
+    for form in ["raw", "hex", "b64"] {
+        let headers = json!([["x-relay", encode(form, TOKEN)]]);
+        let seen = thief(&w.host, json!({"op": "http", "target": w.api.url("/echo"), "headers": headers})).await;
+        assert!(seen.contains("withheld") && !seen.contains(&encode(form, TOKEN)), "{form}: {seen}");
+        assert!(!seen.contains("serve.auth") && !seen.contains(form), "the guest learns no name or form: {seen}");
+        let records = host_records(&w.host).await;
+        assert!(records.iter().any(|r| r.contains("withheld") && r.contains("`serve.auth[0].token`")), "{records:?}");
+    }
+    let before = w.api.requests().len();
+    let headers = json!([["toolgate-credential", "serve.auth[0].token"]]);
+    let seen = thief(&w.host, json!({"op": "http", "target": w.api.url("/echo"), "headers": headers})).await;
+    assert!(seen.starts_with("err: ") && seen.contains("denied"), "{seen}");
+    assert_eq!(w.api.requests().len(), before, "nothing left the host");
+    assert!(host_records(&w.host).await.iter().any(|r| r.contains("is not granted to this Tool")));
+    // SAFETY: as above.
+    unsafe { std::env::remove_var(&var) };
 }

@@ -84,6 +84,9 @@ pub struct CredentialSpec {
     source: Source,
     destinations: Vec<Destination>,
     apply: Apply,
+    /// One of the host's own secrets ([`CredentialSpec::watch_only`]):
+    /// watched for, never applied.
+    watch_only: bool,
 }
 
 /// Why a credential cannot be used. Messages name the credential, never the value.
@@ -138,12 +141,43 @@ impl CredentialSpec {
             Source::File(p) if p.is_relative() => Source::File(base.join(p)),
             s => s.clone(),
         };
-        Ok(CredentialSpec { name: name.to_owned(), source, destinations, apply: config.apply.clone() })
+        Ok(CredentialSpec {
+            name: name.to_owned(),
+            source,
+            destinations,
+            apply: config.apply.clone(),
+            watch_only: false,
+        })
+    }
+
+    /// One of the host's own secrets that the config names by reference —
+    /// a `[[serve.auth]]` token, `serve.state_key`, `postgres.password` —
+    /// named by its field (`serve.auth[0].token`): watched for in
+    /// everything that comes back to a guest, exactly as a credential's
+    /// secret is, but never applied to a request. It is bound to no
+    /// destination and [`CredentialSpec::materialize`] refuses it; it is
+    /// kept out of `[credentials]`, the only place a grant (and so a guest
+    /// naming a credential) takes credentials from. `source` as the config
+    /// holds it (a file's path absolute).
+    pub fn watch_only(field: &str, source: Source) -> Self {
+        CredentialSpec {
+            name: field.to_owned(),
+            source,
+            destinations: Vec::new(),
+            apply: Apply::Header { name: String::new(), format: plain() },
+            watch_only: true,
+        }
+    }
+
+    /// Whether this is one of the host's own secrets, watched only
+    /// ([`CredentialSpec::watch_only`]).
+    pub fn is_watch_only(&self) -> bool {
+        self.watch_only
     }
 
     /// Whether the credential may be sent to this request's destination.
     pub fn bound_to(&self, scheme: &str, host: &str, port: u16) -> bool {
-        self.destinations.iter().any(|d| d.matches(scheme, host, port))
+        !self.watch_only && self.destinations.iter().any(|d| d.matches(scheme, host, port))
     }
 
     /// How it is applied.
@@ -176,6 +210,12 @@ impl CredentialSpec {
     /// Read the secret for one request to `scheme://host:port`. Refuses an
     /// unbound destination before reading anything.
     pub fn materialize(&self, scheme: &str, host: &str, port: u16) -> Result<Secret, CredentialError> {
+        if self.watch_only {
+            return Err(CredentialError::Invalid {
+                name: self.name.clone(),
+                problem: "is the host's own secret, watched for in what guests get and never sent".into(),
+            });
+        }
         if !self.bound_to(scheme, host, port) {
             return Err(CredentialError::Unavailable {
                 name: self.name.clone(),
@@ -202,8 +242,9 @@ impl CredentialSpec {
                 os_bytes(value)
             }
             Source::File(path) => crate::files::read_bounded(path, MAX_SECRET_FILE).map_err(|e| {
+                let field = if self.watch_only { self.name.as_str() } else { "source.file" };
                 unavailable(format!(
-                    "cannot read {}: {e}; point `source.file` at the secret's own regular file",
+                    "cannot read {}: {e}; point `{field}` at the secret's own regular file",
                     path.display()
                 ))
             })?,
@@ -233,6 +274,9 @@ impl CredentialSpec {
                 "set `{var}` in the environment the host runs in (for `toolgate serve` started by an MCP client, in \
                  the `env` the client's config gives the server; clients do not pass on the user's shell)"
             ),
+            Source::File(_) if self.watch_only => {
+                format!("fix the file, or `{}`: the host's user must be able to read it", self.name)
+            }
             Source::File(_) => "fix the file, or `source.file`: the host's user must be able to read it".into(),
         }
     }

@@ -309,35 +309,68 @@ impl Unreadable {
     }
 }
 
-/// Values kept per source in [`history`].
+/// Values of one source kept in [`history`] whatever their age.
 const HISTORY: usize = 8;
+
+/// How long [`history`] keeps a value after the process last read or sent
+/// it, beyond the newest [`HISTORY`] of its source: a token rotated away is
+/// often still valid for a while (an access token refreshed every few
+/// minutes stays valid for an hour), and a count alone forgot it after
+/// eight refreshes.
+const HISTORY_RETAINED: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Most values of one source kept in [`history`], however recent: each is
+/// dozens of needles in every call's scanner, and a source rewritten
+/// without end must not grow it without bound.
+const HISTORY_MOST: usize = 64;
 
 /// One value the process read or sent: the source it came from
 /// ([`CredentialSpec::source_id`]), the credential's name (for findings),
-/// the value.
-type Kept = (Source, String, Vec<u8>);
+/// the value, and when the process last read or sent it.
+type Kept = (Source, String, Vec<u8>, std::time::Instant);
 
-/// Add `values` to the process's history of credential values (the last
-/// [`HISTORY`] of each source), and return the whole history: what a
-/// response is checked against, so an old value that is still valid is
-/// found in a later call too, and a credential that cannot be read right
-/// now is still checked for the values it had. Kept by source, not by
+/// Add `values` to the process's history of secret values, and return the
+/// whole history: what a response is checked against, so an old value that
+/// is still valid is found in a later call too, and a source that cannot
+/// be read right now is still checked for the values it had. Per source it
+/// keeps the newest [`HISTORY`] values, and every other value read or sent
+/// within [`HISTORY_RETAINED`], at most [`HISTORY_MOST`] in all. In this
+/// process only: one that starts (every `toolgate call`) knows only what
+/// its sources hold now (SECURITY.md, Known limits). Kept by source, not by
 /// name: two configs in one process may name different secrets alike.
-fn history(values: Vec<Kept>) -> Vec<Kept> {
+fn history(values: Vec<(Source, String, Vec<u8>)>) -> Vec<(Source, String, Vec<u8>)> {
     static KEPT: Mutex<Vec<Kept>> = Mutex::new(Vec::new());
+    let now = std::time::Instant::now();
     let mut kept = KEPT.lock().unwrap_or_else(|p| p.into_inner());
-    for value in values {
-        if let Some(at) = kept.iter().position(|(s, _, v)| *s == value.0 && *v == value.2) {
+    for (source, name, value) in values {
+        if let Some(at) = kept.iter().position(|(s, _, v, _)| *s == source && *v == value) {
             // Seen again: the newest of its source (under the name it has now).
             kept.remove(at);
-        } else if kept.iter().filter(|(s, ..)| *s == value.0).count() >= HISTORY
-            && let Some(oldest) = kept.iter().position(|(s, ..)| *s == value.0)
-        {
-            kept.remove(oldest);
         }
-        kept.push(value);
+        kept.push((source, name, value, now));
     }
-    kept.clone()
+    // Newest first, per source: the first HISTORY stay; older ones while
+    // recent, up to HISTORY_MOST.
+    let mut newer: Vec<(&Source, usize)> = Vec::new();
+    let mut keep = vec![false; kept.len()];
+    for (i, (source, _, _, seen)) in kept.iter().enumerate().rev() {
+        let count = match newer.iter_mut().find(|(s, _)| *s == source) {
+            Some((_, n)) => n,
+            None => {
+                newer.push((source, 0));
+                &mut newer.last_mut().expect("just pushed").1
+            }
+        };
+        keep[i] = *count < HISTORY || (*count < HISTORY_MOST && now.duration_since(*seen) <= HISTORY_RETAINED);
+        *count += usize::from(keep[i]);
+    }
+    drop(newer);
+    let mut i = 0;
+    kept.retain(|_| {
+        i += 1;
+        keep[i - 1]
+    });
+    kept.iter().map(|(s, n, v, _)| (s.clone(), n.clone(), v.clone())).collect()
 }
 
 /// The scanner for `values`, shared by every call that watches the same
@@ -1172,13 +1205,22 @@ fn codings(headers: &http::HeaderMap) -> Result<Vec<String>, String> {
     Ok(codings)
 }
 
-/// Why a response is withheld (no server bytes in it), and whether it is
-/// for a content coding the host cannot undo.
+/// Why a response is withheld (no server bytes in it), for the host's
+/// records, and whether it is for a content coding the host cannot undo,
+/// or because it holds a secret (then the guest is told [`WITHHELD`] only).
 #[derive(Debug)]
 struct Withheld {
     why: String,
     coding: bool,
+    secret: bool,
 }
+
+/// What a guest is told of a response withheld for holding a secret: that
+/// it held *some* configured secret, never which credential, form or view
+/// (the host's records name them). Naming them would tell a guest
+/// probing with guessed values which secret its guess hit, and how.
+pub(super) const WITHHELD: &str =
+    "the host withheld the response: it held a configured secret (see the host's records)";
 
 /// Check a response the way it will reach the guest: the head as the
 /// server sent it, first (before decoding can end the exchange with an
@@ -1191,7 +1233,11 @@ fn inspect(
     scanner: &SecretScanner,
     limit: usize,
 ) -> Result<Bytes, Withheld> {
-    let held = |f: super::scan::Finding, place: &str| Withheld { why: format!("{place} held {f}"), coding: false };
+    let held = |f: super::scan::Finding, place: &str| Withheld {
+        why: format!("{place} held {f}"),
+        coding: false,
+        secret: true,
+    };
     let in_head = parts
         .headers
         .iter()
@@ -1199,9 +1245,9 @@ fn inspect(
     if let Some(f) = in_head {
         return Err(held(f, "a header"));
     }
-    let codings = codings(&parts.headers).map_err(|why| Withheld { why, coding: true })?;
-    let data =
-        codings.iter().try_fold(data, |d, c| decode(c, d, limit)).map_err(|why| Withheld { why, coding: true })?;
+    let coding = |why| Withheld { why, coding: true, secret: false };
+    let codings = codings(&parts.headers).map_err(coding)?;
+    let data = codings.iter().try_fold(data, |d, c| decode(c, d, limit)).map_err(coding)?;
     if !codings.is_empty() {
         parts.headers.remove(CONTENT_ENCODING);
         parts.headers.remove(http::header::TRANSFER_ENCODING);
@@ -1216,7 +1262,7 @@ fn inspect(
     match check_body(scanner, &data, &mut inflate, 0) {
         Ok(None) => Ok(data),
         Ok(Some(f)) => Err(held(f, "the body")),
-        Err(why) => Err(Withheld { why, coding: false }),
+        Err(why) => Err(Withheld { why, coding: false, secret: false }),
     }
 }
 
@@ -1646,10 +1692,12 @@ impl WasiHttpHooks for OutboundPolicy {
             };
             let data = match verdict {
                 Ok(data) => data,
-                Err(Withheld { why, coding }) => {
+                Err(Withheld { why, coding, secret }) => {
                     records.quoting(|q| format!("response from {} withheld: {why}", q(&dest)));
                     return Err(if coding {
                         HttpError::HttpResponseContentCoding(Some(why))
+                    } else if secret {
+                        HttpError::InternalError(Some(WITHHELD.into()))
                     } else {
                         HttpError::InternalError(Some(format!("the host withheld the response: {why}")))
                     });
@@ -1858,6 +1906,43 @@ mod tests {
             records.take().0.iter().any(|r| r.line().contains("response check")),
             "the unreadable source is recorded"
         );
+    }
+
+    /// A value rotated away stays watched in the process while it may
+    /// still be valid — within a day of its last read, whatever the count
+    /// of rotations since (before: the last 8 only) — and a source
+    /// rewritten without end keeps at most [`HISTORY_MOST`] values.
+    #[test]
+    fn a_value_rotated_away_many_times_is_still_watched_within_the_day() {
+        use crate::authority::credentials::{CredentialConfig, Source};
+        let var = format!("TOOLGATE_OUTBOUND_ROTATED_{}", std::process::id());
+        let config = CredentialConfig {
+            source: Source::Env(var.clone()),
+            destinations: vec!["http://127.0.0.1:8080".into()],
+            apply: Apply::Header { name: "authorization".into(), format: "Bearer {}".into() },
+        };
+        let spec = Arc::new(CredentialSpec::new("rotated", &config, std::path::Path::new("/")).unwrap());
+        let value = |i: usize| format!("r0tated-t0ken/number={i:03}");
+        let records = HostRecords::default();
+        let rotate = |range: std::ops::Range<usize>| {
+            for i in range {
+                // SAFETY (edition 2024): the variable is this test's own.
+                unsafe { std::env::set_var(&var, value(i)) };
+                SecretWatch::new(Arc::from([spec.clone()])).scanner(&records);
+            }
+        };
+        rotate(0..20);
+        let s = SecretWatch::new(Arc::from([spec.clone()])).scanner(&records).complete();
+        for i in 0..20 {
+            assert!(s.find(value(i).as_bytes()).is_some(), "rotation {i} of 20");
+        }
+        rotate(20..HISTORY_MOST + 10);
+        let s = SecretWatch::new(Arc::from([spec.clone()])).scanner(&records).complete();
+        let watched = (0..HISTORY_MOST + 10).filter(|i| s.find(value(*i).as_bytes()).is_some()).count();
+        assert_eq!(watched, HISTORY_MOST);
+        assert!(s.find(value(HISTORY_MOST + 9).as_bytes()).is_some() && s.find(value(0).as_bytes()).is_none());
+        // SAFETY: as above.
+        unsafe { std::env::remove_var(&var) };
     }
 
     impl Watched {

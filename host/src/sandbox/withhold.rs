@@ -4,8 +4,10 @@
 //!
 //! Owns the per-call check, [`CallSecrets`], that the filesystem layer and
 //! the executor share. It watches what the outbound boundary watches (every
-//! configured credential, each value the process has read or sent:
-//! [`SecretWatch`]) with the same scanner and encodings as responses:
+//! configured credential and each of the host's own secrets the config
+//! names — `[[serve.auth]]` tokens, `serve.state_key`, `postgres.password`
+//! ([`crate::config::Config::watched`]) —, each value the process has read
+//! or sent: [`SecretWatch`]) with the same scanner and encodings as responses:
 //!
 //! - A regular file a guest opens with read access is checked before the
 //!   guest can read a byte of it ([`CallSecrets::check_file`]), on the
@@ -39,8 +41,8 @@
 //! across files or reads, compressed inside a large file) is in SECURITY.md,
 //! "Known limits".
 //!
-//! Architecture invariant: nothing is built or read when no credential is
-//! configured ([`CallSecrets::new`] is `None`); a refusal names the
+//! Architecture invariant: nothing is built or read when the config names
+//! no secret at all ([`CallSecrets::new`] is `None`); a refusal names the
 //! credential, the form and the guest's path — never the secret.
 
 use std::collections::HashMap;
@@ -162,8 +164,8 @@ impl std::fmt::Debug for CallSecrets {
 }
 
 impl CallSecrets {
-    /// The check of one call, watching `watched`; `None` when no credential
-    /// is configured (nothing to look for: nothing is read or built).
+    /// The check of one call, watching `watched`; `None` when the config
+    /// names no secret (nothing to look for: nothing is read or built).
     pub(super) fn new(watched: &Arc<[Arc<CredentialSpec>]>, file_check_mib: u64) -> Option<Arc<Self>> {
         (!watched.is_empty()).then(|| {
             Arc::new(CallSecrets {
@@ -572,6 +574,62 @@ mod tests {
         assert!(why.contains("zlib"), "{why}");
         assert_eq!(check(&s, b"GH_TOKEN=${GH_TOKEN}\n"), Ok(()), "a clean file reads");
         assert_eq!(check(&s, b""), Ok(()));
+    }
+
+    /// Every secret the config names by reference is watched, with no
+    /// `[credentials]` at all: each `[[serve.auth]]` token, `serve.state_key`
+    /// and `postgres.password` (which no end-to-end test can configure: the
+    /// host would connect to the server). A file holding one is refused,
+    /// naming the field; none of them is ever applied to a request.
+    #[test]
+    fn every_secret_source_of_the_config_is_watched_and_none_is_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let var = |what: &str| format!("TOOLGATE_WITHHOLD_OWN_{what}_{}", std::process::id());
+        let values = [
+            ("serve.auth[0].token", "0wn-s3rve/t0ken+number=0ne"),
+            ("serve.auth[1].token", "0wn-s3rve/t0ken+number=tw0"),
+            ("serve.state_key", "0wn-st4te/k3y+0f=the-replicas-0123456789"),
+            ("postgres.password", "0wn-pg/passw0rd+of=the-journal"),
+        ];
+        for (i, (_, value)) in values.iter().enumerate() {
+            // SAFETY (edition 2024): the variables are this test's own.
+            unsafe { std::env::set_var(var(&i.to_string()), value) };
+        }
+        std::fs::write(dir.path().join("key"), format!("{}\n", values[2].1)).unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(dir.path().join("key"), std::fs::Permissions::from_mode(0o600)).unwrap();
+        let text = format!(
+            "store = \"postgres://tg@db.example/toolgate\"\n[postgres]\npassword = {{ env = \"{}\" }}\n\
+             [serve]\nstate_key = {{ file = \"key\" }}\nauth = [\n  {{ agent = \"a\", token = {{ env = \"{}\" }} }},\n  \
+             {{ agent = \"b\", token = {{ env = \"{}\" }} }},\n]\n[agents.a]\n[agents.b]\n",
+            var("3"),
+            var("0"),
+            var("1"),
+        );
+        let config = crate::config::Config::parse(&text, &dir.path().join("toolgate.toml"), dir.path()).unwrap();
+        assert!(config.credentials.is_empty());
+        let watched: Arc<[Arc<CredentialSpec>]> = config.watched().into();
+        let mut names: Vec<&str> = watched.iter().map(|c| c.name.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["postgres.password", "serve.auth[0].token", "serve.auth[1].token", "serve.state_key"]);
+        for spec in watched.iter() {
+            assert!(spec.is_watch_only() && !spec.bound_to("https", "db.example", 443));
+            let e = spec.materialize("https", "db.example", 443).unwrap_err().to_string();
+            assert!(e.contains("never sent"), "{e}");
+        }
+        let s = CallSecrets::new(&watched, 64).expect("secrets to watch");
+        for (field, value) in values {
+            let why = check(&s, format!("export X={value}\n").as_bytes()).unwrap_err();
+            assert!(why.contains(&format!("`{field}`")) && !why.contains(value), "{why}");
+        }
+        assert_eq!(check(&s, b"nothing secret\n"), Ok(()));
+        // A config naming no secret at all watches nothing: no check is built.
+        let plain = crate::config::Config::parse("", &dir.path().join("toolgate.toml"), dir.path()).unwrap();
+        assert!(plain.watched().is_empty());
+        for i in 0..4 {
+            // SAFETY: as above.
+            unsafe { std::env::remove_var(var(&i.to_string())) };
+        }
     }
 
     #[test]
