@@ -3,7 +3,7 @@ requirements.txt), over stdio and Streamable HTTP, in the SDK's default mode
 (`auto`: `server/discover`, then revision 2026-07-28) and in `legacy` mode
 (the `initialize` handshake, revision 2025-11-25); at the end, two clients of
 the TypeScript SDK, pinned in tests/mcp/inspector: the MCP Inspector CLI and
-the SDK's own `Client` (ts_client.mjs).
+the SDK's own `Client` (ts_client.mjs), and its v1 line's (ts_v1_client.mjs).
 
 Run by host/cli/tests/mcp.rs, which builds the plugin directory and the
 config and passes them in TOOLGATE_BIN, TOOLGATE_CONFIG, TOOLGATE_EXTRA,
@@ -1060,6 +1060,52 @@ def test_the_typescript_sdk_client_lists_calls_asks_and_cancels(transport, negot
             break
         time.sleep(0.1)
     assert loops == [("cancelled",)], loops
+
+
+# ---- The TypeScript SDK's v1 line (tests/mcp/ts_v1_client.mjs), pinned in tests/mcp/inspector.
+
+TS_V1_CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ts_v1_client.mjs")
+
+
+def ts_v1_client(*args):
+    assert os.path.exists(NODE) and os.path.exists(os.path.join(NODE_MODULES, "mcp-ts-sdk-v1", "package.json")), \
+        "run scripts/test: it installs the pinned Node and TypeScript SDK v1 client (tests/mcp/inspector)"
+    env = {**ENV, "TOOLGATE_BIN": BIN, "TOOLGATE_CONFIG": CONFIG, "HOME": os.environ.get("HOME", "/tmp")}
+    out = subprocess.run([NODE, TS_V1_CLIENT, *args], capture_output=True, text=True, env=env, timeout=120)
+    print(out.stdout)
+    checks = {json.loads(line)["check"]: json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")}
+    assert out.returncode == 0 and "done" in checks, f"ts_v1_client.mjs failed:\n{out.stdout}\n{out.stderr}"
+    return checks
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_the_typescript_sdk_v1_client_lists_and_calls(transport, request):
+    """`@modelcontextprotocol/sdk` 1.32.2 (Claude Code, Claude Desktop,
+    Cursor) with its default settings: connects (2025-11-25), lists the
+    visible tools, calls an allowed tool, and a denied call comes back as
+    an isError result."""
+    server = request.getfixturevalue("http_server") if transport == "http" else None
+    checks = ts_v1_client("--transport", transport, *(["--url", server.url] if server else []))
+    assert checks["connect"]["protocolVersion"] in (None, "2025-11-25"), checks["connect"]
+    assert checks["denied"]["ok"], checks
+
+
+def test_the_typescript_sdk_v1_client_connects_again_past_the_session_cap():
+    """The v1 client's close() sends no DELETE: each run leaves its session
+    behind. With `[serve] max_sessions_per_token = 2`, five more runs of one
+    token each connect and call (the least recently used idle session makes
+    room). Before, the third failed in connect(): "too many sessions"."""
+    capped = os.path.join(os.path.dirname(CONFIG), "two-sessions.toml")
+    with open(CONFIG) as f:
+        conf = f.read()
+    with open(capped, "w") as f:
+        f.write(conf.replace("[serve]\n", "[serve]\nmax_sessions_per_token = 2\n", 1))
+    server = HttpServer(capped)
+    try:
+        checks = ts_v1_client("--transport", "http", "--url", server.url, "--cycles", "5")
+        assert checks["cycles"]["cycles"] == 5, checks
+    finally:
+        assert server.stop() == 0, "".join(server.stderr)
 
 
 # ---- The Python SDK's 1.x line (tests/mcp/v1_client.py, its own venv .venv-mcp1).

@@ -422,6 +422,137 @@ fn session_of(head: &str) -> String {
         .expect("a session")
 }
 
+// ---- Sessions abandoned without a DELETE, and the cap on a token's sessions.
+
+/// A 2025-11-25 session of `token` as a client opens one: `initialize`, then
+/// `notifications/initialized`; the status, and the session when opened
+/// (else the refusal's JSON-RPC message).
+fn open_session(port: u16, token: &str) -> (u16, Result<String, serde_json::Value>) {
+    let init = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "abandoner", "version": "1"}}});
+    let (status, head, body) = post_with(port, token, "", &init);
+    if status != 200 {
+        return (status, Err(body));
+    }
+    let session = session_of(&head);
+    let initialized = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let (status, _, body) = post_with(port, token, &in_session(&session), &initialized);
+    assert_eq!(status, 202, "{body}");
+    (200, Ok(session))
+}
+
+/// The headers of a request in `session` (2025-11-25).
+fn in_session(session: &str) -> String {
+    format!("Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-11-25\r\n")
+}
+
+/// `notes(op = "list")` (allowed) called in `session`: the status and the answer.
+fn list_notes_in(port: u16, token: &str, session: &str) -> (u16, serde_json::Value) {
+    let call = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "notes", "arguments": {"op": "list"}}});
+    let (status, _, answer) = post_with(port, token, &in_session(session), &call);
+    (status, answer)
+}
+
+/// The GET stream of `session`, held open (its head read) until dropped.
+fn hold_stream(port: u16, token: &str, session: &str) -> std::net::TcpStream {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "GET /mcp HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\nAccept: text/event-stream\r\n{}\r\n",
+        in_session(session)
+    )
+    .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).unwrap(), 1, "the GET stream's head");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    s
+}
+
+/// A client that abandons its sessions — no DELETE, as the TypeScript
+/// SDK's v1 transport (Claude Code, Claude Desktop, Cursor) does when it
+/// closes — past `[serve] max_sessions_per_token` (here 2) still opens a
+/// session and calls: the token's least recently used session with no
+/// request or stream open is ended (404 to it from then on), never one
+/// with a stream open, however recently the other was used. Only when
+/// every session of the token has a stream open is a new one refused, 429
+/// naming the setting; another token is unaffected. Before, the third
+/// session was refused until `session_idle_secs` (30 minutes) after the
+/// abandoned ones' last use: the 33rd connect of a stock client failed.
+#[test]
+fn sessions_abandoned_past_the_cap_make_room_and_only_busy_ones_refuse_a_new_one() {
+    let dir = serve_dir();
+    let config = dir.path().join("toolgate.toml");
+    let text = std::fs::read_to_string(&config).unwrap().replace("[serve]\n", "[serve]\nmax_sessions_per_token = 2\n");
+    std::fs::write(&config, text).unwrap();
+    let (_server, port) = http_server(dir.path());
+    // Five sessions opened and abandoned, each used once.
+    let mut abandoned = Vec::new();
+    for n in 0..5 {
+        let (status, session) = open_session(port, TEST_TOKEN);
+        let session = session.unwrap_or_else(|e| panic!("session {n}, past the cap of 2: {status} {e}"));
+        let (status, answer) = list_notes_in(port, TEST_TOKEN, &session);
+        assert_eq!((status, &answer["result"]["isError"]), (200, &serde_json::json!(false)), "{answer}");
+        abandoned.push(session);
+    }
+    // The oldest are gone: their clients are told to initialize again.
+    let (status, answer) = list_notes_in(port, TEST_TOKEN, &abandoned[0]);
+    assert_eq!(status, 404, "an ended session: {answer}");
+
+    // The older of the two live sessions listens on its GET stream: the
+    // newer one, with nothing open, makes room instead.
+    let [.., older, newer] = &abandoned[..] else { unreachable!() };
+    let listening = hold_stream(port, TEST_TOKEN, older);
+    let (status, fresh) = open_session(port, TEST_TOKEN);
+    let fresh = fresh.unwrap_or_else(|e| panic!("a session next to a busy one: {status} {e}"));
+    assert_eq!(list_notes_in(port, TEST_TOKEN, newer).0, 404, "the idle session was ended");
+    let (status, answer) = list_notes_in(port, TEST_TOKEN, older);
+    assert_eq!((status, &answer["result"]["isError"]), (200, &serde_json::json!(false)), "{answer}");
+
+    // Every session busy: refused, naming the setting; another token opens its own.
+    let also = hold_stream(port, TEST_TOKEN, &fresh);
+    let (status, refused) = open_session(port, TEST_TOKEN);
+    assert_eq!(status, 429, "{refused:?}");
+    let refused = refused.unwrap_err();
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("max_sessions_per_token") && message.contains("serve.auth[1]"), "{refused}");
+    let (status, theirs) = open_session(port, OTHER_TOKEN);
+    let theirs = theirs.unwrap_or_else(|e| panic!("another token: {status} {e}"));
+    assert_eq!(list_notes_in(port, OTHER_TOKEN, &theirs).0, 200);
+    // The busy sessions are untouched.
+    for session in [older, &fresh] {
+        let (status, answer) = list_notes_in(port, TEST_TOKEN, session);
+        assert_eq!((status, &answer["result"]["isError"]), (200, &serde_json::json!(false)), "{answer}");
+    }
+    drop((listening, also));
+}
+
+/// A request without a valid token is answered 401 with JSON-RPC code
+/// -32600 and a message saying what to send. Before, the code was -32001,
+/// which the Python and TypeScript SDKs name RequestTimeout: a bad token
+/// read as a timeout.
+#[test]
+fn a_request_without_a_valid_token_is_not_reported_as_a_timeout() {
+    let dir = serve_dir();
+    let (_server, port) = http_server(dir.path());
+    let init = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "c", "version": "1"}}});
+    for token in ["", "not-the-token-0123456789abcdef"] {
+        let (status, _, answer) = post_with(port, token, "", &init);
+        assert_eq!(status, 401, "{answer}");
+        assert_eq!(answer["error"]["code"], -32600, "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("Authorization: Bearer"), "{answer}");
+    }
+}
+
 /// Sessions of 2024-11-05 and 2025-03-26 get no priming event — an SSE
 /// event with an id, a retry and empty data (SEP-1699, 2025-11-25) — on
 /// the initialize answer, a request's stream or the GET stream: the Java

@@ -16,8 +16,10 @@
 //! What one client can hold of what every agent shares is bounded: a
 //! connection stays open only after a request with a valid token; at most
 //! `[serve] max_connections_per_address` connections per peer; per
-//! `[[serve.auth]]` entry at most `max_sessions_per_token` live sessions and
-//! `max_requests_per_token` requests open (SSE streams included).
+//! `[[serve.auth]]` entry at most `max_sessions_per_token` live sessions (a
+//! new one past it ends the entry's least recently used session with no
+//! request or stream open: clients commonly abandon sessions without a
+//! DELETE) and `max_requests_per_token` requests open (SSE streams included).
 //!
 //! A request is known by the `[[serve.auth]]` entry whose token it
 //! presented (`http token serve.auth[N]`, N counting from 0 in the config
@@ -125,6 +127,15 @@ pub(super) struct Opener {
 /// Without a cap one token's client could open sessions, and their streams,
 /// until no connection was left for any other agent.
 ///
+/// At the cap, a new session ends the entry's least recently used session
+/// that is not busy — no request in flight, no stream open
+/// ([`TokenSessions::evict`]); it is refused only when every one is busy.
+/// Clients end sessions without telling: the TypeScript SDK's v1 transport
+/// (Claude Code, Claude Desktop, Cursor) sends no DELETE when it closes, so
+/// with a refusal at the cap the 33rd connect of one token within
+/// `session_idle_secs` failed. An ended session's client gets 404 on its
+/// next request and initializes again, as the transport specifies.
+///
 /// Idle sessions are reaped here, not by rmcp: rmcp's own timer (5 min)
 /// restarts only on the session's messages, not on an SSE stream the client
 /// holds open, so a client listening on its GET stream lost its session
@@ -149,14 +160,18 @@ pub(super) struct TokenSessions {
 
 struct Owned {
     digest: [u8; 32],
+    /// The `[[serve.auth]]` entry whose place it holds.
+    entry: usize,
     _place: Slot<usize>,
     activity: Arc<Activity>,
 }
 
-/// When a session was last used, how many of its SSE streams are open, and
-/// whether its revision takes priming events.
+/// When a session was last used, how many of its requests and SSE streams
+/// are open, whether its handshake is done, and whether its revision takes
+/// priming events.
 struct Activity {
     state: Mutex<(Instant, usize)>,
+    initialized: AtomicBool,
     primed: AtomicBool,
 }
 
@@ -174,10 +189,24 @@ impl Activity {
         let (last, open) = *self.state();
         open == 0 && now.saturating_duration_since(last) >= idle
     }
+
+    /// When it was last used, if it may be ended for a new session at `now`:
+    /// nothing open, and its handshake done (or given up on: a handshake
+    /// under way is not taken from its client).
+    fn evictable(&self, now: Instant) -> Option<Instant> {
+        let (last, open) = *self.state();
+        let settled = self.initialized.load(Ordering::Relaxed) || now.saturating_duration_since(last) >= HANDSHAKE;
+        (open == 0 && settled).then_some(last)
+    }
 }
 
-/// An open SSE stream of a session, counted until it is dropped (hyper drops
-/// a response body when it has sent all of it or the connection went).
+/// How long a session's handshake may take before the session counts as
+/// abandoned, and may be ended for a new one.
+const HANDSHAKE: Duration = Duration::from_secs(30);
+
+/// An open request or SSE stream of a session, counted until it is dropped
+/// (hyper drops a response body when it has sent all of it or the
+/// connection went).
 struct OpenStream(Arc<Activity>);
 
 impl OpenStream {
@@ -225,7 +254,9 @@ impl<S: Stream<Item = ServerSseMessage>> Stream for Tracked<S> {
 
 #[derive(Debug, thiserror::Error)]
 pub(super) enum TokenSessionError {
-    #[error("serve.auth[{entry}] has {max} sessions open, the most `[serve] max_sessions_per_token` allows")]
+    #[error(
+        "serve.auth[{entry}] has {max} sessions open, each with a request or stream open, the most `[serve] max_sessions_per_token` allows"
+    )]
     Refused { entry: usize, max: usize },
     #[error("a session can be opened only by an authenticated request")]
     Unauthenticated,
@@ -251,9 +282,42 @@ impl TokenSessions {
         self.owners.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether session `id` was made by the token of `digest`.
-    fn belongs_to(&self, id: &str, digest: &[u8; 32]) -> bool {
-        self.owners().get(id).is_some_and(|o| bool::from(o.digest.ct_eq(digest)))
+    /// Session `id`, if the token of `digest` made it, held busy (never
+    /// ended for a new session) until the returned guard is dropped: found
+    /// and held under one lock, so [`TokenSessions::evict`] ends a session
+    /// either before a request reaches it (404) or not at all.
+    fn hold(&self, id: &str, digest: &[u8; 32]) -> Option<OpenStream> {
+        let owners = self.owners();
+        let owned = owners.get(id).filter(|o| bool::from(o.digest.ct_eq(digest)))?;
+        Some(OpenStream::new(owned.activity.clone()))
+    }
+
+    /// End the least recently used session of `entry` with no request or
+    /// stream open, freeing its place; whether there was one.
+    async fn evict(&self, entry: usize) -> bool {
+        let now = Instant::now();
+        // Chosen and forgotten under one lock: a request holding it
+        // ([`TokenSessions::hold`]) is either counted here or finds it gone.
+        let victim = {
+            let mut owners = self.owners();
+            let oldest = owners
+                .iter()
+                .filter(|(_, o)| o.entry == entry)
+                .filter_map(|(id, o)| o.activity.evictable(now).map(|last| (last, id.clone())))
+                .min_by_key(|(last, _)| *last)
+                .map(|(_, id)| id);
+            oldest.and_then(|id| owners.remove(&id).map(|owned| (id, owned)))
+        };
+        let Some((id, owned)) = victim else { return false };
+        // Its place is freed here, outside the owners' lock.
+        drop(owned);
+        tracing::info!(
+            "closing HTTP session {id} of serve.auth[{entry}], its least recently used with no request or stream open: `[serve] max_sessions_per_token` reached"
+        );
+        if let Err(e) = self.inner.close_session(&id).await {
+            tracing::debug!("closing session {id}: {e}");
+        }
+        true
     }
 
     /// Forget session `id` and free its place (once: rmcp closes a deleted
@@ -320,14 +384,24 @@ impl SessionManager for TokenSessions {
             return Err(TokenSessionError::Unauthenticated);
         };
         // Held while the session is made: given back if it is not (also
-        // when the request's future is dropped meanwhile).
-        let Some(place) = self.live.take(entry, self.max, false) else {
-            refused.store(true, Ordering::Relaxed);
-            return Err(TokenSessionError::Refused { entry, max: self.max });
+        // when the request's future is dropped meanwhile). At the cap, the
+        // entry's least recently used session that is not busy makes room.
+        let place = loop {
+            if let Some(place) = self.live.take(entry, self.max, false) {
+                break place;
+            }
+            if !self.evict(entry).await {
+                refused.store(true, Ordering::Relaxed);
+                return Err(TokenSessionError::Refused { entry, max: self.max });
+            }
         };
         let (id, transport) = self.inner.create_session().await?;
-        let activity = Arc::new(Activity { state: Mutex::new((Instant::now(), 0)), primed: AtomicBool::new(false) });
-        self.owners().insert(id.clone(), Owned { digest, _place: place, activity });
+        let activity = Arc::new(Activity {
+            state: Mutex::new((Instant::now(), 0)),
+            initialized: AtomicBool::new(false),
+            primed: AtomicBool::new(false),
+        });
+        self.owners().insert(id.clone(), Owned { digest, entry, _place: place, activity });
         Ok((id, transport))
     }
 
@@ -337,6 +411,10 @@ impl SessionManager for TokenSessions {
         message: ClientJsonRpcMessage,
     ) -> Result<ServerJsonRpcMessage, Self::Error> {
         let answer = self.inner.initialize_session(id, message).await?;
+        if let Some(activity) = self.activity(id) {
+            activity.initialized.store(true, Ordering::Relaxed);
+            activity.touch();
+        }
         // The revision the session speaks, as the server answered it.
         if let rmcp::model::JsonRpcMessage::Response(r) = &answer
             && let rmcp::model::ServerResult::InitializeResult(init) = &r.result
@@ -534,7 +612,8 @@ async fn authenticate(State(auth): State<Arc<Auth>>, request: Request, next: Nex
             StatusCode::UNAUTHORIZED,
             axum::Json(serde_json::json!({
                 "jsonrpc": "2.0", "id": null,
-                "error": { "code": -32001, "message": "authentication required: send `Authorization: Bearer <token>`" }
+                // Not -32001: the SDKs read that as a request timeout.
+                "error": { "code": -32600, "message": "authentication required: send `Authorization: Bearer <token>` with a token of `[[serve.auth]]`" }
             })),
         )
             .into_response();
@@ -561,13 +640,16 @@ async fn authenticated(
 ) -> Response {
     // A session named by the request must be one this token made: anything
     // else (another token's, an unknown or unreadable id) is not found.
-    let named = match request.headers().get(SESSION_ID) {
-        None => false,
-        Some(v) => match v.to_str() {
-            Ok(id) if auth.sessions.belongs_to(id, &digest) => true,
-            _ => return no_such_session(),
+    // The session is held busy until the response ends: not ended for a
+    // new session of the token while it serves this request.
+    let held = match request.headers().get(SESSION_ID) {
+        None => None,
+        Some(v) => match v.to_str().ok().and_then(|id| auth.sessions.hold(id, &digest)) {
+            Some(held) => Some(held),
+            None => return no_such_session(),
         },
     };
+    let named = held.is_some();
     // A revision this server does not offer is refused (400, as the
     // transport requires) within a session, and for any revision rmcp knows
     // that this server does not offer: rmcp checks the header only against
@@ -619,22 +701,23 @@ async fn authenticated(
             StatusCode::TOO_MANY_REQUESTS,
             -32000,
             format!(
-                "too many sessions: serve.auth[{entry}] has {max} open, the most `[serve] max_sessions_per_token` allows; end one (DELETE with its Mcp-Session-Id; an abandoned one ends `[serve] session_idle_secs` after its last use), or raise the setting"
+                "too many sessions: serve.auth[{entry}] has {max} open, each with a request or stream open, the most `[serve] max_sessions_per_token` allows; end one (DELETE with its Mcp-Session-Id, or close its streams: the least recently used session with none open makes room for a new one), or raise the setting"
             ),
         );
     }
     // Every response holds the request's place until hyper has taken its
     // last byte.
-    response.map(|body| axum::body::Body::new(Counted { body, _token: token, _open: open }))
+    response.map(|body| axum::body::Body::new(Counted { body, _token: token, _open: open, _session: held }))
 }
 
-/// A response body counted in [`Auth::responses`] (a POST's) and in
-/// [`Auth::requests`] until it is dropped — which hyper does once it has taken
-/// the last byte, or the connection went.
+/// A response body counted in [`Auth::responses`] (a POST's), in
+/// [`Auth::requests`] and as its session's open request until it is dropped
+/// — which hyper does once it has taken the last byte, or the connection went.
 struct Counted {
     body: axum::body::Body,
     _token: Option<TaskTrackerToken>,
     _open: Slot<usize>,
+    _session: Option<OpenStream>,
 }
 
 impl http_body::Body for Counted {

@@ -605,11 +605,14 @@ async fn idle_sessions() {
     let first = tokio::time::timeout(Duration::from_secs(5), stream.next()).await.unwrap().unwrap();
     assert!(first.message.is_none() && first.retry.is_some(), "{first:?}");
     let quiet = http_session(&sessions, &server, 1, "2025-03-26").await.unwrap();
-    // One session per entry: the second of entry 1 waits for the first to go.
+    // One session per entry: while the first has a stream open, the second
+    // of entry 1 waits for it (with none open, the first would make room).
+    let busy = sessions.create_standalone_stream(&quiet).await.unwrap();
     assert!(matches!(
         http_session(&sessions, &server, 1, "2025-03-26").await,
         Err(http::TokenSessionError::Refused { .. })
     ));
+    drop(busy);
     tokio::time::sleep(idle * 4).await;
     assert!(sessions.has_session(&listening).await.unwrap(), "the session holding its stream was closed");
     assert!(!sessions.has_session(&quiet).await.unwrap(), "the idle session was not closed");
