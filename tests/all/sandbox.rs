@@ -34,6 +34,33 @@ async fn an_infinite_loop_is_stopped_at_the_deadline() {
     still_serving(&host).await;
 }
 
+/// A deadline holds however busy the host is: three guests that each spin
+/// 700 ms under a 300 ms deadline, on a runtime with two worker threads (as
+/// `toolgate serve` has on this kind of machine), are all stopped, and none
+/// commits. Before, the deadline was tokio's timer only, which a runtime
+/// whose every worker runs guests yielding at each epoch tick looks at late
+/// (~840 ms for a 300 ms deadline here): the guests finished and their
+/// results and state were committed as if within their deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guests_spinning_on_every_worker_are_stopped_at_their_deadline() {
+    let host = std::sync::Arc::new(hostile("timeout_ms = 300"));
+    // Compiled before the race.
+    assert!(matches!(call(&host, "hostile.slow_count", json!({"ms": 0})).await, StepResult::Output { .. }));
+    let calls: Vec<_> = (0..3)
+        .map(|_| {
+            let h = host.clone();
+            tokio::spawn(async move { call(&h, "hostile.slow_count", json!({"ms": 700})).await })
+        })
+        .collect();
+    for c in calls {
+        let r = c.await.unwrap();
+        assert!(tool_error(&r).contains("300 ms deadline"), "{r:?}");
+    }
+    let state = host.runtime.store().tool_state("default", "hostile.slow_count").await.unwrap();
+    assert_eq!(state["n"], "1", "no stopped call committed");
+    still_serving(&host).await;
+}
+
 /// An idle host parks its epoch ticker (it does not wake 200 times a
 /// second); a guest that spins after that is still interrupted and stopped
 /// at its deadline, since a call wakes the ticker before any guest code runs.

@@ -119,6 +119,49 @@ async fn concurrent_calls_of_one_tool_never_lose_an_update() {
     assert_eq!(serde_json::from_str::<serde_json::Value>(&state["notes"]).unwrap(), json!(replay));
 }
 
+/// One deadline for a call, however often it runs: a Tool without effects
+/// whose state a concurrent call changed runs again only within what is left
+/// of its first run's `limits.timeout_ms`. Three calls that each spin 600 ms
+/// under a 1,000 ms deadline start together; the first commits at ~600 ms,
+/// the other two run again at ~600 ms and reach their deadline at ~1,000 ms.
+/// Before, each run had a deadline of its own: all three committed (at ~600,
+/// ~1,200 and ~1,800 ms), and sixteen such calls held a slot sixteen
+/// deadlines long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_run_again_keeps_its_first_deadline() {
+    let host = TestHost::new(
+        "[limits]\ntimeout_ms = 1000\n[agents.default]\nvisible = [\"*\"]\ndefault = \"allow\"\n",
+        &[("hostile.wasm", packed(guests::HOSTILE))],
+    );
+    // Compiled and counted once before the race.
+    let first = call(&host, "hostile.slow_count", json!({"ms": 0})).await;
+    assert!(matches!(first, StepResult::Output { .. }), "{first:?}");
+    let runtime = std::sync::Arc::new(host.runtime);
+    let calls: Vec<_> = (0..3)
+        .map(|_| {
+            let r = runtime.clone();
+            tokio::spawn(async move {
+                let run = r.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+                run.call("hostile.slow_count", json!({"ms": 600})).await.unwrap()
+            })
+        })
+        .collect();
+    let (mut counted, mut stopped) = (0, 0);
+    for c in calls {
+        match c.await.unwrap() {
+            StepResult::Output { .. } => counted += 1,
+            StepResult::ToolError { message, .. } => {
+                assert!(message.contains("1000 ms deadline"), "{message}");
+                stopped += 1;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((counted, stopped), (1, 2), "only the first to commit fit in its deadline");
+    let state = runtime.store().tool_state("default", "hostile.slow_count").await.unwrap();
+    assert_eq!(state["n"], "2");
+}
+
 /// `limits.state_kib` bounds what one Tool keeps for one agent (every call
 /// of the Tool reads it whole): a call whose Commands would grow it past the
 /// limit is a Tool error naming the setting, and nothing changes; a call

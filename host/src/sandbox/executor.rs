@@ -35,6 +35,7 @@ use tokio::sync::OnceCell;
 use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimits, StoreLimitsBuilder, Trap,
+    UpdateDeadline,
 };
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
@@ -332,12 +333,21 @@ pub struct Execution {
     pub captured: Captured,
     /// A granted outbound request that failed in transport (`scheme://host:port: reason`).
     pub transport_failure: Option<String>,
+    /// When the call's deadline ended (or ends), if the guest was admitted:
+    /// a call run again ([`Executor::execute_until`]'s `not_after`) gets
+    /// only what is left of it.
+    pub(crate) ends: Option<Instant>,
 }
 
 impl Execution {
     /// A call withdrawn before or while it ran.
     fn cancelled() -> Self {
-        Execution { result: Err(ToolFailure::Cancelled), captured: Captured::default(), transport_failure: None }
+        Execution {
+            result: Err(ToolFailure::Cancelled),
+            captured: Captured::default(),
+            transport_failure: None,
+            ends: None,
+        }
     }
 }
 
@@ -393,6 +403,9 @@ struct CallState {
     held: Held,
     /// What the call holds through `wasi:http` before its requests leave.
     http_held: HttpHeld,
+    /// When the call's deadline ends: the guest is stopped at the first
+    /// epoch tick after it ([`stop_at_deadline`]).
+    ends: Instant,
 }
 
 impl FilesystemCall for CallState {
@@ -777,18 +790,21 @@ impl Executor {
         call: &AllowedCall<'_>,
         state: Arc<BTreeMap<String, String>>,
     ) -> Result<Execution, ExecutorError> {
-        self.execute_until(call, state, std::future::pending()).await
+        self.execute_until(call, state, std::future::pending(), None).await
     }
 
     /// [`Executor::execute`], stopped when `cancel` completes (the caller
     /// withdrew the call): a guest not yet admitted never starts, a running
     /// one is dropped at once (its slot freed), and the result is
-    /// [`ToolFailure::Cancelled`].
+    /// [`ToolFailure::Cancelled`]. A call run again (its state changed under
+    /// it) passes the first run's [`Execution::ends`] as `not_after`: one
+    /// deadline for the whole call, however often it runs.
     pub async fn execute_until(
         &self,
         call: &AllowedCall<'_>,
         state: Arc<BTreeMap<String, String>>,
         cancel: impl Future<Output = ()> + Send,
+        not_after: Option<Instant>,
     ) -> Result<Execution, ExecutorError> {
         tokio::pin!(cancel);
         let component = &call.candidate().installed.component;
@@ -800,7 +816,12 @@ impl Executor {
             // Loading or compiling: boxed, so the future of every later call
             // does not carry the space of a compile's.
             None => {
-                let (pre, baseline) = Box::pin(self.prepare(&component.path, component.digest)).await?;
+                // A call withdrawn while its code loads stops waiting for it.
+                let (pre, baseline) = tokio::select! {
+                    biased;
+                    () = &mut cancel => return Ok(Execution::cancelled()),
+                    r = Box::pin(self.prepare(&component.path, component.digest)) => r?,
+                };
                 prepared = pre;
                 (&prepared, baseline)
             }
@@ -811,6 +832,19 @@ impl Executor {
             OptimizeAfter { executor: self, entry: baseline, path: &component.path, digest: component.digest };
         let limits = &self.settings.limits;
         let grant = &call.candidate().grant;
+        // Wait for a slot (not part of the call's deadline: queueing is the
+        // host's doing) before anything of the call is opened: a call that
+        // waits holds no descriptor of its grants.
+        let _admitted = tokio::select! {
+            biased;
+            () = &mut cancel => return Ok(Execution::cancelled()),
+            admitted = self.admission.admit(&call.call().tool_id) => admitted,
+        };
+        // Before any guest code (instantiation runs some): an idle ticker wakes.
+        let _running = self.ticker.hold();
+        let started = Instant::now();
+        let ends = started + Duration::from_millis(limits.timeout_ms);
+        let ends = not_after.map_or(ends, |n| n.min(ends));
         // With no credential configured (most hosts), nothing to look for: `None`.
         let secrets = CallSecrets::new(&grant.watched, limits.file_check_mib);
         let capture = (limits.capture_kib as usize) << 10;
@@ -846,28 +880,18 @@ impl Executor {
             pinned: component.pinned.clone(),
             held: Held::new(limits, secrets.clone()),
             http_held: HttpHeld::new(limits),
+            ends,
         };
         let mut store = Store::new(pre.engine(), state);
         store.limiter(|s| &mut s.limits);
-        // Yield to the async runtime at every epoch tick: a guest that spins
-        // cannot starve other calls on this thread, and the deadline below
-        // (which covers instantiation, guest code and host calls alike)
-        // cancels it by dropping the call.
+        // At every epoch tick: stopped past its deadline, else a yield to
+        // the async runtime (a guest that spins cannot starve other calls on
+        // its thread). The timer below ends a call waiting on the host.
         store.set_epoch_deadline(1);
-        store.epoch_deadline_async_yield_and_update(1);
+        store.epoch_deadline_callback(stop_at_deadline);
 
-        // Wait for a slot (not part of the call's deadline: queueing is the host's doing).
-        let _admitted = tokio::select! {
-            biased;
-            () = &mut cancel => return Ok(Execution::cancelled()),
-            admitted = self.admission.admit(&call.call().tool_id) => admitted,
-        };
-        // Before any guest code (instantiation runs some): an idle ticker wakes.
-        let _running = self.ticker.hold();
-        let started = Instant::now();
         let c = call.call();
         let arguments = call.arguments_json();
-        let deadline = Duration::from_millis(limits.timeout_ms);
         let raw = {
             let run = async {
                 if let Some(secrets) = &secrets {
@@ -900,7 +924,7 @@ impl Executor {
                 Some(Poll::Pending) => tokio::select! {
                     biased;
                     () = &mut cancel => None,
-                    r = tokio::time::timeout_at((started + deadline).into(), run) => Some(match r {
+                    r = tokio::time::timeout_at(ends.into(), run) => Some(match r {
                         Ok(r) => r,
                         Err(_) => Err(wasmtime::Error::new(Trap::Interrupt)),
                     }),
@@ -967,6 +991,7 @@ impl Executor {
                 host_dropped,
             },
             transport_failure: outbound.transport_failure(),
+            ends: Some(ends),
         })
     }
 
@@ -1107,11 +1132,17 @@ impl Executor {
             let loader = self.loader(baseline, None, &self.compiles, &self.baseline_compilations);
             match entry.baseline.get_or_try_init(|| loader.load(path.to_owned(), digest)).await {
                 Ok(pre) => return Ok((pre.clone(), Some(entry.clone()))),
+                // Past the limit on Winch, Cranelift (slower) would be too:
+                // unhealthy now, not a second compile that holds the other slot.
+                Err(Failed::TooSlow(e)) => {
+                    self.mark_unhealthy(digest, &e);
+                    return Err(e);
+                }
                 // Cranelift decides, and its error is the one reported.
-                Err(ExecutorError::Load { reason, .. }) => {
+                Err(Failed::Other(ExecutorError::Load { reason, .. })) => {
                     tracing::debug!("{}: the baseline compiler cannot compile it ({reason})", path.display())
                 }
-                Err(e) => return Err(e),
+                Err(Failed::Other(e)) => return Err(e),
             }
         }
         self.optimized_pre(&entry, path, digest).await.map(|pre| (pre, None))
@@ -1122,15 +1153,20 @@ impl Executor {
         let pre = entry
             .optimized
             .get_or_try_init(|| async {
-                let r = loader.load(path.to_owned(), digest).await;
+                let r = loader.load(path.to_owned(), digest).await.map_err(ExecutorError::from);
                 if let Err(e @ ExecutorError::Load { .. }) = &r {
-                    self.unhealthy.write().unwrap_or_else(|p| p.into_inner()).insert(digest, e.to_string());
-                    self.any_unhealthy.store(true, Ordering::Release);
+                    self.mark_unhealthy(digest, e);
                 }
                 r
             })
             .await?;
         Ok(pre.clone())
+    }
+
+    /// Blocked from now on (until a reload): it cannot be compiled or linked.
+    fn mark_unhealthy(&self, digest: Digest, why: &ExecutorError) {
+        self.unhealthy.write().unwrap_or_else(|p| p.into_inner()).insert(digest, why.to_string());
+        self.any_unhealthy.store(true, Ordering::Release);
     }
 
     /// Start Cranelift's compile of a component that runs on Winch's code
@@ -1145,7 +1181,7 @@ impl Executor {
         let loader = self.loader(&self.optimized, self.cache_file(digest), &self.optimizing, &self.compilations);
         let (entry, path, prepared) = (entry.clone(), path.to_owned(), self.prepared.clone());
         let handle = runtime.spawn(async move {
-            match loader.load(path.clone(), digest).await {
+            match loader.load(path.clone(), digest).await.map_err(ExecutorError::from) {
                 Ok(pre) => {
                     let optimized = Prepared { optimized: OnceCell::new_with(Some(pre)), ..Prepared::default() };
                     let mut map = prepared.write().unwrap_or_else(|p| p.into_inner());
@@ -1257,6 +1293,7 @@ impl Executor {
             pinned,
             held: Held::new(limits, None),
             http_held: HttpHeld::new(limits),
+            ends: Instant::now() + Duration::from_millis(limits.timeout_ms),
         };
         let mut store = Store::new(&tier.engine, state);
         store.limiter(|s| &mut s.limits);
@@ -1273,6 +1310,18 @@ impl Executor {
             .await
             .map_err(|e| ExecutorError::Instantiate { path, reason: format!("describe failed: {e:#}") })
     }
+}
+
+/// At each epoch tick of a running guest: stop it once its deadline has
+/// passed, else yield to the async runtime (a guest that spins cannot starve
+/// other calls on its thread). The guest's own code enforces the deadline:
+/// tokio's timer (which ends a call waiting on the host) is looked at only
+/// when a worker thread parks or between batches of tasks, and with every
+/// worker running guests that yield at each tick it fired hundreds of
+/// milliseconds late — a guest finishing meanwhile was committed as if
+/// within its deadline. Captures nothing: no allocation per call.
+fn stop_at_deadline(store: wasmtime::StoreContextMut<'_, CallState>) -> wasmtime::Result<UpdateDeadline> {
+    Ok(if Instant::now() >= store.data().ends { UpdateDeadline::Interrupt } else { UpdateDeadline::Yield(1) })
 }
 
 /// Starts Cranelift's compile behind a call that ran on Winch's code, when
@@ -1352,37 +1401,60 @@ struct Loader {
 }
 
 impl Loader {
-    async fn load(self, path: PathBuf, digest: Digest) -> Result<Pre, ExecutorError> {
+    async fn load(self, path: PathBuf, digest: Digest) -> Result<Pre, Failed> {
         let Loader { tier, cache_file, slots, counter, timeout, memory_mib } = self;
-        // Compiling is CPU the host shares: a few at a time, under a time
-        // limit. The slot goes with the compile job, which holds it to its
-        // end: a compile that ran past its limit keeps running (a compiler
-        // cannot be interrupted) and still counts as one of the few.
-        let slot = slots
-            .acquire_owned()
-            .await
-            .map_err(|_| ExecutorError::Load { path: path.clone(), reason: "the host is shutting down".into() })?;
-        let engine = tier.engine.clone();
-        let path_owned = path.clone();
-        // Told when the job starts: the limit counts from then, not from
-        // the queue of the blocking pool it waits in first.
-        let (started, began) = tokio::sync::oneshot::channel::<()>();
-        let compile = tokio::task::spawn_blocking(move || -> Result<(Component, bool), ExecutorError> {
-            let _slot = slot;
-            if started.send(()).is_err() {
-                // The call gave up before a thread took the job: nothing to do.
-                return Err(ExecutorError::Instantiate { path: path_owned, reason: "abandoned".into() });
-            }
-            if let Some(c) = cache_file.as_ref().filter(|c| trusted_cache_file(c)) {
+        // Cached code is mapped, not compiled: it takes no compile slot, so
+        // a first call after a restart never waits behind another
+        // component's compile (which may run long past its limit).
+        if let Some(c) = cache_file.clone() {
+            let engine = tier.engine.clone();
+            let mapped = tokio::task::spawn_blocking(move || {
                 // SAFETY: the file is a regular file owned by this user with
                 // no group or other access, in a directory with the same
                 // checks, written only by this host (atomic renames) and keyed
                 // by a SHA-256 of the engine settings: as trusted as the host
                 // binary. A failed load falls back to compiling from the
                 // verified source.
-                if let Ok(comp) = unsafe { Component::deserialize_file(&engine, c) } {
-                    return Ok((comp, false));
-                }
+                trusted_cache_file(&c).then(|| unsafe { Component::deserialize_file(&engine, &c) }.ok()).flatten()
+            });
+            match tokio::time::timeout(timeout, mapped).await {
+                Ok(Ok(Some(component))) => return link(&tier, &component, path),
+                Ok(_) => {}
+                Err(_) => return Err(Failed::Other(no_thread(path, timeout))),
+            }
+        }
+        // Compiling is CPU the host shares: a few at a time, under a time
+        // limit. The slot goes with the compile job, which holds it to its
+        // end: a compile that ran past its limit keeps running (a compiler
+        // cannot be interrupted) and still counts as one of the few. Waiting
+        // for a slot is bounded by the same limit: the slots may be held by
+        // compiles that run on past theirs.
+        let slot = match tokio::time::timeout(timeout, slots.acquire_owned()).await {
+            Ok(Ok(slot)) => slot,
+            Ok(Err(_)) => {
+                return Err(Failed::Other(ExecutorError::Load { path, reason: "the host is shutting down".into() }));
+            }
+            Err(_) => {
+                return Err(Failed::Other(ExecutorError::Instantiate {
+                    path,
+                    reason: format!(
+                        "the host was compiling other components and had no compile slot free within \
+                         `limits.compile_timeout_ms` ({} ms): it is busy; try again",
+                        timeout.as_millis()
+                    ),
+                }));
+            }
+        };
+        let engine = tier.engine.clone();
+        let path_owned = path.clone();
+        // Told when the job starts: the limit counts from then, not from
+        // the queue of the blocking pool it waits in first.
+        let (started, began) = tokio::sync::oneshot::channel::<()>();
+        let compile = tokio::task::spawn_blocking(move || -> Result<Component, ExecutorError> {
+            let _slot = slot;
+            if started.send(()).is_err() {
+                // The call gave up before a thread took the job: nothing to do.
+                return Err(ExecutorError::Instantiate { path: path_owned, reason: "abandoned".into() });
             }
             let bytes = catalog::read_bounded(&path_owned)
                 .map_err(|reason| ExecutorError::Read { path: path_owned.clone(), reason })?;
@@ -1396,7 +1468,7 @@ impl Loader {
             if let Some(c) = &cache_file {
                 write_cache(c, &comp);
             }
-            Ok((comp, true))
+            Ok(comp)
         });
         // A job no thread took within the limit says nothing about the
         // component (the host's blocking threads are busy): the call fails,
@@ -1404,20 +1476,14 @@ impl Loader {
         match tokio::time::timeout(timeout, began).await {
             Ok(Ok(())) => {}
             Ok(Err(_)) => {
-                return Err(ExecutorError::Instantiate { path, reason: "the host is shutting down".into() });
-            }
-            Err(_) => {
-                return Err(ExecutorError::Instantiate {
+                return Err(Failed::Other(ExecutorError::Instantiate {
                     path,
-                    reason: format!(
-                        "the host had no thread free to compile it within `limits.compile_timeout_ms` ({} ms): it \
-                         is busy; try again",
-                        timeout.as_millis()
-                    ),
-                });
+                    reason: "the host is shutting down".into(),
+                }));
             }
+            Err(_) => return Err(Failed::Other(no_thread(path, timeout))),
         }
-        let (component, compiled) = match tokio::time::timeout(timeout, compile).await {
+        let component = match tokio::time::timeout(timeout, compile).await {
             Ok(joined) => joined.map_err(|e| ExecutorError::Load {
                 path: path.clone(),
                 reason: format!("compile task failed: {e}"),
@@ -1425,27 +1491,64 @@ impl Loader {
             // A compiler cannot be interrupted: the compile finishes in the
             // background and is dropped; the component is marked unhealthy.
             Err(_) => {
-                return Err(ExecutorError::Load {
+                return Err(Failed::TooSlow(ExecutorError::Load {
                     path,
                     reason: format!(
                         "compiling it took longer than `limits.compile_timeout_ms` ({} ms); raise the limit if the component is trusted",
                         timeout.as_millis()
                     ),
-                });
+                }));
             }
         };
-        if compiled {
-            counter.fetch_add(1, Ordering::SeqCst);
-        }
-        let pre = tier.linker.instantiate_pre(&component).map_err(|e| ExecutorError::Load {
-            path: path.clone(),
-            reason: format!("{e:#}; the component imports something this host does not provide"),
-        })?;
-        bindings::AdapterPre::new(pre).map_err(|e| ExecutorError::Load {
-            path,
-            reason: format!("{e:#}; build it with toolgate-sdk's `export_tools!`"),
-        })
+        counter.fetch_add(1, Ordering::SeqCst);
+        link(&tier, &component, path)
     }
+}
+
+/// Why loading a component failed: its compile ran past
+/// `limits.compile_timeout_ms` (on any tier: the component is unhealthy), or
+/// anything else.
+#[derive(Debug)]
+enum Failed {
+    TooSlow(ExecutorError),
+    Other(ExecutorError),
+}
+
+impl From<ExecutorError> for Failed {
+    fn from(e: ExecutorError) -> Self {
+        Failed::Other(e)
+    }
+}
+
+impl From<Failed> for ExecutorError {
+    fn from(f: Failed) -> Self {
+        match f {
+            Failed::TooSlow(e) | Failed::Other(e) => e,
+        }
+    }
+}
+
+/// A job no blocking thread took within the limit.
+fn no_thread(path: PathBuf, timeout: Duration) -> ExecutorError {
+    ExecutorError::Instantiate {
+        path,
+        reason: format!(
+            "the host had no thread free to compile it within `limits.compile_timeout_ms` ({} ms): it is busy; try again",
+            timeout.as_millis()
+        ),
+    }
+}
+
+/// A loaded component linked against the tier's host functions.
+fn link(tier: &Tier, component: &Component, path: PathBuf) -> Result<Pre, Failed> {
+    let pre = tier.linker.instantiate_pre(component).map_err(|e| ExecutorError::Load {
+        path: path.clone(),
+        reason: format!("{e:#}; the component imports something this host does not provide"),
+    })?;
+    Ok(bindings::AdapterPre::new(pre).map_err(|e| ExecutorError::Load {
+        path,
+        reason: format!("{e:#}; build it with toolgate-sdk's `export_tools!`"),
+    })?)
 }
 
 /// The WASI context of one call: exactly the granted mounts and environment,
@@ -1921,7 +2024,7 @@ mod tests {
             // The host's one blocking thread is busy for longer than the limit.
             let (free, wait) = std::sync::mpsc::channel::<()>();
             let busy = tokio::task::spawn_blocking(move || wait.recv());
-            let refused = loader().load(path.clone(), digest).await.err().unwrap();
+            let refused = loader().load(path.clone(), digest).await.map_err(ExecutorError::from).err().unwrap();
             assert!(
                 matches!(&refused, ExecutorError::Instantiate { reason, .. } if reason.contains("no thread free")),
                 "{refused:?}"
@@ -1933,6 +2036,57 @@ mod tests {
             loader().load(path, digest).await.unwrap();
             assert_eq!(compiled.load(Ordering::SeqCst), 1);
             assert_eq!(slots.available_permits(), COMPILES_AT_ONCE, "every compile gave its slot back");
+        });
+    }
+    /// Invariant 14, deadlines: compiles past their limit keep their slots
+    /// (a compiler cannot be stopped), so a call waiting for one waits at
+    /// most `limits.compile_timeout_ms` and fails without marking the
+    /// component unhealthy; and code already in the trusted cache is mapped
+    /// without a slot. (Before, both waited for a slot without bound: with
+    /// both slots held, every first call of every other component hung,
+    /// also after a restart with its code cached.)
+    #[test]
+    fn a_call_waits_for_a_compile_slot_within_the_limit_and_cached_code_needs_none() {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        runtime.block_on(async {
+            let settings = ExecutorSettings::new(Limits::default(), None);
+            let tier = tier(&settings, 1, wasmtime::Strategy::Cranelift).unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("text.wasm");
+            let bytes = toolgate_tests::packed(toolgate_tests::guests::TEXT);
+            std::fs::write(&path, &bytes).unwrap();
+            let digest = Digest::of(&bytes);
+            let cache = dir.path().join("cache");
+            prepare_cache_dir(&cache).unwrap();
+            let cached = cache.join("text.cwasm");
+            // Every slot held, as by compiles running past their limit.
+            let held = Arc::new(tokio::sync::Semaphore::new(0));
+            let loader = |cache_file: Option<PathBuf>| Loader {
+                tier: tier.clone(),
+                cache_file,
+                slots: held.clone(),
+                counter: Arc::new(AtomicU64::new(0)),
+                timeout: Duration::from_millis(300),
+                memory_mib: 64,
+            };
+            let bound = Duration::from_secs(20);
+            let refused = tokio::time::timeout(bound, loader(Some(cached.clone())).load(path.clone(), digest))
+                .await
+                .expect("the wait for a slot is bounded")
+                .map_err(ExecutorError::from)
+                .err()
+                .unwrap();
+            assert!(
+                matches!(&refused, ExecutorError::Instantiate { reason, .. }
+                    if reason.contains("no compile slot free") && reason.contains("compile_timeout_ms")),
+                "{refused:?}"
+            );
+            write_cache(&cached, &Component::new(&tier.engine, &bytes).unwrap());
+            assert!(trusted_cache_file(&cached));
+            let loaded = tokio::time::timeout(bound, loader(Some(cached)).load(path, digest))
+                .await
+                .expect("cached code needs no compile slot");
+            assert!(loaded.is_ok());
         });
     }
 }
