@@ -643,7 +643,10 @@ fn configured_secrets(
         return Ok((None, ConfiguredSecrets::none()));
     }
     let config = Config::load(path)?;
-    let secrets = ConfiguredSecrets::read(config.credentials.values().map(|s| s.as_ref()));
+    // Every secret the config names (the host's own too: serve tokens,
+    // state key, PostgreSQL password), as the host's checks watch them.
+    let watched = config.watched();
+    let secrets = ConfiguredSecrets::read(watched.iter().map(|s| s.as_ref()));
     for (_, why) in secrets.unreadable() {
         tracing::warn!("{}; {what} are not checked for its secret", field(why));
     }

@@ -321,7 +321,7 @@ fn an_unauthenticated_client_cannot_hold_connections_past_its_address_cap() {
 }
 
 /// One token opening sessions past `[serve] max_sessions_per_token` (here
-/// 2) is refused with 429 naming the setting, while another token's client
+/// 2), each with a stream open, is refused with 429 naming the setting, while another token's client
 /// (of the same agent) still opens its session and calls; a token holding
 /// `max_requests_per_token` (here 3) open — SSE streams — is refused its
 /// next request likewise, the other token unaffected; ending a session
@@ -334,8 +334,23 @@ fn a_token_past_its_session_and_request_caps_is_refused_while_another_calls() {
     let (_server, port) = serve(dir.path());
     let first = session(port, TOKEN);
     let second = session(port, TOKEN);
+    // Three GET streams of the first token (two primaries, a shadow) stay
+    // open; a session with none open would make room for a new one.
+    let stream = |id: &String| {
+        let mut s = connect(port);
+        write!(
+            s,
+            "GET /mcp HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {TOKEN}\r\nAccept: text/event-stream\r\n{}\r\n",
+            in_session(id)
+        )
+        .unwrap();
+        let h = head(&mut s);
+        assert_eq!(status_of(&h), 200, "{h}");
+        s
+    };
+    let mut streams: Vec<TcpStream> = [&first, &second].iter().map(|id| stream(id)).collect();
     let (status, id, body) = initialize(port, TOKEN);
-    assert_eq!((status, id), (429, None), "a third session of one token: {body}");
+    assert_eq!((status, id), (429, None), "a third session of one token, both busy: {body}");
     let message = body["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("max_sessions_per_token") && message.contains("serve.auth[0]"), "{body}");
 
@@ -343,22 +358,7 @@ fn a_token_past_its_session_and_request_caps_is_refused_while_another_calls() {
     let (status, answer) = call(port, OTHER, &theirs);
     assert_eq!((status, &answer["result"]["isError"]), (200, &serde_json::json!(false)), "{answer}");
 
-    // Three GET streams of the first token (two primaries, a shadow) stay open.
-    let streams: Vec<TcpStream> = [&first, &second, &first]
-        .iter()
-        .map(|id| {
-            let mut s = connect(port);
-            write!(
-                s,
-                "GET /mcp HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {TOKEN}\r\nAccept: text/event-stream\r\n{}\r\n",
-                in_session(id)
-            )
-            .unwrap();
-            let h = head(&mut s);
-            assert_eq!(status_of(&h), 200, "{h}");
-            s
-        })
-        .collect();
+    streams.push(stream(&first));
     let (status, answer) = call(port, TOKEN, &second);
     assert_eq!(status, 429, "{answer}");
     let message = answer["error"]["message"].as_str().unwrap_or_default();
