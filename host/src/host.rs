@@ -148,8 +148,11 @@ pub async fn open(config: &Config, agent: &str) -> Result<Runtime, HostError> {
     let executor = Arc::new(executor(config)?);
     let runtime = Runtime::new(snapshot, executor, store(config).await?, RuntimeSettings::of(config));
     // A host that died mid-approval left its ticket claimed: record that, once.
-    for ticket in runtime.settle_interrupted().await? {
-        tracing::warn!(ticket, "a ticket was interrupted by a host that stopped mid-call; see `toolgate journal`");
+    for request in runtime.settle_interrupted().await? {
+        tracing::warn!(
+            request,
+            "an approved call was interrupted by a host that stopped mid-call; see `toolgate journal`"
+        );
     }
     Ok(runtime)
 }

@@ -315,7 +315,9 @@ impl Runtime {
     /// heartbeat older than the claim lease): each is taken over and
     /// resolved through the Step commit with an `executor_error` step saying
     /// the call was interrupted — it may have run, so it never runs again.
-    /// Hosts call this at start. Returns the tickets settled.
+    /// Hosts call this at start. Returns the requests (call ids) settled —
+    /// never their tickets, which are the approver's alone: what a host
+    /// logs at start, an agent running `toolgate call` reads.
     pub async fn settle_interrupted(&self) -> Result<Vec<String>, CallError> {
         let lease = self.settings.claim_lease_secs as i64;
         let taken = self.store.take_over_stale_claims(&self.holder, now(), lease).await?;
@@ -335,7 +337,7 @@ impl Runtime {
                 ..Ending::blocked(Verdict::Allow, &text)
             };
             match step.resolve(self, ticket, ending, None, false).await {
-                Ok(_) => settled.push(r.ticket_id),
+                Ok(_) => settled.push(r.call_id),
                 // Another host settled it first.
                 Err(CallError::Ticket(TicketError::Settled(_))) => {}
                 Err(e) => return Err(e),
@@ -463,6 +465,13 @@ impl Runtime {
         let run = self.store.run(run_id).await?;
         let known = run.is_some();
         if let Some(run) = run {
+            if run.agent != snapshot.agent() {
+                return Err(CommitError::RunOfAnotherAgent {
+                    run: run_id.to_owned(),
+                    owner: run.agent,
+                    agent: snapshot.agent().to_owned(),
+                });
+            }
             if run.narrowing == narrowing_name(ToolCapabilityNarrowing::DenyAll) {
                 snapshot = snapshot.narrowed(ToolCapabilityNarrowing::DenyAll);
             }

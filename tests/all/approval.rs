@@ -540,3 +540,42 @@ async fn a_process_with_other_approvers_decides_nothing_this_host_asked() {
     let d = r.deny(&old, "stale", &toolgate::Approval::signed(sign(&operator_key, &record, &deny))).await;
     assert!(matches!(d, Ok(StepResult::Blocked { .. })), "{d:?}");
 }
+
+/// Invariant 11: a host settling a claim that a host stopped holding
+/// (mid-approval) names the request, never the ticket — what a host logs at
+/// start, an agent running `toolgate call` reads. (Before, it returned and
+/// logged the ticket ids.)
+#[tokio::test]
+async fn settling_an_interrupted_approval_names_the_request_not_the_ticket() {
+    let host = text_and_notes("");
+    let ticket = ask(&host, "x").await;
+    let request = steps(&host).await[0].call_id.clone();
+    let store = host.runtime.store();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    // Claimed an hour ago by a host that never came back.
+    let claimed = store.claim_ticket(&ticket, now - 3600, "gone-host").await.unwrap();
+    assert!(claimed.is_ok(), "{claimed:?}");
+    let settled = host.runtime.settle_interrupted().await.unwrap();
+    assert_eq!(settled, vec![request]);
+    assert!(!settled.iter().any(|s| s.contains(&ticket)));
+    assert!(steps(&host).await.last().unwrap().result.starts_with("interrupted:"));
+}
+
+/// An agent continues only its own runs: a run's recorded restriction,
+/// Skills and decided asks are its agent's (before, another agent passing
+/// the run's id took over all three — an approved, undelivered result of
+/// the owner's ask among them).
+#[tokio::test]
+async fn another_agent_cannot_continue_a_run() {
+    let host = text_and_notes("[agents.other]\nvisible = [\"*\"]\ndefault = \"allow\"\n");
+    ask(&host, "mine").await;
+    let run_id = steps(&host).await[0].run_id.clone();
+    let other = toolgate_tests::runtime_for(&host.config, "other");
+    let refused = other.start_run(Some(run_id.clone()), toolgate::ToolCapabilityNarrowing::Configured).await.err();
+    let Some(toolgate::store::CommitError::RunOfAnotherAgent { owner, agent, .. }) = refused else {
+        panic!("{refused:?}")
+    };
+    assert_eq!((owner.as_str(), agent.as_str()), ("default", "other"));
+    // Its own agent continues it.
+    assert!(host.runtime.start_run(Some(run_id), toolgate::ToolCapabilityNarrowing::Configured).await.is_ok());
+}

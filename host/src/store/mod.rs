@@ -98,6 +98,20 @@ pub enum CommitError {
         /// The Tool.
         tool: String,
     },
+    /// A run the journal records for another agent: an agent continues
+    /// only its own runs (their recorded restriction, Skills and decided
+    /// asks are that agent's).
+    #[error(
+        "run `{run}` belongs to agent `{owner}`; agent `{agent}` cannot continue it — start a new run (leave out the run id) or act as agent `{owner}`"
+    )]
+    RunOfAnotherAgent {
+        /// The run.
+        run: String,
+        /// The agent the journal records it for.
+        owner: String,
+        /// The agent that asked to continue it.
+        agent: String,
+    },
     /// Cannot create the journal's directory.
     #[error("cannot create journal directory for {path}: {source}; check `store` in the config")]
     Directory {
