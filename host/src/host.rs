@@ -135,12 +135,17 @@ pub async fn open(config: &Config, agent: &str) -> Result<Runtime, HostError> {
     // `serve.state_key`, `postgres.password`) leaves the host nothing to
     // check for, so it refuses files and requests.
     for spec in config.watched() {
-        if let Some(why) = spec.unreadable() {
-            tracing::warn!(
+        match spec.unreadable() {
+            Some(why) if spec.is_watch_only() => tracing::warn!(
+                "{why}; this process does not look for that secret in what reaches its Tools (the process that \
+                 can read it does): give it the same source to have it watched here too"
+            ),
+            Some(why) => tracing::warn!(
                 "{why}; until the host can read it, it cannot check anything for this secret: it refuses Tools' \
                  files, sends none of their HTTP requests, and withholds the output of calls that read their \
                  state or pinned data"
-            );
+            ),
+            None => {}
         }
     }
     let catalog = Arc::new(catalog(config)?);

@@ -1277,6 +1277,46 @@ default = "allow"
     unsafe { std::env::remove_var(&var) };
 }
 
+/// One of the host's own secrets that this process cannot read (the
+/// `[[serve.auth]]` token's variable is set only where `serve --http` runs;
+/// a `toolgate call` or `toolgate approve` in another shell lacks it) is not
+/// looked for here, and does not fail the process's Tools: they read their
+/// files as before. (Briefly, it failed closed as an unreadable credential
+/// does: every file refused, every request held back — and an approval made
+/// in such a shell spent its single-use ticket on that failure.) The
+/// process that reads the token watches it (the test above).
+#[tokio::test]
+async fn a_host_secret_this_process_cannot_read_does_not_fail_its_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for sub in ["plugins", "data"] {
+        std::fs::create_dir_all(d.join(sub)).unwrap();
+    }
+    std::fs::write(d.join("data/a.txt"), "alpha\n").unwrap();
+    std::fs::write(d.join("plugins/files.wasm"), toolgate_tests::Lang::Rust.files()).unwrap();
+    let var = format!("TOOLGATE_BOUNDARY_NEVER_SET_{}", std::process::id());
+    let config = format!(
+        r#"{preamble}
+[serve]
+auth = [{{ agent = "default", token = {{ env = "{var}" }} }}]
+
+[[grants]]
+tools = "files.*"
+directories = [{{ path = "/data", host = "data", access = "read" }}]
+
+[agents.default]
+visible = ["files.read"]
+default = "allow"
+"#,
+        preamble = toolgate_tests::PREAMBLE,
+    );
+    std::fs::write(d.join("toolgate.toml"), config).unwrap();
+    let host = TestHost::open(dir, "default");
+    let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+    let result = run.call("files.read", json!({ "path": "a.txt" })).await.unwrap();
+    assert!(matches!(&result, StepResult::Output { content: Content::Json(v), .. } if v == "alpha\n"), "{result:?}");
+}
+
 /// The host's own secrets beside credentials: a response holding a
 /// `[[serve.auth]]` token is withheld, the guest told only that it held a
 /// configured secret (the record names the field); a guest naming the

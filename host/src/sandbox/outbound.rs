@@ -251,6 +251,15 @@ impl SecretWatch {
             // By source, not name: another config's `github` may be another secret.
             let source = spec.source_id();
             if !kept.iter().any(|(s, ..)| *s == source) {
+                // One of the host's own secrets this process never read (a
+                // `[[serve.auth]]` token's variable, set only where `serve
+                // --http` runs) is not looked for here: a `toolgate approve`
+                // or `call` without it must not fail every Tool (and spend
+                // an approval) for a secret it does not hold. The process
+                // that reads it watches it; `host::open` warns (Known limits).
+                if spec.is_watch_only() {
+                    continue;
+                }
                 // Never read by this process: nothing to look for at all.
                 unvouched.push((spec.name.clone(), format!("{why}; {}", spec.read_fix())));
             } else if !seen.unreadable.contains(&spec.name) {
