@@ -807,19 +807,20 @@ impl Run<'_> {
                 // again on the new state is indistinguishable from running once.
                 let pure = allowed.candidate().grant.has_no_effects();
                 tokio::pin!(cancel);
-                let (mut attempt, mut ends) = (1, None);
+                let (mut attempt, mut left) = (1, None);
                 let result = loop {
                     let state = match rt.store.tool_state_now(snapshot.agent(), tool_id) {
                         Some(state) => state?,
                         None => rt.store.tool_state(snapshot.agent(), tool_id).await?,
                     };
                     let state = shared_state(state);
-                    let exec = rt.executor.execute_until(&allowed, state.clone(), cancel.as_mut(), ends).await;
-                    // One deadline for the call, however often it runs: the
-                    // first run's. (Each run had its own: 16 runs of a Tool
-                    // that spins to its deadline held a slot 16 times as long.)
-                    ends = ends.or_else(|| exec.as_ref().ok().and_then(|e| e.ends));
-                    let again = pure && attempt < STATE_ATTEMPTS && ends.is_some_and(|e| Instant::now() < e);
+                    let exec = rt.executor.execute_until(&allowed, state.clone(), cancel.as_mut(), left).await;
+                    // One deadline for the call's running, however often it
+                    // runs: what this run left of it (waiting for a slot is
+                    // not part of it). Each run had its own: 16 runs of a
+                    // Tool that spins to its deadline held a slot 16 times as long.
+                    left = exec.as_ref().ok().and_then(|e| e.ends).map(|e| e.saturating_duration_since(Instant::now()));
+                    let again = pure && attempt < STATE_ATTEMPTS && left.is_some_and(|l| !l.is_zero());
                     match step.finish(rt, None, exec, &state, again).await {
                         Err(CallError::Commit(CommitError::StateChanged { .. })) if again => attempt += 1,
                         other => break other?,

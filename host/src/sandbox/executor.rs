@@ -334,8 +334,8 @@ pub struct Execution {
     /// A granted outbound request that failed in transport (`scheme://host:port: reason`).
     pub transport_failure: Option<String>,
     /// When the call's deadline ended (or ends), if the guest was admitted:
-    /// a call run again ([`Executor::execute_until`]'s `not_after`) gets
-    /// only what is left of it.
+    /// a call run again ([`Executor::execute_until`]'s `within`) gets only
+    /// what is left of it.
     pub(crate) ends: Option<Instant>,
 }
 
@@ -797,14 +797,15 @@ impl Executor {
     /// withdrew the call): a guest not yet admitted never starts, a running
     /// one is dropped at once (its slot freed), and the result is
     /// [`ToolFailure::Cancelled`]. A call run again (its state changed under
-    /// it) passes the first run's [`Execution::ends`] as `not_after`: one
-    /// deadline for the whole call, however often it runs.
+    /// it) passes what its earlier runs left of its deadline as `within`:
+    /// one deadline for the whole call's running, however often it runs
+    /// (waiting for a slot is not part of it).
     pub async fn execute_until(
         &self,
         call: &AllowedCall<'_>,
         state: Arc<BTreeMap<String, String>>,
         cancel: impl Future<Output = ()> + Send,
-        not_after: Option<Instant>,
+        within: Option<Duration>,
     ) -> Result<Execution, ExecutorError> {
         tokio::pin!(cancel);
         let component = &call.candidate().installed.component;
@@ -843,8 +844,8 @@ impl Executor {
         // Before any guest code (instantiation runs some): an idle ticker wakes.
         let _running = self.ticker.hold();
         let started = Instant::now();
-        let ends = started + Duration::from_millis(limits.timeout_ms);
-        let ends = not_after.map_or(ends, |n| n.min(ends));
+        let timeout = Duration::from_millis(limits.timeout_ms);
+        let ends = started + within.map_or(timeout, |w| w.min(timeout));
         // With no credential configured (most hosts), nothing to look for: `None`.
         let secrets = CallSecrets::new(&grant.watched, limits.file_check_mib);
         let capture = (limits.capture_kib as usize) << 10;
@@ -1190,6 +1191,15 @@ impl Executor {
                         map.insert(digest, Arc::new(optimized));
                     }
                 }
+                // The host was busy (no compile slot or thread within the
+                // limit): a later call starts it again.
+                Err(e @ ExecutorError::Instantiate { .. }) => {
+                    entry.optimizing.store(false, Ordering::SeqCst);
+                    tracing::debug!(
+                        "{}: Cranelift's compile did not start ({e}); a later call tries again",
+                        path.display()
+                    )
+                }
                 Err(e) => tracing::warn!(
                     "{}: compiling it with Cranelift failed ({e}); it keeps running on Winch's code",
                     path.display()
@@ -1391,8 +1401,8 @@ struct Loader {
     tier: Tier,
     /// Read first, written after a compile (Cranelift's code only).
     cache_file: Option<PathBuf>,
-    /// Compiles at once (a compile waits for a slot, outside its time
-    /// limit; the compile job holds it until it ends, also past its limit).
+    /// Compiles at once (a compile waits for a slot at most its time limit;
+    /// the compile job holds it until it ends, also past its limit).
     slots: Arc<tokio::sync::Semaphore>,
     /// Counts the compiles this loader does.
     counter: Arc<AtomicU64>,
