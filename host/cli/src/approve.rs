@@ -167,6 +167,21 @@ pub async fn decide(
         return Err(TicketError::Used(ticket.to_owned()).into());
     }
     show(&record);
+    if matches!(decision, Decision::Approve) {
+        // A credential this process cannot read (and so cannot check for)
+        // fails the approved call closed — its files and requests refused,
+        // the output of a call that read its state withheld — and the
+        // single-use ticket would be spent on that: refused here instead.
+        let unreadable: Vec<String> = config.credentials.values().filter_map(|c| c.unreadable()).collect();
+        if !unreadable.is_empty() {
+            bail!(
+                "this process cannot read a configured credential, so the approved call would run with its files \
+                 and requests refused: {}; approve again once it can (from the environment `toolgate serve` runs \
+                 in); nothing was decided and the request is still pending",
+                unreadable.join("; ")
+            );
+        }
+    }
     let word = match decision {
         Decision::Approve => "approve",
         Decision::Deny { .. } => "deny",

@@ -953,3 +953,43 @@ fn an_approval_signed_with_a_key_names_the_digest_the_approver_listed() {
         .collect();
     assert_eq!(outcomes, ["awaiting", "blocked"], "the rewritten call never ran");
 }
+
+/// An approval made where a configured credential cannot be read (its
+/// variable set only where `serve` runs) is refused before anything is
+/// decided, naming the variable: the approved call would run with its files
+/// and requests refused (and the output of a call that read its state
+/// withheld), spending the single-use ticket on that. Once the variable is
+/// set, the same approval runs the call. (Before, the ticket was claimed
+/// and the call ran failed closed: `notes` had its state-reading output
+/// withheld.)
+#[test]
+fn an_approval_where_a_credential_cannot_be_read_is_refused_and_leaves_the_request_pending() {
+    let dir = setup();
+    let d = dir.path();
+    let var = format!("TOOLGATE_CLI_UNSET_TOKEN_{}", std::process::id());
+    let mut config = std::fs::OpenOptions::new().append(true).open(d.join("toolgate.toml")).unwrap();
+    std::io::Write::write_all(
+        &mut config,
+        format!(
+            "\n[credentials.tracker]\nsource = {{ env = \"{var}\" }}\ndestinations = [\"https://tracker.example:443\"]\napply = {{ header = {{ name = \"Authorization\", format = \"Bearer {{}}\" }} }}\n"
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(tg(d, &["call", "notes", "--args", r#"{"op":"add","note":"milk"}"#]).status.code(), Some(12));
+    let ticket = pending_ticket(d);
+    let digest = listed_digest(d, &ticket);
+    let refused = tg(d, &["approve", &ticket, "--key", "approver.key", "--digest", &digest]);
+    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused.stderr));
+    let err = text(&refused.stderr);
+    assert!(err.contains(&var) && err.contains("still pending"), "{err}");
+    assert_eq!(pending_ticket(d), ticket, "still pending");
+    let approved = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .current_dir(d)
+        .env(&var, "tracker-token-0123456789")
+        .args(["approve", &ticket, "--key", "approver.key", "--digest", &digest])
+        .output()
+        .unwrap();
+    assert_eq!(approved.status.code(), Some(0), "{}", text(&approved.stderr));
+    assert!(text(&approved.stdout).contains("milk"), "{}", text(&approved.stdout));
+}
