@@ -18,11 +18,18 @@
 //! in it are kept in the Tool's own state under a cache key ([`CACHE_KEY`]:
 //! committed with the call's result, last writer wins, never a conflict).
 //! The pin is verified (`tools/list`) on every new session — a remote that
-//! restarted or expired the session answers 404 and the adapter starts a new
-//! one, verifying before it calls — when a response carries
+//! restarted or expired the session answers 404 (or, as many do, 400) to the
+//! cached one and the adapter starts a new one once, verifying before it
+//! calls — when a response carries
 //! `notifications/tools/list_changed`, and at least every
 //! [`AdapterConfig::verify_every_secs`] seconds within a session (`0`: before
 //! every call).
+//!
+//! A session the call opened and will not cache (the call failed: `isError`,
+//! a JSON-RPC error, a drift refusal) is ended with an HTTP DELETE before the
+//! call returns, so a failing tool retried does not pile up sessions on the
+//! remote. Its answer is ignored; only a DELETE the host cannot deliver at
+//! all shows, as the call's transport failure (SECURITY.md, Known limits).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -267,16 +274,26 @@ mod client {
             Some(c) => Session::resume(config, c),
             None => Session::open(config).map_err(Fail::into_tool_error)?,
         };
-        let result = match session.checked_call(pinned, &args) {
-            // The remote no longer knows the session: a new one, verified again.
-            Err(Fail::Expired) if session.resumed => {
-                session = Session::open(config).map_err(Fail::into_tool_error)?;
-                session.checked_call(pinned, &args)
-            }
-            other => other,
+        let mut result = session.checked_call(pinned, &args);
+        // The remote no longer knows the cached session: a new one, once, verified again.
+        if matches!(result, Err(Fail::Expired)) && session.resumed {
+            session = Session::open(config).map_err(Fail::into_tool_error)?;
+            result = session.checked_call(pinned, &args);
         }
-        .map_err(Fail::into_tool_error)?;
-        let mut output = to_output(&pinned.name, pinned.output_schema.is_some(), result)?;
+        let output = result
+            .map_err(Fail::into_tool_error)
+            .and_then(|result| to_output(&pinned.name, pinned.output_schema.is_some(), result));
+        let mut output = match output {
+            Ok(output) => output,
+            Err(e) => {
+                // A failed call commits no cache: a session it opened would
+                // stay open on the remote, one per attempt, until it expires.
+                if !session.resumed {
+                    session.end();
+                }
+                return Err(e);
+            }
+        };
         let now = Cached {
             pin,
             session: session.id.clone(),
@@ -294,7 +311,10 @@ mod client {
     }
 
     /// Why a request failed: the session is gone (HTTP 404 to a request
-    /// carrying it), or anything else, already worded for the model.
+    /// carrying it, or 400 to one resuming a cached session: servers routed
+    /// like the TypeScript SDK's README example, and the Python SDK's 1.x
+    /// session manager, answer an unknown session so), or anything else,
+    /// already worded for the model.
     enum Fail {
         Expired,
         Tool(ToolError),
@@ -385,7 +405,10 @@ mod client {
                 s.protocol = v.to_owned();
             }
             s.initialized = true;
-            s.notify("notifications/initialized")?;
+            if let Err(e) = s.notify("notifications/initialized") {
+                s.end();
+                return Err(e);
+            }
             Ok(s)
         }
 
@@ -434,11 +457,9 @@ mod client {
             ))))
         }
 
-        fn post(&self, body: &Value) -> Result<Response, Fail> {
-            let mut req = Request::post(&self.config.url)
-                .header("accept", "application/json, text/event-stream")
-                .json(body)
-                .map_err(|e| self.transport(e))?;
+        /// `req` to the remote as every request of the session goes: the
+        /// credential by reference, the session id, the negotiated revision.
+        fn prepare(&self, mut req: Request) -> Request {
             if let Some(c) = &self.config.credential {
                 req = req.credential(c);
             }
@@ -449,11 +470,32 @@ mod client {
             if self.initialized {
                 req = req.header("mcp-protocol-version", &self.protocol);
             }
-            let response = req.send().map_err(|e| self.transport(e))?;
+            req
+        }
+
+        /// End the session on the remote (HTTP DELETE to the same URL, with
+        /// the same credential), for one this call opened and will not
+        /// cache. Its answer is ignored; one the host cannot deliver is
+        /// still recorded as the call's transport failure.
+        fn end(&self) {
+            if self.id.is_some() {
+                let _ = self.prepare(Request::delete(&self.config.url)).send();
+            }
+        }
+
+        fn post(&self, body: &Value) -> Result<Response, Fail> {
+            let req = Request::post(&self.config.url)
+                .header("accept", "application/json, text/event-stream")
+                .json(body)
+                .map_err(|e| self.transport(e))?;
+            let response = self.prepare(req).send().map_err(|e| self.transport(e))?;
             match response.status {
                 200..=299 => Ok(response),
                 // The spec's answer to a session the server no longer has.
                 404 if self.id.is_some() => Err(Fail::Expired),
+                // Many servers' answer to it; retried once in a new session,
+                // so only for a session taken from the cache.
+                400 if self.resumed && self.id.is_some() => Err(Fail::Expired),
                 401 | 403 => Err(Fail::Tool(ToolError::failed(format!(
                     "the remote MCP server at {} refused the request (HTTP {}){}",
                     self.config.url,

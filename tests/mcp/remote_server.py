@@ -6,7 +6,11 @@ Started by host/tests/mcp_adapter.rs on 127.0.0.1 with a free port (or
 JSON instead of server-sent events. Every MCP request must carry
 `Authorization: Bearer $REMOTE_TOKEN`, or it is answered 401. Unauthenticated
 admin routes let the test change a tool's schema (`POST /admin/evolve`) and
-read what the server saw (`GET /admin/stats`).
+read what the server saw (`GET /admin/stats`: `live_sessions` is how many
+sessions the SDK's session manager holds, `deletes` how many DELETEs came).
+`--unknown-session-400` answers a request naming a session the server does not
+hold with 400 "Bad Request: No valid session ID provided" instead of the
+SDK's 404, as servers routed like the TypeScript SDK's README example do.
 
 Hostile remotes for `toolgate mcp import`, at `/hostile/<mode>` (plain
 JSON-RPC, no token asked): `leak` lists a tool whose description holds the
@@ -30,10 +34,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 TOKEN = os.environ["REMOTE_TOKEN"]
-stats = {"authorized": 0, "unauthorized": 0, "tool_calls": [], "credential_reference_seen": False}
+stats = {"authorized": 0, "unauthorized": 0, "tool_calls": [], "credential_reference_seen": False, "deletes": 0}
 
 mcp = MCPServer("calc")
 JSON = "--json" in sys.argv
+UNKNOWN_SESSION_400 = "--unknown-session-400" in sys.argv
 
 
 @mcp.tool(description="Add two integers.")
@@ -67,7 +72,7 @@ async def evolve(_request: Request) -> JSONResponse:
 
 @mcp.custom_route("/admin/stats", methods=["GET"])
 async def read_stats(_request: Request) -> JSONResponse:
-    return JSONResponse(stats)
+    return JSONResponse({**stats, "live_sessions": len(mcp.session_manager._server_instances)})
 
 
 def plain_tool(name: str, description: str) -> dict:
@@ -124,6 +129,14 @@ class RequireToken:
                 await response(scope, receive, send)
                 return
             stats["authorized"] += 1
+            if scope["method"] == "DELETE":
+                stats["deletes"] += 1
+            session = headers.get("mcp-session-id")
+            if UNKNOWN_SESSION_400 and session is not None and session not in mcp.session_manager._server_instances:
+                error = {"code": -32000, "message": "Bad Request: No valid session ID provided"}
+                response = JSONResponse({"jsonrpc": "2.0", "error": error, "id": None}, status_code=400)
+                await response(scope, receive, send)
+                return
         await self.app(scope, receive, send)
 
 

@@ -381,3 +381,85 @@ fn an_import_from_a_remote_that_never_ends_stops_at_a_limit() {
     assert!(started.elapsed() < std::time::Duration::from_secs(15), "{:?}", started.elapsed());
     assert!(!dir.path().join("plugins/calc.wasm").exists(), "nothing written");
 }
+
+/// A dir with `toolgate.toml` granting the remote and `plugins/calc.wasm`
+/// imported from it (with the credential), and a runtime for it.
+fn imported(remote: &Remote) -> (tempfile::TempDir, toolgate::runtime::Runtime) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("plugins")).unwrap();
+    let origin = format!("http://127.0.0.1:{}", remote.port);
+    let granted = format!("[[grants]]\ntools = \"mcp__calc__*\"\nhosts = [\"{origin}\"]\ncredentials = [\"calc\"]\n");
+    config(dir.path(), remote.port, &granted);
+    let out = import(dir.path(), &remote.url(), Some("calc"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rt = runtime_for(&Config::load(&dir.path().join("toolgate.toml")).unwrap(), "default");
+    (dir, rt)
+}
+
+/// A remote that answers a session it does not know with 400 (the
+/// TypeScript SDK README's routing; the Python SDK's 1.x session manager)
+/// rather than 404 restarts: the next call opens a new session and
+/// succeeds, and that session is cached. Before, every later call resumed
+/// the dead session, got 400 and failed, and failing cached nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_remote_that_restarted_and_answers_400_for_the_old_session_gets_a_new_one() {
+    unsafe { std::env::set_var(TOKEN_VAR, TOKEN) };
+    let remote = Remote::start_with(&root(), &["--unknown-session-400"]);
+    let (_dir, rt) = imported(&remote);
+    let run = rt.start_run(None, ToolCapabilityNarrowing::Configured).await.unwrap();
+    let r = run.call("mcp__calc__add", json!({"a": 1, "b": 1})).await.unwrap();
+    assert!(matches!(&r, StepResult::Output { content: Content::Json(v), .. } if v["result"] == 2), "{r:?}");
+    let session = |state: std::collections::BTreeMap<String, String>| -> Value {
+        serde_json::from_str::<Value>(&state["cache/mcp"]).unwrap()["session"].clone()
+    };
+    let first = session(rt.store().tool_state("default", "mcp__calc__add").await.unwrap());
+
+    let port = remote.port.to_string();
+    drop(remote);
+    let remote = Remote::start_with(&root(), &["--port", &port, "--unknown-session-400"]);
+    for a in 0..2 {
+        let r = run.call("mcp__calc__add", json!({"a": a, "b": 3})).await.unwrap();
+        assert!(matches!(&r, StepResult::Output { content: Content::Json(v), .. } if v["result"] == a + 3), "{r:?}");
+    }
+    let second = session(rt.store().tool_state("default", "mcp__calc__add").await.unwrap());
+    assert!(second.is_string() && second != first, "the new session is cached: {first} {second}");
+    // Resumed by the second call: one new session in all, and that call cost one request.
+    let stats = remote.stats();
+    assert_eq!(stats["live_sessions"], json!(1), "{stats}");
+    assert_eq!(stats["tool_calls"], json!(["add", "add"]), "{stats}");
+}
+
+/// A call that opened a session it will not cache — the remote tool failed
+/// (`isError`) or its definition drifted — ends it with a DELETE carrying
+/// the credential, so an agent retrying a failing tool does not pile up
+/// sessions on the remote. Before, each such call left one open (the Python
+/// SDK keeps an idle one 30 minutes, up to 10,000, then answers 503).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_that_fails_ends_the_session_it_opened() {
+    unsafe { std::env::set_var(TOKEN_VAR, TOKEN) };
+    let remote = Remote::start(&root());
+    let (_dir, rt) = imported(&remote);
+    // The import's own client ends its session.
+    let deletes = remote.stats()["deletes"].as_u64().unwrap();
+    let run = rt.start_run(None, ToolCapabilityNarrowing::Configured).await.unwrap();
+    for _ in 0..3 {
+        let r = run.call("mcp__calc__fail", json!({"reason": "quota"})).await.unwrap();
+        assert!(tool_error(&r).contains("remote says no: quota"), "{r:?}");
+    }
+    let stats = remote.stats();
+    assert_eq!(stats["live_sessions"], json!(0), "{stats}");
+    assert_eq!(stats["deletes"], json!(deletes + 3), "{stats}");
+
+    // A drift refusal in a new session ends it too.
+    remote.admin("POST", "/admin/evolve");
+    for _ in 0..3 {
+        let r = run.call("mcp__calc__add", json!({"a": 1, "b": 1})).await.unwrap();
+        assert!(tool_error(&r).contains("changed since it was imported"), "{r:?}");
+    }
+    let stats = remote.stats();
+    assert_eq!(stats["live_sessions"], json!(0), "{stats}");
+    assert_eq!(stats["deletes"], json!(deletes + 6), "{stats}");
+    assert_eq!(stats["unauthorized"], json!(0), "every DELETE carried the credential: {stats}");
+    assert_eq!(stats["credential_reference_seen"], json!(false), "{stats}");
+    assert_eq!(stats["tool_calls"], json!(["fail", "fail", "fail"]), "{stats}");
+}
