@@ -765,7 +765,7 @@ impl Run<'_> {
         let arguments = normalize(arguments);
         let bounded = arguments_within(&arguments, rt.executor.limits().arguments_kib);
         let arguments = match bounded {
-            Ok(()) => arguments,
+            Ok(_) => arguments,
             Err(_) => {
                 drop_flat(arguments);
                 Value::Null
@@ -788,15 +788,18 @@ impl Run<'_> {
                 return Ok(StepResult::Blocked { seq, reason });
             }
         };
-        if let Err(why) = bounded {
-            let message = format!("`{tool_id}`: {why}");
-            let ending = Ending { outcome: OutcomeKind::ToolError, ..Ending::blocked(Verdict::None, &message) };
-            let seq = step.commit(rt, ending, None).await?;
-            return Ok(StepResult::ToolError { seq, message });
-        }
+        let size = match bounded {
+            Ok(size) => size,
+            Err(why) => {
+                let message = format!("`{tool_id}`: {why}");
+                let ending = Ending { outcome: OutcomeKind::ToolError, ..Ending::blocked(Verdict::None, &message) };
+                let seq = step.commit(rt, ending, None).await?;
+                return Ok(StepResult::ToolError { seq, message });
+            }
+        };
 
         // 2. Arguments against the descriptor's schema: before the gate, nothing instantiated.
-        if let Err(message) = candidate.installed.tool.validate_arguments(&call.arguments) {
+        if let Err(message) = checked_arguments(&candidate.installed.tool, &call.arguments, size).await {
             let ending = Ending { outcome: OutcomeKind::ToolError, ..Ending::blocked(Verdict::None, &message) };
             let seq = step.commit(rt, ending, None).await?;
             return Ok(StepResult::ToolError { seq, message });
@@ -968,11 +971,36 @@ fn shared_state(state: BTreeMap<String, String>) -> Arc<BTreeMap<String, String>
 /// anything a client's JSON text can hold passes.
 const MAX_ARGUMENT_DEPTH: usize = 128;
 
+/// Arguments (or output) larger than this are checked against their schema
+/// on the blocking pool: a check costs time in proportion to their size
+/// times the schema's passes (up to `descriptor::MAX_SCHEMA_PASSES`), and
+/// on an async worker it held every other call and connection there —
+/// megabytes against a schema of slow patterns, seconds per request.
+pub(crate) const SCHEMA_CHECK_INLINE_BYTES: usize = 64 << 10;
+
+/// `arguments` (`size` bytes as [`arguments_within`] counted them) checked
+/// against `tool`'s input schema: small ones here, large ones on the
+/// blocking pool ([`SCHEMA_CHECK_INLINE_BYTES`]).
+async fn checked_arguments(
+    tool: &Arc<crate::catalog::descriptor::CheckedTool>,
+    arguments: &Value,
+    size: usize,
+) -> Result<(), String> {
+    if size <= SCHEMA_CHECK_INLINE_BYTES {
+        return tool.validate_arguments(arguments);
+    }
+    let (t, a) = (tool.clone(), arguments.clone());
+    tokio::task::spawn_blocking(move || t.validate_arguments(&a))
+        .await
+        .unwrap_or_else(|e| Err(format!("`{}`: the host could not check the arguments ({e}); try again", tool.id())))
+}
+
 /// Whether `arguments` stay within `kib` KiB of JSON text (counted without
 /// escapes: a bound from below, made without writing the text) and
 /// [`MAX_ARGUMENT_DEPTH`] levels. Recursion is bounded by that depth, and
-/// the walk stops at the first bound passed.
-fn arguments_within(arguments: &Value, kib: u64) -> Result<(), String> {
+/// the walk stops at the first bound passed. Within them: their size so
+/// counted, in bytes.
+fn arguments_within(arguments: &Value, kib: u64) -> Result<usize, String> {
     fn walk(v: &Value, depth: usize, left: &mut usize) -> Result<(), &'static str> {
         if depth > MAX_ARGUMENT_DEPTH {
             return Err("depth");
@@ -1001,7 +1029,7 @@ fn arguments_within(arguments: &Value, kib: u64) -> Result<(), String> {
     }
     let limit = usize::try_from(kib).unwrap_or(usize::MAX).saturating_mul(1024);
     let mut left = limit;
-    walk(arguments, 1, &mut left).map_err(|which| match which {
+    walk(arguments, 1, &mut left).map(|()| limit - left).map_err(|which| match which {
         "depth" => format!(
             "the arguments are nested deeper than {MAX_ARGUMENT_DEPTH} levels; the host refuses them before reading them"
         ),
@@ -1423,6 +1451,49 @@ fn within_state_limit(
 #[cfg(test)]
 mod tests {
     use super::call_id;
+
+    /// Invariant 14, threads: arguments over `SCHEMA_CHECK_INLINE_BYTES`
+    /// are held to their schema on the blocking pool, so the async thread
+    /// serves other tasks meanwhile; small ones are checked in place (no
+    /// hop). Before, a megabyte against a schema of slow patterns held an
+    /// async worker (of two, in `serve`) for seconds: on the previous code
+    /// the other task never ran before the large check ended.
+    #[tokio::test(flavor = "current_thread")]
+    async fn large_arguments_are_checked_off_the_async_thread() {
+        use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+        use toolgate_sdk::metadata::{METADATA_FORMAT, WIT_PACKAGE, WIT_VERSION};
+        let doc = serde_json::json!({
+            "format": METADATA_FORMAT, "wit": format!("{WIT_PACKAGE}@{WIT_VERSION}"), "sdk": "0.1.0",
+            "tools": [{ "descriptor": {
+                "id": "t.x", "description": "x",
+                "input_schema": { "type": "object", "required": ["text"],
+                    "properties": { "text": { "type": "string", "pattern": "^[a-z ]*$" } } },
+                "output_schema": { "type": "string" }, "primary_argument": "text"
+            } }]
+        });
+        let tool = crate::catalog::descriptor::check_document(serde_json::from_value(doc).unwrap()).unwrap().remove(0);
+        for (len, off_thread) in [(1_000, false), (2 << 20, true)] {
+            let args = serde_json::json!({ "text": "a".repeat(len) });
+            let size = super::arguments_within(&args, 4096).unwrap();
+            let done = AtomicBool::new(false);
+            let (checked, others_ran) = tokio::join!(
+                async {
+                    let r = super::checked_arguments(&tool, &args, size).await;
+                    done.store(true, SeqCst);
+                    r
+                },
+                async {
+                    tokio::task::yield_now().await;
+                    !done.load(SeqCst)
+                }
+            );
+            assert_eq!(checked, Ok(()));
+            assert_eq!(others_ran, off_thread, "{len} bytes");
+        }
+        let bad = serde_json::json!({ "text": format!("{}A", "a".repeat(2 << 20)) });
+        let size = super::arguments_within(&bad, 4096).unwrap();
+        assert!(super::checked_arguments(&tool, &bad, size).await.unwrap_err().contains("invalid arguments for `t.x`"));
+    }
 
     /// A Tool's text cannot pass for the host's own words about a call that
     /// did not run (a remote behind the MCP adapter answering "awaiting

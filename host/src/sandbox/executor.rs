@@ -945,7 +945,7 @@ impl Executor {
         host.extend(http_held.record().map(Record::host));
         let mut kept = captured.take_all();
         let mut result = match raw {
-            Ok(Ok(out)) => self.convert(out, &call.candidate().installed.tool),
+            Ok(Ok(out)) => self.convert(out, &call.candidate().installed.tool).await,
             Ok(Err(wit_types::ToolError::InvalidArguments(m))) => Err(ToolFailure::InvalidArguments(m)),
             Ok(Err(wit_types::ToolError::Failed(m))) => Err(ToolFailure::Failed(m)),
             Err(e) => Err(classify(&e, limits, &kept.stderr)),
@@ -1081,15 +1081,24 @@ impl Executor {
         table
     }
 
-    fn convert(&self, out: wit_types::ToolOutput, tool: &CheckedTool) -> Result<ToolOutput, ToolFailure> {
+    async fn convert(&self, out: wit_types::ToolOutput, tool: &Arc<CheckedTool>) -> Result<ToolOutput, ToolFailure> {
         let limit = (self.settings.limits.output_kib as usize) << 10;
         let size = output_size(&out);
         if size > limit {
             return Err(ToolFailure::OutputTooLarge { size, limit });
         }
-        let content = checked_content(out.content, tool)?;
-        let commands = out
-            .commands
+        // Large content is parsed and held to its schema on the blocking
+        // pool, as large arguments are (`runtime::SCHEMA_CHECK_INLINE_BYTES`).
+        let (content, commands) = (out.content, out.commands);
+        let content = if size <= crate::runtime::SCHEMA_CHECK_INLINE_BYTES {
+            checked_content(content, tool)?
+        } else {
+            let tool = tool.clone();
+            tokio::task::spawn_blocking(move || checked_content(content, &tool)).await.unwrap_or_else(|e| {
+                Err(ToolFailure::Malformed(format!("the host could not check the output against its schema ({e})")))
+            })?
+        };
+        let commands = commands
             .into_iter()
             .map(|c| GuestCommand {
                 scope: c.scope,
