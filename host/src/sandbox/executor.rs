@@ -2006,6 +2006,19 @@ mod tests {
         assert_eq!(host.clone().bounded(8), host);
     }
 
+    /// A Cranelift tier with the host's default settings, and the packed
+    /// text component written to a fresh directory: (tier, dir, path, bytes, digest).
+    fn text_component() -> (Tier, tempfile::TempDir, PathBuf, Vec<u8>, Digest) {
+        let settings = ExecutorSettings::new(Limits::default(), None);
+        let tier = tier(&settings, 1, wasmtime::Strategy::Cranelift).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("text.wasm");
+        let bytes = toolgate_tests::packed(toolgate_tests::guests::TEXT);
+        std::fs::write(&path, &bytes).unwrap();
+        let digest = Digest::of(&bytes);
+        (tier, dir, path, bytes, digest)
+    }
+
     /// Invariant 14, threads: a compile waits for a thread of the blocking
     /// pool (file checks, DNS and other calls' compiles use it too) before
     /// it starts. `limits.compile_timeout_ms` counts from its start: a
@@ -2023,13 +2036,7 @@ mod tests {
             .build()
             .unwrap();
         runtime.block_on(async {
-            let settings = ExecutorSettings::new(Limits::default(), None);
-            let tier = tier(&settings, 1, wasmtime::Strategy::Cranelift).unwrap();
-            let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join("text.wasm");
-            let bytes = toolgate_tests::packed(toolgate_tests::guests::TEXT);
-            std::fs::write(&path, &bytes).unwrap();
-            let digest = Digest::of(&bytes);
+            let (tier, _dir, path, _, digest) = text_component();
             let compiled = Arc::new(AtomicU64::new(0));
             let slots = Arc::new(tokio::sync::Semaphore::new(COMPILES_AT_ONCE));
             let loader = || Loader {
@@ -2068,13 +2075,7 @@ mod tests {
     fn a_call_waits_for_a_compile_slot_within_the_limit_and_cached_code_needs_none() {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         runtime.block_on(async {
-            let settings = ExecutorSettings::new(Limits::default(), None);
-            let tier = tier(&settings, 1, wasmtime::Strategy::Cranelift).unwrap();
-            let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join("text.wasm");
-            let bytes = toolgate_tests::packed(toolgate_tests::guests::TEXT);
-            std::fs::write(&path, &bytes).unwrap();
-            let digest = Digest::of(&bytes);
+            let (tier, dir, path, bytes, digest) = text_component();
             let cache = dir.path().join("cache");
             prepare_cache_dir(&cache).unwrap();
             let cached = cache.join("text.cwasm");
