@@ -255,7 +255,7 @@ fn benches(c: &mut Criterion) {
         let executor = runtime.executor().clone();
         let candidate = runtime.snapshot().candidate(TOOL, &|_| None).unwrap();
         let call = ToolCall { call_id: "call-1".into(), tool_id: TOOL.into(), arguments: json!({"text": "hello"}) };
-        let GateOutcome::Execute(allowed) = GateOutcome::from_verdict(ToolPermissionVerdict::Allow, &candidate, &call)
+        let GateOutcome::Execute(allowed) = GateOutcome::decide(runtime.snapshot(), &candidate, &call)
         else {
             unreachable!()
         };
@@ -396,7 +396,7 @@ fn steps(c: &mut Criterion, rt: &tokio::runtime::Runtime, host: &Host) {
 
     // The executor alone (instantiate + call + output conversion).
     let call = ToolCall { call_id: "call-1".into(), tool_id: TOOL.into(), arguments: args.clone() };
-    let one = match GateOutcome::from_verdict(ToolPermissionVerdict::Allow, &candidate, &call) {
+    let one = match GateOutcome::decide(&snapshot, &candidate, &call) {
         GateOutcome::Execute(a) => a,
         _ => unreachable!(),
     };

@@ -6,10 +6,12 @@
 //! id and arguments, and returns Allow, Deny or RequireConfirmation.
 //!
 //! Architecture invariant: [`AllowedCall`] has private fields and is built in
-//! exactly one place, [`GateOutcome::from_verdict`], from
-//! `ToolPermissionVerdict::Allow`. The executor accepts nothing else, so no
-//! other path — visibility, availability, health, a resumed ticket — can run
-//! a Tool without the gate's Allow:
+//! exactly one place, `GateOutcome::from_verdict` (crate-private), from
+//! `ToolPermissionVerdict::Allow`; outside the crate the only way to one is
+//! [`GateOutcome::decide`], which runs the gate on the exact call. The
+//! executor accepts nothing else, so no other path — visibility,
+//! availability, health, a resumed ticket, an embedder — can run a Tool
+//! without the gate's Allow:
 //!
 //! ```compile_fail,E0451
 //! // Forging an AllowedCall outside the gate does not compile: its fields are private.
@@ -18,6 +20,16 @@
 //!     call: &'a toolgate::gate::ToolCall,
 //! ) -> toolgate::gate::AllowedCall<'a> {
 //!     toolgate::gate::AllowedCall { candidate, call, arguments_json: "{}".into() }
+//! }
+//! ```
+//!
+//! ```compile_fail,E0624
+//! // Nor does turning a verdict written by hand (or decided on another call) into one.
+//! fn forge<'a>(
+//!     candidate: &'a toolgate::snapshot::Candidate,
+//!     call: &'a toolgate::gate::ToolCall,
+//! ) -> toolgate::gate::GateOutcome<'a> {
+//!     toolgate::gate::GateOutcome::from_verdict(toolgate::gate::ToolPermissionVerdict::Allow, candidate, call)
 //! }
 //! ```
 
@@ -111,7 +123,7 @@ pub fn decide_resumed(
     }
 }
 
-/// A call the gate allowed. Only [`GateOutcome::from_verdict`] builds one;
+/// A call the gate allowed. Only `GateOutcome::from_verdict` builds one;
 /// it borrows the call and the Tool it was decided on, so it cannot outlive
 /// either.
 #[derive(Debug)]
@@ -155,8 +167,17 @@ pub enum GateOutcome<'a> {
 }
 
 impl<'a> GateOutcome<'a> {
-    /// The only place an [`AllowedCall`] is made: from `Allow`.
-    pub fn from_verdict(verdict: ToolPermissionVerdict, candidate: &'a Candidate, call: &'a ToolCall) -> Self {
+    /// The gate on `call` of `candidate` in `snapshot` ([`decide`]), and what
+    /// follows from its verdict: for an embedder that runs the executor
+    /// itself, the only way to an [`AllowedCall`].
+    pub fn decide(snapshot: &ExecutableAgentSnapshot, candidate: &'a Candidate, call: &'a ToolCall) -> Self {
+        Self::from_verdict(decide(snapshot, candidate, call), candidate, call)
+    }
+
+    /// The only place an [`AllowedCall`] is made: from `Allow`. Crate-private:
+    /// a verdict is not bound to its call, so one written by hand, or decided
+    /// on a harmless call, must not become another's `AllowedCall`.
+    pub(crate) fn from_verdict(verdict: ToolPermissionVerdict, candidate: &'a Candidate, call: &'a ToolCall) -> Self {
         match verdict {
             ToolPermissionVerdict::Allow => {
                 let arguments_json = with_json(&call.arguments, |t| Arc::from(t));
