@@ -390,3 +390,66 @@ async fn a_tool_outside_its_limits_is_refused_naming_the_setting(lang: Lang) {
     assert!(matches!(&r, StepResult::Output { .. }), "{r:?}");
 }
 }
+
+/// Invariant 10: a Tool's own error stays a Tool error the model reads when
+/// the only failed request of the call ran out of a timeout the Tool itself
+/// set shorter than the host's. Before, any transport failure in the call
+/// turned the Tool's error into an executor error (not a result: `serve`
+/// answered a JSON-RPC error) — a Tool could do that to any error of its own
+/// with a 1 ms first-byte timeout against a slow granted host.
+#[tokio::test]
+async fn a_timeout_the_tool_chose_leaves_its_error_a_tool_error() {
+    // A granted host that accepts and never answers.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let held = std::thread::spawn(move || {
+        let mut open = Vec::new();
+        while let Ok((s, _)) = listener.accept() {
+            open.push(s);
+            if open.len() == 4 {
+                break;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_secs(5));
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for sub in ["plugins", "data", "scratch"] {
+        std::fs::create_dir_all(d.join(sub)).unwrap();
+    }
+    std::fs::write(d.join("plugins/hostile.wasm"), packed(guests::HOSTILE)).unwrap();
+    std::fs::write(d.join("tracker.secret"), "tracker-secret-0123456789\n").unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(d.join("tracker.secret"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let config = format!(
+        r#"{preamble}
+[limits]
+timeout_ms = 5000
+
+[credentials.tracker]
+source = {{ file = "tracker.secret" }}
+destinations = ["https://tracker.example:443"]
+apply = {{ header = {{ name = "Authorization", format = "Bearer {{}}" }} }}
+
+[[grants]]
+tools = "hostile.thief"
+directories = [{{ path = "/data", host = "data", access = "read" }}, {{ path = "/scratch", host = "scratch", access = "read-write" }}]
+hosts = ["http://localhost:{port}"]
+credentials = ["tracker"]
+
+[agents.default]
+visible = ["*"]
+default = "allow"
+"#,
+        preamble = toolgate_tests::PREAMBLE,
+    );
+    std::fs::write(d.join("toolgate.toml"), config).unwrap();
+    let host = TestHost::open(dir, "default");
+    let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+    let r = run
+        .call("hostile.thief", json!({"op": "impatient", "target": format!("http://localhost:{port}/")}))
+        .await
+        .expect("a result the model reads, not an executor error");
+    assert!(tool_error(&r).starts_with("gave up: err:"), "{r:?}");
+    drop(held);
+}

@@ -1570,6 +1570,18 @@ impl WasiHttpHooks for OutboundPolicy {
             }
             drop(credential);
             let cap = |t: Option<Duration>| Some(t.map_or(limits.timeout, |t| t.min(limits.timeout)));
+            // A timeout the guest set shorter than the host's: a request that
+            // runs out of it ended by the Tool's choice, not the destination's
+            // failure — not a transport failure, which would make the Tool's
+            // own error an executor error the model never reads (a Tool
+            // setting a zero timeout turned any error of its into one).
+            let guest_timed = [
+                options.and_then(|o| o.connect_timeout),
+                options.and_then(|o| o.first_byte_timeout),
+                options.and_then(|o| o.between_bytes_timeout),
+            ]
+            .into_iter()
+            .any(|t| t.is_some_and(|t| t < limits.timeout));
             let options = RequestOptions {
                 connect_timeout: cap(options.and_then(|o| o.connect_timeout)),
                 first_byte_timeout: cap(options.and_then(|o| o.first_byte_timeout)),
@@ -1598,6 +1610,12 @@ impl WasiHttpHooks for OutboundPolicy {
                     records.quoting(|q| format!("outbound request denied: {} {why}", q(&dest)));
                     return Err(HttpError::DestinationIpProhibited);
                 }
+                Err(Unreachable::Dns(why)) if guest_timed => {
+                    records.quoting(|q| {
+                        format!("outbound request to {} gave up within the Tool's own timeout: {why}", q(&dest))
+                    });
+                    return Err(HttpError::DnsError { rcode: Some(why), info_code: None });
+                }
                 Err(Unreachable::Dns(why)) => {
                     *call.transport.lock().unwrap_or_else(|p| p.into_inner()) = Some(bounded(format!("{dest}: {why}")));
                     return Err(HttpError::DnsError { rcode: Some(why), info_code: None });
@@ -1625,6 +1643,17 @@ impl WasiHttpHooks for OutboundPolicy {
                 .unwrap_or(Err(HttpError::ConnectionTimeout));
             let (response, io) = match sent {
                 Ok(sent) => sent,
+                Err(
+                    e @ (HttpError::ConnectionTimeout
+                    | HttpError::ConnectionReadTimeout
+                    | HttpError::HttpResponseTimeout),
+                ) if guest_timed => {
+                    records.quoting(|q| {
+                        format!("outbound request to {} gave up within the Tool's own timeout: {e}", q(&dest))
+                    });
+                    drop(open_until_recorded);
+                    return Err(e);
+                }
                 Err(e) => {
                     // Recorded at once: the guest may see its request fail
                     // (its body stream closed) before this future returns,
