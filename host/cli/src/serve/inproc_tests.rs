@@ -301,6 +301,39 @@ async fn rewritten_while_the_prompt_is_open() {
     assert_refused_and_nothing_ran(&done, &store, &was).await;
 }
 
+/// A reload while the human reads the prompt (`elicitation/create`) that
+/// makes the Tool unavailable — another plugin claims `notes`, so the id is
+/// ambiguous — and the human accepts: the approval is decided on the
+/// catalog in force when the human answers, so nothing runs. Before, it was
+/// decided on the runtime the call was asked under, from before the
+/// reload, and the component ran (first-wins across a reload).
+#[tokio::test]
+async fn an_approval_is_decided_on_the_catalog_in_force_when_the_human_answers() {
+    within_a_minute(decided_after_a_reload()).await;
+}
+
+async fn decided_after_a_reload() {
+    let dir = serve_dir("");
+    let server = server(dir.path(), settings(KEEP_ASKING)).await;
+    let store = server.shared.runtimes.read().unwrap().base.store().clone();
+    let (mut c, ask) = Client::asked(server.clone()).await;
+    let again = toolgate::catalog::descriptor::embed_section(&packed(guests::NOTES), "test-copy", b"2").unwrap();
+    std::fs::write(dir.path().join("plugins/notes-again.wasm"), again).unwrap();
+    server.reload().unwrap();
+    c.send(serde_json::json!({"jsonrpc": "2.0", "id": ask["id"],
+        "result": {"action": "accept", "content": {"confirm": true}}}))
+        .await;
+    let done = loop {
+        let m = c.receive().await;
+        if m["id"] == 2 {
+            break m;
+        }
+    };
+    assert!(done["result"]["isError"] == true || done["error"].is_object(), "{done}");
+    let state = store.tool_state("default", "notes").await.unwrap();
+    assert!(state.is_empty(), "nothing ran: {state:?} ({done})");
+}
+
 /// The same on 2026-07-28 (input request; the answer comes with the retry
 /// and the sealed state). The retry finds its request by run, tool and
 /// arguments, so a rewrite of those is not found (the call is asked anew);

@@ -654,6 +654,12 @@ impl McpServer {
             }
         };
         let approval = Approval::by_mcp_client_for(approver(context), shown);
+        // Decided on the catalog in force now, not the one the call was
+        // asked under: a reload while the human read (a plugin added that
+        // makes the id ambiguous, the component replaced or removed) must not
+        // run the component from before it.
+        let (_, current) = self.runtime(&self.agent(&context.extensions)?)?;
+        let runtime: &Runtime = &current;
         let step = match decision {
             Decision::Approve => runtime.approve(ticket, &approval).await,
             Decision::Deny(why) => runtime.deny(ticket, why, &approval).await,
