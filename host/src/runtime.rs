@@ -971,22 +971,15 @@ fn shared_state(state: BTreeMap<String, String>) -> Arc<BTreeMap<String, String>
 /// anything a client's JSON text can hold passes.
 const MAX_ARGUMENT_DEPTH: usize = 128;
 
-/// Arguments (or output) larger than this are checked against their schema
-/// on the blocking pool: a check costs time in proportion to their size
-/// times the schema's passes (up to `descriptor::MAX_SCHEMA_PASSES`), and
-/// on an async worker it held every other call and connection there —
-/// megabytes against a schema of slow patterns, seconds per request.
-pub(crate) const SCHEMA_CHECK_INLINE_BYTES: usize = 64 << 10;
-
 /// `arguments` (`size` bytes as [`arguments_within`] counted them) checked
 /// against `tool`'s input schema: small ones here, large ones on the
-/// blocking pool ([`SCHEMA_CHECK_INLINE_BYTES`]).
+/// blocking pool ([`descriptor::SCHEMA_CHECK_INLINE_BYTES`](crate::catalog::descriptor::SCHEMA_CHECK_INLINE_BYTES)).
 async fn checked_arguments(
     tool: &Arc<crate::catalog::descriptor::CheckedTool>,
     arguments: &Value,
     size: usize,
 ) -> Result<(), String> {
-    if size <= SCHEMA_CHECK_INLINE_BYTES {
+    if size <= crate::catalog::descriptor::SCHEMA_CHECK_INLINE_BYTES {
         return tool.validate_arguments(arguments);
     }
     let (t, a) = (tool.clone(), arguments.clone());

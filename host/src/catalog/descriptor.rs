@@ -63,6 +63,14 @@ pub const MAX_SCHEMA_WORK: u64 = 10_000;
 /// (within [`MAX_SCHEMA_WORK`]) read a 4 MiB argument 9,999 times. Real
 /// schemas apply one or two patterns or formats to a value.
 pub const MAX_SCHEMA_PASSES: u64 = 256;
+
+/// Arguments or output larger than this (bytes of JSON) are held to their
+/// schema on the blocking pool, not on an async worker: a check costs time
+/// in proportion to their size times the schema's passes (up to
+/// [`MAX_SCHEMA_PASSES`]), and on a worker it held every other call and
+/// connection there — megabytes against a schema of slow patterns, seconds
+/// per request.
+pub const SCHEMA_CHECK_INLINE_BYTES: usize = 64 << 10;
 /// Most steps bounding [`MAX_SCHEMA_WORK`] may take for one metadata document
 /// (every schema of every Tool in it) before the document is refused as too
 /// complex to check; a real schema takes a few steps per subschema (a

@@ -1088,9 +1088,9 @@ impl Executor {
             return Err(ToolFailure::OutputTooLarge { size, limit });
         }
         // Large content is parsed and held to its schema on the blocking
-        // pool, as large arguments are (`runtime::SCHEMA_CHECK_INLINE_BYTES`).
+        // pool, as large arguments are (`descriptor::SCHEMA_CHECK_INLINE_BYTES`).
         let (content, commands) = (out.content, out.commands);
-        let content = if size <= crate::runtime::SCHEMA_CHECK_INLINE_BYTES {
+        let content = if size <= catalog::descriptor::SCHEMA_CHECK_INLINE_BYTES {
             checked_content(content, tool)?
         } else {
             let tool = tool.clone();
