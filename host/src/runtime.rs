@@ -1391,6 +1391,11 @@ fn scope_commands(tool_id: &str, commands: Vec<GuestCommand>) -> Result<Vec<Stat
         if c.key.is_empty() || c.key.len() > MAX_STATE_KEY {
             return Err(format!("`{tool_id}` returned a Command with an empty or over-long key; nothing was changed"));
         }
+        // PostgreSQL text cannot hold NUL: stored, `k\0` and `k\u{FFFD}`
+        // would be one key there and two in SQLite.
+        if c.key.contains('\0') {
+            return Err(format!("`{tool_id}` returned a Command whose key holds a NUL character; nothing was changed"));
+        }
         if let Some(v) = &c.value
             && serde_json::from_str::<serde::de::IgnoredAny>(v).is_err()
         {
@@ -1444,6 +1449,21 @@ fn within_state_limit(
 #[cfg(test)]
 mod tests {
     use super::call_id;
+
+    /// A Command key is the same key in every store: one with a NUL (which
+    /// PostgreSQL text cannot hold, so `k\0` and `k\u{FFFD}` were one key
+    /// there and two in SQLite) is refused, and nothing changes.
+    #[test]
+    fn a_command_key_with_a_nul_is_refused() {
+        let set = |key: &str| crate::sandbox::executor::GuestCommand {
+            scope: "t.x".into(),
+            key: key.into(),
+            value: Some("1".into()),
+        };
+        let e = super::scope_commands("t.x", vec![set("a"), set("k\0")]).unwrap_err();
+        assert!(e.contains("NUL") && e.contains("nothing was changed"), "{e}");
+        assert_eq!(super::scope_commands("t.x", vec![set("k\u{FFFD}")]).unwrap().len(), 1);
+    }
 
     /// Invariant 14, threads: arguments over `SCHEMA_CHECK_INLINE_BYTES`
     /// are held to their schema on the blocking pool, so the async thread

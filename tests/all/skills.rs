@@ -187,3 +187,34 @@ rules = [{ pattern = "skill.*", behavior = "ask" }]
     let other = rt.start_run(None, configured).await.unwrap();
     assert!(matches!(other.call("hostile.big", json!({"bytes": 1})).await.unwrap(), StepResult::Output { .. }));
 }
+
+/// A run that activated a Skill stays narrowed when another plugin later
+/// claims the Skill's id (it is ambiguous, so neither claimant's
+/// allowed-tools can be trusted as the Skill's): narrowed to nothing rather
+/// than widened. Before, an ambiguous id dropped out of the Skills a run is
+/// rebuilt with, and the run could call everything again.
+#[tokio::test]
+async fn a_run_stays_narrowed_when_its_skill_becomes_ambiguous() {
+    let host = TestHost::new("[agents.default]\nvisible = [\"*\"]\ndefault = \"allow\"\n", &with_text_and_hostile());
+    let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+    text(&run.call("skill.release-notes", json!({})).await.unwrap());
+    let r = run.call("hostile.big", json!({"bytes": 1})).await.unwrap();
+    assert!(matches!(&r, StepResult::Blocked { .. }), "narrowed: {r:?}");
+    let run_id = run.id().to_owned();
+    drop(run);
+    // Another plugin claims `skill.release-notes` (the same Skill, another file).
+    let copy = toolgate::catalog::descriptor::embed_section(&skill_component(), "test-copy", b"2").unwrap();
+    std::fs::write(host.plugins().join("release-notes-copy.wasm"), copy).unwrap();
+    let host = host.restart();
+    let resumed = host.runtime.start_run(Some(run_id), toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+    for (tool, args) in [("hostile.big", json!({"bytes": 1})), ("text.count", json!({"text": "a"}))] {
+        let r = resumed.call(tool, args).await.unwrap();
+        assert!(
+            matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("allowed-tools of skill `skill.release-notes`")),
+            "{tool}: {r:?}"
+        );
+    }
+    // A run that never activated it is not narrowed.
+    let fresh = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+    assert!(matches!(fresh.call("hostile.big", json!({"bytes": 1})).await.unwrap(), StepResult::Output { .. }));
+}

@@ -168,6 +168,22 @@ impl Catalog {
                     .push(InstalledTool { tool: t.clone(), component: c.clone() });
             }
         }
+        // A run that activated a Skill is narrowed by it whenever its view
+        // is rebuilt from this catalog. An id some claimant of which is a
+        // narrowing Skill stays one when another plugin makes it ambiguous,
+        // narrowed to nothing (no claimant's list is the Skill's any more):
+        // dropping it would widen every run that activated it.
+        let mut narrowing = BTreeMap::new();
+        for (id, claimants) in &claims {
+            let lists: Vec<&Vec<String>> =
+                claimants.iter().filter_map(|c| c.tool.metadata.skill.as_ref()?.allowed_tools.as_ref()).collect();
+            match (claimants.len(), lists.first()) {
+                (1, Some(allowed)) => narrowing.insert(id.clone(), (*allowed).clone()),
+                (_, Some(_)) => narrowing.insert(id.clone(), Vec::new()),
+                (_, None) => None,
+            };
+        }
+        self.narrowing_skills = narrowing;
         self.tools = claims
             .into_iter()
             .map(|(id, mut claimants)| {
@@ -177,16 +193,6 @@ impl Catalog {
                     Availability::Ambiguous(claimants.iter().map(|c| c.component.path.clone()).collect())
                 };
                 (id, a)
-            })
-            .collect();
-        self.narrowing_skills = self
-            .tools
-            .iter()
-            .filter_map(|(id, a)| match a {
-                Availability::Installed(t) => {
-                    t.tool.metadata.skill.as_ref()?.allowed_tools.clone().map(|allowed| (id.clone(), allowed))
-                }
-                Availability::Ambiguous(_) => None,
             })
             .collect();
     }
