@@ -398,6 +398,87 @@ fn dsn_has_password(dsn: &str) -> bool {
     }
 }
 
+/// The longest agent name, bytes.
+pub const MAX_AGENT_NAME: usize = 64;
+
+/// An agent name (`[agents.NAME]`): letters, digits, `_`, `-` and `.`,
+/// starting with a letter or digit, at most [`MAX_AGENT_NAME`] bytes — it is
+/// recorded in the journal and given on the command line (`--agent`).
+pub fn check_agent_name(name: &str) -> Result<(), String> {
+    let ok = name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        && name.len() <= MAX_AGENT_NAME;
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "is not a usable agent name; name it with a letter or digit followed by letters, digits, `_`, `-` or \
+             `.` (at most {MAX_AGENT_NAME}), e.g. `[agents.main]`"
+        ))
+    }
+}
+
+/// A browser origin as `serve.allowed_origins` lists it: exactly what a
+/// browser sends in `Origin` — `scheme://host[:port]`, lowercase, no path,
+/// no user, no default port — and a valid header value. `*` and `null` are
+/// refused: the list names the pages trusted, each one.
+pub fn check_origin(origin: &str) -> Result<(), String> {
+    let fix = "list each page's origin as a browser sends it, `scheme://host[:port]` (e.g. \
+               `https://app.example.com` or `http://localhost:5173`), or leave the list empty to refuse every \
+               browser origin";
+    if origin == "*" {
+        return Err(format!("`*` (any origin) is not accepted: any web page could use this server; {fix}"));
+    }
+    if http::HeaderValue::from_str(origin).is_err() {
+        return Err(format!("{origin:?} is not a valid header value (control characters or non-ASCII); {fix}"));
+    }
+    let Some((scheme, rest)) = origin.split_once("://") else {
+        return Err(format!("`{origin}` is not `scheme://host[:port]`; {fix}"));
+    };
+    let scheme_ok = scheme.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+        && scheme.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    if !scheme_ok {
+        return Err(format!("`{origin}`: `{scheme}` is not a URL scheme; {fix}"));
+    }
+    if rest.contains(['/', '?', '#', '@', ' ']) {
+        return Err(format!(
+            "`{origin}` has a path, query, user or space, which a browser's `Origin` never carries; {fix}"
+        ));
+    }
+    let (host, port) = match rest.rsplit_once(':') {
+        // An IPv6 literal's own colons: `[::1]` or `[::1]:8080`.
+        Some((h, p)) if !p.contains(']') => (h, Some(p)),
+        _ => (rest, None),
+    };
+    let host_ok = if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        v6.parse::<std::net::Ipv6Addr>().is_ok()
+    } else {
+        !host.is_empty() && host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+    };
+    if !host_ok {
+        return Err(format!("`{origin}`: `{host}` is not a host name or address; {fix}"));
+    }
+    if let Some(p) = port {
+        let n = p.parse::<u16>().ok().filter(|n| *n != 0 && !p.starts_with('0'));
+        let Some(n) = n else {
+            return Err(format!("`{origin}`: `{p}` is not a port (1 to 65535, no leading zeros); {fix}"));
+        };
+        if (scheme == "https" && n == 443) || (scheme == "http" && n == 80) {
+            return Err(format!(
+                "`{origin}`: a browser leaves out the default port, so this never matches; write `{scheme}://{host}`"
+            ));
+        }
+    }
+    if origin.chars().any(|c| c.is_ascii_uppercase()) {
+        return Err(format!(
+            "`{origin}` has capital letters; a browser sends its origin in lowercase, so this never matches: \
+             write `{}`",
+            origin.to_ascii_lowercase()
+        ));
+    }
+    Ok(())
+}
+
 /// `[serve]`: how `toolgate serve` runs (read by that front end).
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
@@ -610,6 +691,21 @@ impl Config {
             raw.approval.as_ref().and_then(|a| a.mcp_elicitation),
             &approvers,
         );
+        for name in raw.agents.keys() {
+            check_agent_name(name).map_err(|e| field(&format!("agents.{name:?}"), e))?;
+        }
+        for (i, o) in raw.serve.allowed_origins.iter().enumerate() {
+            check_origin(o).map_err(|e| field(&format!("serve.allowed_origins[{i}]"), e))?;
+        }
+        for (i, a) in raw.serve.auth.iter().enumerate() {
+            a.token.check().map_err(|e| field(&format!("serve.auth[{i}].token"), e))?;
+        }
+        if let Some(k) = &raw.serve.state_key {
+            k.check().map_err(|e| field("serve.state_key", e))?;
+        }
+        if let Some(p) = raw.postgres.as_ref().and_then(|p| p.password.as_ref()) {
+            p.check().map_err(|e| field("postgres.password", e))?;
+        }
         for (i, a) in raw.serve.auth.iter().enumerate() {
             if !raw.agents.contains_key(&a.agent) {
                 return Err(field(
@@ -1036,6 +1132,71 @@ mod tests {
         let s = e.to_string();
         assert!(s.contains(PATH), "error does not name the file: {s}");
         s
+    }
+
+    #[test]
+    fn origins_that_can_never_match_are_refused_by_index() {
+        for (origin, says) in [
+            ("*", "any origin"),
+            ("null", "scheme://host"),
+            ("https://a.example\n", "header value"),
+            ("https://a.example/", "path"),
+            ("https://bob@a.example", "user"),
+            ("https://a.example:443", "default port"),
+            ("https://a.example:99999", "not a port"),
+            ("https://A.example", "lowercase"),
+            ("a.example", "scheme://host"),
+            ("https://", "host"),
+        ] {
+            let text =
+                format!("[serve]\nallowed_origins = [\"http://localhost:5173\", {}]\n", toml::Value::from(origin));
+            let e = err(&text);
+            assert!(e.contains("serve.allowed_origins[1]") && e.contains(says), "{origin:?}: {e}");
+        }
+        for ok in ["http://localhost:5173", "https://app.example.com", "http://[::1]:8080", "http://127.0.0.1"] {
+            let c = parse(&format!("[serve]\nallowed_origins = [{}]\n", toml::Value::from(ok))).unwrap();
+            assert_eq!(c.serve.allowed_origins, [ok]);
+        }
+    }
+
+    #[test]
+    fn sources_and_formats_that_can_never_work_are_refused_at_load() {
+        let agents = "[agents.main]\n";
+        for (text, at) in [
+            (
+                "[credentials.gh]\nsource = { env = \"\" }\ndestinations = [\"https://api.github.com:443\"]\n\
+                 apply = { query = { param = \"k\" } }\n",
+                "credentials.gh",
+            ),
+            (
+                "[credentials.gh]\nsource = { env = \"A=B\" }\ndestinations = [\"https://api.github.com:443\"]\n\
+                 apply = { query = { param = \"k\" } }\n",
+                "credentials.gh",
+            ),
+            (
+                "[credentials.gh]\nsource = { env = \"T\" }\ndestinations = [\"https://api.github.com:443\"]\n\
+                 apply = { header = { name = \"Authorization\", format = \"Bearer {}\\r\\nX-A: b\" } }\n",
+                "apply.format",
+            ),
+            ("[[serve.auth]]\nagent = \"main\"\ntoken = { env = \"\" }\n", "serve.auth[0].token"),
+            ("[[serve.auth]]\nagent = \"main\"\ntoken = { env = \"A\\u0000B\" }\n", "serve.auth[0].token"),
+            ("[serve]\nstate_key = { env = \"K=V\" }\n", "serve.state_key"),
+            ("store = \"postgres://u@db/toolgate\"\n[postgres]\npassword = { env = \"\" }\n", "postgres.password"),
+        ] {
+            let e = err(&format!("{text}{agents}"));
+            assert!(e.contains(at) && (e.contains("`env`") || e.contains("header value")), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn agent_names_must_be_ids() {
+        for name in ["\"\"", "\"a b\"", "\"-x\"", "\"a\\nb\""] {
+            let e = err(&format!("[agents.{name}]\n"));
+            assert!(e.contains("agents.") && e.contains("agent name"), "{name}: {e}");
+        }
+        let long = "a".repeat(MAX_AGENT_NAME + 1);
+        assert!(err(&format!("[agents.{long}]\n")).contains("agent name"));
+        parse("[agents.\"claude-code_1.x\"]\n[agents.2nd]\n").unwrap();
     }
 
     #[test]

@@ -34,6 +34,16 @@ pub enum ImportError {
     /// The URL is not an `http(s)://host[:port]/path` URL.
     #[error("`{0}` is not an http:// or https:// URL of an MCP endpoint")]
     Url(String),
+    /// The URL carries a user name or password (`user:pass@host`): it would
+    /// be pinned in the component as plain data, and the adapter can derive
+    /// no origin from it (its capability would declare no host). Holds the
+    /// URL with that part left out.
+    #[error(
+        "`{0}`: the URL holds a user name or password (`user@` before the host), which would be stored in the \
+         component as plain text and leaves it no host to reach: remove `user@` from the URL and give the secret \
+         by reference with `--credential NAME` (a `[credentials.NAME]` of the config, bound to this origin)"
+    )]
+    UrlUserInfo(String),
     /// The credential cannot be used for this URL.
     #[error("{0}")]
     Credential(String),
@@ -82,8 +92,20 @@ pub struct Discovered {
     pub tools: Vec<RemoteTool>,
 }
 
-/// `scheme`, `host`, `port` of an MCP endpoint URL.
-fn endpoint(url: &str) -> Result<(String, String, u16), ImportError> {
+/// `scheme`, `host`, `port` of an MCP endpoint URL; refused unless it is
+/// `http(s)://host[:port]/path` with an origin the adapter derives too (its
+/// capability declaration), and without a user name or password.
+pub fn endpoint(url: &str) -> Result<(String, String, u16), ImportError> {
+    let (scheme_part, rest) = url.split_once("://").unwrap_or(("", url));
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if let Some((_, host)) = authority.rsplit_once('@') {
+        // Shown without what precedes the `@`: it may be a password.
+        let tail = &rest[authority.len()..];
+        return Err(ImportError::UrlUserInfo(format!(
+            "{scheme_part}://…@{host}{}",
+            tail.split('?').next().unwrap_or("")
+        )));
+    }
     let uri: http::Uri = url.parse().map_err(|_| ImportError::Url(url.to_owned()))?;
     let scheme = uri.scheme_str().map(str::to_ascii_lowercase).ok_or_else(|| ImportError::Url(url.to_owned()))?;
     if scheme != "http" && scheme != "https" {
@@ -91,6 +113,11 @@ fn endpoint(url: &str) -> Result<(String, String, u16), ImportError> {
     }
     let host = uri.host().ok_or_else(|| ImportError::Url(url.to_owned()))?.to_ascii_lowercase();
     let port = uri.port_u16().unwrap_or_else(|| default_port(&scheme));
+    // What the adapter reads its own host from: a URL it derives none from
+    // would pin a component that can reach nothing.
+    if toolgate_sdk::mcp::origin(url).is_none() {
+        return Err(ImportError::Url(url.to_owned()));
+    }
     Ok((scheme, host, port))
 }
 
@@ -373,6 +400,7 @@ pub fn pin(
     name: Option<&str>,
     credential: Option<&str>,
 ) -> Result<AdapterConfig, ImportError> {
+    endpoint(url)?;
     let bad = |reason: String| ImportError::Tools { url: url.to_owned(), reason };
     let server = match (name, &discovered.server_name) {
         (Some(n), _) if !n.trim().is_empty() => server_segment(n)?,
@@ -608,5 +636,21 @@ mod tests {
             assert!(matches!(endpoint(u), Err(ImportError::Url(_))), "{u}");
         }
         assert_eq!(endpoint("https://Mcp.Example.com/mcp").unwrap(), ("https".into(), "mcp.example.com".into(), 443));
+    }
+
+    /// A user name or password in the URL would be pinned as plain data
+    /// and leave the adapter no origin: refused, the password not shown.
+    #[test]
+    fn a_url_with_user_info_is_refused_without_showing_it() {
+        for u in ["http://bob:pass@h.example/mcp?token=abc", "https://bob@h.example/mcp", "http://:pass@h.example:8080"]
+        {
+            let e = endpoint(u).unwrap_err();
+            assert!(matches!(e, ImportError::UrlUserInfo(_)), "{u}: {e}");
+            let e = e.to_string();
+            assert!(e.contains("remove `user@`") && e.contains("--credential NAME"), "{e}");
+            assert!(!e.contains(":pass") && !e.contains("bob") && !e.contains("abc"), "{e}");
+        }
+        let d = Discovered { server_name: Some("s".into()), tools: vec![] };
+        assert!(matches!(pin("http://bob:pass@h.example/mcp", &d, Some("s"), None), Err(ImportError::UrlUserInfo(_))));
     }
 }

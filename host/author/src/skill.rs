@@ -18,8 +18,6 @@ use std::collections::BTreeMap;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
-
 use toolgate_sdk::skill::{Resource, SkillData};
 
 use crate::mcp_import::ConfiguredSecrets;
@@ -57,26 +55,97 @@ pub enum SkillError {
     },
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+/// SKILL.md's frontmatter, each field read on its own so an error names it.
+#[derive(Debug)]
 struct Frontmatter {
     name: String,
     description: String,
-    #[serde(default)]
-    allowed_tools: Option<AllowedTools>,
-    #[serde(default)]
-    license: Option<String>,
-    #[serde(default)]
-    compatibility: Option<String>,
-    #[serde(default)]
-    metadata: Option<serde_yaml_ng::Value>,
+    allowed_tools: Option<Vec<String>>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum AllowedTools {
-    List(Vec<String>),
-    Line(String),
+/// The fields a frontmatter may hold.
+const FIELDS: &str = "name, description, allowed-tools, license, compatibility, metadata";
+
+/// What `allowed-tools` takes.
+const ALLOWED_TOOLS: &str = "must be a list or a space/comma-separated line of tool ids (e.g. \
+                             `allowed-tools: text.upper notes` or `allowed-tools: [text.upper, notes]`)";
+
+/// The YAML between the `---` lines, read field by field: `field` makes the
+/// error for a field (the frontmatter as a whole is `frontmatter`).
+fn frontmatter(yaml: &str, field: &dyn Fn(&str, String) -> SkillError) -> Result<Frontmatter, SkillError> {
+    use serde_yaml_ng::Value;
+    let value: Value = serde_yaml_ng::from_str(yaml)
+        .map_err(|e| field("frontmatter", format!("is not valid YAML: {e}; write one `field: value` per line")))?;
+    let map = match value {
+        Value::Null => {
+            return Err(field(
+                "name",
+                "is missing: the frontmatter is empty; give at least `name` and `description`".into(),
+            ));
+        }
+        Value::Mapping(m) => m,
+        _ => return Err(field("frontmatter", format!("must be `field: value` lines (fields: {FIELDS})"))),
+    };
+    let kind = |v: &Value| match v {
+        Value::Null => "nothing",
+        Value::Bool(_) => "a true/false value",
+        Value::Number(_) => "a number",
+        Value::String(_) => "text",
+        Value::Sequence(_) => "a list",
+        Value::Mapping(_) => "a mapping",
+        Value::Tagged(_) => "a tagged value",
+    };
+    let (mut name, mut description, mut allowed_tools) = (None, None, None);
+    for (k, v) in &map {
+        let Some(k) = k.as_str() else {
+            return Err(field("frontmatter", format!("a key is {}, not a field name (fields: {FIELDS})", kind(k))));
+        };
+        let text = |v: &Value| match v {
+            Value::String(s) => Ok(s.clone()),
+            other => Err(field(k, format!("must be text, not {}; quote it (`{k}: \"…\"`)", kind(other)))),
+        };
+        match k {
+            "name" => name = Some(text(v)?),
+            "description" => description = Some(text(v)?),
+            "license" | "compatibility" => {
+                text(v)?;
+            }
+            "metadata" => {}
+            "allowed-tools" => {
+                allowed_tools = Some(match v {
+                    Value::String(line) => {
+                        line.split([' ', ',']).filter(|s| !s.is_empty()).map(str::to_owned).collect()
+                    }
+                    Value::Sequence(items) => items
+                        .iter()
+                        .map(|i| i.as_str().map(str::to_owned))
+                        .collect::<Option<Vec<_>>>()
+                        .ok_or_else(|| field(k, format!("{ALLOWED_TOOLS}; an item of the list is not text")))?,
+                    other => return Err(field(k, format!("{ALLOWED_TOOLS}, not {}", kind(other)))),
+                });
+            }
+            _ => return Err(field(k, format!("unknown field; the fields are {FIELDS}"))),
+        }
+    }
+    let missing = |f: &str, what: &str| field(f, format!("is missing; add `{f}: {what}` to the frontmatter"));
+    Ok(Frontmatter {
+        name: name.ok_or_else(|| missing("name", "the-folder-name"))?,
+        description: description.ok_or_else(|| missing("description", "what the Skill does and when to use it"))?,
+        allowed_tools,
+    })
+}
+
+/// `rest` (SKILL.md after its opening `---` line) split at the closing
+/// `---` line: the frontmatter and the body after it.
+fn split_frontmatter(rest: &str) -> Option<(&str, &str)> {
+    let mut at = 0;
+    for line in rest.split_inclusive('\n') {
+        if line.trim_end() == "---" {
+            return Some((&rest[..at], &rest[at + line.len()..]));
+        }
+        at += line.len();
+    }
+    None
 }
 
 /// A checked Skill folder.
@@ -119,6 +188,8 @@ pub fn read(dir: &Path) -> Result<SkillSource, SkillError> {
         None => return Err(refused(&md_path, "cannot read: there is no SKILL.md in the Skill folder")),
     };
     let text = String::from_utf8(text).map_err(|_| refused(&md_path, "is not UTF-8 text"))?;
+    // Editors on Windows (Notepad, PowerShell) start a UTF-8 file with a byte order mark.
+    let text = text.strip_prefix('\u{feff}').map(str::to_owned).unwrap_or(text);
     let field = |field: &str, message: String| SkillError::Frontmatter {
         path: md_path.clone(),
         field: field.to_owned(),
@@ -128,17 +199,11 @@ pub fn read(dir: &Path) -> Result<SkillSource, SkillError> {
         .strip_prefix("---\n")
         .or_else(|| text.strip_prefix("---\r\n"))
         .ok_or_else(|| field("frontmatter", "SKILL.md must start with a `---` YAML frontmatter block".into()))?;
-    let end = rest
-        .find("\n---")
-        .ok_or_else(|| field("frontmatter", "the frontmatter block is not closed by `---`".into()))?;
-    let (yaml, body) = (&rest[..end], &rest[end + 4..]);
-    let body = body.trim_start_matches(['-', '\r', '\n']).to_owned();
-    let fm: Frontmatter = serde_yaml_ng::from_str(yaml).map_err(|e| {
-        let msg = e.to_string();
-        // serde names the offending key in the message (unknown or missing field).
-        let f = msg.split('`').nth(1).unwrap_or("frontmatter").to_owned();
-        field(&f, msg)
+    let (yaml, body) = split_frontmatter(rest).ok_or_else(|| {
+        field("frontmatter", "the frontmatter block is not closed: end it with a line of `---` before the body".into())
     })?;
+    let body = body.trim_start_matches(['\r', '\n']).to_owned();
+    let fm = frontmatter(yaml, &field)?;
     let name_ok = !fm.name.is_empty()
         && fm.name.len() <= 64
         && fm.name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
@@ -153,15 +218,15 @@ pub fn read(dir: &Path) -> Result<SkillSource, SkillError> {
     {
         return Err(field("name", format!("`{}` must match the folder name `{folder}`", fm.name)));
     }
-    if fm.description.trim().is_empty() || fm.description.len() > 1024 {
-        return Err(field("description", "say what the Skill does and when to use it, in 1 to 1024 characters".into()));
+    let chars = fm.description.chars().count();
+    if fm.description.trim().is_empty() || chars > 1024 {
+        let is = if chars > 1024 { format!("is {chars} characters") } else { "is blank".to_owned() };
+        return Err(field(
+            "description",
+            format!("{is}; say what the Skill does and when to use it, in 1 to 1024 characters"),
+        ));
     }
-    let _ = (&fm.license, &fm.compatibility, &fm.metadata);
-    let allowed_tools = match fm.allowed_tools {
-        None => None,
-        Some(AllowedTools::List(v)) => Some(v),
-        Some(AllowedTools::Line(l)) => Some(l.split([' ', ',']).filter(|s| !s.is_empty()).map(str::to_owned).collect()),
-    };
+    let allowed_tools = fm.allowed_tools;
     for t in allowed_tools.iter().flatten() {
         let id_like = t.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '*' | '?'));
         if !id_like {
@@ -646,11 +711,36 @@ mod tests {
             ("unknown key", "---\nname: x\ndescription: d\ncolour: red\n---\n", "colour"),
             ("bad allowed-tools", "---\nname: x\ndescription: d\nallowed-tools: Bash(git:*)\n---\n", "allowed-tools"),
             ("empty description", "---\nname: x\ndescription: \"  \"\n---\n", "description"),
+            ("empty frontmatter", "---\n---\nbody", "name"),
+            ("allowed-tools a number", "---\nname: x\ndescription: d\nallowed-tools: 7\n---\n", "allowed-tools"),
+            ("allowed-tools a mapping", "---\nname: x\ndescription: d\nallowed-tools: {a: 1}\n---\n", "allowed-tools"),
+            ("license a list", "---\nname: x\ndescription: d\nlicense: [1]\n---\n", "license"),
+            ("compatibility a number", "---\nname: x\ndescription: d\ncompatibility: 3\n---\n", "compatibility"),
+            ("name a number", "---\nname: 12\ndescription: d\n---\n", "name"),
+            ("too long", &format!("---\nname: x\ndescription: {}\n---\n", "d".repeat(1025)), "description"),
         ];
         for (what, md, f) in cases {
             let (_t, d) = folder("x", md);
             let e = read(&d).unwrap_err().to_string();
             assert!(e.contains("SKILL.md") && e.contains(&format!("field `{f}`")), "{what}: {e}");
         }
+        let (_t, d) = folder("x", "---\nname: x\ndescription: d\nallowed-tools: 7\n---\n");
+        let e = read(&d).unwrap_err().to_string();
+        assert!(e.contains("a list or a space/comma-separated line of tool ids") && !e.contains("untagged"), "{e}");
+        let (_t, d) = folder("x", "---\n---\nbody");
+        let e = read(&d).unwrap_err().to_string();
+        assert!(!e.contains("not closed"), "{e}");
+    }
+
+    /// The limit is 1024 characters, as the message says, not bytes; a
+    /// byte order mark is no part of the file's text.
+    #[test]
+    fn a_description_is_counted_in_characters_and_a_bom_is_skipped() {
+        let (_t, d) = folder("x", &format!("\u{feff}---\nname: x\ndescription: {}\n---\nbody", "é".repeat(1000)));
+        let s = read(&d).unwrap();
+        assert_eq!(s.description.chars().count(), 1000);
+        assert_eq!(s.instructions, "body");
+        let (_t, d) = folder("x", "---\nname: x\ndescription: d\n---\n---\nA rule above.\n");
+        assert_eq!(read(&d).unwrap().instructions, "---\nA rule above.\n", "the body is kept whole");
     }
 }

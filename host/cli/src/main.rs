@@ -264,9 +264,9 @@ fn main() -> ExitCode {
             let code = if let Some(c) = e.downcast_ref::<toolgate::config::ConfigError>() {
                 eprintln!("hint: {}", config_hint(c));
                 exit::CONFIG
-            } else if e
-                .downcast_ref::<toolgate::runtime::CallError>()
-                .is_some_and(|c| matches!(c, toolgate::runtime::CallError::UnknownTool(_)))
+            } else if e.downcast_ref::<Usage>().is_some()
+                || e.downcast_ref::<toolgate::runtime::CallError>()
+                    .is_some_and(|c| matches!(c, toolgate::runtime::CallError::UnknownTool(_)))
             {
                 exit::USAGE
             } else {
@@ -275,6 +275,41 @@ fn main() -> ExitCode {
             ExitCode::from(code)
         }
     }
+}
+
+/// A command line that cannot be acted on as given (exit code 2), with what to pass instead.
+#[derive(Debug)]
+struct Usage(String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+/// The longest `--run` id, bytes (the host's own are 36).
+const MAX_RUN_ID: usize = 128;
+
+/// Refuse a `--run` id no run of this host could have: too long, or with
+/// characters other than letters, digits, `-`, `_`, `.` and `:`.
+fn check_run_id(id: &str) -> Result<(), Usage> {
+    let shown: String = id.chars().take(40).collect::<String>().escape_debug().to_string();
+    if id.is_empty() || id.len() > MAX_RUN_ID {
+        return Err(Usage(format!(
+            "--run \"{shown}{}\": a run id is 1 to {MAX_RUN_ID} characters; pass the id a call printed \
+             (`run-…`), or leave out --run to start a run",
+            if id.chars().count() > 40 { "…" } else { "" }
+        )));
+    }
+    if !id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':')) {
+        return Err(Usage(format!(
+            "--run \"{shown}\": a run id holds only letters, digits, `-`, `_`, `.` and `:`; pass the id a call \
+             printed (`run-…`), or leave out --run to start a run"
+        )));
+    }
+    Ok(())
 }
 
 fn config_hint(e: &toolgate::config::ConfigError) -> &'static str {
@@ -359,6 +394,9 @@ async fn dispatch(cli: Cli) -> Result<u8> {
                 serde_json::from_str(args).with_context(|| format!("--args is not JSON: {args}"))?;
             let narrowing =
                 if *no_tools { ToolCapabilityNarrowing::DenyAll } else { ToolCapabilityNarrowing::Configured };
+            if let Some(id) = run.as_deref() {
+                check_run_id(id)?;
+            }
             if let Some(id) = run.as_deref().filter(|id| id.starts_with(toolgate::store::STATELESS_RUN_PREFIX)) {
                 // Its asks are what stateless requests find; a conversation never continues it.
                 anyhow::bail!(
@@ -366,6 +404,18 @@ async fn dispatch(cli: Cli) -> Result<u8> {
                      pass the id of a run `toolgate call` started (`run-…`), or none for a new run",
                     toolgate::store::STATELESS_RUN_PREFIX
                 );
+            }
+            if let Some(id) = run.as_deref()
+                && host.runtime.store().run(id).await?.is_none()
+            {
+                // Continuing is for a run the journal holds: any other id
+                // would start an unrecorded run under a name the caller chose.
+                let journal = host.config.store.file().map(|f| format!(" ({})", f.display())).unwrap_or_default();
+                return Err(Usage(format!(
+                    "--run {id}: no run `{id}` in the journal{journal}; leave out --run to start one, or pass \
+                     the id a call printed (`run-…`)"
+                ))
+                .into());
             }
             let run = host.runtime.start_run(run.clone(), narrowing).await?;
             // Ctrl-C withdraws the call: the guest stops and the step is journaled as cancelled.
@@ -421,7 +471,9 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             Ok(exit::OUTPUT)
         }
         Command::Sign { file, key } => {
-            let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+            // A regular file, bounded: a FIFO or `/dev/zero` is refused, not waited on or read without end.
+            let bytes = toolgate::catalog::read_bounded(file)
+                .map_err(|e| anyhow::anyhow!("{}: {e}; sign the component file itself", file.display()))?;
             let secret =
                 toolgate::files::read_text(key, 4096).with_context(|| format!("cannot read {}", key.display()))?;
             let (sig, public) = toolgate::catalog::signing::sign(&bytes, &secret)
@@ -613,7 +665,9 @@ fn write_private(path: &Path, text: &str) -> Result<()> {
 }
 
 async fn pack(input: &Path, output: &Path) -> Result<u8> {
-    let bytes = std::fs::read(input).with_context(|| format!("cannot read {}", input.display()))?;
+    // A regular file, bounded: a FIFO or `/dev/zero` is refused, not waited on or read without end.
+    let bytes = toolgate::catalog::read_bounded(input)
+        .map_err(|e| anyhow::anyhow!("{}: {e}; pack the built component file itself", input.display()))?;
     let (packed, tools) = toolgate_author::pack::pack(&bytes).await.with_context(|| input.display().to_string())?;
     std::fs::write(output, &packed).with_context(|| format!("cannot write {}", output.display()))?;
     eprintln!("packed {} tool(s) into {} ({})", tools.len(), output.display(), toolgate::Digest::of(&packed));
@@ -663,7 +717,8 @@ async fn mcp_import(
     output: &Path,
 ) -> Result<u8> {
     use toolgate_author::mcp_import as mcp_adapter;
-    // A name that cannot be the ids' server segment is refused before anything is asked of the remote.
+    // A URL or name that cannot be pinned is refused before anything is asked of the remote.
+    mcp_adapter::endpoint(url)?;
     if let Some(n) = name {
         mcp_adapter::server_segment(n)?;
     }

@@ -993,3 +993,152 @@ fn an_approval_where_a_credential_cannot_be_read_is_refused_and_leaves_the_reque
     assert_eq!(approved.status.code(), Some(0), "{}", text(&approved.stderr));
     assert!(text(&approved.stdout).contains("milk"), "{}", text(&approved.stdout));
 }
+
+/// `tg`, killed after `secs`: `None` when it had not ended by then (a hang).
+fn tg_within(dir: &Path, args: &[&str], secs: u64) -> Option<Output> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .current_dir(dir)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            return Some(child.wait_with_output().unwrap());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+fn append_config(dir: &Path, text: &str) {
+    let mut config = std::fs::OpenOptions::new().append(true).open(dir.join("toolgate.toml")).unwrap();
+    std::io::Write::write_all(&mut config, text.as_bytes()).unwrap();
+}
+
+/// `pack` and `sign` read a regular file, bounded, as `inspect` does: a
+/// FIFO is refused, not waited on, and `/dev/zero` is not read without end.
+#[test]
+fn pack_and_sign_refuse_what_is_not_a_regular_file() {
+    let dir = setup();
+    let d = dir.path();
+    let made = Command::new("mkfifo").arg(d.join("fifo.wasm")).status().unwrap();
+    assert!(made.success());
+    assert_eq!(tg(d, &["keygen", "-o", "signer.key"]).status.code(), Some(0));
+    for args in [
+        &["pack", "fifo.wasm", "-o", "x.wasm"][..],
+        &["pack", "/dev/zero", "-o", "x.wasm"],
+        &["sign", "fifo.wasm", "--key", "signer.key"],
+        &["sign", "/dev/zero", "--key", "signer.key"],
+    ] {
+        let out = tg_within(d, args, 20).unwrap_or_else(|| panic!("{args:?} did not end"));
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains("not a regular file") && err.contains(args[1]), "{args:?}: {err}");
+    }
+    assert!(!d.join("x.wasm").exists());
+}
+
+/// `--run` continues a run the journal holds; an id it does not know, or
+/// no run could have, is refused rather than started as an unrecorded run.
+#[test]
+fn call_refuses_a_run_the_journal_does_not_hold() {
+    let dir = setup();
+    let d = dir.path();
+    let args = r#"{"text":"x"}"#;
+    let long = "r".repeat(100_000);
+    for (run, says) in [
+        ("run-0123456789abcdef", "no run `run-0123456789abcdef` in the journal"),
+        (long.as_str(), "1 to 128 characters"),
+        ("run-a\nb", "only letters, digits"),
+    ] {
+        let out = tg(d, &["call", "text.upper", "--args", args, "--run", run]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(says) && err.contains("leave out --run"), "{err}");
+        assert!(err.len() < 1000, "the id is not echoed whole: {} bytes", err.len());
+    }
+    let journal = text(&tg(d, &["journal"]).stdout);
+    assert!(journal.trim().is_empty(), "nothing ran: {journal}");
+    // A run a call started is continued as before.
+    let first = tg(d, &["--json", "call", "text.upper", "--args", args]);
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    let run = serde_json::from_slice::<serde_json::Value>(&first.stdout).unwrap()["run"].as_str().unwrap().to_owned();
+    let again = tg(d, &["call", "text.upper", "--args", args, "--run", &run]);
+    assert_eq!(again.status.code(), Some(0), "{}", text(&again.stderr));
+}
+
+/// `serve.allowed_origins = ["*"]` panicked the CORS layer at start; it is
+/// refused at load, naming the entry.
+#[test]
+fn an_origin_list_serve_cannot_use_is_a_config_error() {
+    let dir = setup();
+    let d = dir.path();
+    append_config(
+        d,
+        "\n[serve]\nallowed_origins = [\"https://app.example.com\", \"*\"]\n\
+         [[serve.auth]]\nagent = \"default\"\ntoken = { env = \"TG_TOKEN_OPS\" }\n",
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .current_dir(d)
+        .env("TG_TOKEN_OPS", "ops-token-0123456789")
+        .args(["serve", "--http", "127.0.0.1:0"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("serve.allowed_origins[1]") && !err.contains("panicked"), "{err}");
+}
+
+/// Two `[[serve.auth]]` entries with one token would act for whichever
+/// matched: refused at start, naming both entries.
+#[test]
+fn serve_refuses_one_token_bound_to_two_agents() {
+    let dir = setup();
+    let d = dir.path();
+    append_config(
+        d,
+        "\n[agents.readonly]\n[[serve.auth]]\nagent = \"default\"\ntoken = { env = \"TG_TOKEN_OPS\" }\n\
+         [[serve.auth]]\nagent = \"readonly\"\ntoken = { env = \"TG_TOKEN_RO\" }\n",
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"));
+    child
+        .current_dir(d)
+        .env("TG_TOKEN_OPS", "same-token-0123456789")
+        .env("TG_TOKEN_RO", "same-token-0123456789")
+        .args(["serve", "--http", "127.0.0.1:0"])
+        .stdin(std::process::Stdio::null());
+    let mut spawned = child.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while spawned.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = spawned.kill();
+            panic!("serve started with one token bound twice");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = spawned.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("serve.auth[0].token") && err.contains("serve.auth[1].token"), "{err}");
+    assert!(!err.contains("same-token"), "{err}");
+}
+
+/// `mcp import` of a URL with a user name or password is refused before
+/// anything is asked of the remote, without echoing the password.
+#[test]
+fn mcp_import_refuses_a_url_with_user_info() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let out = tg(d, &["mcp", "import", "http://bob:hunter2@127.0.0.1:1/mcp?token=abc", "--name", "s", "-o", "x.wasm"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("remove `user@`") && err.contains("--credential NAME"), "{err}");
+    assert!(!err.contains("hunter2") && !err.contains("cannot list the tools") && !d.join("x.wasm").exists(), "{err}");
+}

@@ -36,6 +36,28 @@ pub enum Source {
     File(PathBuf),
 }
 
+impl Source {
+    /// Refuse a source no process could ever read: an environment variable
+    /// name that is empty or holds `=` or NUL (the environment cannot hold
+    /// one), or an empty file path. The message names the key (`env`,
+    /// `file`) and the fix; the caller names the field.
+    pub fn check(&self) -> Result<(), String> {
+        match self {
+            Source::Env(var) if var.is_empty() => {
+                Err("`env` is empty; name the environment variable that holds the secret".into())
+            }
+            Source::Env(var) if var.contains(['=', '\0']) => Err(format!(
+                "`env` = {var:?} is not a variable name (it holds `=` or NUL); name the environment variable \
+                 that holds the secret, e.g. `{{ env = \"API_TOKEN\" }}`"
+            )),
+            Source::File(p) if p.as_os_str().is_empty() => {
+                Err("`file` is empty; give the path of the file that holds the secret".into())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 /// How a secret is applied to a request.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -130,6 +152,15 @@ impl CredentialSpec {
                 if format.matches("{}").count() != 1 {
                     return Err(invalid("`format` must contain `{}` exactly once".into()));
                 }
+                // What is sent must be a header value whatever the secret
+                // (itself checked when read): a line break or other control
+                // character in the format would fail every request.
+                if http::HeaderValue::from_str(&format.replace("{}", "x")).is_err() {
+                    return Err(invalid(format!(
+                        "`apply.format` = {format:?} is not a valid header value (it holds a line break, another \
+                         control character or a non-ASCII one); use printable ASCII around `{{}}`, e.g. `Bearer {{}}`"
+                    )));
+                }
             }
             Apply::Basic { username } if username.contains(':') => {
                 return Err(invalid("a basic-auth username cannot contain `:`".into()));
@@ -137,6 +168,7 @@ impl CredentialSpec {
             Apply::Query { param } if param.is_empty() => return Err(invalid("`param` is empty".into())),
             _ => {}
         }
+        config.source.check().map_err(|e| invalid(format!("`source`: {e}")))?;
         let source = match &config.source {
             Source::File(p) if p.is_relative() => Source::File(base.join(p)),
             s => s.clone(),
@@ -604,6 +636,26 @@ mod tests {
                 source: Source::Env("X".into()),
                 destinations: vec!["http://h:1".into()],
                 apply: Apply::Header { name: "bad header".into(), format: "{}".into() },
+            },
+            CredentialConfig {
+                source: Source::Env("X".into()),
+                destinations: vec!["http://h:1".into()],
+                apply: Apply::Header { name: "Authorization".into(), format: "Bearer {}\r\nX-Evil: 1".into() },
+            },
+            CredentialConfig {
+                source: Source::Env("".into()),
+                destinations: vec!["http://h:1".into()],
+                apply: Apply::Query { param: "k".into() },
+            },
+            CredentialConfig {
+                source: Source::Env("A=B".into()),
+                destinations: vec!["http://h:1".into()],
+                apply: Apply::Query { param: "k".into() },
+            },
+            CredentialConfig {
+                source: Source::Env("A\0B".into()),
+                destinations: vec!["http://h:1".into()],
+                apply: Apply::Query { param: "k".into() },
             },
         ];
         for b in bad {

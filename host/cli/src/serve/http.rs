@@ -78,7 +78,18 @@ impl Tokens {
             if token.len() < 16 {
                 anyhow::bail!("serve.auth[{i}].token: use a token of at least 16 characters");
             }
-            tokens.push((Sha256::digest(token.as_bytes()).into(), a.agent.clone()));
+            let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+            // One token bound twice would act for whichever entry is
+            // matched, not the agent the operator meant for it.
+            if let Some(j) = tokens.iter().position(|(known, _): &([u8; 32], String)| *known == digest) {
+                anyhow::bail!(
+                    "serve.auth[{j}].token and serve.auth[{i}].token are the same token (agents `{}` and `{}`): \
+                     each entry needs its own token — give one of them a new secret, or remove it",
+                    tokens[j].1,
+                    a.agent
+                );
+            }
+            tokens.push((digest, a.agent.clone()));
         }
         Ok(Tokens(tokens))
     }
@@ -745,6 +756,11 @@ impl http_body::Body for Counted {
 pub async fn serve(server: McpServer, addr: SocketAddr) -> anyhow::Result<()> {
     let config = server.shared.config.serve.clone();
     let tokens = Tokens::read(&config)?;
+    // Checked at load too; again here for a config built in code: an origin
+    // the CORS layer cannot take would panic it, or be left out of it alone.
+    for (i, o) in config.allowed_origins.iter().enumerate() {
+        toolgate::config::check_origin(o).map_err(|e| anyhow::anyhow!("serve.allowed_origins[{i}]: {e}"))?;
+    }
     if config.allowed_hosts.is_empty() {
         // rmcp reads an empty list as "any Host": DNS rebinding unchecked.
         anyhow::bail!(
