@@ -322,7 +322,7 @@ impl ExecutableAgentSnapshot {
     }
 
     /// The filter's result for `id`, if this view kept it.
-    fn kept(&self, id: &str) -> Option<Result<Arc<Candidate>, Removal>> {
+    pub(crate) fn kept(&self, id: &str) -> Option<Result<Arc<Candidate>, Removal>> {
         self.filtered.read().unwrap_or_else(|p| p.into_inner()).get(id).cloned()
     }
 

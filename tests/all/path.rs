@@ -362,3 +362,28 @@ async fn a_fragment_or_a_query_does_not_dodge_a_url_rule_end_to_end() {
     assert_eq!(requests.len(), 1, "{requests:?}");
     assert!(requests[0].line.starts_with("GET /public "), "{}", requests[0].line);
 }
+
+/// Invariant 3 for embedders: `GateOutcome::decide` is the only public way
+/// to an `AllowedCall`, and it takes only the snapshot's own candidate for
+/// the call's Tool. A `Candidate` is `Clone` with public fields: a copy of
+/// an allowed Tool's candidate with another Tool's component put in, or an
+/// allowed Tool's candidate given for another Tool's call, is blocked.
+/// Before, either became an `AllowedCall` the executor ran.
+#[tokio::test]
+async fn only_the_snapshots_own_candidate_becomes_an_allowed_call() {
+    use toolgate::policy::gate::{GateOutcome, ToolCall};
+    let host = text_and_notes("");
+    let snapshot = host.runtime.snapshot().clone();
+    let upper = snapshot.candidate("text.upper", &|_| None).unwrap();
+    let notes = snapshot.candidate("notes", &|_| None).unwrap();
+    let call = |tool: &str| ToolCall { call_id: "c-1".into(), tool_id: tool.into(), arguments: json!({"text": "x"}) };
+    let upper_call = call("text.upper");
+    assert!(matches!(GateOutcome::decide(&snapshot, &upper, &upper_call), GateOutcome::Execute(_)));
+    // A copy with another component in it.
+    let mut forged = (*upper).clone();
+    forged.installed = notes.installed.clone();
+    assert!(matches!(GateOutcome::decide(&snapshot, &forged, &upper_call), GateOutcome::Blocked { .. }));
+    // The allowed Tool's candidate for another Tool's call.
+    let notes_call = call("notes");
+    assert!(matches!(GateOutcome::decide(&snapshot, &upper, &notes_call), GateOutcome::Blocked { .. }));
+}

@@ -396,12 +396,15 @@ async fn a_tool_outside_its_limits_is_refused_naming_the_setting(lang: Lang) {
 /// set shorter than the host's. Before, any transport failure in the call
 /// turned the Tool's error into an executor error (not a result: `serve`
 /// answered a JSON-RPC error) — a Tool could do that to any error of its own
-/// with a 1 ms first-byte timeout against a slow granted host.
+/// with a 1 ms first-byte timeout against a slow granted host. A
+/// destination that fails otherwise (here: refused) still is one.
 #[tokio::test]
 async fn a_timeout_the_tool_chose_leaves_its_error_a_tool_error() {
     // A granted host that accepts and never answers.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
+    // And one where nothing listens (connection refused).
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let held = std::thread::spawn(move || {
         let mut open = Vec::new();
         while let Ok((s, _)) = listener.accept() {
@@ -434,7 +437,7 @@ apply = {{ header = {{ name = "Authorization", format = "Bearer {{}}" }} }}
 [[grants]]
 tools = "hostile.thief"
 directories = [{{ path = "/data", host = "data", access = "read" }}, {{ path = "/scratch", host = "scratch", access = "read-write" }}]
-hosts = ["http://localhost:{port}"]
+hosts = ["http://localhost:{port}", "http://localhost:{closed}"]
 credentials = ["tracker"]
 
 [agents.default]
@@ -451,5 +454,17 @@ default = "allow"
         .await
         .expect("a result the model reads, not an executor error");
     assert!(tool_error(&r).starts_with("gave up: err:"), "{r:?}");
+    // A destination that fails otherwise is still the call's transport
+    // failure, whatever timeout the Tool set: an executor error naming it.
+    let refused =
+        run.call("hostile.thief", json!({"op": "impatient", "target": format!("http://localhost:{closed}/")})).await;
+    match refused {
+        Err(toolgate::runtime::CallError::Executor(
+            e @ toolgate::sandbox::executor::ExecutorError::Transport { .. },
+        )) => {
+            assert!(e.to_string().contains(&closed.to_string()), "{e}")
+        }
+        other => panic!("a refused connection is the destination's failure: {other:?}"),
+    }
     drop(held);
 }

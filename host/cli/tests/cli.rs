@@ -955,13 +955,14 @@ fn an_approval_signed_with_a_key_names_the_digest_the_approver_listed() {
 }
 
 /// An approval made where a configured credential cannot be read (its
-/// variable set only where `serve` runs) is refused before anything is
-/// decided, naming the variable: the approved call would run with its files
-/// and requests refused (and the output of a call that read its state
-/// withheld), spending the single-use ticket on that. Once the variable is
-/// set, the same approval runs the call. (Before, the ticket was claimed
-/// and the call ran failed closed: `notes` had its state-reading output
-/// withheld.)
+/// variable set only where `serve` runs) of a call whose Tool receives
+/// something from outside its arguments (here: committed state) is refused
+/// before anything is decided, naming the variable: the approved call would
+/// run with its files and requests refused and its state-reading output
+/// withheld, spending the single-use ticket on that. A call that receives
+/// nothing from outside (the first `notes add`, on empty state) is approved
+/// as before; and once the variable is set, the refused one runs. (Before,
+/// the ticket was claimed and the call ran failed closed.)
 #[test]
 fn an_approval_where_a_credential_cannot_be_read_is_refused_and_leaves_the_request_pending() {
     let dir = setup();
@@ -976,6 +977,12 @@ fn an_approval_where_a_credential_cannot_be_read_is_refused_and_leaves_the_reque
         .as_bytes(),
     )
     .unwrap();
+    // Empty state: nothing from outside; approved here as before.
+    assert_eq!(tg(d, &["call", "notes", "--args", r#"{"op":"add","note":"bread"}"#]).status.code(), Some(12));
+    let first = pending_ticket(d);
+    let digest = listed_digest(d, &first);
+    let approved = tg(d, &["approve", &first, "--key", "approver.key", "--digest", &digest]);
+    assert_eq!(approved.status.code(), Some(0), "{}", text(&approved.stderr));
     assert_eq!(tg(d, &["call", "notes", "--args", r#"{"op":"add","note":"milk"}"#]).status.code(), Some(12));
     let ticket = pending_ticket(d);
     let digest = listed_digest(d, &ticket);

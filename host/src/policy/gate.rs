@@ -17,9 +17,9 @@
 //! // Forging an AllowedCall outside the gate does not compile: its fields are private.
 //! fn forge<'a>(
 //!     candidate: &'a toolgate::snapshot::Candidate,
-//!     call: &'a toolgate::gate::ToolCall,
-//! ) -> toolgate::gate::AllowedCall<'a> {
-//!     toolgate::gate::AllowedCall { candidate, call, arguments_json: "{}".into() }
+//!     call: &'a toolgate::policy::gate::ToolCall,
+//! ) -> toolgate::policy::gate::AllowedCall<'a> {
+//!     toolgate::policy::gate::AllowedCall { candidate, call, arguments_json: "{}".into() }
 //! }
 //! ```
 //!
@@ -27,9 +27,9 @@
 //! // Nor does turning a verdict written by hand (or decided on another call) into one.
 //! fn forge<'a>(
 //!     candidate: &'a toolgate::snapshot::Candidate,
-//!     call: &'a toolgate::gate::ToolCall,
-//! ) -> toolgate::gate::GateOutcome<'a> {
-//!     toolgate::gate::GateOutcome::from_verdict(toolgate::gate::ToolPermissionVerdict::Allow, candidate, call)
+//!     call: &'a toolgate::policy::gate::ToolCall,
+//! ) -> toolgate::policy::gate::GateOutcome<'a> {
+//!     toolgate::policy::gate::GateOutcome::from_verdict(toolgate::policy::gate::ToolPermissionVerdict::Allow, candidate, call)
 //! }
 //! ```
 
@@ -169,8 +169,22 @@ pub enum GateOutcome<'a> {
 impl<'a> GateOutcome<'a> {
     /// The gate on `call` of `candidate` in `snapshot` ([`decide`]), and what
     /// follows from its verdict: for an embedder that runs the executor
-    /// itself, the only way to an [`AllowedCall`].
+    /// itself, the only way to an [`AllowedCall`]. `candidate` must be what
+    /// `snapshot.candidate(&call.tool_id, …)` returned; anything else is
+    /// blocked.
     pub fn decide(snapshot: &ExecutableAgentSnapshot, candidate: &'a Candidate, call: &'a ToolCall) -> Self {
+        // The snapshot's own candidate for the call's Tool, not a copy with
+        // another Tool's component or grant put in (a `Candidate` is `Clone`
+        // with public fields), nor one of another Tool.
+        let own = snapshot.kept(&call.tool_id).and_then(Result::ok).is_some_and(|c| std::ptr::eq(&*c, candidate));
+        if !own {
+            return GateOutcome::Blocked {
+                reason: format!(
+                    "`{}`: the candidate given is not the one this snapshot found for the call's Tool",
+                    call.tool_id
+                ),
+            };
+        }
         Self::from_verdict(decide(snapshot, candidate, call), candidate, call)
     }
 

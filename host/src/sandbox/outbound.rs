@@ -1571,17 +1571,16 @@ impl WasiHttpHooks for OutboundPolicy {
             drop(credential);
             let cap = |t: Option<Duration>| Some(t.map_or(limits.timeout, |t| t.min(limits.timeout)));
             // A timeout the guest set shorter than the host's: a request that
-            // runs out of it ended by the Tool's choice, not the destination's
-            // failure — not a transport failure, which would make the Tool's
-            // own error an executor error the model never reads (a Tool
-            // setting a zero timeout turned any error of its into one).
-            let guest_timed = [
-                options.and_then(|o| o.connect_timeout),
-                options.and_then(|o| o.first_byte_timeout),
-                options.and_then(|o| o.between_bytes_timeout),
-            ]
-            .into_iter()
-            .any(|t| t.is_some_and(|t| t < limits.timeout));
+            // runs out of that very timeout ended by the Tool's choice, not
+            // the destination's failure — not a transport failure, which would
+            // make the Tool's own error an executor error the model never
+            // reads (a Tool setting a 1 ms timeout turned any error of its
+            // into one). Each error is tied to the limit that produced it: a
+            // destination that fails otherwise (refused, reset, no such name,
+            // the host's own limits) is still the call's transport failure.
+            let shorter = |t: Option<Duration>| t.is_some_and(|t| t < limits.timeout);
+            let guest_connect = shorter(options.and_then(|o| o.connect_timeout));
+            let guest_first_byte = shorter(options.and_then(|o| o.first_byte_timeout));
             let options = RequestOptions {
                 connect_timeout: cap(options.and_then(|o| o.connect_timeout)),
                 first_byte_timeout: cap(options.and_then(|o| o.first_byte_timeout)),
@@ -1601,16 +1600,18 @@ impl WasiHttpHooks for OutboundPolicy {
             // Resolved by the host (bounded: [`Resolver`]), holding the
             // request's slots; the client connects to what was checked.
             let lookup = checked_addresses(&resolver, &call.lookups, &target, connect_timeout);
-            let looked_up = tokio::time::timeout_at(deadline, lookup)
-                .await
-                .unwrap_or_else(|_| Err(Unreachable::Dns("the name lookup took longer than the request may".into())));
+            let mut lookup_ran_out = false;
+            let looked_up = tokio::time::timeout_at(deadline, lookup).await.unwrap_or_else(|_| {
+                lookup_ran_out = true;
+                Err(Unreachable::Dns("the name lookup took longer than the request may".into()))
+            });
             let addresses = match looked_up {
                 Ok(addresses) => addresses,
                 Err(Unreachable::Prohibited(why)) => {
                     records.quoting(|q| format!("outbound request denied: {} {why}", q(&dest)));
                     return Err(HttpError::DestinationIpProhibited);
                 }
-                Err(Unreachable::Dns(why)) if guest_timed => {
+                Err(Unreachable::Dns(why)) if lookup_ran_out && guest_connect => {
                     records.quoting(|q| {
                         format!("outbound request to {} gave up within the Tool's own timeout: {why}", q(&dest))
                     });
@@ -1643,11 +1644,12 @@ impl WasiHttpHooks for OutboundPolicy {
                 .unwrap_or(Err(HttpError::ConnectionTimeout));
             let (response, io) = match sent {
                 Ok(sent) => sent,
-                Err(
-                    e @ (HttpError::ConnectionTimeout
-                    | HttpError::ConnectionReadTimeout
-                    | HttpError::HttpResponseTimeout),
-                ) if guest_timed => {
+                Err(e)
+                    if matches!(
+                        (&e, guest_connect, guest_first_byte),
+                        (HttpError::ConnectionTimeout, true, _) | (HttpError::ConnectionReadTimeout, _, true)
+                    ) =>
+                {
                     records.quoting(|q| {
                         format!("outbound request to {} gave up within the Tool's own timeout: {e}", q(&dest))
                     });
