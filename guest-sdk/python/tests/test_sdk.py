@@ -310,6 +310,94 @@ class DescribeAndDispatchTest(unittest.TestCase):
             Request.get("https://api.example.com/").credential("api").send()
 
 
+@dataclass
+class Checked:
+    """Arguments that check themselves.
+
+    Attributes:
+        n: must not be negative.
+    """
+
+    n: int
+
+    def __post_init__(self):
+        if self.n < 0:
+            raise ValueError("n must be >= 0")
+
+
+@dataclass
+class Derived:
+    """An output with a field its constructor does not take.
+
+    Attributes:
+        a: given.
+        b: derived.
+    """
+
+    a: int
+    b: int = field(init=False, default=0)
+
+
+class Odd(Tool):
+    """Returns what it is asked to, to test the edges of the error model."""
+
+    ID = "t.odd"
+    DESCRIPTION = "Returns what it is asked to."
+
+    def call(self, args: Checked, cx: Context) -> typing.Any:
+        if args.n == 1:
+            return float("nan")
+        if args.n == 2:
+            cx.set("x", float("inf"))
+            return 0
+        if args.n == 3:
+            return Derived(7)
+        return args.n
+
+
+class Keys(TypedDict):
+    """Keys, one optional by PEP 655."""
+
+    must: int
+    may: typing.NotRequired[int]
+
+
+class PythonEdgesTest(unittest.TestCase):
+    """What Python authors write every day, through the SDK's one schema."""
+
+    def test_a_check_in_post_init_is_invalid_arguments_not_a_crash(self):
+        with self.assertRaises(InvalidArguments) as e:
+            dispatch("t.odd", '{"n": -1}', MemoryState(), tools=[Odd])
+        self.assertIn("ValueError: n must be >= 0", e.exception.message)
+
+    def test_nan_and_infinity_are_a_clear_failure_not_malformed_json(self):
+        for n, where in [(1, "produced output with no JSON form"), (2, "cannot store state `x`")]:
+            with self.subTest(n=n):
+                with self.assertRaises(Failed) as e:
+                    dispatch("t.odd", json.dumps({"n": n}), MemoryState(), tools=[Odd])
+                self.assertIn(where, e.exception.message)
+
+    def test_an_output_is_encoded_with_the_fields_its_schema_lists(self):
+        out = dispatch("t.odd", '{"n": 3}', MemoryState(), tools=[Odd])
+        self.assertEqual(json.loads(out.json), {"a": 7})
+        self.assertEqual(list(schema_of(Derived)["properties"]), ["a"])
+
+    def test_a_typed_dict_with_not_required_keys(self):
+        schema = schema_of(Keys)
+        self.assertEqual(schema["required"], ["must"])
+        self.assertEqual(schema["properties"]["may"]["type"], "integer")
+        self.assertEqual(decode(Keys, {"must": 1}), {"must": 1})
+
+    def test_a_literal_number_is_compared_by_value_as_json_schema_does(self):
+        self.assertEqual(decode(Literal[1, 2], 1.0), 1.0)
+        for wrong in [True, "1", 3]:
+            with self.subTest(wrong=wrong):
+                with self.assertRaises(DecodeError):
+                    decode(Literal[1, 2], wrong)
+        with self.assertRaises(DecodeError):
+            decode(Literal[True], 1)
+
+
 class WitTest(unittest.TestCase):
     def test_the_sdks_copy_of_the_contract_is_the_repositorys(self):
         sdk = Path(__file__).resolve().parents[1] / "toolgate_sdk/wit/deps/plugin/plugin.wit"

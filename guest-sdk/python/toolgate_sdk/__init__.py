@@ -214,7 +214,7 @@ class Context:
         Keys beginning ``cache/`` hold values the Tool can recompute: last
         writer wins, and they never make a concurrent call conflict."""
         try:
-            text = json.dumps(_schema.encode(value), ensure_ascii=False)
+            text = json.dumps(_schema.encode(value), ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as e:
             raise Failed(f"cannot store state `{key}`: {e}") from None
         self.commands.append(Command(self.tool_id, key, text))
@@ -373,6 +373,10 @@ def dispatch(
         args = _schema.decode(entry.args, value)
     except _schema.DecodeError as e:
         raise InvalidArguments(f"invalid arguments for `{tool_id}`: {e}") from None
+    except Exception as e:
+        # Raised by the arguments' own class while it is built (a
+        # dataclass's `__post_init__` checking a field): the model's to fix.
+        raise InvalidArguments(f"invalid arguments for `{tool_id}`: {type(e).__name__}: {e}") from None
     cx = Context(tool_id, state, log)
     try:
         result = entry.tool().call(args, cx)
@@ -385,7 +389,8 @@ def dispatch(
             log("error", traceback.format_exc())
         raise Failed(f"`{tool_id}` raised {type(e).__name__}: {e}") from None
     try:
-        text = json.dumps(_schema.encode(result), ensure_ascii=False)
+        # No NaN or Infinity: they are not JSON, and the host refuses them.
+        text = json.dumps(_schema.encode(result), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise Failed(f"`{tool_id}` produced output with no JSON form: {e}") from None
     return Output(text, cx.commands)

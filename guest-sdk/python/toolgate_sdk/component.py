@@ -52,6 +52,10 @@ class Tool(exports.Tool):
             raise Err(types.ToolError_InvalidArguments(e.message))
         except toolgate_sdk.ToolError as e:
             raise Err(types.ToolError_Failed(e.message))
+        except Exception as e:
+            # Anything else is still the Tool's failure, in words the model
+            # reads — not a trap the host can only call a crash.
+            raise Err(types.ToolError_Failed(f"`{tool_id}` raised {type(e).__name__}: {e}"))
         commands = [
             types.Command(
                 c.scope,

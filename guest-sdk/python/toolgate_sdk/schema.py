@@ -121,11 +121,20 @@ def _hints(cls: type) -> dict[str, Any]:
         raise SchemaError(f"cannot read the type hints of `{cls.__qualname__}`: {e}") from e
 
 
+# PEP 655's key marks (Python 3.11+), where the interpreter has them.
+_KEY_MARKS = tuple(m for m in (getattr(typing, "Required", None), getattr(typing, "NotRequired", None)) if m)
+
+
 def _unwrap(tp: Any) -> tuple[Any, list[Any]]:
-    """``Annotated[T, m...]`` -> (T, [m...]); anything else -> (tp, [])."""
+    """``Annotated[T, m...]`` -> (T, [m...]); ``Required[T]`` and
+    ``NotRequired[T]`` (a TypedDict's keys, PEP 655: which keys are required
+    is read from the TypedDict itself) -> T; anything else -> (tp, [])."""
+    if typing.get_origin(tp) in _KEY_MARKS:
+        return _unwrap(typing.get_args(tp)[0])
     if typing.get_origin(tp) is typing.Annotated:
         base, *meta = typing.get_args(tp)
-        return base, meta
+        inner, more = _unwrap(base)
+        return inner, more + meta
     return tp, []
 
 
@@ -344,7 +353,16 @@ def decode(tp: Any, value: Any, path: str = "") -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin is typing.Literal:
-        if not any(value == a and type(value) is type(a) for a in args):
+        # As JSON Schema compares: numbers by value (1.0 is 1), a boolean is
+        # never a number, a string only a string.
+        def same(a: Any) -> bool:
+            if isinstance(a, bool) or isinstance(value, bool):
+                return type(value) is type(a) and value == a
+            if isinstance(a, (int, float)) and isinstance(value, (int, float)):
+                return value == a
+            return type(value) is type(a) and value == a
+
+        if not any(same(a) for a in args):
             raise DecodeError(path, f"expected one of {list(args)}, got {value!r}")
         return value
     if origin in (list, typing.List) or tp is list:
@@ -387,7 +405,8 @@ def encode(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return encode(value.value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        # The fields its schema lists (`_fields`: those `__init__` takes).
+        return {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
