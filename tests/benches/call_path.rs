@@ -255,8 +255,7 @@ fn benches(c: &mut Criterion) {
         let executor = runtime.executor().clone();
         let candidate = runtime.snapshot().candidate(TOOL, &|_| None).unwrap();
         let call = ToolCall { call_id: "call-1".into(), tool_id: TOOL.into(), arguments: json!({"text": "hello"}) };
-        let GateOutcome::Execute(allowed) = GateOutcome::decide(runtime.snapshot(), &candidate, &call)
-        else {
+        let GateOutcome::Execute(allowed) = GateOutcome::decide(runtime.snapshot(), &candidate, &call) else {
             unreachable!()
         };
         let mut g = c.benchmark_group("paired");
