@@ -275,6 +275,26 @@ pub enum ApprovalError {
         /// The request (call id).
         request: String,
     },
+    /// This process has never read a configured credential, and the Tool
+    /// receives something from outside its arguments (a directory, a host,
+    /// an `env` grant, pinned data, committed state): no check could vouch
+    /// for what it passes, so the approved call would run failed closed and
+    /// spend the single-use ticket on that. Nothing was claimed; the ticket
+    /// stays pending for a process that can read it.
+    #[error(
+        "ticket `{ticket}` (request `{request}`): this process cannot read {why}, so the approved call would run \
+         with its files and requests refused and its output withheld. Nothing was decided and the request is \
+         still pending: approve it from a process that can read the credential (the environment `toolgate \
+         serve` runs in)"
+    )]
+    CredentialUnreadable {
+        /// The ticket.
+        ticket: String,
+        /// The request (call id).
+        request: String,
+        /// Each credential, why it cannot be read and the fix.
+        why: String,
+    },
 }
 
 /// Whether an answer in an MCP client's own UI (elicitation) decides tickets:

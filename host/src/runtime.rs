@@ -557,6 +557,9 @@ impl Runtime {
             approval::mcp_elicitation_in_effect(self.settings.mcp_elicitation, &self.settings.approvers),
             now,
         )?;
+        if matches!(decision, Decision::Approve) {
+            self.approvable_here(&record).await?;
+        }
         let in_conversation = approval.in_conversation();
         let ticket = self.store.claim_ticket(ticket_id, now, &self.holder).await??;
         let _alive = self.heartbeat_while_held();
@@ -643,6 +646,40 @@ impl Runtime {
                     step.resolve(self, ticket, Ending::blocked(Verdict::Ask, &reason), by, in_conversation).await?;
                 Ok(StepResult::Blocked { seq, reason })
             }
+        }
+    }
+
+    /// Whether `record`'s call can be approved in this process: refused
+    /// (before the claim, by [`Runtime::approve`] too) when it would run failed
+    /// closed here ([`Executor::fails_closed`]: a credential this process
+    /// has never read): the single-use ticket is not spent on a call that
+    /// cannot deliver, and stays pending for a process that can read it. A
+    /// Tool not found now is left to the approval to settle. Asked of the
+    /// run's view, as the approved call will be: a restriction that takes
+    /// the Tool's directories away takes what would fail with them.
+    pub async fn approvable_here(&self, record: &AwaitingRecord) -> Result<(), CallError> {
+        let (mut snapshot, _) = self.run_view(self.snapshot.clone(), &record.run_id).await?;
+        for restriction in asked_under(record) {
+            snapshot = snapshot.restricted(restriction);
+        }
+        let Ok(candidate) = snapshot.candidate(&record.tool_id, &|_| None) else { return Ok(()) };
+        if candidate.grant.watched.is_empty() {
+            return Ok(());
+        }
+        // State that cannot be read counts as some: refused rather than spend the ticket.
+        let state = self
+            .store
+            .tool_state(&record.agent, &record.tool_id)
+            .await
+            .unwrap_or_else(|_| BTreeMap::from([(String::new(), String::new())]));
+        match self.executor.fails_closed(&candidate, &state).await {
+            None => Ok(()),
+            Some(why) => Err(ApprovalError::CredentialUnreadable {
+                ticket: record.ticket_id.clone(),
+                request: record.call_id.clone(),
+                why,
+            }
+            .into()),
         }
     }
 

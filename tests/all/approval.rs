@@ -579,3 +579,46 @@ async fn another_agent_cannot_continue_a_run() {
     // Its own agent continues it.
     assert!(host.runtime.start_run(Some(run_id), toolgate::ToolCapabilityNarrowing::Configured).await.is_ok());
 }
+
+/// An approval is refused before its claim — by the runtime, whatever
+/// channel decides (here an embedder's dialog) — while this process has
+/// never read a configured credential and the Tool receives something from
+/// outside its arguments (here its committed state): the call would run
+/// failed closed and spend the single-use ticket. Nothing runs, the ticket
+/// stays pending, and once the credential can be read the same approval
+/// runs the call. A Tool that receives nothing (empty state) is approved.
+#[tokio::test]
+async fn an_approval_that_would_run_failed_closed_is_refused_before_the_claim() {
+    let var = format!("TOOLGATE_APPROVAL_UNSET_{}", std::process::id());
+    let host = text_and_notes_in(
+        toolgate_tests::Lang::Rust,
+        &format!(
+            "[credentials.tracker]\nsource = {{ env = \"{var}\" }}\ndestinations = [\"https://tracker.example:443\"]\n\
+             apply = {{ header = {{ name = \"Authorization\", format = \"Bearer {{}}\" }} }}\n"
+        ),
+    );
+    let first = ask(&host, "bread").await;
+    let r = host.runtime.approve(&first, &approver(&host.runtime, &first).await).await.unwrap();
+    assert!(matches!(r, StepResult::Output { .. }), "empty state: nothing from outside, approved: {r:?}");
+    assert_eq!(host.instantiations(), 1);
+
+    let ticket = ask(&host, "milk").await;
+    let refused = host.runtime.approve(&ticket, &approver(&host.runtime, &ticket).await).await.unwrap_err();
+    assert!(
+        matches!(&refused, CallError::Approval(toolgate::approval::ApprovalError::CredentialUnreadable { why, .. }) if why.contains(&var)),
+        "{refused}"
+    );
+    assert!(refused.to_string().contains("still pending"), "{refused}");
+    assert_eq!(host.instantiations(), 1, "nothing ran");
+    let pending = host.runtime.store().pending().await.unwrap();
+    assert_eq!(pending.len(), 1, "the ticket was not claimed");
+    assert_eq!(pending[0].ticket_id, ticket);
+
+    // SAFETY: a variable no other test reads.
+    unsafe { std::env::set_var(&var, "tracker-token-0123456789") };
+    let r = host.runtime.approve(&ticket, &approver(&host.runtime, &ticket).await).await.unwrap();
+    assert!(
+        matches!(&r, StepResult::Output { content: toolgate::sandbox::executor::Content::Json(v), .. } if v == &json!({"notes": ["bread", "milk"]})),
+        "{r:?}"
+    );
+}

@@ -150,25 +150,6 @@ fn asked_of_text(r: &AwaitingRecord) -> String {
     }
 }
 
-/// Whether the pending call's Tool receives anything from outside its
-/// arguments — a directory, a host, an `env` grant, pinned data, committed
-/// state — which an unreadable credential makes the host refuse or
-/// withhold. A Tool that cannot be found now is left to the approval
-/// itself to refuse.
-async fn reads_from_outside(runtime: &Runtime, record: &AwaitingRecord) -> bool {
-    let Ok(candidate) = runtime.snapshot().candidate(&record.tool_id, &|_| None) else { return false };
-    let g = &candidate.grant;
-    if !g.mounts.is_empty()
-        || !g.hosts.is_empty()
-        || !g.env.is_empty()
-        || !candidate.installed.component.pinned.is_empty()
-    {
-        return true;
-    }
-    // Unknown state counts as some: refused rather than spend the ticket.
-    runtime.store().tool_state(&record.agent, &record.tool_id).await.map_or(true, |state| !state.is_empty())
-}
-
 /// Decide `ticket` as the human running this command; returns the result
 /// the runtime committed. `digest` (`--digest`): the call digest the
 /// approver was shown by `journal --awaiting`; an approval signed with a key
@@ -186,20 +167,11 @@ pub async fn decide(
         return Err(TicketError::Used(ticket.to_owned()).into());
     }
     show(&record);
-    if matches!(decision, Decision::Approve) && reads_from_outside(runtime, &record).await {
-        // A credential this process cannot read (and so cannot check for)
-        // fails the approved call closed — its files and requests refused,
-        // the output of a call that read its state withheld — and the
-        // single-use ticket would be spent on that: refused here instead.
-        let unreadable: Vec<String> = config.credentials.values().filter_map(|c| c.unreadable()).collect();
-        if !unreadable.is_empty() {
-            bail!(
-                "this process cannot read a configured credential, so the approved call would run with its files \
-                 and requests refused: {}; approve again once it can (from the environment `toolgate serve` runs \
-                 in); nothing was decided and the request is still pending",
-                unreadable.join("; ")
-            );
-        }
+    if matches!(decision, Decision::Approve) {
+        // Asked before the human confirms or signs: a call that would run
+        // failed closed here (a credential this process cannot read) is not
+        // put to them at all. The runtime asks again before its claim.
+        runtime.approvable_here(&record).await?;
     }
     let word = match decision {
         Decision::Approve => "approve",

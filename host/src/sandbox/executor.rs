@@ -42,7 +42,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::authority::narrowing::Access;
 use crate::sandbox::outbound::{self, HttpLimits, OutboundPolicy, Record, Watched};
-use crate::snapshot::EffectiveGrant;
+use crate::snapshot::{Candidate, EffectiveGrant};
 
 use crate::catalog::descriptor::CheckedTool;
 use crate::catalog::{self};
@@ -782,6 +782,33 @@ impl Executor {
             return None;
         }
         self.unhealthy.read().unwrap_or_else(|p| p.into_inner()).get(digest).cloned()
+    }
+
+    /// Why a call of `candidate` with committed `state` would run failed
+    /// closed in this process, or `None` when it would not: a configured
+    /// credential this process has never read leaves nothing to look for
+    /// ([`Watched::Unvouched`]), so whatever the Tool receives from outside
+    /// its arguments — a directory, a host, an `env` grant, pinned data,
+    /// committed state — is refused or its output withheld. An approval
+    /// asks this before it claims the single-use ticket (reads the
+    /// credentials' sources on the blocking pool).
+    pub async fn fails_closed(&self, candidate: &Candidate, state: &BTreeMap<String, String>) -> Option<String> {
+        let g = &candidate.grant;
+        let from_outside = !g.mounts.is_empty()
+            || !g.hosts.is_empty()
+            || !g.env.is_empty()
+            || !candidate.installed.component.pinned.is_empty()
+            || !state.is_empty();
+        if !from_outside || g.watched.is_empty() {
+            return None;
+        }
+        let watch = outbound::SecretWatch::new(g.watched.clone());
+        let watched = tokio::task::spawn_blocking(move || watch.scanner(&outbound::HostRecords::default())).await;
+        match watched {
+            Ok(Watched::Complete(_)) => None,
+            Ok(Watched::Unvouched { credentials, .. }) => Some(credentials.why()),
+            Err(_) => Some("the configured credentials (their check did not finish)".to_owned()),
+        }
     }
 
     /// Run an allowed call with the Tool's committed `state` visible read-only.

@@ -870,6 +870,15 @@ fn call_error(e: CallError, request: Option<&str>) -> ErrorData {
              request: something else wrote the journal); nothing was approved or run and it is still pending — \
              make the same call again to be asked anew, and check who can write the journal"
         ),
+        CallError::Approval(ApprovalError::CredentialUnreadable { why, .. }) => {
+            // Which credential and its fix are the operator's: in the host's log.
+            tracing::warn!("{named} cannot be approved here: this host cannot read {why}");
+            format!(
+                "{named} cannot be approved on this host: it cannot read a configured credential (named in the \
+                 host's log), so the call would run with its files and requests refused; nothing was approved or \
+                 run and it is still pending"
+            )
+        }
         other => other.to_string(),
     };
     ErrorData::internal_error(without_tickets(&message), None)
