@@ -391,39 +391,13 @@ pub fn build(dir: &Path) -> Result<(String, Vec<u8>), ScaffoldError> {
 }
 
 /// Build a Python project with componentize-py inside the project's `.venv`,
-/// created and filled from `requirements.txt` when missing or out of date.
+/// created and filled from `requirements.txt` when missing or out of date
+/// (a changed SDK included: see [`prepare_venv`]).
 fn build_python(dir: &Path, name: &str, module: &str) -> Result<Vec<u8>, ScaffoldError> {
     let dir = &std::path::absolute(dir).map_err(io(dir))?;
     let venv = dir.join(".venv");
     let bin = venv.join("bin");
-    let requirements = dir.join("requirements.txt");
-    let wanted = std::fs::read_to_string(&requirements).map_err(io(&requirements))?;
-    let stamp = venv.join(".toolgate-requirements");
-    let installed = std::fs::read_to_string(&stamp).unwrap_or_default();
-    if installed != wanted || !bin.join("componentize-py").is_file() {
-        if !bin.join("python").is_file() {
-            let python = std::env::var("TOOLGATE_PYTHON").unwrap_or_else(|_| "python3".into());
-            eprintln!("creating {} with {python}", venv.display());
-            let status = Command::new(&python)
-                .args(["-m", "venv"])
-                .arg(&venv)
-                .status()
-                .map_err(|e| ScaffoldError::NoPython(python.clone(), e))?;
-            if !status.success() {
-                return Err(ScaffoldError::Python(format!("`{python} -m venv .venv`")));
-            }
-        }
-        eprintln!("installing requirements.txt into .venv (componentize-py and the SDK; once)");
-        let status = Command::new(bin.join("python"))
-            .current_dir(dir)
-            .args(["-m", "pip", "install", "--disable-pip-version-check", "-q", "-r", "requirements.txt"])
-            .status()
-            .map_err(|e| ScaffoldError::NoPython(bin.join("python").display().to_string(), e))?;
-        if !status.success() {
-            return Err(ScaffoldError::Python("`pip install -r requirements.txt`".into()));
-        }
-        std::fs::write(&stamp, &wanted).map_err(io(&stamp))?;
-    }
+    prepare_venv(dir)?;
     // The SDK knows where its WIT is; ask the venv's Python, not a guess.
     let out = Command::new(bin.join("python"))
         .args(["-c", "import toolgate_sdk; print(toolgate_sdk.wit_dir())"])
@@ -464,6 +438,229 @@ fn build_python(dir: &Path, name: &str, module: &str) -> Result<Vec<u8>, Scaffol
         return Err(ScaffoldError::Python("componentize-py".into()));
     }
     std::fs::read(&output).map_err(io(&output))
+}
+
+/// Create the project's `.venv` when missing and install what it lacks: all
+/// of `requirements.txt` when that changed (or componentize-py is missing),
+/// else only the local packages it names (`name @ file://…`, the toolgate SDK)
+/// whose files changed, else nothing (no pip run).
+///
+/// `.venv/.toolgate-requirements` records what was installed: each local
+/// package's digest and requirements.txt's text. It is removed before pip
+/// runs and written only after pip succeeded, so an interrupted or failed
+/// install never reads as complete.
+fn prepare_venv(dir: &Path) -> Result<(), ScaffoldError> {
+    let venv = dir.join(".venv");
+    let bin = venv.join("bin");
+    let requirements = dir.join("requirements.txt");
+    let wanted = std::fs::read_to_string(&requirements).map_err(io(&requirements))?;
+    let sources: Vec<(PathBuf, String)> = local_sources(&wanted)
+        .into_iter()
+        .map(|path| {
+            let digest = source_digest(&path);
+            (path, digest)
+        })
+        .collect();
+    let stamp = venv.join(".toolgate-requirements");
+    let installed = std::fs::read_to_string(&stamp).unwrap_or_default();
+    let install = match (bin.join("componentize-py").is_file(), bin.join("python").is_file()) {
+        (true, true) => venv_plan(&installed, &wanted, &sources),
+        _ => Install::All,
+    };
+    if install == Install::Nothing {
+        return Ok(());
+    }
+    if !bin.join("python").is_file() {
+        let python = std::env::var("TOOLGATE_PYTHON").unwrap_or_else(|_| "python3".into());
+        eprintln!("creating {} with {python}", venv.display());
+        let status = Command::new(&python)
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .map_err(|e| ScaffoldError::NoPython(python.clone(), e))?;
+        if !status.success() {
+            return Err(ScaffoldError::Python(format!("`{python} -m venv .venv`")));
+        }
+    }
+    match std::fs::remove_file(&stamp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&stamp)(e)),
+        _ => {}
+    }
+    let mut pip = Command::new(bin.join("python"));
+    pip.current_dir(dir).args(["-m", "pip", "install", "--disable-pip-version-check", "-q"]);
+    let what = match &install {
+        Install::All => {
+            eprintln!("installing requirements.txt into .venv (componentize-py and the SDK)");
+            pip.args(["-r", "requirements.txt"]);
+            "`pip install -r requirements.txt`".to_owned()
+        }
+        Install::Changed(paths) => {
+            for path in paths {
+                eprintln!("reinstalling {} into .venv (its files changed)", path.display());
+            }
+            // Same version, new files: pip keeps an installed wheel unless forced.
+            pip.arg("--force-reinstall").args(paths);
+            "`pip install --force-reinstall` of the changed SDK".to_owned()
+        }
+        Install::Nothing => unreachable!(),
+    };
+    let status = pip.status().map_err(|e| ScaffoldError::NoPython(bin.join("python").display().to_string(), e))?;
+    if !status.success() {
+        return Err(ScaffoldError::Python(what));
+    }
+    std::fs::write(&stamp, stamp_text(&wanted, &sources)).map_err(io(&stamp))?;
+    Ok(())
+}
+
+/// What `toolgate build` installs into a venv that exists.
+#[derive(Debug, PartialEq)]
+enum Install {
+    /// The venv is current: no pip run.
+    Nothing,
+    /// requirements.txt is as installed; these local packages changed.
+    Changed(Vec<PathBuf>),
+    /// requirements.txt changed, or the stamp is unreadable.
+    All,
+}
+
+const STAMP_HEADER: &str = "toolgate build: installed into this venv\n";
+const STAMP_REQUIREMENTS: &str = "requirements.txt:\n";
+
+/// The stamp of a venv holding `requirements` and the local packages with
+/// these digests.
+fn stamp_text(requirements: &str, sources: &[(PathBuf, String)]) -> String {
+    let mut text = STAMP_HEADER.to_owned();
+    for (path, digest) in sources {
+        text.push_str(&format!("local {digest} {}\n", path.display()));
+    }
+    text + STAMP_REQUIREMENTS + requirements
+}
+
+/// Whether the venv stamped `installed` holds `requirements` and the local
+/// packages `sources` (path, digest) it names. A stamp without digests (an
+/// older toolgate's: requirements.txt alone) says nothing of the SDK in the
+/// venv, so the local packages are reinstalled.
+fn venv_plan(installed: &str, requirements: &str, sources: &[(PathBuf, String)]) -> Install {
+    let (stamped, installed_requirements) = match installed.strip_prefix(STAMP_HEADER) {
+        Some(rest) => {
+            let line = rest.match_indices(STAMP_REQUIREMENTS).find(|&(at, _)| at == 0 || rest[..at].ends_with('\n'));
+            let Some((at, _)) = line else {
+                return Install::All;
+            };
+            let digests: Vec<&str> = rest[..at].lines().collect();
+            (digests, &rest[at + STAMP_REQUIREMENTS.len()..])
+        }
+        None => (Vec::new(), installed),
+    };
+    if installed_requirements != requirements {
+        return Install::All;
+    }
+    let changed: Vec<PathBuf> = sources
+        .iter()
+        .filter(|(path, digest)| !stamped.contains(&format!("local {digest} {}", path.display()).as_str()))
+        .map(|(path, _)| path.clone())
+        .collect();
+    if changed.is_empty() { Install::Nothing } else { Install::Changed(changed) }
+}
+
+/// The local paths `requirements` installs from: `name @ file:///path` lines
+/// (how `toolgate new` names the SDK).
+fn local_sources(requirements: &str) -> Vec<PathBuf> {
+    let mut paths = Vec::new();
+    for line in requirements.lines() {
+        let line = line.trim();
+        if line.starts_with('#') {
+            continue;
+        }
+        let Some((_, url)) = line.split_once("@") else { continue };
+        let Some(rest) = url.trim_start().strip_prefix("file://") else { continue };
+        // An environment marker or a comment ends the URL.
+        let end = [" ;", ";", " #"].iter().filter_map(|s| rest.find(s)).min().unwrap_or(rest.len());
+        let path = percent_decode(rest[..end].trim());
+        let path = path.strip_prefix("localhost").unwrap_or(&path);
+        if !path.is_empty() && !paths.iter().any(|p: &PathBuf| p == Path::new(path)) {
+            paths.push(PathBuf::from(path));
+        }
+    }
+    paths
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A digest of what pip installs from the local package at `path`: every
+/// file's relative path and bytes (a file: its bytes), leaving out what
+/// building it writes into its tree (`build`, `dist`, `*.egg-info`),
+/// bytecode, hidden entries and its `tests`. Unreadable parts are recorded as
+/// such, so a later readable state differs.
+fn source_digest(path: &Path) -> String {
+    use sha2::{Digest, Sha256};
+    fn walk(dir: &Path, rel: &str, depth: usize, hash: &mut Sha256) {
+        let mut entries: Vec<(String, PathBuf)> = match std::fs::read_dir(dir) {
+            Ok(entries) => entries
+                .filter_map(Result::ok)
+                .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
+                .collect(),
+            Err(e) => {
+                hash.update(format!("unreadable {rel} {:?}\0", e.kind()));
+                return;
+            }
+        };
+        entries.sort();
+        for (name, path) in entries {
+            let skip = name.starts_with('.')
+                || name == "__pycache__"
+                || name.ends_with(".egg-info")
+                || name.ends_with(".pyc")
+                || (depth == 0 && matches!(name.as_str(), "build" | "dist" | "tests"));
+            if skip {
+                continue;
+            }
+            let rel = format!("{rel}/{name}");
+            // Follows symlinks, as the build does.
+            if path.is_dir() {
+                if depth < 32 {
+                    hash.update(format!("dir {rel}\0"));
+                    walk(&path, &rel, depth + 1, hash);
+                }
+            } else {
+                file(&path, &rel, hash);
+            }
+        }
+    }
+    fn file(path: &Path, rel: &str, hash: &mut Sha256) {
+        match std::fs::read(path) {
+            Ok(bytes) => {
+                hash.update(format!("file {rel} {}\0", bytes.len()));
+                hash.update(&bytes);
+            }
+            Err(e) => hash.update(format!("unreadable {rel} {:?}\0", e.kind())),
+        }
+    }
+    let mut hash = Sha256::new();
+    if path.is_dir() {
+        walk(path, "", 0, &mut hash);
+    } else {
+        file(path, "", &mut hash);
+    }
+    format!("sha256:{}", hex::encode(hash.finalize()))
 }
 
 #[cfg(test)]
@@ -509,5 +706,94 @@ mod tests {
         let empty = tempfile::tempdir().unwrap();
         let e = project(empty.path()).unwrap_err().to_string();
         assert!(e.contains("Cargo.toml or pyproject.toml") && e.contains("toolgate new"), "{e}");
+    }
+
+    /// `toolgate build`'s install step against a stand-in for the venv's
+    /// Python that logs each pip run: an unchanged venv runs no pip, a changed
+    /// SDK (same requirements.txt) is reinstalled, and only it, and a failed
+    /// install leaves no stamp saying it is complete.
+    #[cfg(unix)]
+    #[test]
+    fn a_changed_sdk_is_reinstalled_and_an_unchanged_venv_runs_no_pip() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let write = |path: &Path, text: &str| {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        };
+        // A copy of an SDK, what the project's requirements.txt installs from.
+        let sdk = tmp.path().join("sdk");
+        write(&sdk.join("pyproject.toml"), "[project]\nname = \"toolgate-sdk\"\nversion = \"0.1.0\"\n");
+        let init = sdk.join("toolgate_sdk/__init__.py");
+        write(&init, "def dispatch(): ...\n");
+        let project = tmp.path().join("p");
+        write(&project.join("requirements.txt"), &requirements_txt(&sdk));
+        let log = tmp.path().join("pip.log");
+        let fail = tmp.path().join("fail");
+        let python = project.join(".venv/bin/python");
+        write(&python, &format!("#!/bin/sh\necho \"$*\" >> '{}'\ntest ! -e '{}'\n", log.display(), fail.display()));
+        std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755)).unwrap();
+        write(&project.join(".venv/bin/componentize-py"), "");
+        let runs = || std::fs::read_to_string(&log).unwrap_or_default().lines().map(str::to_owned).collect::<Vec<_>>();
+
+        prepare_venv(&project).unwrap();
+        assert_eq!(runs().len(), 1);
+        assert!(runs()[0].contains("-r requirements.txt"), "{:?}", runs());
+        prepare_venv(&project).unwrap();
+        assert_eq!(runs().len(), 1, "an unchanged venv runs no pip");
+        // What building the SDK leaves in its tree, and bytecode, are not the SDK.
+        write(&sdk.join("build/lib/toolgate_sdk/__init__.py"), "old\n");
+        write(&sdk.join("toolgate_sdk.egg-info/PKG-INFO"), "x\n");
+        write(&sdk.join("toolgate_sdk/__pycache__/__init__.cpython-311.pyc"), "x\n");
+        prepare_venv(&project).unwrap();
+        assert_eq!(runs().len(), 1, "build products changed nothing: {:?}", runs());
+
+        // The SDK changed, requirements.txt did not: the SDK is reinstalled, only it.
+        write(&init, "def dispatch(): fixed\n");
+        prepare_venv(&project).unwrap();
+        assert_eq!(runs().len(), 2, "a changed SDK is reinstalled");
+        let last = runs()[1].clone();
+        assert!(last.contains("--force-reinstall") && last.contains(&sdk.display().to_string()), "{last}");
+        assert!(!last.contains("requirements.txt"), "only the SDK: {last}");
+        prepare_venv(&project).unwrap();
+        assert_eq!(runs().len(), 2);
+
+        // A failed install (the venv half changed) leaves no stamp that says
+        // it is complete, even once the SDK is back to what was stamped.
+        write(&init, "def dispatch(): newer\n");
+        write(&fail, "");
+        assert!(prepare_venv(&project).is_err());
+        assert_eq!(runs().len(), 3);
+        std::fs::remove_file(&fail).unwrap();
+        write(&init, "def dispatch(): fixed\n");
+        prepare_venv(&project).unwrap();
+        assert_eq!(runs().len(), 4, "after a failure the next build installs again");
+        prepare_venv(&project).unwrap();
+        assert_eq!(runs().len(), 4);
+
+        // A stamp an older toolgate wrote (requirements.txt alone) says
+        // nothing of the SDK: it is reinstalled.
+        write(&project.join(".venv/.toolgate-requirements"), &requirements_txt(&sdk));
+        prepare_venv(&project).unwrap();
+        assert_eq!(runs().len(), 5);
+        assert!(runs()[4].contains("--force-reinstall"), "{:?}", runs());
+        prepare_venv(&project).unwrap();
+        assert_eq!(runs().len(), 5);
+    }
+
+    /// The local packages a requirements.txt installs from, as pip reads
+    /// their `file://` URLs.
+    #[test]
+    fn local_sources_are_the_file_urls_of_requirements() {
+        let text = format!(
+            "# toolgate-sdk @ file:///commented/out\n{COMPONENTIZE_PY}\n\
+             toolgate-sdk @ file:///opt/guest-sdk/python\n\
+             other @ file://localhost/a%20b ; python_version >= \"3.10\"\n\
+             remote @ https://example.com/x.whl\n\
+             again @ file:///opt/guest-sdk/python\n"
+        );
+        let want: Vec<PathBuf> = vec!["/opt/guest-sdk/python".into(), "/a b".into()];
+        assert_eq!(local_sources(&text), want);
+        assert_eq!(local_sources(&requirements_txt(Path::new("/x/python"))), vec![PathBuf::from("/x/python")]);
     }
 }
