@@ -33,7 +33,9 @@ use crate::authority::narrowing::ToolCapabilityNarrowing;
 use crate::config::{Config, Restriction};
 use crate::keys::TrustedKeys;
 use crate::policy::gate::{self, GateOutcome, ToolCall, ToolPermissionVerdict};
-use crate::sandbox::executor::{Captured, Content, Execution, Executor, ExecutorError, GuestCommand, ToolFailure};
+use crate::sandbox::executor::{
+    Captured, Content, Execution, Executor, ExecutorError, FailsClosed, GuestCommand, ToolFailure,
+};
 use crate::snapshot::{Candidate, ExecutableAgentSnapshot};
 use crate::store::{
     ApprovedBy, AskScope, AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, PriorAsk, RunRecord,
@@ -537,7 +539,7 @@ impl Runtime {
     }
 
     async fn decide(&self, ticket_id: &str, decision: Decision, approval: &Approval) -> Result<StepResult, CallError> {
-        let now = now();
+        let at = now();
         // Everything that can refuse is checked before the claim: a refusal changes nothing.
         let record = self.store.awaiting(ticket_id).await?.ok_or_else(|| TicketError::Unknown(ticket_id.to_owned()))?;
         if record.agent != self.snapshot.agent() {
@@ -546,7 +548,7 @@ impl Runtime {
         if record.state != "pending" {
             return Err(TicketError::Used(ticket_id.to_owned()).into());
         }
-        if record.expires_at <= now {
+        if record.expires_at <= at {
             return Err(TicketError::Expired(ticket_id.to_owned()).into());
         }
         let approved_by = approval::verify(
@@ -555,13 +557,16 @@ impl Runtime {
             &decision,
             &self.settings.approvers,
             approval::mcp_elicitation_in_effect(self.settings.mcp_elicitation, &self.settings.approvers),
-            now,
+            at,
         )?;
         if matches!(decision, Decision::Approve) {
             self.approvable_here(&record).await?;
         }
         let in_conversation = approval.in_conversation();
-        let ticket = self.store.claim_ticket(ticket_id, now, &self.holder).await??;
+        // Read again: the checks above waited on the journal and the
+        // credentials' sources, and the claim holds the ticket's expiry and
+        // this host's heartbeat to the time it is made.
+        let ticket = self.store.claim_ticket(ticket_id, now(), &self.holder).await??;
         let _alive = self.heartbeat_while_held();
         let r = ticket.record().clone();
         let call = stored_call(&r);
@@ -649,37 +654,45 @@ impl Runtime {
         }
     }
 
-    /// Whether `record`'s call can be approved in this process: refused
-    /// (before the claim, by [`Runtime::approve`] too) when it would run failed
-    /// closed here ([`Executor::fails_closed`]: a credential this process
-    /// has never read): the single-use ticket is not spent on a call that
-    /// cannot deliver, and stays pending for a process that can read it. A
-    /// Tool not found now is left to the approval to settle. Asked of the
-    /// run's view, as the approved call will be: a restriction that takes
-    /// the Tool's directories away takes what would fail with them.
-    pub async fn approvable_here(&self, record: &AwaitingRecord) -> Result<(), CallError> {
+    /// Whether `record`'s call would run failed closed in this process if
+    /// approved now ([`Executor::fails_closed`]: a configured credential
+    /// this process has never read), asked of the run's view as the
+    /// approved call will be (a restriction that takes the Tool's
+    /// directories away takes what would fail with them); `None` when it
+    /// would not, or the Tool is not found now (the approval settles that).
+    /// An approver running the call in another process than the host's
+    /// (`toolgate approve` in a shell without the credential) refuses on
+    /// either kind; [`Runtime::approve`] refuses on
+    /// [`FailsClosed::Certainly`] only ([`Runtime::approvable_here`]).
+    pub async fn fails_closed_here(&self, record: &AwaitingRecord) -> Result<Option<FailsClosed>, CallError> {
         let (mut snapshot, _) = self.run_view(self.snapshot.clone(), &record.run_id).await?;
         for restriction in asked_under(record) {
             snapshot = snapshot.restricted(restriction);
         }
-        let Ok(candidate) = snapshot.candidate(&record.tool_id, &|_| None) else { return Ok(()) };
+        let Ok(candidate) = snapshot.candidate(&record.tool_id, &|_| None) else { return Ok(None) };
         if candidate.grant.watched.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
-        // State that cannot be read counts as some: refused rather than spend the ticket.
+        // State that cannot be read counts as some.
         let state = self
             .store
             .tool_state(&record.agent, &record.tool_id)
             .await
             .unwrap_or_else(|_| BTreeMap::from([(String::new(), String::new())]));
-        match self.executor.fails_closed(&candidate, &state).await {
-            None => Ok(()),
-            Some(why) => Err(ApprovalError::CredentialUnreadable {
-                ticket: record.ticket_id.clone(),
-                request: record.call_id.clone(),
-                why,
-            }
-            .into()),
+        Ok(self.executor.fails_closed(&candidate, &state).await)
+    }
+
+    /// Refused, before the claim, when `record`'s call would run failed
+    /// closed here whatever its Tool does ([`FailsClosed::Certainly`]): the
+    /// single-use ticket is not spent on a call that cannot deliver, and
+    /// stays pending for a process that can read the credential. A call
+    /// that only may fail (it reads a file, makes a request) is approved:
+    /// an allowed call of it runs in this process the same way, and the
+    /// executor withholds what it cannot vouch for.
+    pub async fn approvable_here(&self, record: &AwaitingRecord) -> Result<(), CallError> {
+        match self.fails_closed_here(record).await? {
+            Some(FailsClosed::Certainly(why)) => Err(unreadable(record, why)),
+            _ => Ok(()),
         }
     }
 
@@ -697,6 +710,12 @@ impl Runtime {
             }
         }))
     }
+}
+
+/// [`ApprovalError::CredentialUnreadable`] for `record`.
+pub fn unreadable(record: &AwaitingRecord, why: String) -> CallError {
+    let (ticket, request) = (record.ticket_id.clone(), record.call_id.clone());
+    ApprovalError::CredentialUnreadable { ticket, request, why }.into()
 }
 
 fn narrowing_name(n: ToolCapabilityNarrowing) -> &'static str {

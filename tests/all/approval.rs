@@ -582,26 +582,36 @@ async fn another_agent_cannot_continue_a_run() {
 
 /// An approval is refused before its claim — by the runtime, whatever
 /// channel decides (here an embedder's dialog) — while this process has
-/// never read a configured credential and the Tool receives something from
-/// outside its arguments (here its committed state): the call would run
-/// failed closed and spend the single-use ticket. Nothing runs, the ticket
-/// stays pending, and once the credential can be read the same approval
-/// runs the call. A Tool that receives nothing (empty state) is approved.
+/// never read a configured credential and the call would run failed closed
+/// whatever its Tool does (an `env` grant's values are handed over at
+/// start, so its output would be withheld): it would spend the single-use
+/// ticket on nothing. Nothing runs, the ticket stays pending, and once the
+/// credential can be read the same approval runs the call. A call that only
+/// may fail closed (it may read its state) is approved, as an allowed call
+/// of it runs in this process (`toolgate approve`, which runs the call in
+/// the approver's shell, refuses that too: `cli.rs`).
 #[tokio::test]
 async fn an_approval_that_would_run_failed_closed_is_refused_before_the_claim() {
     let var = format!("TOOLGATE_APPROVAL_UNSET_{}", std::process::id());
+    let credential = format!(
+        "[credentials.tracker]\nsource = {{ env = \"{var}\" }}\ndestinations = [\"https://tracker.example:443\"]\n\
+         apply = {{ header = {{ name = \"Authorization\", format = \"Bearer {{}}\" }} }}\n"
+    );
+    // Possibly: committed state the Tool may read. Approved.
+    let host = text_and_notes_in(toolgate_tests::Lang::Rust, &credential);
+    for note in ["bread", "milk"] {
+        let ticket = ask(&host, note).await;
+        let approval = approver(&host.runtime, &ticket).await;
+        let r = host.runtime.approve(&ticket, &approval).await;
+        assert!(r.is_ok(), "{note}: approved, run as an allowed call would be: {r:?}");
+    }
+    assert_eq!(host.instantiations(), 2);
+
+    // Certainly: an `env` grant.
     let host = text_and_notes_in(
         toolgate_tests::Lang::Rust,
-        &format!(
-            "[credentials.tracker]\nsource = {{ env = \"{var}\" }}\ndestinations = [\"https://tracker.example:443\"]\n\
-             apply = {{ header = {{ name = \"Authorization\", format = \"Bearer {{}}\" }} }}\n"
-        ),
+        &format!("{credential}\n[[grants]]\ntools = \"notes\"\nenv = {{ MODE = \"test\" }}\n"),
     );
-    let first = ask(&host, "bread").await;
-    let r = host.runtime.approve(&first, &approver(&host.runtime, &first).await).await.unwrap();
-    assert!(matches!(r, StepResult::Output { .. }), "empty state: nothing from outside, approved: {r:?}");
-    assert_eq!(host.instantiations(), 1);
-
     let ticket = ask(&host, "milk").await;
     let refused = host.runtime.approve(&ticket, &approver(&host.runtime, &ticket).await).await.unwrap_err();
     assert!(
@@ -609,7 +619,7 @@ async fn an_approval_that_would_run_failed_closed_is_refused_before_the_claim() 
         "{refused}"
     );
     assert!(refused.to_string().contains("still pending"), "{refused}");
-    assert_eq!(host.instantiations(), 1, "nothing ran");
+    assert_eq!(host.instantiations(), 0, "nothing ran");
     let pending = host.runtime.store().pending().await.unwrap();
     assert_eq!(pending.len(), 1, "the ticket was not claimed");
     assert_eq!(pending[0].ticket_id, ticket);
@@ -618,7 +628,7 @@ async fn an_approval_that_would_run_failed_closed_is_refused_before_the_claim() 
     unsafe { std::env::set_var(&var, "tracker-token-0123456789") };
     let r = host.runtime.approve(&ticket, &approver(&host.runtime, &ticket).await).await.unwrap();
     assert!(
-        matches!(&r, StepResult::Output { content: toolgate::sandbox::executor::Content::Json(v), .. } if v == &json!({"notes": ["bread", "milk"]})),
+        matches!(&r, StepResult::Output { content: toolgate::sandbox::executor::Content::Json(v), .. } if v == &json!({"notes": ["milk"]})),
         "{r:?}"
     );
 }

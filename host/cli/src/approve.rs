@@ -168,10 +168,14 @@ pub async fn decide(
     }
     show(&record);
     if matches!(decision, Decision::Approve) {
-        // Asked before the human confirms or signs: a call that would run
-        // failed closed here (a credential this process cannot read) is not
-        // put to them at all. The runtime asks again before its claim.
-        runtime.approvable_here(&record).await?;
+        // Asked before the human confirms or signs. The approved call runs
+        // in this process, which may lack a credential the host that asked
+        // has (a shell without `toolgate serve`'s environment): a call that
+        // would or may run failed closed here is not put to them at all —
+        // approving it from the host's environment runs it whole.
+        if let Some(fails) = runtime.fails_closed_here(&record).await? {
+            return Err(toolgate::runtime::unreadable(&record, fails.why().to_owned()).into());
+        }
     }
     let word = match decision {
         Decision::Approve => "approve",

@@ -523,6 +523,25 @@ struct Prepared {
     optimizing: AtomicBool,
 }
 
+/// How surely a call would run failed closed ([`Executor::fails_closed`]),
+/// with what the host cannot check for (each credential, why, the fix).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FailsClosed {
+    /// Whatever the guest does: its output will be withheld.
+    Certainly(String),
+    /// If the guest reads what it may (a file, a response, its state).
+    Possibly(String),
+}
+
+impl FailsClosed {
+    /// What the host cannot check for.
+    pub fn why(&self) -> &str {
+        match self {
+            FailsClosed::Certainly(why) | FailsClosed::Possibly(why) => why,
+        }
+    }
+}
+
 /// The sandbox.
 pub struct Executor {
     optimized: Tier,
@@ -784,31 +803,34 @@ impl Executor {
         self.unhealthy.read().unwrap_or_else(|p| p.into_inner()).get(digest).cloned()
     }
 
-    /// Why a call of `candidate` with committed `state` would run failed
-    /// closed in this process, or `None` when it would not: a configured
-    /// credential this process has never read leaves nothing to look for
-    /// ([`Watched::Unvouched`]), so whatever the Tool receives from outside
-    /// its arguments — a directory, a host, an `env` grant, pinned data,
-    /// committed state — is refused or its output withheld. An approval
-    /// asks this before it claims the single-use ticket (reads the
-    /// credentials' sources on the blocking pool).
-    pub async fn fails_closed(&self, candidate: &Candidate, state: &BTreeMap<String, String>) -> Option<String> {
+    /// Whether a call of `candidate` with committed `state` would run
+    /// failed closed in this process, and why; `None` when it would not. A
+    /// configured credential this process has never read leaves nothing to
+    /// look for ([`Watched::Unvouched`]): the output of a call that received
+    /// anything from outside its arguments is withheld, its files with bytes
+    /// and its requests refused. [`FailsClosed::Certainly`] when the guest
+    /// receives something whatever it does (an `env` grant's values, handed
+    /// over at start); [`FailsClosed::Possibly`] when it may (a directory, a
+    /// host, pinned data, committed state: only what it reads counts).
+    /// Reads the credentials' sources on the blocking pool.
+    pub async fn fails_closed(&self, candidate: &Candidate, state: &BTreeMap<String, String>) -> Option<FailsClosed> {
         let g = &candidate.grant;
-        let from_outside = !g.mounts.is_empty()
+        let certainly = !g.env.is_empty();
+        let possibly = !g.mounts.is_empty()
             || !g.hosts.is_empty()
-            || !g.env.is_empty()
             || !candidate.installed.component.pinned.is_empty()
             || !state.is_empty();
-        if !from_outside || g.watched.is_empty() {
+        if !(certainly || possibly) || g.watched.is_empty() {
             return None;
         }
         let watch = outbound::SecretWatch::new(g.watched.clone());
         let watched = tokio::task::spawn_blocking(move || watch.scanner(&outbound::HostRecords::default())).await;
-        match watched {
-            Ok(Watched::Complete(_)) => None,
-            Ok(Watched::Unvouched { credentials, .. }) => Some(credentials.why()),
-            Err(_) => Some("the configured credentials (their check did not finish)".to_owned()),
-        }
+        let why = match watched {
+            Ok(Watched::Complete(_)) => return None,
+            Ok(Watched::Unvouched { credentials, .. }) => credentials.why(),
+            Err(_) => "the configured credentials (their check did not finish)".to_owned(),
+        };
+        Some(if certainly { FailsClosed::Certainly(why) } else { FailsClosed::Possibly(why) })
     }
 
     /// Run an allowed call with the Tool's committed `state` visible read-only.

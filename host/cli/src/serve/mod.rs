@@ -592,6 +592,12 @@ impl McpServer {
                        the human was not asked";
             return Ok(still_pending(name, correlation, why));
         };
+        // A call that would run failed closed here whatever it does (a
+        // credential this host cannot read) cannot be approved: the human is
+        // not asked for an answer that would be refused.
+        if let Err(e) = runtime.approvable_here(&record).await {
+            return Err(call_error(e, Some(correlation)));
+        }
         let shown = record.call_digest();
         let question = elicitation(&record.tool_id, &record.arguments);
         let modern = context.protocol_version().is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
