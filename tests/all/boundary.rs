@@ -1277,6 +1277,47 @@ default = "allow"
     unsafe { std::env::remove_var(&var) };
 }
 
+/// The host's own secrets are watched in names and link targets as the
+/// configured credentials are (the same watch): a name holding the
+/// `serve.state_key` (hex) is left out of a listing, a link whose target is
+/// a `[[serve.auth]]` token is refused; each record names the field.
+#[tokio::test]
+async fn the_hosts_own_secrets_are_kept_out_of_listings_and_link_targets() {
+    const TOKEN: &str = "tg-adm1n/l1nk+t0ken=Zr7";
+    const KEY: &str = "st4te-k3y-in-a-f1le-name-0123456789";
+    let var = format!("TOOLGATE_BOUNDARY_LINK_TOKEN_{}", std::process::id());
+    // SAFETY (edition 2024): the variable is this test's own.
+    unsafe { std::env::set_var(&var, TOKEN) };
+    let w = world_with(
+        &format!(
+            "\n[serve]\nauth = [{{ agent = \"default\", token = {{ env = \"{var}\" }} }}]\nstate_key = {{ file = \"state.key\" }}\n"
+        ),
+        "",
+    );
+    let d = w.host.dir.path();
+    std::fs::write(d.join("state.key"), format!("{KEY}\n")).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(d.join("state.key"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::write(d.join("data").join(encode("hex", KEY)), "").unwrap();
+    std::os::unix::fs::symlink(TOKEN, d.join("data/link")).unwrap();
+    let seen = thief(&w.host, json!({"op": "list", "target": "/data"})).await;
+    assert!(seen.starts_with("ok: ") && seen.contains("\"a.txt\"") && !seen.contains(&encode("hex", KEY)), "{seen}");
+    let records = host_records(&w.host).await;
+    assert!(
+        records.iter().any(|r| r.contains("listing of \"/data\" was left out") && r.contains("`serve.state_key`")),
+        "{records:?}"
+    );
+    let seen = thief(&w.host, json!({"op": "readlink", "target": "/data/link"})).await;
+    assert!(seen.starts_with("err: ") && !seen.contains(TOKEN), "{seen}");
+    let records = host_records(&w.host).await;
+    assert!(
+        records.iter().any(|r| r.contains("link \"/data/link\" was refused") && r.contains("`serve.auth[0].token`")),
+        "{records:?}"
+    );
+    // SAFETY: as above.
+    unsafe { std::env::remove_var(&var) };
+}
+
 /// One of the host's own secrets that this process cannot read (the
 /// `[[serve.auth]]` token's variable is set only where `serve --http` runs;
 /// a `toolgate call` or `toolgate approve` in another shell lacks it) is not

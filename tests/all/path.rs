@@ -383,6 +383,23 @@ async fn only_the_snapshots_own_candidate_becomes_an_allowed_call() {
     let mut forged = (*upper).clone();
     forged.installed = notes.installed.clone();
     assert!(matches!(GateOutcome::decide(&snapshot, &forged, &upper_call), GateOutcome::Blocked { .. }));
+    // A copy holding more authority than was granted: an `env` grant, an
+    // outbound host, a credential, the watched secrets taken away.
+    let widened: [fn(&mut toolgate::snapshot::Candidate); 4] = [
+        |c| c.grant.env.push(("HOME".into(), "/root".into())),
+        |c| {
+            c.grant.hosts = std::sync::Arc::from(vec![
+                toolgate::authority::destination::Destination::parse("https://evil.example:443", false).unwrap(),
+            ])
+        },
+        |c| c.grant.credentials = c.grant.watched.clone(),
+        |c| c.grant.watched = std::sync::Arc::from(Vec::new()),
+    ];
+    for widen in widened {
+        let mut forged = (*upper).clone();
+        widen(&mut forged);
+        assert!(matches!(GateOutcome::decide(&snapshot, &forged, &upper_call), GateOutcome::Blocked { .. }));
+    }
     // The allowed Tool's candidate for another Tool's call.
     let notes_call = call("notes");
     assert!(matches!(GateOutcome::decide(&snapshot, &upper, &notes_call), GateOutcome::Blocked { .. }));
