@@ -749,3 +749,43 @@ async fn stalled_session() {
         assert_eq!(m["method"], "notifications/tools/list_changed", "{m}");
     }
 }
+
+/// A call that would run failed closed here whatever it does — an `env`
+/// grant while this host has never read a configured credential — cannot
+/// be approved, so the human is not asked (their answer would be refused,
+/// and the model's retry would ask again): the call is answered that it
+/// cannot be approved on this host, naming the request and no ticket, and
+/// the request stays pending for a host that can read the credential.
+#[tokio::test]
+async fn an_ask_that_cannot_be_approved_here_is_not_put_to_the_human() {
+    within_a_minute(ask_that_cannot_be_approved_here()).await;
+}
+
+async fn ask_that_cannot_be_approved_here() {
+    let var = format!("TOOLGATE_SERVE_NEVER_SET_{}", std::process::id());
+    let dir = serve_dir(&format!(
+        "\n[credentials.tracker]\nsource = {{ env = \"{var}\" }}\ndestinations = [\"https://tracker.example:443\"]\n\
+         apply = {{ header = {{ name = \"Authorization\", format = \"Bearer {{}}\" }} }}\n\
+         [[grants]]\ntools = \"notes\"\nenv = {{ MODE = \"test\" }}\n"
+    ));
+    let server = server(dir.path(), settings(KEEP_ASKING)).await;
+    let store = server.shared.runtimes.read().unwrap().base.store().clone();
+    let mut c = Client::connect(server);
+    c.send(serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {"elicitation": {}},
+        "clientInfo": {"name": "test", "version": "1"}}}))
+        .await;
+    assert!(c.receive().await["result"]["protocolVersion"].is_string());
+    c.send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+    c.send(serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "notes", "arguments": {"op": "add", "note": "n"}}}))
+        .await;
+    let done = c.receive().await;
+    assert_eq!(done["id"], 2, "answered, not asked: {done}");
+    let message = done["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("cannot be approved on this host") && message.contains("still pending"), "{done}");
+    assert!(!done.to_string().contains("tkt-") && !message.contains(&var), "{done}");
+    let pending = store.pending().await.unwrap();
+    assert_eq!(pending.len(), 1, "still pending: {pending:?}");
+    assert!(message.contains(&pending[0].call_id), "names the request: {done}");
+}
