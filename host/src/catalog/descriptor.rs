@@ -53,8 +53,8 @@ pub const MAX_SCHEMA_WORK: u64 = 10_000;
 /// Most passes over one node of a value (its text, its member names, or
 /// for `uniqueItems` its items) that validating it against a schema may
 /// make, counted as [`MAX_SCHEMA_WORK`] is: a `pattern`, a
-/// `patternProperties` pattern, `uniqueItems`, and in drafts 4 to 7 a
-/// `format`, `contentEncoding` or `contentMediaType` count 16 passes
+/// `patternProperties` pattern, `uniqueItems`, a `format`, and in drafts
+/// 4 to 7 a `contentEncoding` or `contentMediaType` count 16 passes
 /// (a regular expression or a format's parser: up to ~70 ns a byte in a
 /// debug build), a `minLength` or `maxLength` over 64 or an `enum` of
 /// more than 10 strings one. A pass costs time in proportion to the node's
@@ -390,14 +390,57 @@ fn compile_schema(schema: &serde_json::Value, steps: &mut work::Steps) -> Result
     // fancy-regex, backtracks on look-around and back-references (a crafted
     // pattern cost ~10^6 steps per string, times every string of a value).
     // Linear is in the compiled size too: bounded, see MAX_PATTERN_BYTES.
+    // jsonschema translates a pattern to ECMA-262 meaning before either
+    // engine compiles it, as Ajv matches it: `\d` is `[0-9]`, `\w`
+    // `[A-Za-z0-9_]`, `\s` ECMA's white space, `.` no line terminator (so
+    // `"٣"` fails `^\d$` here as in the client). Except `\b` and `\B`, left
+    // as Rust's Unicode word boundary: beside a non-ASCII letter or digit
+    // they differ (`é\b` matches `"éa"` in the client, not here).
     let linear = jsonschema::PatternOptions::regex().size_limit(MAX_PATTERN_BYTES);
+    // `format` asserted in every draft, as the clients that receive the
+    // listed schemas check it (the MCP TypeScript SDK: Ajv with
+    // ajv-formats): jsonschema's default makes it an annotation from 2019-09
+    // on, and a schema without `$schema` is 2020-12, so output that broke a
+    // declared `date-time` was committed and sent as structured content the
+    // client then threw on, after the call's effects ran. Each format is a
+    // hand-written parser, linear in the string, except `regex`: see
+    // [`regex_format`].
     let validator = jsonschema::options()
         .with_pattern_options(linear)
+        .should_validate_formats(true)
+        .with_format("regex", regex_format)
         .build(schema)
         .map_err(|e| refused_pattern(&e).unwrap_or_else(|| e.to_string()))?;
     // After compiling: the schema is valid and its references resolve.
     work::check(schema, steps)?;
     Ok(validator)
+}
+
+/// Longest string the `regex` format is checked on; a longer one passes
+/// unchecked, as an annotation.
+pub const MAX_REGEX_FORMAT_BYTES: usize = 4 << 10;
+
+/// The `regex` format: jsonschema's ECMA-262 syntax check, on strings of at
+/// most [`MAX_REGEX_FORMAT_BYTES`]. That check compares each group name with
+/// every name declared before it (and each `\k<name>` with every declared
+/// one): quadratic in the string, minutes on a few MiB of `(?<a0>)(?<a1>)…`
+/// (measured in a debug build: 80 KiB 0.4 s, 340 KiB 7 s). Bounded, one
+/// string costs at most ~130,000 comparisons (~500 groups): ~30 a byte; a
+/// regular expression passed as an argument or returned is far shorter.
+fn regex_format(s: &str) -> bool {
+    s.len() > MAX_REGEX_FORMAT_BYTES || jsonschema_regex_is_valid(s)
+}
+
+/// jsonschema's own `regex` format check.
+fn jsonschema_regex_is_valid(s: &str) -> bool {
+    thread_local! {
+        static CHECK: jsonschema::Validator = jsonschema::options()
+            .should_validate_formats(true)
+            .build(&serde_json::json!({ "format": "regex" }))
+            .expect("a constant schema compiles");
+    }
+    let s = serde_json::Value::String(s.to_owned());
+    CHECK.with(|v| v.is_valid(&s))
 }
 
 /// Why a `pattern` (or `patternProperties` key) was refused, in words that
@@ -521,8 +564,9 @@ fn shown(s: &str) -> String {
 /// `^(a|b|…)$` is compared literal by literal), each `patternProperties`
 /// pattern (matched against every member name, the object's bytes; again
 /// for an `additionalProperties` beside it and in the marking walk),
-/// `uniqueItems` (hashes every item whole), and where jsonschema asserts
-/// them, drafts 4 to 7, `format`, `contentEncoding`, `contentMediaType` —
+/// `uniqueItems` (hashes every item whole), `format` (asserted in every
+/// draft), and where jsonschema asserts them, drafts 4 to 7,
+/// `contentEncoding`, `contentMediaType` —
 /// and 1 for counting characters (a `minLength` or `maxLength` over 64:
 /// jsonschema counts only when the byte length cannot tell, in a text of
 /// at most 4 × the limit bytes) or hashing the text (an `enum` of strings).
@@ -995,8 +1039,8 @@ mod work {
                 // A fraction: exact arithmetic on big numbers.
                 "multipleOf" if value.as_f64().is_some_and(|m| m.fract() != 0.0) => (FRACTIONAL_MULTIPLE_OF, 0, 1),
                 "pattern" => (0, value.as_str().map_or(HEAVY, pattern_passes), 1),
-                // Asserted by default in these drafts only (an annotation in later ones).
-                "format" if matches!(draft, Draft::Draft4 | Draft::Draft6 | Draft::Draft7) => (0, HEAVY, 1),
+                // Asserted in every draft (see `compile_schema`).
+                "format" => (0, HEAVY, 1),
                 "contentEncoding" | "contentMediaType" if matches!(draft, Draft::Draft6 | Draft::Draft7) => {
                     (0, HEAVY, 1)
                 }
@@ -1488,7 +1532,7 @@ mod work {
         format!(
             "validating {value}{at} reads its text, member names or items {} times over, more than the \
              {MAX_SCHEMA_PASSES} allowed per value ({why}{dynamic}): each `pattern`, `patternProperties` pattern, \
-             `uniqueItems`, and in drafts 4 to 7 `format`, `contentEncoding` and `contentMediaType` counts {HEAVY} \
+             `uniqueItems`, `format`, and in drafts 4 to 7 `contentEncoding` and `contentMediaType` counts {HEAVY} \
              (a regular expression or parser runs over the whole text, which can be megabytes), each `minLength` or \
              `maxLength` over 64 and `enum` of strings one; match one value against fewer patterns and formats (merge \
              patterns into one, such as `^(?:a|b)$`; keep them out of branches and definitions that apply to the \
@@ -2307,7 +2351,7 @@ mod tests {
             "input schema: validating the value at `/text` against `/properties/text` reads its text, member names \
              or items 159984 times over, more than the 256 allowed per value (the subschemas below it apply 159984 \
              passes)",
-            "each `pattern`, `patternProperties` pattern, `uniqueItems`, and in drafts 4 to 7 `format`",
+            "each `pattern`, `patternProperties` pattern, `uniqueItems`, `format`, and in drafts 4 to 7 `contentEncoding`",
             "match one value against fewer patterns and formats (merge patterns into one",
         ] {
             assert!(problem.contains(words), "{problem:?} lacks {words:?}");
@@ -2322,8 +2366,8 @@ mod tests {
         // The same for the other keywords that read the whole value: every
         // member name against each `patternProperties` pattern (twice beside
         // `additionalProperties`), every item hashed for `uniqueItems`, a
-        // format in draft 7 (an annotation only in 2020-12: accepted), and a
-        // pattern of 100,000 literals, compared one by one.
+        // format in any draft (asserted in each), and a pattern of 100,000
+        // literals, compared one by one.
         let patterns: serde_json::Map<String, Value> = (0..9).map(|i| (format!("^x{i}"), json!(true))).collect();
         let problem = refusal(text_is(json!({"patternProperties": patterns, "additionalProperties": false})));
         assert!(problem.contains("reads its text, member names or items 288 times over"), "{problem}");
@@ -2339,9 +2383,7 @@ mod tests {
             t["descriptor"]["input_schema"]["$schema"] = json!("http://json-schema.org/draft-07/schema#");
         });
         assert!(problem.contains("272 times over"), "{problem}");
-        let mut t = tool("t.x");
-        text_is(emails)(&mut t);
-        read_doc(&doc(vec![t])).expect("formats are annotations in draft 2020-12");
+        assert!(refusal(text_is(emails)).contains("272 times over"), "asserted in draft 2020-12 too");
         let literals: Vec<String> = (0..100_000).map(|i| format!("a{i}")).collect();
         let problem = refusal(text_is(json!({"pattern": format!("^({})$", literals.join("|"))})));
         assert!(
@@ -2879,5 +2921,118 @@ mod tests {
                 let _ = tools[0].validate_arguments(&inst);
             }
         }
+    }
+
+    /// A tool whose arguments are `{"v": schema}` and whose output is that
+    /// schema, in `draft` (`None`: no `$schema`, so 2020-12).
+    fn checked_with(schema: Value, draft: Option<&str>) -> Arc<CheckedTool> {
+        let mut t = tool("t.x");
+        text_is(schema.clone())(&mut t);
+        let mut output = schema;
+        if let Some(d) = draft {
+            t["descriptor"]["input_schema"]["$schema"] = json!(d);
+            output["$schema"] = json!(d);
+        }
+        t["descriptor"]["output_schema"] = output;
+        read_doc(&doc(vec![t])).expect("schema accepted").remove(0)
+    }
+
+    /// A declared `format` is asserted on arguments and on output in every
+    /// draft, as the MCP clients that receive the listed schemas (Ajv with
+    /// ajv-formats) assert it. Before, jsonschema's default made it an
+    /// annotation in 2019-09 and 2020-12 (the draft of a schema without
+    /// `$schema`): `{"at": "yesterday"}` for a `date-time` was committed as
+    /// output and sent as structured content the client threw on.
+    #[test]
+    fn declared_formats_are_asserted_on_arguments_and_output_in_every_draft() {
+        let cases = [
+            ("date-time", "2024-05-01T12:30:00Z", "yesterday"),
+            ("email", "ada@example.com", "ada at example"),
+            ("uri", "https://example.com/a?b=c", "not a uri"),
+            ("uuid", "67e55044-10b1-426f-9247-bb680e5fe0c8", "67e55044-10b1-426f-9247"),
+            ("ipv4", "192.0.2.1", "192.0.2.256"),
+        ];
+        for draft in [
+            None,
+            Some("https://json-schema.org/draft/2020-12/schema"),
+            Some("http://json-schema.org/draft-07/schema#"),
+        ] {
+            for (format, good, bad) in cases {
+                // jsonschema knows `uuid` from 2019-09 on only (see the report).
+                if format == "uuid" && draft.is_some_and(|d| d.contains("draft-07")) {
+                    continue;
+                }
+                let t = checked_with(json!({"type": "string", "format": format}), draft);
+                let case = format!("{format} in {draft:?}");
+                assert!(t.validate_arguments(&json!({"text": good})).is_ok(), "{case}");
+                assert!(t.validate_output(&json!(good)).is_ok(), "{case}");
+                let e = t.validate_arguments(&json!({"text": bad})).expect_err(&case);
+                assert!(e.contains("at `/text`") && e.contains(format), "{case}: {e}");
+                let e = t.validate_output(&json!(bad)).expect_err(&case);
+                assert!(e.contains("does not match its declared output schema") && e.contains(format), "{case}: {e}");
+            }
+        }
+        // The reported object, formats nested in `properties`.
+        let t = checked_with(
+            json!({"type": "object", "properties": {"at": {"type": "string", "format": "date-time"}}, "required": ["at"]}),
+            None,
+        );
+        assert!(t.validate_output(&json!({"at": "yesterday"})).unwrap_err().contains("at `/at`"));
+        assert!(t.validate_output(&json!({"at": "2024-05-01T12:30:00+02:00"})).is_ok());
+        // A format jsonschema does not know stays an annotation.
+        let t = checked_with(json!({"type": "string", "format": "x-colour"}), None);
+        assert!(t.validate_output(&json!("anything")).is_ok());
+    }
+
+    /// The `regex` format is jsonschema's ECMA-262 syntax check, quadratic in
+    /// the number of group names: checked up to [`MAX_REGEX_FORMAT_BYTES`],
+    /// a longer string passes unchecked, in time linear in its size.
+    #[test]
+    fn the_regex_format_is_checked_on_strings_of_bounded_length() {
+        for draft in [None, Some("http://json-schema.org/draft-07/schema#")] {
+            let t = checked_with(json!({"type": "string", "format": "regex"}), draft);
+            assert!(t.validate_arguments(&json!({"text": "^[a-z]+(?<n>\\d)\\k<n>$"})).is_ok());
+            assert!(t.validate_arguments(&json!({"text": "(unclosed"})).unwrap_err().contains("regex"));
+            assert!(t.validate_output(&json!("a{2,1}")).is_err());
+            // Adversarial: 460 distinct group names, under the bound.
+            let names = |n: usize| (0..n).map(|i| format!("(?<a{i}>)")).collect::<String>();
+            let under = names(460);
+            assert!(under.len() <= MAX_REGEX_FORMAT_BYTES, "{}", under.len());
+            let started = std::time::Instant::now();
+            assert!(t.validate_arguments(&json!({"text": format!("{under}(")})).is_err(), "checked under the bound");
+            // 4 MiB of them: unchecked (quadratic, it took minutes), so an
+            // invalid one longer than the bound passes.
+            let over = names(400_000) + "(";
+            assert!(t.validate_arguments(&json!({"text": over})).is_ok());
+            let took = started.elapsed();
+            assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+        }
+    }
+
+    /// `pattern` has ECMA-262 meaning, as in the clients (Ajv): `\d`, `\w`
+    /// and `\s` are ASCII (ECMA white space for `\s`), `.` matches no line
+    /// terminator. `\b` and `\B` are the one difference, documented at
+    /// `compile_schema`: Unicode word boundaries here.
+    #[test]
+    fn patterns_have_ecma_262_classes() {
+        for (pattern, value, matches) in [
+            ("^\\d$", "3", true),
+            ("^\\d$", "\u{663}", false),
+            ("^[\\d]+$", "\u{663}\u{663}", false),
+            ("^\\D$", "\u{663}", true),
+            ("^\\w+$", "abc_9", true),
+            ("^\\w+$", "caf\u{e9}", false),
+            ("^\\s$", "\u{a0}", true),
+            ("^\\s$", "\u{85}", false),
+            ("^.$", "\u{2028}", false),
+        ] {
+            let t = checked_with(json!({"type": "string", "pattern": pattern}), None);
+            assert_eq!(t.validate_arguments(&json!({"text": value})).is_ok(), matches, "{pattern} on {value:?}");
+            assert_eq!(t.validate_output(&json!(value)).is_ok(), matches, "{pattern} on {value:?}");
+        }
+        // The difference, pinned so a change to it is seen: ECMA's `\b` is
+        // between `é` (no word character) and `a`, so Ajv accepts these.
+        let t = checked_with(json!({"type": "string", "pattern": "\u{e9}\\b"}), None);
+        assert!(t.validate_output(&json!("\u{e9}a")).is_err());
     }
 }
