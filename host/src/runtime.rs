@@ -1343,10 +1343,13 @@ impl<'a> Step<'a> {
         let exec = match exec {
             Ok(e) => e,
             Err(e) => {
-                // Someone must act (reload, rebuild); the journal still says what happened.
-                let text = e.to_string();
-                self.commit_or_resolve(rt, resolving, ran(OutcomeKind::ExecutorError, &text, &NOTHING_CAPTURED, &[]))
-                    .await?;
+                // Someone must act (reload, rebuild); the journal still says
+                // what happened — whole in the host's records, and as the
+                // model may read it (no host paths) where an identical retry
+                // of an approved call hands it over.
+                let text = e.model_text(&self.call.tool_id);
+                let captured = Captured { host: vec![e.to_string()], ..Captured::default() };
+                self.commit_or_resolve(rt, resolving, ran(OutcomeKind::ExecutorError, &text, &captured, &[])).await?;
                 return Err(e.into());
             }
         };

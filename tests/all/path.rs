@@ -404,3 +404,28 @@ async fn only_the_snapshots_own_candidate_becomes_an_allowed_call() {
     let notes_call = call("notes");
     assert!(matches!(GateOutcome::decide(&snapshot, &upper, &notes_call), GateOutcome::Blocked { .. }));
 }
+
+/// An executor error (here the component changed on disk before its first
+/// call) journals as its result what the model may read — what happened and
+/// that the operator must act — never the host's paths; the whole text, with
+/// the path, is in the step's host records for the operator (invariant 14).
+/// Before, the result held the plugin's absolute path, and an approved
+/// call's identical retry handed it to the model.
+#[tokio::test]
+async fn an_executor_error_reaches_the_model_without_the_hosts_paths() {
+    let host = text_and_notes("");
+    let plugins = host.dir.path().join("plugins");
+    std::fs::write(plugins.join("text.wasm"), packed(guests::NOTES)).unwrap();
+    let run = host.runtime.start_run(None, ToolCapabilityNarrowing::Configured).await.unwrap();
+    let err = run.call("text.upper", json!({"text": "x"})).await.unwrap_err();
+    assert!(err.to_string().contains("changed on disk"), "{err}");
+    let CallError::Executor(e) = &err else { panic!("{err:?}") };
+    let told = e.model_text("text.upper");
+    assert!(told.contains("`text.upper` could not be run") && !told.contains("plugins"), "{told}");
+    let last = steps(&host).await.pop().unwrap();
+    assert_eq!(last.outcome, OutcomeKind::ExecutorError);
+    assert_eq!(last.result, told, "the journal's result is the model's text");
+    let root = host.dir.path().to_string_lossy().into_owned();
+    assert!(!last.result.contains(&root), "{}", last.result);
+    assert!(last.captured.contains("changed on disk") && last.captured.contains("text.wasm"), "{}", last.captured);
+}

@@ -196,6 +196,28 @@ pub enum ExecutorError {
     },
 }
 
+impl ExecutorError {
+    /// What the model reads of this error: what happened and who must act,
+    /// without the host's own state — its paths, the engine's or the
+    /// loader's words (invariant 14). The journal's host records and the
+    /// host's log keep the whole text ([`std::fmt::Display`]). A transport
+    /// failure names the Tool's own granted destination: said whole.
+    pub fn model_text(&self, tool: &str) -> String {
+        let what = match self {
+            ExecutorError::Transport { .. } => return self.to_string(),
+            ExecutorError::Engine(_) => "the host's sandbox engine could not start",
+            ExecutorError::Changed { .. } => "its component changed on disk since the host loaded it",
+            ExecutorError::Read { .. } => "the host could not read its component",
+            ExecutorError::Load { .. } => "the host could not load its component",
+            ExecutorError::Instantiate { .. } => "the host could not start its component",
+        };
+        format!(
+            "`{tool}` could not be run: {what}; nothing of the call ran. This is for the host's operator to fix (the \
+             host's log and journal hold the cause), not the call"
+        )
+    }
+}
+
 /// Why a call produced no output. Model-visible.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ToolFailure {

@@ -531,7 +531,7 @@ impl McpServer {
             Err(CallError::UnknownTool(id)) => {
                 return Err(ErrorData::invalid_params(format!("unknown tool `{id}`"), None));
             }
-            Err(e) => return Err(call_error(e, None)),
+            Err(e) => return Err(call_error(&name, e, None)),
         };
         match result {
             StepResult::Awaiting { ref ticket, ref correlation, .. } => {
@@ -596,7 +596,7 @@ impl McpServer {
         // credential this host cannot read) cannot be approved: the human is
         // not asked for an answer that would be refused.
         if let Err(e) = runtime.approvable_here(&record).await {
-            return Err(call_error(e, Some(correlation)));
+            return Err(call_error(name, e, Some(correlation)));
         }
         let shown = record.call_digest();
         let question = elicitation(&record.tool_id, &record.arguments);
@@ -671,7 +671,7 @@ impl McpServer {
             Decision::Deny(why) => runtime.deny(ticket, why, &approval).await,
             Decision::Undecided(why) => return still_pending(why),
         };
-        let step = step.map_err(|e| call_error(e, Some(correlation)))?;
+        let step = step.map_err(|e| call_error(name, e, Some(correlation)))?;
         Ok(to_mcp_result(&step, structured_output(runtime, name)).into())
     }
 
@@ -781,7 +781,7 @@ impl McpServer {
             // still is: an answer to anything else would be refused anyway.
             if prior.record.call_digest() != shown {
                 let changed = ApprovalError::ChangedSinceShown { ticket: prior.record.ticket_id.clone() };
-                return Err(call_error(CallError::Approval(changed), Some(&prior.record.call_id)));
+                return Err(call_error(name, CallError::Approval(changed), Some(&prior.record.call_id)));
             }
             let question = elicitation(&prior.record.tool_id, &prior.record.arguments);
             let mut requests = InputRequests::new();
@@ -795,7 +795,7 @@ impl McpServer {
             Decision::Deny(why) => runtime.deny(&ticket, why, &approval).await,
             Decision::Undecided(why) => return Ok(still_pending(name, &prior.record.call_id, why)),
         };
-        let step = step.map_err(|e| call_error(e, Some(&prior.record.call_id)))?;
+        let step = step.map_err(|e| call_error(name, e, Some(&prior.record.call_id)))?;
         Ok(to_mcp_result(&step, structured_output(runtime, name)).into())
     }
 }
@@ -849,7 +849,7 @@ fn internal(e: impl std::fmt::Display) -> ErrorData {
 /// A call's error as the client reads it. A ticket error names the request
 /// (the correlation id the model already reads: `request`, or the pending
 /// request when not known here), never its ticket, and says what to do.
-fn call_error(e: CallError, request: Option<&str>) -> ErrorData {
+fn call_error(tool: &str, e: CallError, request: Option<&str>) -> ErrorData {
     use toolgate::store::TicketError;
     let named = request.map_or_else(|| "the pending request".to_owned(), |r| format!("request {r}"));
     let message = match &e {
@@ -884,6 +884,11 @@ fn call_error(e: CallError, request: Option<&str>) -> ErrorData {
                  host's log), so the call would run with its files and requests refused; nothing was approved or \
                  run and it is still pending"
             )
+        }
+        CallError::Executor(e) => {
+            // The whole text (paths of this host) is the operator's: in the log.
+            tracing::warn!("{named}: {e}");
+            e.model_text(tool)
         }
         other => other.to_string(),
     };
@@ -1786,16 +1791,16 @@ mod tests {
             TicketError::Settled(t.clone()),
             TicketError::ComponentChanged { ticket: t.clone(), tool: "notes".into(), was: "a".into(), now: "b".into() },
         ] {
-            let named = call_error(CallError::Ticket(e.clone()), Some("call-1"));
+            let named = call_error("notes", CallError::Ticket(e.clone()), Some("call-1"));
             assert!(named.message.contains("request call-1") && !named.message.contains("tkt-"), "{e:?}: {named:?}");
-            let unnamed = call_error(CallError::Ticket(e.clone()), None);
+            let unnamed = call_error("notes", CallError::Ticket(e.clone()), None);
             assert!(!unnamed.message.contains("tkt-"), "{e:?}: {unnamed:?}");
             let raw = ErrorData::internal_error(e.to_string(), Some(json!({ "t": t })));
             assert!(!scrubbed(raw).message.contains("tkt-"));
         }
         // An approval refused because the record changed since it was shown.
         let changed = ApprovalError::ChangedSinceShown { ticket: t.clone() };
-        let named = call_error(CallError::Approval(changed), Some("call-1"));
+        let named = call_error("notes", CallError::Approval(changed), Some("call-1"));
         assert!(named.message.contains("request call-1 changed") && !named.message.contains("tkt-"), "{named:?}");
         assert_eq!(
             without_tickets("ticket `TKT-ab_c-1` and tkt-ff, tkt-; é tkt"),
