@@ -19,13 +19,33 @@
 //! Must never: log or store the password (it comes by reference and is set on
 //! the connection config only), or write beside the committer.
 //!
+//! Nothing waits without a bound: every connection sets `lock_timeout`,
+//! `statement_timeout` and `idle_in_transaction_session_timeout` (unless the
+//! connection string's `options` sets them) and TCP keepalives with a user
+//! timeout, so a host frozen mid-transaction or a server that stopped
+//! answering fails commits with an error naming the limit, not stalls them;
+//! waiting for a pooled connection, for the committer and for one group's
+//! commit are bounded too.
+//!
+//! Times that decide between hosts — claims, heartbeats, take-over, expiry —
+//! are the server's: a host's clock reading (`now`) is translated by that
+//! host's offset from the server clock, measured in the statement, so a
+//! host whose clock is skewed neither takes over a live claim nor sees a
+//! live ticket expired.
+//!
+//! A group whose COMMIT was sent but not answered (the connection dropped)
+//! is committed again: each write carries a key (a step keeps it, unique; a
+//! claim keeps its claim's), and the retry finds what the lost attempt wrote
+//! instead of writing it twice.
+//!
 //! PostgreSQL text cannot hold NUL characters; a NUL in a step's text (a Tool
 //! can return one) is stored as U+FFFD, so the commit never fails on it.
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::Row;
@@ -44,6 +64,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("V2__ask_by_agent.sql"),
     include_str!("V3__ticket_restriction.sql"),
     include_str!("V4__ticket_approvers.sql"),
+    include_str!("V5__write_keys.sql"),
 ];
 
 /// The schema version this build writes.
@@ -55,8 +76,44 @@ const MIGRATION_LOCK: i64 = 0x746f_6f6c_6761_7465;
 /// Most writes one group commit holds.
 const MAX_GROUP: usize = 256;
 
-/// How often a transaction that lost a deadlock or serialization race is retried.
+/// How often a transaction that lost a deadlock or serialization race, or
+/// whose connection was lost, is retried.
 const RETRIES: usize = 5;
+
+/// Session settings every connection makes (unless the connection string's
+/// `options` already sets the same one): how long a statement waits for a
+/// lock another transaction holds (the SQLite journal's busy timeout is
+/// 10 s too), how long one statement may run, and how long the server keeps
+/// a transaction whose client stopped sending (it is then rolled back and
+/// its locks released).
+const SESSION_SETTINGS: &[(&str, &str)] =
+    &[("lock_timeout", "10s"), ("statement_timeout", "30s"), ("idle_in_transaction_session_timeout", "30s")];
+
+/// Connecting, unless the connection string sets `connect_timeout`.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// TCP keepalives (idle, interval, probes) and the TCP user timeout: a
+/// server that stops answering is found out within about half a minute,
+/// whether the connection is idle or has data unacknowledged.
+const KEEPALIVE: (Duration, Duration, u32) = (Duration::from_secs(15), Duration::from_secs(5), 3);
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Waiting for a free connection of the pool.
+const POOL_WAIT: Duration = Duration::from_secs(10);
+
+/// One group commit, every attempt included; past it the group's callers
+/// are answered with an error.
+const COMMIT_DEADLINE: Duration = Duration::from_secs(60);
+
+/// A write waiting in the queue for a committer; past it the write is
+/// taken out of the queue, not written, and its caller told so.
+const QUEUE_WAIT: Duration = Duration::from_secs(60);
+
+/// A job's place: waiting in the queue, taken into a group, or given up by
+/// its caller before a committer took it (then never written).
+const QUEUED: u8 = 0;
+const TAKEN: u8 = 1;
+const ABANDONED: u8 = 2;
 
 /// The schema a database's version has, as SQL: for tests that build a
 /// journal an older toolgate wrote.
@@ -69,27 +126,75 @@ pub struct PostgresJournal {
     pool: Pool,
     /// How the journal is named in errors: user, hosts and database, never the password.
     shown: String,
+    /// The committers' queue. Dropping the journal closes it: the
+    /// committers commit what is queued, answer, and end (never cut off
+    /// mid-group; a cancelled caller's write is still committed).
     jobs: tokio::sync::mpsc::UnboundedSender<Job>,
     counts: Arc<(AtomicU64, AtomicU64)>,
-    committers: Vec<tokio::task::JoinHandle<()>>,
     /// Runs begun but not yet written (recorded with their first step).
     pending_runs: PendingRuns,
-}
-
-impl Drop for PostgresJournal {
-    fn drop(&mut self) {
-        // Commits in flight finish on their own (their callers wait for
-        // them); nothing new is taken after the queue closes.
-        for c in &self.committers {
-            c.abort();
-        }
-    }
+    /// Added to this host's clock when its offset from the server's is
+    /// measured: a test's way to skew the host's clock.
+    skew: i64,
 }
 
 /// One write waiting for a group commit, with where to send its result.
 struct Job {
     write: Write,
     reply: tokio::sync::oneshot::Sender<Result<Written, CommitError>>,
+    /// This write's own key (kept with what it writes: a retry of its group
+    /// finds it).
+    key: String,
+    /// Added to this host's clock ([`PostgresJournal::skew`]).
+    skew: i64,
+    /// [`QUEUED`], [`TAKEN`] or [`ABANDONED`].
+    place: Arc<AtomicU8>,
+}
+
+impl Job {
+    fn new(write: Write, skew: i64) -> (Self, tokio::sync::oneshot::Receiver<Result<Written, CommitError>>) {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let job = Job { write, reply, key: write_key(), skew, place: Arc::new(AtomicU8::new(QUEUED)) };
+        (job, answer)
+    }
+
+    /// This host's clock now (Unix seconds), read as the write's statements
+    /// are sent: the write's `now` is translated to the server's clock by
+    /// the difference the server measures against it.
+    fn local(&self) -> f64 {
+        local_clock(self.skew)
+    }
+}
+
+/// A key no other write has: 128 random bits (without the operating
+/// system's randomness: this process, the time and a counter).
+fn write_key() -> String {
+    let mut key = [0u8; 16];
+    if getrandom::fill(&mut key).is_ok() {
+        return hex::encode(key);
+    }
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    format!("{:x}-{nanos:x}-{:x}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+/// This host's clock, in Unix seconds (fractional), plus `skew`.
+fn local_clock(skew: i64) -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+        + skew as f64
+}
+
+/// SQL: the server's clock minus the host's clock reading `local` (a
+/// parameter), rounded to the second — 0 for a host on the server's
+/// machine, the skew for a skewed host.
+fn clock_offset(local: &str) -> String {
+    format!("round(extract(epoch FROM clock_timestamp())::FLOAT8 - {local}::FLOAT8)::BIGINT")
+}
+
+/// SQL: `now` (a time the host read from its clock, a parameter) on the
+/// server's clock.
+fn on_server_clock(now: &str, local: &str) -> String {
+    format!("({now}::BIGINT + {})", clock_offset(local))
 }
 
 /// Why a database operation failed.
@@ -97,6 +202,8 @@ struct Job {
 enum Fail {
     Pool(String),
     Db(tokio_postgres::Error),
+    /// No answer within the bound (`what` it was).
+    Timeout(String),
 }
 
 impl From<tokio_postgres::Error> for Fail {
@@ -107,8 +214,19 @@ impl From<tokio_postgres::Error> for Fail {
 
 impl From<deadpool_postgres::PoolError> for Fail {
     fn from(e: deadpool_postgres::PoolError) -> Self {
+        use deadpool_postgres::{PoolError, TimeoutType};
         match e {
-            deadpool_postgres::PoolError::Backend(e) => Fail::Db(e),
+            PoolError::Backend(e) => Fail::Db(e),
+            PoolError::Timeout(TimeoutType::Wait) => Fail::Pool(format!(
+                "no connection of the pool came free within {} s: every one is busy (a server that stopped \
+                 answering, or more load than `[postgres] pool_size` connections serve; raise it)",
+                POOL_WAIT.as_secs()
+            )),
+            PoolError::Timeout(_) => Fail::Pool(format!(
+                "connecting to the server took longer than {} s (is it up and reachable? `connect_timeout` in the \
+                 connection string sets the limit)",
+                CONNECT_TIMEOUT.as_secs()
+            )),
             other => Fail::Pool(other.to_string()),
         }
     }
@@ -116,18 +234,61 @@ impl From<deadpool_postgres::PoolError> for Fail {
 
 impl Fail {
     /// Lost a race another transaction won: retrying the whole transaction succeeds.
+    /// Also: a step whose key is already written — the write of an attempt
+    /// whose COMMIT was still in flight; the retry finds it.
     fn retryable(&self) -> bool {
-        matches!(self, Fail::Db(e) if matches!(e.code(), Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED))
+        let Fail::Db(e) = self else { return false };
+        match e.as_db_error() {
+            Some(db) => {
+                *db.code() == SqlState::T_R_SERIALIZATION_FAILURE
+                    || *db.code() == SqlState::T_R_DEADLOCK_DETECTED
+                    || (*db.code() == SqlState::UNIQUE_VIOLATION && db.constraint() == Some("steps_write_key"))
+            }
+            None => false,
+        }
+    }
+
+    /// The server's answer never came (the connection broke, or the time
+    /// ran out): what was sent may or may not have committed.
+    fn lost(&self) -> bool {
+        match self {
+            Fail::Timeout(_) => true,
+            Fail::Db(e) => {
+                e.is_closed()
+                    || std::error::Error::source(e).is_some_and(|s| s.downcast_ref::<std::io::Error>().is_some())
+            }
+            Fail::Pool(_) => false,
+        }
     }
 
     fn message(&self) -> String {
         match self {
-            Fail::Pool(m) => m.clone(),
+            Fail::Pool(m) | Fail::Timeout(m) => m.clone(),
             Fail::Db(e) => match e.as_db_error() {
                 Some(db) => {
                     let mut m = format!("{}: {} ({})", db.severity(), db.message(), db.code().code());
                     if let Some(d) = db.detail() {
                         m.push_str(&format!("; {d}"));
+                    }
+                    let setting = |name: &str| {
+                        let value = SESSION_SETTINGS.iter().find(|(n, _)| *n == name).map_or("", |(_, v)| v);
+                        format!(
+                            " — the session's `{name}` ({value} unless the connection string's `options` sets it, \
+                             e.g. `options='-c {name}=60s'`)"
+                        )
+                    };
+                    if *db.code() == SqlState::LOCK_NOT_AVAILABLE {
+                        m.push_str(&setting("lock_timeout"));
+                        m.push_str(
+                            ": another transaction held the lock that long (a host stalled mid-commit?); \
+                             nothing of this write was kept, try again",
+                        );
+                    } else if *db.code() == SqlState::QUERY_CANCELED {
+                        m.push_str(&setting("statement_timeout"));
+                        m.push_str(": the statement ran that long; nothing of this write was kept, try again");
+                    } else if *db.code() == SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT {
+                        m.push_str(&setting("idle_in_transaction_session_timeout"));
+                        m.push_str(": the server ended a transaction this host left waiting that long");
                     }
                     m
                 }
@@ -200,23 +361,40 @@ impl PostgresJournal {
         if config.get_application_name().is_none() {
             config.application_name("toolgate");
         }
+        bound(&mut config);
         let tls = tls(ca_file).map_err(|message| CommitError::Postgres { store: shown.clone(), message })?;
         let manager = Manager::from_config(config, tls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
-        let pool = Pool::builder(manager).max_size(pool_size.max(1)).build().map_err(|e| CommitError::Postgres {
-            store: shown.clone(),
-            message: format!("cannot build the connection pool: {e}"),
-        })?;
+        let pool = Pool::builder(manager)
+            .max_size(pool_size.max(1))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(POOL_WAIT))
+            .create_timeout(Some(CONNECT_TIMEOUT))
+            .recycle_timeout(Some(CONNECT_TIMEOUT))
+            .build()
+            .map_err(|e| CommitError::Postgres {
+                store: shown.clone(),
+                message: format!("cannot build the connection pool: {e}"),
+            })?;
         // Connects now (a wrong DSN or password fails here, not at the first call).
         migrate(&pool, &shown).await?;
 
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Job>();
         let rx = Arc::new(tokio::sync::Mutex::new(rx));
         let counts = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
-        // Half the pool commits; the rest serves reads.
-        let committers = (0..(pool_size / 2).max(1))
-            .map(|_| tokio::spawn(commit_loop(rx.clone(), pool.clone(), shown.clone(), counts.clone())))
-            .collect();
-        Ok(PostgresJournal { pool, shown, jobs: tx, counts, committers, pending_runs: PendingRuns::default() })
+        // Half the pool commits; the rest serves reads. Each committer ends
+        // once the queue is closed and empty.
+        for _ in 0..(pool_size / 2).max(1) {
+            tokio::spawn(commit_loop(rx.clone(), pool.clone(), shown.clone(), counts.clone()));
+        }
+        Ok(PostgresJournal { pool, shown, jobs: tx, counts, pending_runs: PendingRuns::default(), skew: 0 })
+    }
+
+    /// This journal's host clock reads `secs` ahead of the real one (behind
+    /// when negative): for tests of a skewed host.
+    #[cfg(test)]
+    fn skewed(mut self, secs: i64) -> Self {
+        self.skew = secs;
+        self
     }
 
     /// Group commits made and the writes they held.
@@ -234,11 +412,82 @@ impl PostgresJournal {
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Vec<Row>, CommitError> {
         let run = async {
-            let client = self.pool.get().await?;
+            let client = Conn::get(&self.pool).await?;
             let stmt = client.prepare_cached(sql).await?;
-            Ok::<_, Fail>(client.query(&stmt, params).await?)
+            let rows = client.query(&stmt, params).await?;
+            client.finish();
+            Ok::<_, Fail>(rows)
         };
-        run.await.map_err(|f| self.err(f))
+        match tokio::time::timeout(COMMIT_DEADLINE, run).await {
+            Ok(r) => r.map_err(|f| self.err(f)),
+            Err(_) => Err(self.err(Fail::Timeout(format!(
+                "no answer from the server within {} s (it stopped answering, or the network to it is down)",
+                COMMIT_DEADLINE.as_secs()
+            )))),
+        }
+    }
+}
+
+/// The limits of every connection: the session settings the connection
+/// string's `options` does not set itself, TCP keepalives and user timeout,
+/// a connect timeout.
+fn bound(config: &mut tokio_postgres::Config) {
+    let given = config.get_options().unwrap_or("").to_owned();
+    let mut options = given.clone();
+    for (name, value) in SESSION_SETTINGS {
+        if !given.contains(name) {
+            if !options.is_empty() {
+                options.push(' ');
+            }
+            options.push_str(&format!("-c {name}={value}"));
+        }
+    }
+    config.options(options);
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(CONNECT_TIMEOUT);
+    }
+    config
+        .keepalives(true)
+        .keepalives_idle(KEEPALIVE.0)
+        .keepalives_interval(KEEPALIVE.1)
+        .keepalives_retries(KEEPALIVE.2);
+    config.tcp_user_timeout(TCP_USER_TIMEOUT);
+}
+
+/// A pooled connection that goes back to the pool only when its work
+/// finished ([`Conn::finish`]): one dropped mid-statement (its time ran
+/// out) may be stuck on a server that stopped answering, and is closed.
+struct Conn(Option<deadpool_postgres::Object>);
+
+impl Conn {
+    async fn get(pool: &Pool) -> R<Conn> {
+        Ok(Conn(Some(pool.get().await?)))
+    }
+    /// Its work is done: back to the pool.
+    fn finish(mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl std::ops::Deref for Conn {
+    type Target = deadpool_postgres::Object;
+    fn deref(&self) -> &Self::Target {
+        self.0.as_ref().expect("present until finished or dropped")
+    }
+}
+
+impl std::ops::DerefMut for Conn {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.0.as_mut().expect("present until finished or dropped")
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(o) = self.0.take() {
+            // Out of the pool; dropping the client closes the connection.
+            drop(deadpool_postgres::Object::take(o));
+        }
     }
 }
 
@@ -275,6 +524,11 @@ async fn migrate(pool: &Pool, shown: &str) -> Result<(), CommitError> {
     let mut client = pool.get().await.map_err(|e| err(e.into()))?;
     let tx = client.transaction().await.map_err(|e| err(e.into()))?;
     let run = async {
+        // A migration may build an index over every step, and a host
+        // starting meanwhile waits for it: no statement or lock limit here
+        // beyond a generous one (a stalled migrating host's session is
+        // ended by `idle_in_transaction_session_timeout`).
+        tx.batch_execute("SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = '10min'").await?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
         tx.batch_execute("CREATE TABLE IF NOT EXISTS toolgate_schema (version BIGINT NOT NULL)").await?;
         let version: i64 = tx.query_opt("SELECT version FROM toolgate_schema", &[]).await?.map_or(0, |r| r.get(0));
@@ -300,21 +554,30 @@ async fn migrate(pool: &Pool, shown: &str) -> Result<(), CommitError> {
 }
 
 /// One committer: take what is queued (up to [`MAX_GROUP`]), commit it in
-/// one transaction, answer each caller; repeat until the queue closes.
+/// one transaction, answer each caller; repeat until the queue is closed
+/// and empty. A write whose caller gave up waiting before it was taken is
+/// dropped, unwritten (its caller was told so).
 async fn commit_loop(
     rx: Arc<tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<Job>>>,
     pool: Pool,
     shown: String,
     counts: Arc<(AtomicU64, AtomicU64)>,
 ) {
+    let take = |j: &Job| j.place.compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire).is_ok();
     loop {
         let batch = {
             let mut rx = rx.lock().await;
-            let Some(first) = rx.recv().await else { return };
-            let mut batch = vec![first];
+            let mut batch = Vec::new();
+            while batch.is_empty() {
+                let Some(first) = rx.recv().await else { return };
+                if take(&first) {
+                    batch.push(first);
+                }
+            }
             while batch.len() < MAX_GROUP {
                 match rx.try_recv() {
-                    Ok(j) => batch.push(j),
+                    Ok(j) if take(&j) => batch.push(j),
+                    Ok(_) => {}
                     Err(_) => break,
                 }
             }
@@ -331,20 +594,55 @@ async fn commit_loop(
 }
 
 /// Write `batch` in one transaction, a savepoint per write; one result per
-/// job. A transaction that lost a race is retried whole.
+/// job. A transaction that lost a race, or whose connection was lost (its
+/// COMMIT may have been applied without the answer arriving), is retried
+/// whole on another connection, finding by their keys the writes an earlier
+/// attempt committed; all attempts within [`COMMIT_DEADLINE`].
 async fn commit_group(pool: &Pool, batch: &[Job], shown: &str) -> Vec<Result<Written, CommitError>> {
+    let deadline = tokio::time::Instant::now() + COMMIT_DEADLINE;
     let mut attempt = 0;
+    // An earlier attempt may have committed: look before writing.
+    let mut retry = false;
+    // An attempt sent COMMIT and heard nothing back.
+    let unanswered = AtomicBool::new(false);
     loop {
-        match try_group(pool, batch).await {
+        let outcome = match tokio::time::timeout_at(deadline, try_group(pool, batch, retry, &unanswered)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(Fail::Timeout(format!(
+                "no answer from the server within {} s (it stopped answering, or the network to it is down)",
+                COMMIT_DEADLINE.as_secs()
+            ))),
+        };
+        match outcome {
             Ok(results) => {
                 return results
                     .into_iter()
                     .map(|r| r.map_err(|f| CommitError::Postgres { store: shown.to_owned(), message: f.message() }))
                     .collect();
             }
-            Err(f) if f.retryable() && attempt < RETRIES => attempt += 1,
+            Err(f)
+                if (f.retryable() || f.lost())
+                    && attempt < RETRIES
+                    && !matches!(f, Fail::Timeout(_))
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                attempt += 1;
+                retry = true;
+                if f.lost() {
+                    // A broken connection: give the server (or the network) a moment.
+                    tokio::time::sleep(Duration::from_millis(100 << attempt.min(4))).await;
+                }
+            }
             Err(f) => {
-                let message = format!("the group commit failed, nothing in it was written: {}", f.message());
+                let message = if unanswered.load(Ordering::Acquire) {
+                    format!(
+                        "the group commit got no answer to its COMMIT, and retrying it failed: whether it was \
+                         written is unknown (look it up before doing it again): {}",
+                        f.message()
+                    )
+                } else {
+                    format!("the group commit failed, nothing in it was written: {}", f.message())
+                };
                 return batch
                     .iter()
                     .map(|_| Err(CommitError::Group { path: shown.to_owned(), message: message.clone() }))
@@ -354,27 +652,34 @@ async fn commit_group(pool: &Pool, batch: &[Job], shown: &str) -> Vec<Result<Wri
     }
 }
 
-async fn try_group(pool: &Pool, batch: &[Job]) -> R<Vec<R<Written>>> {
+/// One attempt at `batch`. With `retry`, an earlier attempt may have
+/// committed: each write first looks for what it already wrote.
+async fn try_group(pool: &Pool, batch: &[Job], retry: bool, unanswered: &AtomicBool) -> R<Vec<R<Written>>> {
+    let mut client = Conn::get(pool).await?;
     // The common case, a group of steps that all succeed: one pipelined
     // transaction (every statement sent at once, one round trip for the
     // lot). If any fails, the transaction is rolled back and the group is
     // written again below, a savepoint each, so the failing one fails alone.
     // Steps whose Commands must find the state they read take the slow path (a check first).
-    if batch.iter().all(
-        |j| matches!(&j.write, Write::Step { step, changes, .. } if step.state_read.is_none() || changes.is_empty()),
-    ) {
-        match steps_pipelined(pool, batch).await {
-            Ok(seqs) => return Ok(seqs.into_iter().map(|seq| Ok(Written::Seq(seq))).collect()),
-            Err(f) if f.retryable() => return Err(f),
+    if !retry
+        && batch.iter().all(
+            |j| matches!(&j.write, Write::Step { step, changes, .. } if step.state_read.is_none() || changes.is_empty()),
+        )
+    {
+        match steps_pipelined(&mut client, batch, unanswered).await {
+            Ok(seqs) => {
+                client.finish();
+                return Ok(seqs.into_iter().map(|seq| Ok(Written::Seq(seq))).collect());
+            }
+            Err(f) if f.retryable() || f.lost() => return Err(f),
             Err(_) => {}
         }
     }
-    let mut client = pool.get().await?;
     let mut tx = client.transaction().await?;
     let mut results = Vec::with_capacity(batch.len());
     for job in batch {
         let sp = tx.savepoint("w").await?;
-        match apply(&sp, &job.write).await {
+        match apply(&sp, job, retry).await {
             // A refused resolution or delivery wrote nothing; roll its savepoint back.
             Ok(w) if w.refused() => {
                 sp.rollback().await?;
@@ -384,15 +689,37 @@ async fn try_group(pool: &Pool, batch: &[Job]) -> R<Vec<R<Written>>> {
                 sp.commit().await?;
                 results.push(Ok(w));
             }
-            Err(f) if f.retryable() => return Err(f),
+            Err(f) if f.retryable() || f.lost() => return Err(f),
             Err(f) => {
                 sp.rollback().await?;
                 results.push(Err(f));
             }
         }
     }
-    tx.commit().await?;
+    commit(tx, unanswered).await?;
+    client.finish();
     Ok(results)
+}
+
+/// COMMIT `tx`; if its answer is lost, say so in `unanswered`.
+async fn commit(tx: Tx<'_>, unanswered: &AtomicBool) -> R<()> {
+    // Until the answer comes (or the time runs out and this is dropped),
+    // the COMMIT counts as sent and unanswered.
+    let before = unanswered.swap(true, Ordering::AcqRel);
+    match tx.commit().await {
+        Ok(()) => {
+            unanswered.store(before, Ordering::Release);
+            Ok(())
+        }
+        Err(e) => {
+            let f = Fail::from(e);
+            if !f.lost() {
+                // The server answered: it rolled back.
+                unanswered.store(before, Ordering::Release);
+            }
+            Err(f)
+        }
+    }
 }
 
 type Tx<'a> = deadpool_postgres::Transaction<'a>;
@@ -402,17 +729,16 @@ const INSERT_RUN: &str =
                           ON CONFLICT (run_id) DO NOTHING";
 const INSERT_STEP: &str =
     "INSERT INTO steps (run_id, call_id, tool_id, arguments, verdict, outcome, result, captured, ticket_id,
-                        committed_at, structured, approved_by, approved_via, approved_at)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING seq";
+                        committed_at, structured, approved_by, approved_via, approved_at, write_key)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) RETURNING seq";
 const SET_STATE: &str = "INSERT INTO tool_state (agent, tool_id, key, value) VALUES ($1, $2, $3, $4)
                          ON CONFLICT (agent, tool_id, key) DO UPDATE SET value = excluded.value";
 const REMOVE_STATE: &str = "DELETE FROM tool_state WHERE agent = $1 AND tool_id = $2 AND key = $3";
 
 /// Every step of `batch` (all of them `Write::Step`) in one transaction,
 /// their statements pipelined in order; the steps' sequence numbers.
-async fn steps_pipelined(pool: &Pool, batch: &[Job]) -> R<Vec<i64>> {
+async fn steps_pipelined(client: &mut Conn, batch: &[Job], unanswered: &AtomicBool) -> R<Vec<i64>> {
     use futures_util::future::{BoxFuture, FutureExt, try_join_all};
-    let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     let (run_stmt, step_stmt, set_stmt, remove_stmt, awaiting_stmt) = (
         tx.prepare_cached(INSERT_RUN).await?,
@@ -435,6 +761,7 @@ async fn steps_pipelined(pool: &Pool, batch: &[Job]) -> R<Vec<i64>> {
         awaiting_arguments: Option<std::borrow::Cow<'a, str>>,
         component_digest: Option<String>,
         ticket: Option<&'a str>,
+        local: f64,
     }
     let at = now();
     let mut texts = Vec::with_capacity(batch.len());
@@ -453,6 +780,7 @@ async fn steps_pipelined(pool: &Pool, batch: &[Job]) -> R<Vec<i64>> {
             awaiting_arguments: awaiting.as_ref().map(|a| text(&a.arguments)),
             component_digest: awaiting.as_ref().map(|a| a.component_digest.hex()),
             ticket: step.ticket.as_deref().or(awaiting.as_ref().map(|a| a.ticket_id.as_str())),
+            local: job.local(),
         });
     }
     // Each statement with its parameters, in order.
@@ -481,6 +809,7 @@ async fn steps_pipelined(pool: &Pool, batch: &[Job]) -> R<Vec<i64>> {
                 &t.principal,
                 &t.channel,
                 &t.approved_at,
+                &job.key,
             ],
         ));
         for (key, value) in &t.changes {
@@ -506,6 +835,7 @@ async fn steps_pipelined(pool: &Pool, batch: &[Job]) -> R<Vec<i64>> {
                     &a.requested_at,
                     &a.restriction,
                     &a.approvers,
+                    &t.local,
                 ],
             ));
         }
@@ -525,42 +855,72 @@ async fn steps_pipelined(pool: &Pool, batch: &[Job]) -> R<Vec<i64>> {
         })
         .collect();
     let seqs: Vec<i64> = try_join_all(statements).await?.into_iter().flatten().collect();
-    tx.commit().await?;
+    commit(tx, unanswered).await?;
     Ok(seqs)
 }
 
+/// An Awaiting record as the asking host made it, with that host's offset
+/// from the server's clock (`$13`: its clock when the write was queued), so
+/// its expiry is compared on the server's clock.
 fn insert_awaiting_sql() -> String {
     format!(
-        "INSERT INTO awaiting ({AWAITING_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending', $11, $12)"
+        "INSERT INTO awaiting ({AWAITING_COLS}, clock_offset)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending', $11, $12, {})",
+        clock_offset("$13")
     )
 }
 
-/// Apply `write` inside the caller's transaction (a savepoint).
-async fn apply(c: &Tx<'_>, write: &Write) -> R<Written> {
-    match write {
+/// Apply `job`'s write inside the caller's transaction (a savepoint). With
+/// `retry`, an earlier attempt of its group may have committed it: what it
+/// wrote is looked up by its key first. A state check that fails looks too
+/// (it may have waited for that attempt's COMMIT, whose own change then
+/// made the state differ).
+async fn apply(c: &Tx<'_>, job: &Job, retry: bool) -> R<Written> {
+    let (key, local) = (job.key.as_str(), job.local());
+    match &job.write {
         Write::Step { step, changes, awaiting, run } => {
+            if retry && let Some(seq) = written_by(c, key).await? {
+                return Ok(Written::Seq(seq));
+            }
             if !state_is_as_read(c, step, changes).await? {
+                if let Some(seq) = written_by(c, key).await? {
+                    return Ok(Written::Seq(seq));
+                }
                 return Ok(Written::StateChanged);
             }
             if let Some(run) = run {
                 insert_run(c, &step.run_id, run).await?;
             }
-            write_step(c, step, changes, awaiting.as_ref()).await.map(Written::Seq)
+            write_step(c, step, changes, awaiting.as_ref(), key, local).await.map(Written::Seq)
         }
         Write::Run { run_id, run } => insert_run(c, run_id, run).await.map(|_| Written::Done),
-        Write::Claim { ticket_id, now, holder } => claim(c, ticket_id, *now, holder).await.map(Written::Claim),
-        Write::Heartbeat { holder, now } => heartbeat(c, holder, *now).await.map(|_| Written::Done),
+        Write::Claim { ticket_id, now, holder } => {
+            claim(c, ticket_id, *now, local, holder, key).await.map(Written::Claim)
+        }
+        Write::Heartbeat { holder, now } => heartbeat(c, holder, *now, local).await.map(|_| Written::Done),
         Write::Resolve { ticket_id, holder, step, changes, delivered } => {
+            if retry && let Some(seq) = written_by(c, key).await? {
+                return Ok(Written::Resolved(Ok(seq)));
+            }
             if !state_is_as_read(c, step, changes).await? {
+                if let Some(seq) = written_by(c, key).await? {
+                    return Ok(Written::Resolved(Ok(seq)));
+                }
                 return Ok(Written::StateChanged);
             }
-            resolve(c, ticket_id, holder, step, changes, *delivered).await.map(Written::Resolved)
+            resolve(c, ticket_id, holder, step, changes, *delivered, key).await.map(Written::Resolved)
         }
         Write::TakeOver { holder, now, lease_secs } => {
-            take_over(c, holder, *now, *lease_secs).await.map(Written::TakenOver)
+            take_over(c, holder, *now, local, *lease_secs, key).await.map(Written::TakenOver)
         }
-        Write::Deliver { ticket_id, step } => deliver(c, ticket_id, step).await.map(Written::Delivered),
+        Write::Deliver { ticket_id, step } => deliver(c, ticket_id, step, key).await.map(Written::Delivered),
     }
+}
+
+/// The step the write with `key` committed, if one did.
+async fn written_by(c: &Tx<'_>, key: &str) -> R<Option<i64>> {
+    let stmt = c.prepare_cached("SELECT seq FROM steps WHERE write_key = $1").await?;
+    Ok(c.query_opt(&stmt, &[&key]).await?.map(|r| r.get(0)))
 }
 
 /// Whether `step`'s Tool state is still what its call read (see
@@ -595,8 +955,10 @@ async fn write_step(
     step: &OwnedStep,
     changes: &[StateChange],
     awaiting: Option<&AwaitingRecord>,
+    key: &str,
+    local: f64,
 ) -> R<i64> {
-    let seq = insert_step(c, step, step.ticket.as_deref().or(awaiting.map(|a| a.ticket_id.as_str()))).await?;
+    let seq = insert_step(c, step, step.ticket.as_deref().or(awaiting.map(|a| a.ticket_id.as_str())), key).await?;
     apply_changes(c, &step.agent, &step.tool_id, changes).await?;
     if let Some(a) = awaiting {
         let stmt = c.prepare_cached(&insert_awaiting_sql()).await?;
@@ -615,6 +977,7 @@ async fn write_step(
                 &a.requested_at,
                 &a.restriction,
                 &a.approvers,
+                &local,
             ],
         )
         .await?;
@@ -622,7 +985,7 @@ async fn write_step(
     Ok(seq)
 }
 
-async fn insert_step(c: &Tx<'_>, s: &OwnedStep, ticket: Option<&str>) -> R<i64> {
+async fn insert_step(c: &Tx<'_>, s: &OwnedStep, ticket: Option<&str>, key: &str) -> R<i64> {
     let approved = s.approved_by.as_ref();
     let stmt = c.prepare_cached(INSERT_STEP).await?;
     let row = c
@@ -643,6 +1006,7 @@ async fn insert_step(c: &Tx<'_>, s: &OwnedStep, ticket: Option<&str>) -> R<i64> 
                 &approved.map(|a| text(&a.principal)),
                 &approved.map(|a| a.channel.as_str()),
                 &approved.map(|a| a.at),
+                &key,
             ],
         )
         .await?;
@@ -665,40 +1029,60 @@ async fn apply_changes(c: &Tx<'_>, agent: &str, tool: &str, changes: &[StateChan
     Ok(())
 }
 
-async fn heartbeat(c: &Tx<'_>, holder: &str, now: i64) -> R<()> {
+/// `holder` is alive: its heartbeat at `now` (its clock; `local` its clock
+/// when queued), on the server's clock.
+async fn heartbeat(c: &Tx<'_>, holder: &str, now: i64, local: f64) -> R<()> {
     let stmt = c
-        .prepare_cached(
-            "INSERT INTO hosts (instance_id, heartbeat_at) VALUES ($1, $2)
+        .prepare_cached(&format!(
+            "INSERT INTO hosts (instance_id, heartbeat_at) VALUES ($1, {})
              ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = GREATEST(hosts.heartbeat_at, excluded.heartbeat_at)",
-        )
+            on_server_clock("$2", "$3")
+        ))
         .await?;
-    c.execute(&stmt, &[&holder, &now]).await?;
+    c.execute(&stmt, &[&holder, &now, &local]).await?;
     Ok(())
 }
 
-/// pending → claimed by `holder`, if the ticket is pending and unexpired.
-/// Racing transactions wait on the row lock; all but one then find it claimed.
-async fn claim(c: &Tx<'_>, ticket_id: &str, now: i64, holder: &str) -> R<Result<AwaitingRecord, TicketError>> {
+/// pending → claimed by `holder`, if the ticket is pending and unexpired
+/// (on the server's clock: the claiming host's `now` and the asking host's
+/// expiry each translated by its host's offset).
+/// Racing transactions wait on the row lock; all but one then find it claimed
+/// — and a retry of this very claim (`key`) finds it its own.
+async fn claim(
+    c: &Tx<'_>,
+    ticket_id: &str,
+    now: i64,
+    local: f64,
+    holder: &str,
+    key: &str,
+) -> R<Result<AwaitingRecord, TicketError>> {
+    let at = on_server_clock("$2", "$5");
     let stmt = c
         .prepare_cached(&format!(
-            "UPDATE awaiting SET state = 'claimed', claimed_at = $2, holder = $3
-             WHERE ticket_id = $1 AND state = 'pending' AND expires_at > $2 RETURNING {AWAITING_COLS}"
+            "UPDATE awaiting SET state = 'claimed', claimed_at = {at}, holder = $3, claim_key = $4
+             WHERE ticket_id = $1 AND state = 'pending'
+               AND expires_at::NUMERIC + COALESCE(clock_offset, 0) > {at} RETURNING {AWAITING_COLS}"
         ))
         .await?;
-    if let Some(row) = c.query_opt(&stmt, &[&ticket_id, &now, &holder]).await? {
-        heartbeat(c, holder, now).await?;
+    if let Some(row) = c.query_opt(&stmt, &[&ticket_id, &now, &holder, &key, &local]).await? {
+        heartbeat(c, holder, now, local).await?;
         return Ok(Ok(awaiting_from_row(&row)));
     }
-    let stmt = c.prepare_cached(&format!("SELECT {AWAITING_COLS} FROM awaiting WHERE ticket_id = $1")).await?;
-    Ok(Err(match c.query_opt(&stmt, &[&ticket_id]).await?.map(|r| awaiting_from_row(&r)) {
+    let stmt =
+        c.prepare_cached(&format!("SELECT {AWAITING_COLS}, claim_key FROM awaiting WHERE ticket_id = $1")).await?;
+    let row = c.query_opt(&stmt, &[&ticket_id]).await?;
+    Ok(Err(match row.as_ref().map(|r| (awaiting_from_row(r), r.get::<_, Option<String>>(13))) {
         None => TicketError::Unknown(ticket_id.to_owned()),
-        Some(r) if r.state != "pending" => TicketError::Used(ticket_id.to_owned()),
+        // An earlier attempt of this claim committed.
+        Some((r, Some(k))) if r.state == "claimed" && k == key => return Ok(Ok(r)),
+        Some((r, _)) if r.state != "pending" => TicketError::Used(ticket_id.to_owned()),
         Some(_) => TicketError::Expired(ticket_id.to_owned()),
     }))
 }
 
 /// The step resolving `ticket_id`, if `holder` still holds its claim
-/// (exactly one row changes); otherwise nothing is written.
+/// (exactly one row changes); otherwise nothing is written — unless an
+/// earlier attempt of this resolution (`key`) committed it.
 async fn resolve(
     c: &Tx<'_>,
     ticket_id: &str,
@@ -706,6 +1090,7 @@ async fn resolve(
     step: &OwnedStep,
     changes: &[StateChange],
     delivered: bool,
+    key: &str,
 ) -> R<Result<i64, TicketError>> {
     let stmt = c
         .prepare_cached(
@@ -714,58 +1099,84 @@ async fn resolve(
         )
         .await?;
     if c.execute(&stmt, &[&ticket_id, &holder, &delivered]).await? != 1 {
+        if let Some(seq) = written_by(c, key).await? {
+            return Ok(Ok(seq));
+        }
         return Ok(Err(TicketError::Settled(ticket_id.to_owned())));
     }
-    let seq = insert_step(c, step, Some(ticket_id)).await?;
+    let seq = insert_step(c, step, Some(ticket_id), key).await?;
     apply_changes(c, &step.agent, &step.tool_id, changes).await?;
     Ok(Ok(seq))
 }
 
 /// Move to `holder` every claim whose holder's heartbeat (or the claim
-/// itself, for a holder that never beat) is older than the lease. Claims
-/// another host is taking over right now are skipped, not waited for.
-async fn take_over(c: &Tx<'_>, holder: &str, now: i64, lease_secs: i64) -> R<Vec<AwaitingRecord>> {
-    let cutoff = now.saturating_sub(lease_secs);
+/// itself, for a holder that never beat) is older than the lease, on the
+/// server's clock. Claims another host is taking over right now are
+/// skipped, not waited for. What an earlier attempt of this take-over
+/// (`key`) moved is returned with the rest.
+async fn take_over(
+    c: &Tx<'_>,
+    holder: &str,
+    now: i64,
+    local: f64,
+    lease_secs: i64,
+    key: &str,
+) -> R<Vec<AwaitingRecord>> {
+    let at = on_server_clock("$2", "$3");
     let stmt = c
         .prepare_cached(&format!(
             "SELECT {AWAITING_COLS} FROM awaiting a
              WHERE a.state = 'claimed' AND (a.holder IS NULL OR a.holder <> $1)
-               AND COALESCE((SELECT h.heartbeat_at FROM hosts h WHERE h.instance_id = a.holder), a.claimed_at, 0) < $2
+               AND COALESCE((SELECT h.heartbeat_at FROM hosts h WHERE h.instance_id = a.holder), a.claimed_at, 0)
+                   < {at} - $4::BIGINT
              ORDER BY a.ticket_id FOR UPDATE SKIP LOCKED"
         ))
         .await?;
-    let stale: Vec<AwaitingRecord> = c.query(&stmt, &[&holder, &cutoff]).await?.iter().map(awaiting_from_row).collect();
+    let stale: Vec<AwaitingRecord> =
+        c.query(&stmt, &[&holder, &now, &local, &lease_secs]).await?.iter().map(awaiting_from_row).collect();
     let update = c
-        .prepare_cached("UPDATE awaiting SET holder = $2, claimed_at = $3 WHERE ticket_id = $1 AND state = 'claimed'")
+        .prepare_cached(&format!(
+            "UPDATE awaiting SET holder = $2, claimed_at = {}, claim_key = $5 WHERE ticket_id = $1 AND state = 'claimed'",
+            on_server_clock("$3", "$4")
+        ))
         .await?;
     for r in &stale {
-        c.execute(&update, &[&r.ticket_id, &holder, &now]).await?;
+        c.execute(&update, &[&r.ticket_id, &holder, &now, &local, &key]).await?;
     }
     if !stale.is_empty() {
-        heartbeat(c, holder, now).await?;
+        heartbeat(c, holder, now, local).await?;
     }
+    let stmt = c
+        .prepare_cached(&format!(
+            "SELECT {AWAITING_COLS} FROM awaiting
+             WHERE claim_key = $1 AND holder = $2 AND state = 'claimed' ORDER BY ticket_id"
+        ))
+        .await?;
+    let taken: Vec<AwaitingRecord> = c.query(&stmt, &[&key, &holder]).await?.iter().map(awaiting_from_row).collect();
     // Hosts long gone and holding nothing need no row.
     let stmt = c
-        .prepare_cached(
-            "DELETE FROM hosts WHERE heartbeat_at < $1
+        .prepare_cached(&format!(
+            "DELETE FROM hosts WHERE heartbeat_at < {at} - $3::BIGINT
              AND instance_id NOT IN (SELECT holder FROM awaiting WHERE state = 'claimed' AND holder IS NOT NULL)",
-        )
+            at = on_server_clock("$1", "$2")
+        ))
         .await?;
-    c.execute(&stmt, &[&cutoff]).await?;
-    Ok(stale)
+    c.execute(&stmt, &[&now, &local, &lease_secs]).await?;
+    Ok(taken)
 }
 
-/// A retry's step for a decided ticket, once.
-async fn deliver(c: &Tx<'_>, ticket_id: &str, step: &OwnedStep) -> R<Option<i64>> {
+/// A retry's step for a decided ticket, once (an earlier attempt of this
+/// delivery, `key`, that committed counts as that once).
+async fn deliver(c: &Tx<'_>, ticket_id: &str, step: &OwnedStep, key: &str) -> R<Option<i64>> {
     let stmt = c
         .prepare_cached(
             "UPDATE awaiting SET delivered = TRUE WHERE ticket_id = $1 AND state = 'resolved' AND NOT delivered",
         )
         .await?;
     if c.execute(&stmt, &[&ticket_id]).await? != 1 {
-        return Ok(None);
+        return written_by(c, key).await;
     }
-    insert_step(c, step, Some(ticket_id)).await.map(Some)
+    insert_step(c, step, Some(ticket_id), key).await.map(Some)
 }
 
 const AWAITING_COLS: &str = "ticket_id, run_id, agent, call_id, tool_id, arguments, argument_digest, component_digest, \
@@ -821,10 +1232,49 @@ fn step_from_row(r: &Row) -> StepRecord {
 #[async_trait::async_trait]
 impl Committer for PostgresJournal {
     async fn write(&self, write: Write) -> Result<Written, CommitError> {
-        let gone = || CommitError::Postgres { store: self.shown.clone(), message: "the committer stopped".into() };
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        self.jobs.send(Job { write, reply }).map_err(|_| gone())?;
-        answer.await.map_err(|_| gone())?
+        let fail = |message: String| CommitError::Postgres { store: self.shown.clone(), message };
+        let (job, mut answer) = Job::new(write, self.skew);
+        let place = job.place.clone();
+        // The committers stopped before answering: the runtime running them
+        // ended (the host is shutting down). Whether the write was taken
+        // into a group says whether it may have been written.
+        let stopped = |place: &AtomicU8| {
+            fail(if place.load(Ordering::Acquire) == QUEUED {
+                "the journal's committers stopped (the runtime that ran them ended) before this write was \
+                 taken: it was not written"
+                    .into()
+            } else {
+                "the journal's committers stopped (the runtime that ran them ended) while committing this \
+                 write: its transaction was either committed or rolled back whole, and which is unknown here \
+                 (look it up before doing it again)"
+                    .into()
+            })
+        };
+        self.jobs.send(job).map_err(|_| stopped(&place))?;
+        match tokio::time::timeout(QUEUE_WAIT, &mut answer).await {
+            Ok(Ok(r)) => return r,
+            Ok(Err(_)) => return Err(stopped(&place)),
+            Err(_) => {}
+        }
+        // Waited long: take it back unless a committer has it.
+        if place.compare_exchange(QUEUED, ABANDONED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            return Err(fail(format!(
+                "this write waited {} s for a committer, every one busy with a group the server does not \
+                 answer (or more writes than `[postgres] pool_size` serves): it was not written; try again",
+                QUEUE_WAIT.as_secs()
+            )));
+        }
+        // Its group commit is bounded ([`COMMIT_DEADLINE`]); this bound only
+        // guards against a committer that never answers.
+        match tokio::time::timeout(COMMIT_DEADLINE + Duration::from_secs(5), answer).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(stopped(&place)),
+            Err(_) => Err(fail(format!(
+                "no answer from the committer within {} s of taking this write: whether it was written is \
+                 unknown (look it up before doing it again)",
+                COMMIT_DEADLINE.as_secs() + 5
+            ))),
+        }
     }
 
     fn unexpected(&self, what: &str) -> CommitError {
@@ -982,5 +1432,262 @@ impl StepStore for PostgresJournal {
             .query(&format!("SELECT {AWAITING_COLS} FROM awaiting WHERE state = 'pending' ORDER BY ordinal"), &[])
             .await?;
         Ok(rows.iter().map(awaiting_from_row).collect())
+    }
+}
+
+/// Against the PostgreSQL server `TOOLGATE_TEST_PG` names (`scripts/test`
+/// starts one); skipped, saying so, without it.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Verdict;
+    use std::time::Instant;
+
+    /// A journal on a new database, with what drops the database.
+    async fn journal(options: &str) -> Option<(PostgresJournal, String, Box<dyn std::any::Any>)> {
+        let Some((locator, keep)) = toolgate_tests::conformance::Postgres::fresh_database().await else {
+            eprintln!("skipped: set TOOLGATE_TEST_PG (scripts/test does)");
+            return None;
+        };
+        let dsn = format!("{locator} {options}");
+        let j = PostgresJournal::connect(&dsn, None, 2, None).await.unwrap();
+        Some((j, dsn, Box::new(keep)))
+    }
+
+    fn step<'a>(call_id: &'a str, outcome: OutcomeKind) -> NewStep<'a> {
+        NewStep {
+            run_id: "run-1",
+            agent: "main",
+            call_id,
+            tool_id: "notes.add",
+            arguments: "{}",
+            verdict: Verdict::Allow,
+            outcome,
+            result: "ok",
+            captured: "{}",
+            ticket: None,
+            structured: false,
+            approved_by: None,
+            state_read: None,
+        }
+    }
+
+    fn awaiting(ticket: &str, call_id: &str, expires_at: i64) -> AwaitingRecord {
+        AwaitingRecord {
+            ticket_id: ticket.into(),
+            run_id: "run-1".into(),
+            agent: "main".into(),
+            call_id: call_id.into(),
+            tool_id: "notes.add".into(),
+            arguments: "{}".into(),
+            argument_digest: "d".repeat(64),
+            component_digest: Digest::of(b"component"),
+            expires_at,
+            requested_at: now(),
+            state: "pending".into(),
+            restriction: None,
+            approvers: None,
+        }
+    }
+
+    fn set(key: &str, value: &str) -> StateChange {
+        StateChange { key: key.into(), value: Some(value.into()) }
+    }
+
+    /// A job as the committer takes it (its caller's answer unread).
+    fn job(write: Write) -> Job {
+        let (job, _answer) = Job::new(write, 0);
+        job.place.store(TAKEN, Ordering::Release);
+        job
+    }
+
+    /// A host whose clock runs an hour ahead (its `now` and its clock agree,
+    /// as the runtime's do) neither takes over a claim whose holder beats
+    /// nor finds a live ticket of another host expired; a claim whose holder
+    /// stopped beating is still taken over.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_host_whose_clock_runs_ahead_takes_over_no_live_claim() {
+        let Some((b, dsn, _keep)) = journal("").await else { return };
+        let a = PostgresJournal::connect(&dsn, None, 2, None).await.unwrap().skewed(3600);
+        let ahead = || now() + 3600;
+        for (t, c) in [("t1", "c1"), ("t2", "c2")] {
+            b.commit_step(&step(c, OutcomeKind::Awaiting), &[], Some(&awaiting(t, c, now() + 600))).await.unwrap();
+        }
+        b.claim_ticket("t1", now(), "host-b").await.unwrap().expect("b claims its ticket");
+        b.heartbeat("host-b", now()).await.unwrap();
+        let taken = a.take_over_stale_claims("host-a", ahead(), 60).await.unwrap();
+        assert!(taken.is_empty(), "a live claim taken over by a host whose clock is ahead");
+        let claimed = a.claim_ticket("t2", ahead(), "host-a").await.unwrap();
+        assert!(claimed.is_ok(), "a ticket with ten minutes left is not expired: {claimed:?}");
+        // b stops beating: past a (short) lease, on the server's clock, its claim is taken over.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let taken = a.take_over_stale_claims("host-a", ahead(), 1).await.unwrap();
+        assert_eq!(taken.iter().map(|t| t.ticket_id().to_owned()).collect::<Vec<_>>(), ["t1"]);
+    }
+
+    /// A group whose COMMIT's answer was lost is committed again by the
+    /// committer: the second attempt finds what the first wrote — one set of
+    /// steps, the ask reported raised, the claim, resolution and delivery
+    /// reported as the first attempt made them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_group_committed_again_after_a_lost_answer_writes_once() {
+        let Some((j, _dsn, _keep)) = journal("").await else { return };
+        let seqs = |r: Vec<Result<Written, CommitError>>| -> Vec<i64> {
+            r.into_iter()
+                .map(|w| match w {
+                    Ok(Written::Seq(s)) => s,
+                    Err(e) => panic!("{e}"),
+                    Ok(_) => panic!("not a step"),
+                })
+                .collect()
+        };
+        // Steps (one of them an ask), as the pipelined path writes them.
+        let batch = [
+            job(Write::Step {
+                step: OwnedStep::of(&step("c1", OutcomeKind::Output)),
+                changes: vec![set("n", "1")],
+                awaiting: None,
+                run: None,
+            }),
+            job(Write::Step {
+                step: OwnedStep::of(&step("c2", OutcomeKind::Awaiting)),
+                changes: vec![],
+                awaiting: Some(awaiting("t", "c2", now() + 600)),
+                run: None,
+            }),
+        ];
+        let first = seqs(commit_group(&j.pool, &batch, &j.shown).await);
+        let again = seqs(commit_group(&j.pool, &batch, &j.shown).await);
+        assert_eq!(first, again, "the retry reports the steps the first attempt wrote");
+        // A step that checks the state it read (the slow path): its own change does not make it stale.
+        let read = BTreeMap::from([("n".to_owned(), "1".to_owned())]);
+        let mut checked = OwnedStep::of(&step("c3", OutcomeKind::Output));
+        checked.state_read = Some(read.clone());
+        let batch = [job(Write::Step { step: checked, changes: vec![set("n", "2")], awaiting: None, run: None })];
+        let first = seqs(commit_group(&j.pool, &batch, &j.shown).await);
+        assert_eq!(first, seqs(commit_group(&j.pool, &batch, &j.shown).await));
+        assert_eq!(j.steps(None).await.unwrap().len(), 3, "one set of steps");
+        assert_eq!(j.pending().await.unwrap().len(), 1);
+
+        // Claim, resolve and deliver, each committed twice.
+        let claim = [job(Write::Claim { ticket_id: "t".into(), now: now(), holder: "h".into() })];
+        for attempt in 0..2 {
+            match commit_group(&j.pool, &claim, &j.shown).await.pop() {
+                Some(Ok(Written::Claim(Ok(r)))) => assert_eq!(r.ticket_id, "t"),
+                Some(Ok(Written::Claim(Err(e)))) => panic!("attempt {attempt}: the claim refused: {e:?}"),
+                _ => panic!("attempt {attempt}: not a claim"),
+            }
+        }
+        let mut resolving = OwnedStep::of(&step("c2", OutcomeKind::Output));
+        resolving.state_read = Some(BTreeMap::from([("n".to_owned(), "2".to_owned())]));
+        let resolve = [job(Write::Resolve {
+            ticket_id: "t".into(),
+            holder: "h".into(),
+            step: resolving,
+            changes: vec![set("n", "3")],
+            delivered: false,
+        })];
+        let mut resolved = Vec::new();
+        for attempt in 0..2 {
+            match commit_group(&j.pool, &resolve, &j.shown).await.pop() {
+                Some(Ok(Written::Resolved(Ok(seq)))) => resolved.push(seq),
+                Some(Ok(Written::Resolved(Err(e)))) => panic!("attempt {attempt}: refused: {e:?}"),
+                Some(Ok(Written::StateChanged)) => panic!("attempt {attempt}: found its own change stale"),
+                _ => panic!("attempt {attempt}: not a resolution"),
+            }
+        }
+        assert_eq!(resolved[0], resolved[1]);
+        let deliver =
+            [job(Write::Deliver { ticket_id: "t".into(), step: OwnedStep::of(&step("c9", OutcomeKind::Output)) })];
+        let mut delivered = Vec::new();
+        for _ in 0..2 {
+            match commit_group(&j.pool, &deliver, &j.shown).await.pop() {
+                Some(Ok(Written::Delivered(d))) => delivered.push(d),
+                _ => panic!("not a delivery"),
+            }
+        }
+        assert!(delivered[0].is_some() && delivered[0] == delivered[1], "{delivered:?}");
+        assert_eq!(j.steps(None).await.unwrap().len(), 5, "one resolution, one delivery");
+        assert_eq!(j.tool_state("main", "notes.add").await.unwrap()["n"], "3");
+        // Another delivery (another write) finds it delivered.
+        let other =
+            [job(Write::Deliver { ticket_id: "t".into(), step: OwnedStep::of(&step("c10", OutcomeKind::Output)) })];
+        assert!(matches!(commit_group(&j.pool, &other, &j.shown).await.pop(), Some(Ok(Written::Delivered(None)))));
+    }
+
+    /// Dropping the journal does not cut off the writes queued: a caller
+    /// that stopped waiting (its task cancelled) still has its write committed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dropping_the_journal_commits_what_is_queued() {
+        let Some((j, dsn, _keep)) = journal("").await else { return };
+        let calls: Vec<String> = (0..40).map(|i| format!("c{i}")).collect();
+        for c in &calls {
+            // Queued, then the caller is gone.
+            let _ = tokio::time::timeout(Duration::ZERO, j.commit_step(&step(c, OutcomeKind::Output), &[], None)).await;
+        }
+        drop(j);
+        let reader = PostgresJournal::connect(&dsn, None, 2, None).await.unwrap();
+        let start = Instant::now();
+        loop {
+            let n = reader.steps(None).await.unwrap().len();
+            if n == calls.len() {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "{n} of {} queued writes committed", calls.len());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Every connection bounds its waits: a host stalled mid-transaction
+    /// holding a lock fails another's commit within `lock_timeout` (here
+    /// set by the connection string's `options`, which wins), naming the
+    /// setting; the defaults are set otherwise; and waiting for a pooled
+    /// connection ends, naming `pool_size`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stalled_host_or_a_busy_pool_fails_a_commit_in_bounded_time() {
+        let Some((j, dsn, _keep)) = journal("options='-c lock_timeout=2s'").await else { return };
+        let settings = j
+            .query(
+                "SELECT current_setting('lock_timeout'), current_setting('statement_timeout'),
+                        current_setting('idle_in_transaction_session_timeout')",
+                &[],
+            )
+            .await
+            .unwrap();
+        let got: (String, String, String) = (settings[0].get(0), settings[0].get(1), settings[0].get(2));
+        assert_eq!(got, ("2s".into(), "30s".into(), "30s".into()));
+        // Another host, stalled while holding the lock of notes.add's state.
+        let (stalled, conn) = tokio_postgres::connect(&dsn, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        stalled
+            .batch_execute("BEGIN; SELECT pg_advisory_xact_lock(hashtextextended('main' || chr(1) || 'notes.add', 0))")
+            .await
+            .unwrap();
+        let mut s = step("c1", OutcomeKind::Output);
+        let read = BTreeMap::new();
+        s.state_read = Some(&read);
+        let start = Instant::now();
+        let r = tokio::time::timeout(Duration::from_secs(20), j.commit_step(&s, &[set("n", "1")], None))
+            .await
+            .expect("the commit waits for the stalled host's lock without end");
+        let e = r.expect_err("the lock is held").to_string();
+        assert!(start.elapsed() < Duration::from_secs(10), "{:?}", start.elapsed());
+        assert!(e.contains("lock_timeout") && e.contains("options"), "{e}");
+        stalled.batch_execute("ROLLBACK").await.unwrap();
+        j.commit_step(&s, &[set("n", "1")], None).await.expect("once released it commits");
+
+        // Every pooled connection busy: a read gives up.
+        let held = (j.pool.get().await.unwrap(), j.pool.get().await.unwrap());
+        let start = Instant::now();
+        let e = tokio::time::timeout(Duration::from_secs(30), j.steps(None))
+            .await
+            .expect("waiting for a pooled connection without end")
+            .expect_err("no connection is free")
+            .to_string();
+        assert!(start.elapsed() >= POOL_WAIT && e.contains("pool_size"), "{e}");
+        drop(held);
+        let (default, _dsn, _keep) = journal("").await.unwrap();
+        let r = default.query("SELECT current_setting('lock_timeout')", &[]).await.unwrap();
+        assert_eq!(r[0].get::<_, String>(0), "10s");
     }
 }
