@@ -507,14 +507,10 @@ impl Runtime {
                 snapshot = snapshot.restricted(r);
             }
         }
-        let skills = snapshot.catalog().narrowing_skills().clone();
-        // Most catalogs hold no narrowing Skill: then there is nothing to look up.
-        if !skills.is_empty() {
-            for id in self.store.output_tools(run_id).await? {
-                if let Some(allowed) = skills.get(&id) {
-                    snapshot = snapshot.with_skill(&id, allowed);
-                }
-            }
+        // A run the journal does not know has no steps: nothing to look up.
+        if known {
+            let activations = self.store.skill_activations(run_id).await?;
+            snapshot = with_activations(snapshot, &activations);
         }
         Ok((snapshot, known))
     }
@@ -718,6 +714,32 @@ pub fn unreadable(record: &AwaitingRecord, why: String) -> CallError {
     ApprovalError::CredentialUnreadable { ticket, request, why }.into()
 }
 
+/// `snapshot` narrowed by every Skill activation of a run
+/// ([`crate::store::StepStore::skill_activations`]): by the allowed-tools
+/// journaled with the activation, and by those the catalog holds now for
+/// the Skill — both, so a view only narrows: a Skill replaced since by a
+/// broader version, refused at a reload or removed still narrows the run to
+/// what it allowed when activated. A list that cannot be read narrows to
+/// nothing. (An output journaled before activations carried their list
+/// narrows only while the catalog holds the Skill.)
+fn with_activations(
+    mut snapshot: ExecutableAgentSnapshot,
+    activations: &[(String, Option<String>)],
+) -> ExecutableAgentSnapshot {
+    let skills = snapshot.catalog().narrowing_skills().clone();
+    for (id, recorded) in activations {
+        if let Some(text) = recorded {
+            // Written by us from a list of patterns.
+            let allowed: Vec<String> = serde_json::from_str(text).unwrap_or_default();
+            snapshot = snapshot.with_skill(id, &allowed);
+        }
+        if let Some(allowed) = skills.get(id) {
+            snapshot = snapshot.with_skill(id, allowed);
+        }
+    }
+    snapshot
+}
+
 fn narrowing_name(n: ToolCapabilityNarrowing) -> &'static str {
     match n {
         ToolCapabilityNarrowing::Configured => "configured",
@@ -795,18 +817,11 @@ impl Run<'_> {
         if view.skills_as_of() == mark {
             return Ok(view);
         }
-        let skills = view.catalog().narrowing_skills();
-        let outputs = rt.store.output_tools(&self.id).await?;
+        let activations = rt.store.skill_activations(&self.id).await?;
         let mut current = self.snapshot.lock().unwrap_or_else(|p| p.into_inner());
         // From the current view (a Skill this run activated meanwhile stays), only narrower.
-        let mut next = (**current).clone();
-        for id in outputs {
-            if let Some(allowed) = skills.get(&id)
-                && !next.has_skill(&id)
-            {
-                next = next.with_skill(&id, allowed);
-            }
-        }
+        let fresh: Vec<_> = activations.into_iter().filter(|(id, _)| !current.has_skill(id)).collect();
+        let next = with_activations((**current).clone(), &fresh);
         // `mark` was read before the journal: an activation after it is looked for again.
         *current = Arc::new(next.skills_checked_at(mark));
         Ok(current.clone())
@@ -1146,15 +1161,32 @@ struct Ending<'a> {
     state_read: Option<&'a BTreeMap<String, String>>,
     /// Whether `text` is a JSON document.
     structured: bool,
+    /// A narrowing Skill's output: its allowed-tools as the catalog held
+    /// them, journaled with the step so the run stays narrowed to them
+    /// whatever the catalog holds later ([`SKILL_NARROWED_TO`]).
+    narrowed_to: Option<&'a [String]>,
 }
+
+/// The member of a step's captured JSON object holding the allowed-tools a
+/// narrowing Skill's output narrowed its run to, as the catalog held them
+/// when the step was committed: a run stays narrowed to them when the Skill
+/// is replaced by a broader version, refused, or removed.
+pub const SKILL_NARROWED_TO: &str = "narrowed_to";
 
 static NOTHING_CAPTURED: std::sync::LazyLock<Captured> = std::sync::LazyLock::new(Captured::default);
 
 /// A step's captured output as the journal keeps it (a JSON object); most
 /// calls capture nothing, and that text is made once.
-fn captured_json(captured: &Captured) -> std::borrow::Cow<'static, str> {
+fn captured_json(captured: &Captured, narrowed_to: Option<&[String]>) -> std::borrow::Cow<'static, str> {
     static NOTHING: std::sync::LazyLock<String> =
         std::sync::LazyLock::new(|| serde_json::to_string(&*NOTHING_CAPTURED).unwrap_or_default());
+    if let Some(allowed) = narrowed_to {
+        let mut object = serde_json::to_value(captured).unwrap_or_else(|_| serde_json::json!({}));
+        if let Value::Object(members) = &mut object {
+            members.insert(SKILL_NARROWED_TO.to_owned(), serde_json::json!(allowed));
+        }
+        return std::borrow::Cow::Owned(object.to_string());
+    }
     if captured.is_empty() {
         return std::borrow::Cow::Borrowed(NOTHING.as_str());
     }
@@ -1173,6 +1205,7 @@ impl<'a> Ending<'a> {
             changes: &[],
             state_read: None,
             structured: false,
+            narrowed_to: None,
         }
     }
 }
@@ -1227,7 +1260,7 @@ impl<'a> Step<'a> {
         ending: Ending<'_>,
         awaiting: Option<&AwaitingRecord>,
     ) -> Result<i64, CommitError> {
-        let captured = captured_json(ending.captured);
+        let captured = captured_json(ending.captured, ending.narrowed_to);
         let ticket = awaiting.map(|a| a.ticket_id.as_str());
         let step = self.record(&ending, self.args(), &captured, ticket, None);
         match rt.store.commit_step_now(&step, ending.changes, awaiting) {
@@ -1246,7 +1279,7 @@ impl<'a> Step<'a> {
         approved_by: Option<&ApprovedBy>,
         delivered: bool,
     ) -> Result<i64, CallError> {
-        let captured = captured_json(ending.captured);
+        let captured = captured_json(ending.captured, ending.narrowed_to);
         let id = ticket.ticket_id().to_owned();
         // Whatever a resolving step says is the model's to read, also when it
         // quotes an error: never with the ticket in it (invariant 11).
@@ -1292,7 +1325,7 @@ impl<'a> Step<'a> {
         if undecided {
             let text = awaiting_text(&r.call_id);
             let ending = Ending { outcome: OutcomeKind::Awaiting, ..Ending::blocked(Verdict::Ask, &text) };
-            let captured = captured_json(ending.captured);
+            let captured = captured_json(ending.captured, ending.narrowed_to);
             let step = self.record(&ending, self.args(), &captured, Some(&r.ticket_id), None);
             let seq = rt.store.commit_step(&step, &[], None).await?;
             return Ok(Some(StepResult::Awaiting {
@@ -1339,6 +1372,7 @@ impl<'a> Step<'a> {
             changes,
             state_read: None,
             structured: false,
+            narrowed_to: None,
         };
         let exec = match exec {
             Ok(e) => e,
@@ -1365,6 +1399,12 @@ impl<'a> Step<'a> {
                     let ending = Ending {
                         structured,
                         state_read: Some(read),
+                        narrowed_to: rt
+                            .snapshot
+                            .catalog()
+                            .narrowing_skills()
+                            .get(&self.call.tool_id)
+                            .map(Vec::as_slice),
                         ..ran(OutcomeKind::Output, &text, &exec.captured, &changes)
                     };
                     // Refused without touching the claim, which stays ours: kept to resolve with the error.

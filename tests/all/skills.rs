@@ -9,8 +9,17 @@ use toolgate::sandbox::executor::Content;
 use toolgate_tests::{TestHost, guests, packed};
 
 fn skill_component() -> Vec<u8> {
+    skill_component_allowing(None)
+}
+
+/// The example Skill, its allowed-tools replaced by `allowed` when given
+/// (`Some(None)`: no allowed-tools at all, so it narrows nothing).
+fn skill_component_allowing(allowed: Option<Option<Vec<String>>>) -> Vec<u8> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../example-tools/skills/release-notes");
-    let skill = toolgate_author::skill::read(&dir).unwrap();
+    let mut skill = toolgate_author::skill::read(&dir).unwrap();
+    if let Some(allowed) = allowed {
+        skill.allowed_tools = allowed;
+    }
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(toolgate_author::skill::pack(&skill)).unwrap().0
@@ -217,4 +226,47 @@ async fn a_run_stays_narrowed_when_its_skill_becomes_ambiguous() {
     // A run that never activated it is not narrowed.
     let fresh = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
     assert!(matches!(fresh.call("hostile.big", json!({"bytes": 1})).await.unwrap(), StepResult::Output { .. }));
+}
+
+/// A run stays narrowed to what its Skill allowed when activated, whatever
+/// the catalog holds later: the Skill replaced by a broader version
+/// (allowed-tools `*`), by one without allowed-tools, or removed (an
+/// uninstall, a file refused at a reload — a half-copied upgrade, a stale
+/// lock). The allowed-tools are journaled with the activation; the catalog's
+/// list, while it holds the Skill, only narrows further. Before, a run was
+/// narrowed by the catalog's list only: each of these widened it to the
+/// agent's rules alone.
+#[tokio::test]
+async fn a_run_stays_narrowed_to_what_its_skill_allowed_when_activated() {
+    let replacements: [(&str, Option<Vec<u8>>); 3] = [
+        ("broader", Some(skill_component_allowing(Some(Some(vec!["*".into()]))))),
+        ("without allowed-tools", Some(skill_component_allowing(Some(None)))),
+        ("removed", None),
+    ];
+    for (what, replacement) in replacements {
+        let host =
+            TestHost::new("[agents.default]\nvisible = [\"*\"]\ndefault = \"allow\"\n", &with_text_and_hostile());
+        let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+        text(&run.call("skill.release-notes", json!({})).await.unwrap());
+        let run_id = run.id().to_owned();
+        drop(run);
+        match &replacement {
+            Some(bytes) => std::fs::write(host.plugins().join("release-notes.wasm"), bytes).unwrap(),
+            None => std::fs::remove_file(host.plugins().join("release-notes.wasm")).unwrap(),
+        }
+        let host = host.restart();
+        let resumed =
+            host.runtime.start_run(Some(run_id), toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+        let r = resumed.call("hostile.big", json!({"bytes": 1})).await.unwrap();
+        assert!(
+            matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("allowed-tools of skill `skill.release-notes`")),
+            "{what}: {r:?}"
+        );
+        let r = resumed.call("text.count", json!({"text": "a"})).await.unwrap();
+        assert!(matches!(r, StepResult::Output { .. }), "{what}: still allowed: {r:?}");
+        // A run that never activated it is not narrowed.
+        let fresh = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+        let r = fresh.call("hostile.big", json!({"bytes": 1})).await.unwrap();
+        assert!(matches!(r, StepResult::Output { .. }), "{what}: {r:?}");
+    }
 }

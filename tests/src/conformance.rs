@@ -159,6 +159,22 @@ pub async fn a_step_and_its_changes_commit_together(b: &dyn Backend) {
     assert!(s.steps(Some("run-2")).await.unwrap().is_empty());
     assert_eq!(s.steps(None).await.unwrap().len(), 2);
     assert_eq!(s.output_tools("run-1").await.unwrap(), ["notes.add"]);
+    assert_eq!(s.skill_activations("run-1").await.unwrap(), [("notes.add".to_owned(), None)]);
+    // A Skill's output journals the allowed-tools it narrowed its run to:
+    // each distinct list once, in journal order; a malformed one allows nothing.
+    let skill = |call_id, captured| NewStep { tool_id: "skill.x", captured, ..step(call_id, OutcomeKind::Output) };
+    s.commit_step(&skill("k1", r#"{"stdout":"","narrowed_to":["text.*"]}"#), &[], None).await.unwrap();
+    s.commit_step(&skill("k2", r#"{"stdout":"","narrowed_to":["text.*"]}"#), &[], None).await.unwrap();
+    s.commit_step(&skill("k3", r#"{"narrowed_to":"everything"}"#), &[], None).await.unwrap();
+    s.commit_step(&NewStep { tool_id: "skill.y", ..step("k4", OutcomeKind::ToolError) }, &[], None).await.unwrap();
+    assert_eq!(
+        s.skill_activations("run-1").await.unwrap(),
+        [
+            ("notes.add".to_owned(), None),
+            ("skill.x".to_owned(), Some(r#"["text.*"]"#.to_owned())),
+            ("skill.x".to_owned(), Some("[]".to_owned())),
+        ]
+    );
     let run = s.run("run-r").await.unwrap().expect("a begun run is recorded");
     assert_eq!((run.agent.as_str(), run.narrowing.as_str()), ("main", "deny-all"));
     assert_eq!(run.restriction.as_deref(), Some("{\"hosts\":[]}"), "the restriction is kept with the run");

@@ -600,6 +600,41 @@ pub trait StepStore: Send + Sync {
         ids.dedup();
         Ok(ids)
     }
+    /// Every distinct (Tool, journaled allowed-tools) of the outputs of
+    /// run `run_id`: the Skill activations, each with the list the step
+    /// journaled in its captured object's `narrowed_to` member (JSON text;
+    /// `None` for any other Tool's output, and for a Skill's journaled before
+    /// activations carried it). In journal order of first appearance.
+    async fn skill_activations(&self, run_id: &str) -> Result<Vec<(String, Option<String>)>, CommitError> {
+        let mut out: Vec<(String, Option<String>)> = Vec::new();
+        for s in self.steps(Some(run_id)).await? {
+            if s.outcome != OutcomeKind::Output {
+                continue;
+            }
+            let activation = (s.tool_id, narrowed_to(&s.captured));
+            if !out.contains(&activation) {
+                out.push(activation);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The `narrowed_to` member of a step's captured JSON object, as JSON text
+/// ([`StepStore::skill_activations`]); a captured text that is not a JSON
+/// object, or a member that is not a list, holds none. A list that cannot
+/// be read narrows to nothing where it is applied.
+pub fn narrowed_to(captured: &str) -> Option<String> {
+    // Most captured objects hold no list: not parsed at all.
+    if !captured.contains("\"narrowed_to\"") {
+        return None;
+    }
+    let value: serde_json::Value = serde_json::from_str(captured).ok()?;
+    match value.get("narrowed_to")? {
+        list @ serde_json::Value::Array(_) => Some(list.to_string()),
+        // Present but not a list: nothing is allowed.
+        _ => Some("[]".to_owned()),
+    }
 }
 
 /// Unix seconds now.

@@ -815,6 +815,26 @@ impl StepStore for SqliteJournal {
         })
     }
 
+    async fn skill_activations(&self, run_id: &str) -> Result<Vec<(String, Option<String>)>, CommitError> {
+        let rows: Vec<(String, Option<String>)> = self.with(|c| {
+            // The captured text only of the steps that journaled a list.
+            let mut stmt = c.prepare_cached(
+                "SELECT tool_id, CASE WHEN instr(captured, '\"narrowed_to\"') > 0 THEN captured END FROM steps \
+                 WHERE run_id = ?1 AND outcome = 'output' ORDER BY seq",
+            )?;
+            let rows = stmt.query_map(params![run_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            rows.collect()
+        })?;
+        let mut out: Vec<(String, Option<String>)> = Vec::new();
+        for (tool, captured) in rows {
+            let activation = (tool, captured.as_deref().and_then(super::narrowed_to));
+            if !out.contains(&activation) {
+                out.push(activation);
+            }
+        }
+        Ok(out)
+    }
+
     async fn tool_state(&self, agent: &str, tool_id: &str) -> Result<BTreeMap<String, String>, CommitError> {
         self.with(|c| read_state(c, agent, tool_id))
     }
