@@ -1638,6 +1638,42 @@ mod tests {
         }
     }
 
+    /// A write whose committers stopped — the runtime that ran them ended
+    /// (a host shutting down) — is answered saying so, and whether it can
+    /// have been written; never told it was.
+    #[test]
+    fn a_write_whose_committers_stopped_is_told_what_became_of_it() {
+        let callers = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let Some((locator, _keep)) = callers.block_on(toolgate_tests::conformance::Postgres::fresh_database()) else {
+            eprintln!("skipped: set TOOLGATE_TEST_PG (scripts/test does)");
+            return;
+        };
+        let committers = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let j = Arc::new(committers.block_on(PostgresJournal::connect(&locator, None, 2, None)).unwrap());
+        let calls: Vec<_> = (0..8)
+            .map(|i| {
+                let j = j.clone();
+                callers.spawn(async move {
+                    j.commit_step(&step(&format!("c{i}"), OutcomeKind::Output), &[], None).await.map(|_| ())
+                })
+            })
+            .collect();
+        committers.shutdown_background();
+        let mut refused = 0;
+        for call in calls {
+            if let Err(e) = callers.block_on(call).unwrap() {
+                refused += 1;
+                let e = e.to_string();
+                assert!(
+                    e.contains("committers stopped")
+                        && (e.contains("it was not written") || e.contains("which is unknown")),
+                    "{e}"
+                );
+            }
+        }
+        assert!(refused > 0, "the committers stopped before answering any of them");
+    }
+
     /// Every connection bounds its waits: a host stalled mid-transaction
     /// holding a lock fails another's commit within `lock_timeout` (here
     /// set by the connection string's `options`, which wins), naming the
