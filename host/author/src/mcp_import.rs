@@ -44,6 +44,22 @@ pub enum ImportError {
          by reference with `--credential NAME` (a `[credentials.NAME]` of the config, bound to this origin)"
     )]
     UrlUserInfo(String),
+    /// The URL's query holds what is named as a secret (`?token=…`,
+    /// `?api_key=…`) or the value of a configured credential: it would be
+    /// pinned in the component as plain text, and the host would send it
+    /// unwatched. Holds the URL without its query, and the parameter.
+    #[error(
+        "`{url}`: the query parameter `{param}` looks like a secret, which would be stored in the component as \
+         plain text: remove it from the URL and give the secret by reference with `--credential NAME` (a \
+         `[credentials.NAME]` of the config with `apply = {{ query = {{ param = \"{param}\" }} }}`, bound to this \
+         origin)"
+    )]
+    UrlQuerySecret {
+        /// The URL without its query.
+        url: String,
+        /// The parameter's name as written (the host's words for a value: `a configured credential`).
+        param: String,
+    },
     /// The credential cannot be used for this URL.
     #[error("{0}")]
     Credential(String),
@@ -107,6 +123,10 @@ pub fn endpoint(url: &str) -> Result<(String, String, u16), ImportError> {
         )));
     }
     let uri: http::Uri = url.parse().map_err(|_| ImportError::Url(url.to_owned()))?;
+    if let Some(param) = uri.query().and_then(secret_parameter) {
+        let bare = url.split(['?', '#']).next().unwrap_or("");
+        return Err(ImportError::UrlQuerySecret { url: bare.to_owned(), param: crate::one_line(param) });
+    }
     let scheme = uri.scheme_str().map(str::to_ascii_lowercase).ok_or_else(|| ImportError::Url(url.to_owned()))?;
     if scheme != "http" && scheme != "https" {
         return Err(ImportError::Url(url.to_owned()));
@@ -119,6 +139,22 @@ pub fn endpoint(url: &str) -> Result<(String, String, u16), ImportError> {
         return Err(ImportError::Url(url.to_owned()));
     }
     Ok((scheme, host, port))
+}
+
+/// The first parameter of `query` whose name says it holds a secret — a
+/// token, key, secret, password, signature, session or credential, in the
+/// spellings APIs use (`access_token`, `apiKey`, `X-Api-Key`, `sig`, `pwd`,
+/// `client_secret`) — compared without case, `-` or `_`.
+fn secret_parameter(query: &str) -> Option<&str> {
+    const NAMED: &[&str] = &["auth", "sig", "pwd", "pass", "jwt", "bearer", "code", "sid", "key"];
+    const WITHIN: &[&str] = &["token", "secret", "password", "passwd", "apikey", "signature", "session", "credential"];
+    query.split('&').map(|pair| pair.split('=').next().unwrap_or("")).find(|name| {
+        let plain: String = name.chars().filter(|c| !matches!(c, '-' | '_' | '.')).collect::<String>().to_lowercase();
+        NAMED.contains(&plain.as_str())
+            || WITHIN.iter().any(|w| plain.contains(w))
+            || plain.ends_with("key")
+            || plain.starts_with("auth")
+    })
 }
 
 /// How long an import may take by default, from the first request to the
@@ -201,6 +237,14 @@ pub async fn discover(
     timeout: std::time::Duration,
 ) -> Result<Discovered, ImportError> {
     let (scheme, host, port) = endpoint(url)?;
+    // A configured secret in the URL, under any name: it would be pinned.
+    if let Some(query) = url.split_once('?').map(|(_, q)| q)
+        && secrets.scanner().find(query.as_bytes()).is_some()
+    {
+        let bare = url.split(['?', '#']).next().unwrap_or("");
+        let param = "holding a configured credential's secret".to_owned();
+        return Err(ImportError::UrlQuerySecret { url: bare.to_owned(), param });
+    }
     let mut target = url.to_owned();
     let mut headers = HashMap::new();
     let mut watch = secrets.values.clone();
@@ -652,5 +696,45 @@ mod tests {
         }
         let d = Discovered { server_name: Some("s".into()), tools: vec![] };
         assert!(matches!(pin("http://bob:pass@h.example/mcp", &d, Some("s"), None), Err(ImportError::UrlUserInfo(_))));
+    }
+
+    /// A query parameter named as a secret, in the spellings APIs use, would
+    /// be pinned as plain data: refused, naming the parameter, never its
+    /// value; ordinary parameters pass.
+    #[test]
+    fn a_url_whose_query_names_a_secret_is_refused_without_showing_it() {
+        for (u, param) in [
+            ("https://h.example/mcp?token=s3cr3t-v4lue", "token"),
+            ("https://h.example/mcp?v=2&access_token=s3cr3t-v4lue", "access_token"),
+            ("https://h.example/mcp?apiKey=s3cr3t-v4lue", "apiKey"),
+            ("https://h.example/mcp?X-Api-Key=s3cr3t-v4lue", "X-Api-Key"),
+            ("https://h.example/mcp?key=s3cr3t-v4lue", "key"),
+            ("https://h.example/mcp?client_secret=s3cr3t-v4lue", "client_secret"),
+            ("https://h.example/mcp?sig=s3cr3t-v4lue&se=2030", "sig"),
+            ("https://h.example/mcp?password=s3cr3t-v4lue", "password"),
+            ("https://h.example/mcp?Authorization=s3cr3t-v4lue", "Authorization"),
+            ("https://h.example/mcp?session_id=s3cr3t-v4lue", "session_id"),
+        ] {
+            let e = endpoint(u).unwrap_err();
+            assert!(matches!(&e, ImportError::UrlQuerySecret { param: p, .. } if p == param), "{u}: {e}");
+            let e = e.to_string();
+            assert!(e.contains("--credential NAME") && e.contains(&format!("param = \"{param}\"")), "{e}");
+            assert!(!e.contains("s3cr3t"), "{e}");
+        }
+        for u in ["https://h.example/mcp?v=2", "https://h.example/mcp?format=json&region=eu", "https://h.example/mcp"] {
+            assert!(endpoint(u).is_ok(), "{u}");
+        }
+    }
+
+    /// A configured credential's secret in the query, under any name: refused
+    /// before anything is sent, its value not shown.
+    #[tokio::test]
+    async fn a_url_holding_a_configured_secret_is_refused_before_anything_is_sent() {
+        let secrets =
+            ConfiguredSecrets { values: vec![("tracker".into(), b"tr4cker-s3cret-0123".to_vec())], unreadable: vec![] };
+        let timeout = std::time::Duration::from_secs(5);
+        let e = discover("http://127.0.0.1:1/mcp?v=tr4cker-s3cret-0123", None, &secrets, timeout).await.unwrap_err();
+        assert!(matches!(e, ImportError::UrlQuerySecret { .. }), "{e}");
+        assert!(!e.to_string().contains("tr4cker"), "{e}");
     }
 }
