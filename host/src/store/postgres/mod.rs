@@ -1404,6 +1404,26 @@ impl StepStore for PostgresJournal {
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
+    async fn skill_activations(&self, run_id: &str) -> Result<Vec<(String, Option<String>)>, CommitError> {
+        // The captured text only of the steps that journaled a list.
+        let rows = self
+            .query(
+                "SELECT tool_id, CASE WHEN strpos(captured, '\"narrowed_to\"') > 0 THEN captured END FROM steps \
+                 WHERE run_id = $1 AND outcome = 'output' ORDER BY seq",
+                &[&run_id],
+            )
+            .await?;
+        let mut out: Vec<(String, Option<String>)> = Vec::new();
+        for row in &rows {
+            let captured: Option<String> = row.get(1);
+            let activation = (row.get(0), captured.as_deref().and_then(super::narrowed_to));
+            if !out.contains(&activation) {
+                out.push(activation);
+            }
+        }
+        Ok(out)
+    }
+
     async fn tool_state(&self, agent: &str, tool_id: &str) -> Result<BTreeMap<String, String>, CommitError> {
         let rows = self
             .query("SELECT key, value FROM tool_state WHERE agent = $1 AND tool_id = $2", &[&agent, &tool_id])
