@@ -147,12 +147,30 @@ pub fn endpoint(url: &str) -> Result<(String, String, u16), ImportError> {
 /// `client_secret`) — compared without case, `-` or `_`.
 fn secret_parameter(query: &str) -> Option<&str> {
     const NAMED: &[&str] = &["auth", "sig", "pwd", "pass", "jwt", "bearer", "code", "sid", "key"];
+    // `…key` only as a key's name: `sortkey`, `monkey` are not secrets.
+    const KEYS: &[&str] = &[
+        "accesskey",
+        "appkey",
+        "authkey",
+        "clientkey",
+        "devkey",
+        "licensekey",
+        "masterkey",
+        "privatekey",
+        "secretkey",
+        "sessionkey",
+        "sharedkey",
+        "signingkey",
+        "subscriptionkey",
+        "userkey",
+        "saskey",
+    ];
     const WITHIN: &[&str] = &["token", "secret", "password", "passwd", "apikey", "signature", "session", "credential"];
     query.split('&').map(|pair| pair.split('=').next().unwrap_or("")).find(|name| {
         let plain: String = name.chars().filter(|c| !matches!(c, '-' | '_' | '.')).collect::<String>().to_lowercase();
         NAMED.contains(&plain.as_str())
             || WITHIN.iter().any(|w| plain.contains(w))
-            || plain.ends_with("key")
+            || KEYS.iter().any(|k| plain.ends_with(k))
             || plain.starts_with("auth")
     })
 }
@@ -714,6 +732,8 @@ mod tests {
             ("https://h.example/mcp?password=s3cr3t-v4lue", "password"),
             ("https://h.example/mcp?Authorization=s3cr3t-v4lue", "Authorization"),
             ("https://h.example/mcp?session_id=s3cr3t-v4lue", "session_id"),
+            ("https://h.example/mcp?subscription-key=s3cr3t-v4lue", "subscription-key"),
+            ("https://h.example/mcp?access_key=s3cr3t-v4lue", "access_key"),
         ] {
             let e = endpoint(u).unwrap_err();
             assert!(matches!(&e, ImportError::UrlQuerySecret { param: p, .. } if p == param), "{u}: {e}");
@@ -721,7 +741,12 @@ mod tests {
             assert!(e.contains("--credential NAME") && e.contains(&format!("param = \"{param}\"")), "{e}");
             assert!(!e.contains("s3cr3t"), "{e}");
         }
-        for u in ["https://h.example/mcp?v=2", "https://h.example/mcp?format=json&region=eu", "https://h.example/mcp"] {
+        for u in [
+            "https://h.example/mcp?v=2",
+            "https://h.example/mcp?format=json&region=eu",
+            "https://h.example/mcp?sortKey=name&keyword=x&monkey=1&apiVersion=3",
+            "https://h.example/mcp",
+        ] {
             assert!(endpoint(u).is_ok(), "{u}");
         }
     }
