@@ -679,6 +679,76 @@ apply = { header = { name = "Authorization" } }
     assert!(host_records(&w.host).await.iter().any(|r| r.contains("credential `spaced`")));
 }
 
+/// Invariant 13 for a secret stored already encoded: a secret file
+/// holding the base64 of `bot:<password>`, applied as `Basic {}`. The
+/// server decodes it and echoes the password (plain, JSON-escaped,
+/// percent-encoded, in a header, later without the credential): each
+/// response is withheld, naming the credential, and a granted file
+/// holding the password is refused. The request carried the credential
+/// (named `tracker`, as the hostile guest declares it).
+#[tokio::test]
+async fn a_secret_stored_encoded_is_watched_as_the_server_decodes_it() {
+    use base64::Engine as _;
+    // Its own: every value this process read is watched, and another test
+    // binds `s3cr3t-t0ken-value` (its credential would be named first).
+    const PASSWORD: &str = "b0t-p4ssw0rd-0f-v4lue";
+    let api = TestServer::start(SECRET, "http://127.0.0.1:1/");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for sub in ["plugins", "data", "scratch"] {
+        std::fs::create_dir_all(d.join(sub)).unwrap();
+    }
+    let stored = base64::engine::general_purpose::STANDARD.encode(format!("bot:{PASSWORD}"));
+    std::fs::write(d.join("tracker.secret"), format!("{stored}\n")).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(d.join("tracker.secret"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::write(d.join("data/notes.txt"), format!("password: {PASSWORD}\n")).unwrap();
+    std::fs::write(d.join("data/a.txt"), "alpha\n").unwrap();
+    std::fs::write(d.join("plugins/hostile.wasm"), packed(guests::HOSTILE)).unwrap();
+    let config = format!(
+        r#"{preamble}
+[credentials.tracker]
+source = {{ file = "tracker.secret" }}
+destinations = ["{api}"]
+apply = {{ header = {{ name = "Authorization", format = "Basic {{}}" }} }}
+
+[[grants]]
+tools = "hostile.*"
+directories = [
+  {{ path = "/data", host = "data", access = "read" }},
+  {{ path = "/scratch", host = "scratch", access = "read-write" }},
+]
+hosts = ["{api}"]
+credentials = ["tracker"]
+
+[agents.default]
+visible = ["hostile.thief"]
+default = "allow"
+"#,
+        preamble = toolgate_tests::PREAMBLE,
+        api = api.origin(),
+    );
+    std::fs::write(d.join("toolgate.toml"), config).unwrap();
+    let host = TestHost::open(dir, "default");
+    for (form, place) in [("raw", "body"), ("json-u", "body"), ("pct-upper", "body"), ("raw", "header")] {
+        let url = api.url(&format!("/reflect?form={form}&in={place}&coding=identity"));
+        let seen = thief(&host, json!({"op": "http", "target": url, "credential": true})).await;
+        assert!(seen.contains("withheld") && !seen.contains(PASSWORD), "{form} in {place}: {seen}");
+        let records = host_records(&host).await;
+        assert!(records.iter().any(|r| r.contains("credential `tracker`")), "{form} in {place}: {records:?}");
+    }
+    // The server saw the encoded value, as `Basic` carries it.
+    let sent = api.requests().pop().unwrap();
+    assert_eq!(sent.header("authorization"), Some(format!("Basic {stored}").as_str()));
+    // Asked for later without the credential: the password alone.
+    let seen = thief(&host, json!({"op": "http", "target": api.url("/recall?form=raw"), "credential": false})).await;
+    assert!(seen.contains("withheld") && !seen.contains(PASSWORD), "{seen}");
+    let seen = thief(&host, json!({"op": "read", "target": "/data/notes.txt"})).await;
+    assert!(seen.starts_with("err: ") && seen.contains("ermission denied"), "{seen}");
+    assert!(host_records(&host).await.iter().any(|r| r.contains("credential `tracker`")));
+    assert_eq!(thief(&host, json!({"op": "read", "target": "/data/a.txt"})).await, "ok: \"alpha\\n\"");
+}
+
 /// Invariant 13 end to end for encodings the check once passed: UTF-16
 /// text mostly beyond Latin (PowerShell's `>` of a Cyrillic report) holding
 /// `Basic <base64>`, a secret's letters beyond ASCII as `htmlentities`

@@ -5,7 +5,12 @@
 //! in each value a destination may read as the credential
 //! ([`watched_values`]): as stored, without a byte order mark, trimmed of
 //! blanks, and each long enough word of it (the token of a stored
-//! `Bearer …`). For every value it builds *needles*, the value as an
+//! `Bearer …`); and what the destination decodes each of those to, when
+//! it is stored already encoded ([`decoded_values`]: the bytes of a
+//! base64, base64url or hex value, the password of a `Basic` pair), so a
+//! server that decodes the credential and echoes it in another encoding,
+//! or echoes the password alone, is found. For every value it builds
+//! *needles*, the value as an
 //! encoder would write it: raw (in any ASCII letter case, for secrets of
 //! [`MIN_SECRET`] bytes or more: servers normalize ids; its letters beyond
 //! ASCII lower-, upper-cased and mixed, [`case_variants`]), and in Latin-1
@@ -57,6 +62,11 @@
 //!   run is decoded a [`WINDOW`] at a time, the windows overlapping by
 //!   whatever a form can span, so a few windows a depth whatever the
 //!   data's size;
+//! - hex-decoded: the same for every run of hex digits (either case, line
+//!   breaks inside skipped, a `0x` or `\x` before it no part of it), decoded
+//!   at both digit offsets and searched with every view, charged to the
+//!   same budget and depth: hex of the secret percent-encoded (a query
+//!   credential as the host sends it) or JSON-escaped, hex of its base64;
 //! - UTF-16 narrowed ([`narrow_utf16`]): each run of its ASCII and Latin-1
 //!   characters, in either byte order, written as single bytes, with
 //!   every view above, whatever else the text holds.
@@ -162,7 +172,8 @@ pub struct Finding {
     pub form: &'static str,
     /// Which view found it, e.g. `as sent`, `backslash-unescaped`,
     /// `decoded repeatedly`, `as sent, hex list joined`, `base64-decoded`
-    /// (then the form is the one found inside, or [`OVER_BOUND`]).
+    /// or `hex-decoded` (then the form is the one found inside, or
+    /// [`OVER_BOUND`]).
     pub view: &'static str,
 }
 
@@ -212,7 +223,8 @@ pub struct SecretScanner {
     run_shortest: usize,
 }
 
-/// The bytes a form of one of `secrets` can be written with: every ASCII
+/// The bytes a form of one of `secrets` (the watched values, a decoded
+/// binary key's bytes among them) can be written with: every ASCII
 /// byte (the escapes, encodings, blanks, lists and dumps the views read are
 /// ASCII), and each secret's other characters, in either letter case, as
 /// UTF-8, Latin-1, Windows-1252 and UTF-16 in either byte order (the forms
@@ -220,13 +232,13 @@ pub struct SecretScanner {
 /// A form found in any view is a run of these bytes in the data: the
 /// base64 view leaves out the rest of what it decodes, which for base64 of
 /// binary (an image, the three wrong offsets of any run) is most of it.
-fn form_bytes(secrets: &[(String, Vec<u8>)]) -> [bool; 256] {
+fn form_bytes<'a>(secrets: impl IntoIterator<Item = &'a [u8]>) -> [bool; 256] {
     let mut table = [false; 256];
     for (b, slot) in table.iter_mut().enumerate() {
         *slot = b < 0x80;
     }
     let mut mark = |b: u8| table[usize::from(b)] = true;
-    for (_, stored) in secrets {
+    for stored in secrets {
         stored.iter().copied().for_each(&mut mark);
         for own in String::from_utf8_lossy(stored).chars() {
             for c in std::iter::once(own).chain(own.to_lowercase()).chain(own.to_uppercase()) {
@@ -505,9 +517,14 @@ impl Needles {
 /// word after its scheme). A UTF-8 byte order mark at its start (a file
 /// saved by Notepad or PowerShell) is no part of the secret: the value
 /// without it is watched too (the credentials layer sends it without).
+/// Then what a destination may decode each of those to
+/// ([`decoded_values`]): a secret stored already encoded (the base64 of
+/// `user:pass` for `Basic {}`, a base64 or hex key) is read by its server
+/// as its bytes, which it may echo in any encoding, and a `Basic`
+/// credential's password alone.
 /// Each gets every needle. A value that is all whitespace is no secret:
 /// nothing is watched for it.
-fn watched_values(stored: &[u8]) -> Vec<&[u8]> {
+fn watched_values(stored: &[u8]) -> Vec<Cow<'_, [u8]>> {
     let unmarked = stored.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(stored);
     let trimmed = unmarked.trim_ascii();
     if trimmed.is_empty() {
@@ -524,7 +541,75 @@ fn watched_values(stored: &[u8]) -> Vec<&[u8]> {
             values.push(word);
         }
     }
-    values
+    let mut watched: Vec<Cow<'_, [u8]>> = values.iter().copied().map(Cow::Borrowed).collect();
+    for v in values {
+        for d in decoded_values(v) {
+            if !watched.iter().any(|w| **w == *d) {
+                watched.push(Cow::Owned(d));
+            }
+        }
+    }
+    watched
+}
+
+/// What a destination may decode `value` to and read as the credential:
+/// its bytes, if `value` decodes cleanly to at least [`MIN_SECRET`] of
+/// them as hex (either case; or hex with `-` or `:` between groups of
+/// whole bytes, a UUID or a fingerprint), else as base64 or base64url,
+/// padded or not (one alphabet; canonical: padding, if any, where it
+/// belongs and no stray bits in the last character, as a strict decoder
+/// reads it); and, when those bytes are text `user:pass` (a `Basic`
+/// credential stored encoded), the password after the first `:` if it
+/// is [`MIN_SECRET`] bytes or more (the user is no secret: servers echo
+/// it). Nothing for a value that does not decode so: an ordinary token
+/// is watched as it is, with no more needles. The decoded bytes' forms
+/// are the secret's bytes in another encoding (a base64 key echoed as
+/// hex, a hex key as base64, either as a JWK's unpadded base64url), so
+/// the needles of bytes cover them; one level, not decoded again.
+fn decoded_values(value: &[u8]) -> Vec<Vec<u8>> {
+    let Some(bytes) = decode_hex_value(value).or_else(|| decode_base64_value(value)) else {
+        return Vec::new();
+    };
+    if bytes.len() < MIN_SECRET {
+        return Vec::new();
+    }
+    let password = std::str::from_utf8(&bytes)
+        .ok()
+        .filter(|text| !text.chars().any(char::is_control))
+        .and_then(|text| text.split_once(':'))
+        .map(|(_, password)| password.as_bytes().to_vec())
+        .filter(|p| p.len() >= MIN_SECRET);
+    std::iter::once(bytes).chain(password).collect()
+}
+
+/// `value` read as hex: all hex digits, an even number of them; or groups
+/// of an even number of them between `-` or `:` (one separator kind).
+fn decode_hex_value(value: &[u8]) -> Option<Vec<u8>> {
+    let sep = [b'-', b':'].into_iter().find(|s| value.contains(s));
+    let mut digits = Vec::with_capacity(value.len());
+    for group in value.split(|b| Some(*b) == sep) {
+        if group.is_empty() || group.len() % 2 != 0 || !group.iter().all(u8::is_ascii_hexdigit) {
+            return None;
+        }
+        digits.extend_from_slice(group);
+    }
+    hex::decode(digits).ok()
+}
+
+/// `value` read as base64 or base64url, as a strict decoder reads it:
+/// one alphabet, padded to a whole group or not padded at all, and no
+/// bits set past the last byte.
+fn decode_base64_value(value: &[u8]) -> Option<Vec<u8>> {
+    use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
+    let url = value.iter().any(|b| matches!(b, b'-' | b'_'));
+    let padded = value.last() == Some(&b'=');
+    let engine = match (url, padded) {
+        (false, true) => &STANDARD,
+        (false, false) => &STANDARD_NO_PAD,
+        (true, true) => &URL_SAFE,
+        (true, false) => &URL_SAFE_NO_PAD,
+    };
+    engine.decode(value).ok()
 }
 
 /// Every needle of one watched value, `secret`, of credential `i`.
@@ -676,8 +761,9 @@ impl SecretScanner {
     /// than [`MIN_SECRET`] are searched for raw only.
     pub fn new(secrets: &[(String, Vec<u8>)]) -> Self {
         let (mut exact, mut folded) = (Needles::default(), Needles::default());
-        for (i, (_, stored)) in secrets.iter().enumerate() {
-            for secret in watched_values(stored) {
+        let watched: Vec<Vec<Cow<'_, [u8]>>> = secrets.iter().map(|(_, stored)| watched_values(stored)).collect();
+        for (i, values) in watched.iter().enumerate() {
+            for secret in values {
                 add_needles(secret, i, &mut exact, &mut folded);
             }
         }
@@ -685,7 +771,7 @@ impl SecretScanner {
         let folded_longest = folded.patterns.iter().map(Vec::len).max().unwrap_or(0);
         let needle_longest = exact.patterns.iter().map(Vec::len).max().unwrap_or(0).max(folded_longest);
         let needle_shortest = exact.patterns.iter().chain(&folded.patterns).map(Vec::len).min().unwrap_or(1).max(1);
-        let form_bytes = form_bytes(secrets);
+        let form_bytes = form_bytes(watched.iter().flatten().map(|v| &**v));
         let separator = (0..=u8::MAX).rev().find(|&b| !form_bytes[usize::from(b)]).unwrap_or(u8::MAX);
         let (exact_blank, _) = exact.subset(|_, p| removes_from(p));
         let (folded_blank, _) = folded.subset(|_, p| removes_from(p));
@@ -758,7 +844,9 @@ impl SecretScanner {
         // The base64 view while the last pass is held, which goes before
         // the views after it make copies of their own: the check never
         // holds more copies of the data at once than those views do.
-        let found = self.find_base64(data, unescaped.as_deref(), budget);
+        let found = self
+            .find_decoded(data, unescaped.as_deref(), budget, &BASE64)
+            .or_else(|| self.find_decoded(data, unescaped.as_deref(), budget, &HEX));
         drop(unescaped);
         if found.is_some() {
             return found;
@@ -794,17 +882,27 @@ impl SecretScanner {
     /// A run is decoded a window at a time ([`Level`]), so what the view
     /// holds does not grow with the data. [`OVER_BOUND`] when the runs cost
     /// more than the budget has left.
-    fn find_base64(&self, data: &[u8], unescaped: Option<&[u8]>, budget: &mut Base64Budget) -> Option<Finding> {
+    ///
+    /// The hex view ([`HEX`]) is the same with runs of hex digits, decoded
+    /// at both digit offsets, charged to the same budget and depth.
+    fn find_decoded(
+        &self,
+        data: &[u8],
+        unescaped: Option<&[u8]>,
+        budget: &mut Base64Budget,
+        radix: &'static Radix,
+    ) -> Option<Finding> {
         if budget.depth >= MAX_BASE64_DEPTH {
             return None;
         }
-        let mut level = Level::new(self.base64_window(budget.depth), unescaped.is_some());
+        let window = if radix.hex { self.hex_window(budget.depth) } else { self.base64_window(budget.depth) };
+        let mut level = Level::new(window, unescaped.is_some(), radix);
         let found = self.find_base64_in(data, unescaped, budget, &mut level);
         budget.held = budget.held.saturating_sub(level.held);
         found
     }
 
-    /// [`SecretScanner::find_base64`] with its buffers, `level`.
+    /// [`SecretScanner::find_decoded`] with its buffers, `level`.
     fn find_base64_in(
         &self,
         data: &[u8],
@@ -812,15 +910,16 @@ impl SecretScanner {
         budget: &mut Base64Budget,
         level: &mut Level,
     ) -> Option<Finding> {
-        let min = self.run_shortest;
-        let mut mine = Base64Runs::new(data, min).peekable();
+        let radix = level.radix;
+        let min = if radix.hex { self.hex_run_shortest() } else { self.run_shortest };
+        let mut mine = Base64Runs::with_table(data, min, radix.table).peekable();
         if let Some(other) = unescaped {
             // In step: a run of the unescaped pass after the data's runs up
             // to where it can have come from (unescaping only shortens, by
             // `lag` bytes in all), so the two copies of a run meet while
             // the first is still in the table of runs seen.
             let lag = data.len().saturating_sub(other.len());
-            for run in Base64Runs::new(other, min) {
+            for run in Base64Runs::with_table(other, min, radix.table) {
                 while let Some(r) = mine.next_if(|r| r.start <= run.start.saturating_add(lag)) {
                     if let Some(f) = self.decode_windows(data, r, level, budget) {
                         return Some(f);
@@ -849,14 +948,16 @@ impl SecretScanner {
         if !level.seen.first_time(bytes) {
             return None;
         }
-        // The whole run, four offsets, ¾ of a byte a character each, as if
-        // decoded at once: the overlaps' work is not charged (at most ⅓ more).
-        let Some(left) = budget.left.checked_sub(run.chars.saturating_mul(3)) else {
-            return Some(self.over_bound());
+        // The whole run, four offsets, ¾ of a byte a character each (hex:
+        // two, ½ each), as if decoded at once: the overlaps' work is not
+        // charged (at most ⅓ more).
+        let radix = level.radix;
+        let Some(left) = budget.left.checked_sub(run.chars.saturating_mul(radix.cost)) else {
+            return Some(self.over_bound(radix.view));
         };
         budget.left = left;
         let Window { len, overlap } = level.window;
-        let mut chars = bytes.iter().map(|&b| BASE64_VALUE[usize::from(b)]).filter(|&v| v < 64);
+        let mut chars = bytes.iter().map(|&b| radix.table[usize::from(b)]).filter(|&v| v < radix.base);
         level.sextets.clear();
         level.sextets.reserve_exact(run.chars.min(len));
         let mut first = true;
@@ -867,10 +968,16 @@ impl SecretScanner {
                 break;
             }
             first = false;
-            for offset in 0..4 {
+            for offset in 0..radix.offsets {
                 level.piece.clear();
-                level.piece.reserve_exact(level.sextets.len() / 4 * 3 + 2);
-                decode_run(level.sextets.get(offset..).unwrap_or_default(), &mut level.piece);
+                let digits = level.sextets.get(offset..).unwrap_or_default();
+                if radix.hex {
+                    level.piece.reserve_exact(digits.len() / 2);
+                    decode_hex_run(digits, &mut level.piece);
+                } else {
+                    level.piece.reserve_exact(level.sextets.len() / 4 * 3 + 2);
+                    decode_run(digits, &mut level.piece);
+                }
                 budget.decoded = budget.decoded.saturating_add(level.piece.len());
                 self.keep_forms(&level.piece, &mut level.kept, &mut level.narrowed);
                 level.account(budget);
@@ -884,7 +991,7 @@ impl SecretScanner {
                 break;
             }
             // The next window starts `len - overlap` characters on, a
-            // multiple of 4: the four offsets read the same groups.
+            // multiple of 4: the offsets read the same groups.
             let next = len.saturating_sub(overlap).min(level.sextets.len());
             level.sextets.drain(..next);
         }
@@ -906,7 +1013,23 @@ impl SecretScanner {
         budget.depth -= 1;
         level.kept.clear();
         level.narrowed.clear();
-        found.map(|f| if f.form == OVER_BOUND { f } else { Finding { view: "base64-decoded", ..f } })
+        found.map(|f| if f.form == OVER_BOUND { f } else { Finding { view: level.radix.view, ..f } })
+    }
+
+    /// The window a hex run found `depth` decodings deep is read in:
+    /// overlapping by two digits a byte of [`SecretScanner::span`] decoded
+    /// bytes (and a byte either side), at least four overlaps long.
+    fn hex_window(&self, depth: usize) -> Window {
+        let overlap = self.span(depth + 1).saturating_add(2).saturating_mul(2).next_multiple_of(4);
+        Window { len: WINDOW.max(overlap.saturating_mul(4)), overlap }
+    }
+
+    /// Fewest digits of a run the hex view decodes: two a byte of the
+    /// shortest needle (and of [`MIN_SECRET`]), as for base64
+    /// ([`SecretScanner::run_shortest`]). Commit ids and hashes shorter than
+    /// hex of a whole secret are not decoded.
+    fn hex_run_shortest(&self) -> usize {
+        MIN_SECRET.max(self.needle_shortest).saturating_mul(2)
     }
 
     /// The window a base64 run found `depth` decodings deep is read in:
@@ -965,8 +1088,8 @@ impl SecretScanner {
 
     /// The finding for data whose base64 decodes past the bound: it may
     /// hold any credential's secret, so it names them all.
-    fn over_bound(&self) -> Finding {
-        Finding { credential: self.names.join(", "), form: OVER_BOUND, view: "base64-decoded" }
+    fn over_bound(&self, view: &'static str) -> Finding {
+        Finding { credential: self.names.join(", "), form: OVER_BOUND, view }
     }
 
     /// Every kind undone at once, pass after pass, each pass scanned; with
@@ -1287,6 +1410,7 @@ struct Window {
 /// and the runs seen.
 struct Level {
     window: Window,
+    radix: &'static Radix,
     sextets: Vec<u8>,
     piece: Vec<u8>,
     kept: Vec<u8>,
@@ -1297,9 +1421,10 @@ struct Level {
 }
 
 impl Level {
-    fn new(window: Window, dedupe: bool) -> Self {
+    fn new(window: Window, dedupe: bool, radix: &'static Radix) -> Self {
         Level {
             window,
+            radix,
             sextets: Vec::new(),
             piece: Vec::new(),
             kept: Vec::new(),
@@ -1461,17 +1586,25 @@ struct Run {
 struct Base64Runs<'a> {
     data: &'a [u8],
     min: usize,
+    /// [`BASE64_VALUE`], or [`HEX_CLASS`] for the runs of the hex view.
+    table: &'static [u8; 256],
     /// Where to look on; no run holds the byte before it.
     at: usize,
 }
 
 impl<'a> Base64Runs<'a> {
+    #[cfg(test)]
     fn new(data: &'a [u8], min: usize) -> Self {
-        Base64Runs { data, min: min.max(1), at: 0 }
+        Self::with_table(data, min, &BASE64_VALUE)
+    }
+
+    /// The runs of the characters `table` gives a value below 64.
+    fn with_table(data: &'a [u8], min: usize, table: &'static [u8; 256]) -> Self {
+        Base64Runs { data, min: min.max(1), table, at: 0 }
     }
 
     fn class(&self, i: usize) -> u8 {
-        self.data.get(i).map_or(NOT_BASE64, |&b| BASE64_VALUE[usize::from(b)])
+        self.data.get(i).map_or(NOT_BASE64, |&b| self.table[usize::from(b)])
     }
 
     fn is_gap(&self, i: usize) -> bool {
@@ -1586,6 +1719,64 @@ fn decode_run(sextets: &[u8], out: &mut Vec<u8>) {
         _ => {}
     }
 }
+
+/// `nibbles` (4-bit values) decoded as hex from their first, appended to
+/// `out`: a byte a two digits (a last lone digit holds no whole byte).
+fn decode_hex_run(nibbles: &[u8], out: &mut Vec<u8>) {
+    out.extend(nibbles.chunks_exact(2).map(|p| match *p {
+        [hi, lo] => hi << 4 | lo,
+        _ => 0,
+    }));
+}
+
+/// The value of each hex digit (either case), or [`LINE_BREAK`],
+/// [`BLANK`] or [`NOT_BASE64`], as [`BASE64_VALUE`] for base64: the hex
+/// view's runs go on across line breaks as base64's do (`xxd -p`, hex
+/// wrapped at a fixed width). A `0x` or `\x` before a run is no part of
+/// it (`x` ends a run), nor is a separator between bytes (`:`, `-`, a
+/// blank within a line: hex with separators has needles of its own).
+static HEX_CLASS: [u8; 256] = {
+    let mut table = BASE64_VALUE;
+    let mut i = 0;
+    while i < 256 {
+        if table[i] < 64 {
+            table[i] = NOT_BASE64;
+        }
+        i += 1;
+    }
+    let mut d = 0;
+    while d < 16 {
+        table[b"0123456789abcdef"[d] as usize] = d as u8;
+        table[b"0123456789ABCDEF"[d] as usize] = d as u8;
+        d += 1;
+    }
+    table
+};
+
+/// How one decoding view reads its runs.
+struct Radix {
+    /// Each byte's value ([`BASE64_VALUE`], [`HEX_CLASS`]).
+    table: &'static [u8; 256],
+    /// Values a character has (64, 16), and the character offsets a run
+    /// is decoded at (4, 2).
+    base: u8,
+    offsets: usize,
+    /// Bytes decoded a character of a run, at all the offsets together.
+    cost: usize,
+    hex: bool,
+    /// What a finding calls the view.
+    view: &'static str,
+}
+
+/// The base64 view ([`SecretScanner::find_decoded`]).
+static BASE64: Radix =
+    Radix { table: &BASE64_VALUE, base: 64, offsets: 4, cost: 3, hex: false, view: "base64-decoded" };
+
+/// The hex view: runs of hex digits, decoded at both digit offsets, what
+/// they decode to searched with every view. Hex of the secret itself has
+/// needles; this reads hex of any form the views undo (hex of the
+/// percent-encoded or JSON-escaped secret, hex of its base64 escaped).
+static HEX: Radix = Radix { table: &HEX_CLASS, base: 16, offsets: 2, cost: 1, hex: true, view: "hex-decoded" };
 
 /// [`HEX_VALUE`] of a byte that is not a hex digit.
 const NOT_HEX: u8 = 0xFF;
@@ -2896,8 +3087,12 @@ mod tests {
     #[test]
     fn a_secret_ending_in_equals_is_found_before_a_line_break() {
         // Its `=` before a line break is a soft line break to the view
-        // without blanks: the data as sent is searched for it.
-        let secret = "dGhpcyBpcyBhIGtleQ==";
+        // without blanks: the data as sent is searched for it. (Not
+        // canonical base64, `R` holding bits past the last byte: a value
+        // that decodes is also watched as its bytes, whose base64 needles
+        // hold no `=` and find it anyway.)
+        let secret = "dGhpcyBpcyBhIGtleR==";
+        assert!(decoded_values(secret.as_bytes()).is_empty());
         let s = SecretScanner::new(&[("t".into(), secret.as_bytes().to_vec())]);
         for data in [format!("key: {secret}\nnext"), format!("key: {}\r\n", secret.to_ascii_uppercase())] {
             let f = s.find(data.as_bytes());
@@ -3780,6 +3975,215 @@ mod base64_bound_tests {
         fn base64_like_data_never_panics_and_stays_in_its_budget(data in proptest::collection::vec(proptest::sample::select(b"QUJDVz0123+/-_=\r\n%2B\\u00\"A".to_vec()), 0..600)) {
             let (decoded, _, _) = work(&data);
             proptest::prop_assert!(decoded <= BASE64_FACTOR * data.len() + BASE64_SLACK);
+        }
+    }
+}
+
+/// A secret stored already encoded is watched as its destination decodes
+/// it, and hex is decoded like base64 and read with every view.
+#[cfg(test)]
+mod decoded_secret_tests {
+    use super::*;
+    use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
+
+    fn found(s: &SecretScanner, data: &[u8]) -> Option<String> {
+        s.find(data).map(|f| f.credential)
+    }
+
+    fn needles(s: &SecretScanner) -> usize {
+        s.exact_meta.len() + s.folded_meta.len()
+    }
+
+    fn pct(s: &str) -> String {
+        s.bytes().map(|b| format!("%{b:02X}")).collect()
+    }
+
+    fn json_escape_all(s: &str) -> String {
+        s.encode_utf16().map(|u| format!("\\u{u:04x}")).collect()
+    }
+
+    /// 32 bytes of a key, with bytes whose base64 holds `+` and `/`.
+    const KEY: [u8; 32] = [
+        0xfb, 0xef, 0xbe, 0x3f, 0xff, 0x01, 0x9a, 0x42, 0x7c, 0x88, 0x10, 0xde, 0xad, 0xbe, 0xef, 0x00, 0x13, 0x37,
+        0xc0, 0xff, 0xee, 0x55, 0xaa, 0x21, 0x0f, 0xf0, 0x3c, 0xc3, 0x99, 0x66, 0x7e, 0xe7,
+    ];
+
+    #[test]
+    fn a_basic_credentials_password_is_watched_when_stored_encoded() {
+        let stored = STANDARD.encode("user:s3cr3t-t0ken-value");
+        assert_eq!(stored, "dXNlcjpzM2NyM3QtdDBrZW4tdmFsdWU=");
+        let s = SecretScanner::new(&[("basic".into(), stored.clone().into_bytes())]);
+        let password = "s3cr3t-t0ken-value";
+        for (name, echoed) in [
+            ("plain", format!("{{\"user\":\"user\",\"password\":\"{password}\"}}")),
+            ("JSON-escaped", format!("{{\"password\":\"{}\"}}", json_escape_all(password))),
+            ("percent-encoded", format!("?password={}", pct(password))),
+            ("upper-cased", password.to_uppercase()),
+            ("base64 of it alone", STANDARD.encode(password)),
+            ("hex of it", hex::encode(password)),
+            ("the whole pair, decoded", "user:s3cr3t-t0ken-value".to_owned()),
+            ("stored, with a line feed (a secret file's own)", format!("{stored}\n")),
+        ] {
+            assert_eq!(found(&s, echoed.as_bytes()).as_deref(), Some("basic"), "{name}: {echoed}");
+        }
+        // A secret file with its line feed: the trimmed value decodes.
+        let s = SecretScanner::new(&[("basic".into(), format!("{stored}\n").into_bytes())]);
+        assert_eq!(found(&s, password.as_bytes()).as_deref(), Some("basic"));
+        // So does a stored `Basic …` (its word).
+        let s = SecretScanner::new(&[("basic".into(), format!("Basic {stored}").into_bytes())]);
+        assert_eq!(found(&s, password.as_bytes()).as_deref(), Some("basic"));
+        // The user alone is no secret; a password under 8 bytes is not
+        // watched alone (the pair still is).
+        let s = SecretScanner::new(&[("basic".into(), STANDARD.encode("service-account-name:hunter2").into_bytes())]);
+        assert_eq!(found(&s, b"{\"user\":\"service-account-name\"}"), None);
+        assert_eq!(found(&s, b"hunter2"), None);
+        assert_eq!(found(&s, b"service-account-name:hunter2").as_deref(), Some("basic"));
+    }
+
+    #[test]
+    fn a_key_stored_encoded_is_found_in_another_encoding_of_its_bytes() {
+        for (name, stored) in [
+            ("base64, padded", STANDARD.encode(KEY)),
+            ("base64, unpadded", STANDARD_NO_PAD.encode(KEY)),
+            ("base64url", URL_SAFE_NO_PAD.encode(KEY)),
+            ("hex", hex::encode(KEY)),
+            ("hex, upper", hex::encode_upper(KEY)),
+            (
+                "hex with colons",
+                hex::encode(KEY).as_bytes().chunks(2).map(|p| String::from_utf8_lossy(p)).collect::<Vec<_>>().join(":"),
+            ),
+        ] {
+            let s = SecretScanner::new(&[("key".into(), stored.into_bytes())]);
+            for (form, echoed) in [
+                ("base64, unpadded", STANDARD_NO_PAD.encode(KEY)),
+                (
+                    "base64url, unpadded (a JWK's k)",
+                    format!("{{\"kty\":\"oct\",\"k\":\"{}\"}}", URL_SAFE_NO_PAD.encode(KEY)),
+                ),
+                ("base64url, padded", URL_SAFE.encode(KEY)),
+                ("base64, padded", STANDARD.encode(KEY)),
+                ("base64 of it inside JSON, `\\/`-escaped", STANDARD.encode(KEY).replace('/', "\\/")),
+                ("hex", hex::encode(KEY)),
+                ("hex, upper", hex::encode_upper(KEY)),
+                ("byte list", KEY.iter().map(u8::to_string).collect::<Vec<_>>().join(",")),
+            ] {
+                assert_eq!(found(&s, echoed.as_bytes()).as_deref(), Some("key"), "stored as {name}, echoed as {form}");
+            }
+        }
+        // A UUID key read as its 16 bytes.
+        let uuid = "3f2504e0-4f89-11d3-9a0c-0305e82c3301";
+        let s = SecretScanner::new(&[("id".into(), uuid.as_bytes().to_vec())]);
+        let bytes = hex::decode(uuid.replace('-', "")).unwrap();
+        assert_eq!(found(&s, STANDARD.encode(&bytes).as_bytes()).as_deref(), Some("id"));
+    }
+
+    /// An ordinary token, that no strict decoder reads as base64 or hex,
+    /// gets no more needles than it had; one that decodes gets its bytes'.
+    #[test]
+    fn an_ordinary_token_gets_no_more_needles() {
+        let plain = |stored: &[u8]| {
+            let (mut exact, mut folded) = (Needles::default(), Needles::default());
+            add_needles(stored, 0, &mut exact, &mut folded);
+            exact.patterns.len() + folded.patterns.len()
+        };
+        for token in [
+            &b"tok-abcdef0123456789x"[..],
+            b"sk_live_51HqLyjWDarjtT1zdp7dc",
+            b"xoxb-1234567890-0987654321-AbCdEfGhIjKlMnOpQrStUvWx",
+            b"eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+            b"Xq7+vR2pL9sK4mTz/8",
+            b"0th3r-s3cret-value",
+            b"s3cr3t-t0ken-value",
+        ] {
+            assert!(decoded_values(token).is_empty(), "{}", String::from_utf8_lossy(token));
+            let s = SecretScanner::new(&[("t".into(), token.to_vec())]);
+            assert_eq!(needles(&s), plain(token), "{}", String::from_utf8_lossy(token));
+        }
+        let stored = STANDARD.encode(KEY);
+        let s = SecretScanner::new(&[("k".into(), stored.clone().into_bytes())]);
+        assert_eq!(needles(&s), plain(stored.as_bytes()) + plain(&KEY));
+        // A token that a strict decoder reads as base64url by chance (40
+        // characters of that alphabet) is watched as those bytes too: some
+        // forty needles more, nothing found that is not its bytes.
+        let token = b"ghp_16C7e42F292c6912E7710c838347Ae178B4a";
+        let [bytes] = &decoded_values(token)[..] else { panic!("one value") };
+        let s = SecretScanner::new(&[("t".into(), token.to_vec())]);
+        assert_eq!(needles(&s), plain(token) + plain(bytes));
+        assert!(plain(bytes) <= 40, "{}", plain(bytes));
+        // A decoded value's forms are no longer than the value's own.
+        let own = SecretScanner::new(&[("k".into(), KEY.to_vec())]).longest();
+        assert!(own <= s.longest(), "{own} {}", s.longest());
+    }
+
+    /// Hex of a form only the views undo: the secret percent-encoded as
+    /// the host sends a query credential, JSON-escaped, in base64 escaped.
+    #[test]
+    fn hex_of_an_escaped_secret_is_decoded_and_read_with_every_view() {
+        let secret = "tg/s3+cr=tZq8vXy";
+        let s = SecretScanner::new(&[("query".into(), secret.as_bytes().to_vec())]);
+        let query = "key=tg%2Fs3%2Bcr%3DtZq8vXy";
+        let escaped = format!("{{\"key\":\"{}\"}}", secret.replace('/', "\\/").replace('+', "\\u002B"));
+        for (name, data) in [
+            ("hex of the query", hex::encode(format!("GET /v1?{query} HTTP/1.1"))),
+            ("hex of the query, upper", hex::encode_upper(query)),
+            ("hex of the query, 0x", format!("0x{}", hex::encode(query))),
+            ("hex of the query, \\x (bytea)", format!("{{\"raw\":\"\\\\x{}\"}}", hex::encode(query))),
+            ("hex of the query, one digit off", format!("a{}", hex::encode(query))),
+            ("hex of the query, wrapped (xxd -p)", {
+                let h = hex::encode(format!("{query}&page=2&more={}", "x".repeat(40)));
+                h.as_bytes().chunks(60).map(|c| String::from_utf8_lossy(c).into_owned()).collect::<Vec<_>>().join("\n")
+            }),
+            ("hex of the JSON-escaped secret", hex::encode(&escaped)),
+            ("hex of its base64, percent-encoded", hex::encode(pct(&STANDARD.encode(secret)))),
+            ("base64 of hex of the query", STANDARD.encode(hex::encode(query))),
+            ("hex inside a JSON field", format!("{{\"trace\":\"{}\",\"n\":1}}", hex::encode(query))),
+        ] {
+            let f = s.find(data.as_bytes());
+            assert_eq!(f.as_ref().map(|f| f.credential.as_str()), Some("query"), "{name}: {data}");
+        }
+        // Hex of ordinary text and hashes is decoded and passes.
+        for clean in [
+            hex::encode("key=tg%2Fs3%2Bcr%3DtZq"),
+            "da39a3ee5e6b4b0d3255bfef95601890afd80709 e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+                .to_owned(),
+            hex::encode("the quick brown fox jumps over the lazy dog").repeat(20),
+        ] {
+            assert_eq!(s.find(clean.as_bytes()), None, "{clean}");
+        }
+    }
+
+    /// Hex that decodes to hex, over and over, or to what base64 reads:
+    /// the hex view is charged to the base64 view's budget and bounds.
+    #[test]
+    fn hostile_hex_stays_in_the_budget_and_bound() {
+        let s = SecretScanner::new(&[("query".into(), b"tg/s3+cr=tZq8vXy".to_vec())]);
+        for (name, data) in [
+            ("`41`s (`A`s)", "41".repeat(256 << 10)),
+            ("hex of hex of hex", hex::encode(hex::encode(hex::encode("0123456789".repeat(20 << 10))))),
+            ("hex of `A`s", hex::encode("A".repeat(256 << 10))),
+        ] {
+            let mut b = Base64Budget::for_len(data.len());
+            let f = s.find_with(data.as_bytes(), &mut b);
+            assert!(f.is_none() || f.as_ref().is_some_and(|f| f.form == OVER_BOUND), "{name}: {f:?}");
+            assert!(b.decoded <= BASE64_FACTOR * data.len() + BASE64_SLACK, "{name}: {}", b.decoded);
+            assert_eq!(b.held, 0, "{name}");
+            assert!(b.peak < 1 << 20, "{name}: held {}", b.peak);
+        }
+    }
+
+    #[test]
+    fn ordinary_data_is_not_flagged_by_a_decoded_value() {
+        let s = SecretScanner::new(&[
+            ("basic".into(), STANDARD.encode("user:s3cr3t-t0ken-value").into_bytes()),
+            ("key".into(), hex::encode(KEY).into_bytes()),
+        ]);
+        for clean in [
+            "{\"user\":\"user\",\"authenticated\":true}",
+            "s3cr3t-t0ken",
+            "{\"sha\":\"da39a3ee5e6b4b0d3255bfef95601890afd80709\"}",
+            "0123456789abcdef0123456789abcdef",
+        ] {
+            assert_eq!(found(&s, clean.as_bytes()), None, "{clean}");
         }
     }
 }
