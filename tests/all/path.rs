@@ -238,6 +238,15 @@ async fn a_component_that_fails_to_compile_is_an_executor_error_then_unhealthy()
     assert!(host.runtime.list().iter().all(|d| !d.id.starts_with("text.")));
     let r = run.call("text.count", json!({"text": "x"})).await.unwrap();
     assert!(matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("unhealthy")), "{r:?}");
+    // The reason the model reads holds no path of the host, nor the
+    // loader's words; the journal's results neither (invariant 14).
+    let root = host.dir.path().to_string_lossy().into_owned();
+    let StepResult::Blocked { reason, .. } = &r else { unreachable!() };
+    assert!(!reason.contains(&root) && !reason.contains("broken.wasm"), "{reason}");
+    assert!(reason.contains("could not load its component") && reason.contains("operator"), "{reason}");
+    for step in steps(&host).await {
+        assert!(!step.result.contains(&root), "{}", step.result);
+    }
     // The other component still serves.
     assert!(matches!(run.call("notes", json!({"op": "list"})).await.unwrap(), StepResult::Output { .. }));
 }

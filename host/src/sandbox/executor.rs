@@ -203,18 +203,24 @@ impl ExecutorError {
     /// host's log keep the whole text ([`std::fmt::Display`]). A transport
     /// failure names the Tool's own granted destination: said whole.
     pub fn model_text(&self, tool: &str) -> String {
-        let what = match self {
-            ExecutorError::Transport { .. } => return self.to_string(),
+        let Some(what) = self.what_happened() else { return self.to_string() };
+        format!(
+            "`{tool}` could not be run: {what}; nothing of the call ran. This is for the host's operator to fix (the \
+             host's log and journal hold the cause), not the call"
+        )
+    }
+
+    /// What happened, in words without the host's paths; `None` for a
+    /// transport failure (its text names the Tool's own destination).
+    fn what_happened(&self) -> Option<&'static str> {
+        Some(match self {
+            ExecutorError::Transport { .. } => return None,
             ExecutorError::Engine(_) => "the host's sandbox engine could not start",
             ExecutorError::Changed { .. } => "its component changed on disk since the host loaded it",
             ExecutorError::Read { .. } => "the host could not read its component",
             ExecutorError::Load { .. } => "the host could not load its component",
             ExecutorError::Instantiate { .. } => "the host could not start its component",
-        };
-        format!(
-            "`{tool}` could not be run: {what}; nothing of the call ran. This is for the host's operator to fix (the \
-             host's log and journal hold the cause), not the call"
-        )
+        })
     }
 }
 
@@ -1246,7 +1252,15 @@ impl Executor {
 
     /// Blocked from now on (until a reload): it cannot be compiled or linked.
     fn mark_unhealthy(&self, digest: Digest, why: &ExecutorError) {
-        self.unhealthy.write().unwrap_or_else(|p| p.into_inner()).insert(digest, why.to_string());
+        // The reason is shown wherever the component's Tools are refused —
+        // to the model too: without the host's paths or the loader's words,
+        // which go to the operator's log.
+        tracing::warn!("component {digest} is marked unhealthy until a reload: {why}");
+        let shown = match why.what_happened() {
+            Some(what) => format!("{what}; the host's operator must fix it (the host's log holds the cause)"),
+            None => why.to_string(),
+        };
+        self.unhealthy.write().unwrap_or_else(|p| p.into_inner()).insert(digest, shown);
         self.any_unhealthy.store(true, Ordering::Release);
     }
 
