@@ -60,6 +60,15 @@ pub enum ImportError {
         /// The parameter's name as written (the host's words for a value: `a configured credential`).
         param: String,
     },
+    /// The URL holds the secret of a configured credential (in its path,
+    /// query or fragment): it would be pinned as plain text. Holds the
+    /// URL's origin only.
+    #[error(
+        "`{0}`: the URL holds the secret of a configured credential, which would be stored in the component as \
+         plain text: give it by reference with `--credential NAME` (`apply = {{ query = … }}` or a header); a \
+         server that takes its key only in the URL's path cannot be imported with it"
+    )]
+    UrlSecret(String),
     /// The credential cannot be used for this URL.
     #[error("{0}")]
     Credential(String),
@@ -144,35 +153,109 @@ pub fn endpoint(url: &str) -> Result<(String, String, u16), ImportError> {
 /// The first parameter of `query` whose name says it holds a secret — a
 /// token, key, secret, password, signature, session or credential, in the
 /// spellings APIs use (`access_token`, `apiKey`, `X-Api-Key`, `sig`, `pwd`,
-/// `client_secret`) — compared without case, `-` or `_`.
+/// `client_secret`, `sessionid`). Names are read as words (split at `-`,
+/// `_`, `.` and camelCase), so `max_tokens`, `tokenizer`, `author`,
+/// `sortKey` or `monkey` are not secrets.
 fn secret_parameter(query: &str) -> Option<&str> {
-    const NAMED: &[&str] = &["auth", "sig", "pwd", "pass", "jwt", "bearer", "code", "sid", "key"];
-    // `…key` only as a key's name: `sortkey`, `monkey` are not secrets.
-    const KEYS: &[&str] = &[
+    // A word of the name that alone makes it a secret's.
+    const WORDS: &[&str] = &[
+        "token",
+        "secret",
+        "password",
+        "passwd",
+        "pwd",
+        "pass",
+        "passphrase",
+        "signature",
+        "sig",
+        "session",
+        "sid",
+        "credential",
+        "credentials",
+        "jwt",
+        "bearer",
+        "auth",
+        "authorization",
+        "apikey",
         "accesskey",
+        "privatekey",
+    ];
+    // Words after which `key` names a secret (`api_key`, `X-Api-Key`, `subscription-key`).
+    const KEY_OF: &[&str] = &[
+        "api",
+        "access",
+        "app",
+        "auth",
+        "client",
+        "dev",
+        "license",
+        "master",
+        "private",
+        "secret",
+        "session",
+        "shared",
+        "signing",
+        "subscription",
+        "user",
+        "sas",
+        "x",
+    ];
+    // Whole names, written as one word.
+    const JOINED: &[&str] = &[
+        "key",
+        "code",
+        "apikey",
+        "accesskey",
+        "accesstoken",
+        "authtoken",
+        "refreshtoken",
+        "idtoken",
+        "sessionid",
+        "sessiontoken",
+        "clientsecret",
+        "secretkey",
+        "privatekey",
+        "subscriptionkey",
+        "signingkey",
+        "masterkey",
         "appkey",
         "authkey",
         "clientkey",
-        "devkey",
         "licensekey",
-        "masterkey",
-        "privatekey",
-        "secretkey",
-        "sessionkey",
         "sharedkey",
-        "signingkey",
-        "subscriptionkey",
         "userkey",
+        "devkey",
         "saskey",
     ];
-    const WITHIN: &[&str] = &["token", "secret", "password", "passwd", "apikey", "signature", "session", "credential"];
-    query.split('&').map(|pair| pair.split('=').next().unwrap_or("")).find(|name| {
-        let plain: String = name.chars().filter(|c| !matches!(c, '-' | '_' | '.')).collect::<String>().to_lowercase();
-        NAMED.contains(&plain.as_str())
-            || WITHIN.iter().any(|w| plain.contains(w))
-            || KEYS.iter().any(|k| plain.ends_with(k))
-            || plain.starts_with("auth")
+    query.split(['&', ';']).map(|pair| pair.split('=').next().unwrap_or("")).find(|name| {
+        let words = words_of(name);
+        let joined: String = words.concat();
+        JOINED.contains(&joined.as_str())
+            || words.iter().any(|w| WORDS.contains(&w.as_str()))
+            || words.windows(2).any(|p| p[1] == "key" && KEY_OF.contains(&p[0].as_str()))
     })
+}
+
+/// `name` as lower-case words: split at anything not a letter or digit and
+/// where a lower-case letter or digit meets an upper-case one.
+fn words_of(name: &str) -> Vec<String> {
+    let mut words: Vec<String> = Vec::new();
+    let mut word = String::new();
+    let mut prev_lower = false;
+    for c in name.chars() {
+        if !c.is_alphanumeric() {
+            words.extend((!word.is_empty()).then(|| std::mem::take(&mut word)));
+            prev_lower = false;
+            continue;
+        }
+        if c.is_uppercase() && prev_lower {
+            words.push(std::mem::take(&mut word));
+        }
+        prev_lower = c.is_lowercase() || c.is_ascii_digit();
+        word.extend(c.to_lowercase());
+    }
+    words.extend((!word.is_empty()).then_some(word));
+    words
 }
 
 /// How long an import may take by default, from the first request to the
@@ -255,13 +338,10 @@ pub async fn discover(
     timeout: std::time::Duration,
 ) -> Result<Discovered, ImportError> {
     let (scheme, host, port) = endpoint(url)?;
-    // A configured secret in the URL, under any name: it would be pinned.
-    if let Some(query) = url.split_once('?').map(|(_, q)| q)
-        && secrets.scanner().find(query.as_bytes()).is_some()
-    {
-        let bare = url.split(['?', '#']).next().unwrap_or("");
-        let param = "holding a configured credential's secret".to_owned();
-        return Err(ImportError::UrlQuerySecret { url: bare.to_owned(), param });
+    // A configured secret anywhere in the URL — its path (`/s/<key>/mcp`),
+    // query or fragment — under any name: it would be pinned.
+    if secrets.scanner().find(url.as_bytes()).is_some() {
+        return Err(ImportError::UrlSecret(format!("{scheme}://{host}:{port}/…")));
     }
     let mut target = url.to_owned();
     let mut headers = HashMap::new();
@@ -734,6 +814,9 @@ mod tests {
             ("https://h.example/mcp?session_id=s3cr3t-v4lue", "session_id"),
             ("https://h.example/mcp?subscription-key=s3cr3t-v4lue", "subscription-key"),
             ("https://h.example/mcp?access_key=s3cr3t-v4lue", "access_key"),
+            ("https://h.example/mcp?v=1;sessionid=s3cr3t-v4lue", "sessionid"),
+            ("https://h.example/mcp?refreshToken=s3cr3t-v4lue", "refreshToken"),
+            ("https://h.example/mcp?auth=s3cr3t-v4lue", "auth"),
         ] {
             let e = endpoint(u).unwrap_err();
             assert!(matches!(&e, ImportError::UrlQuerySecret { param: p, .. } if p == param), "{u}: {e}");
@@ -745,6 +828,7 @@ mod tests {
             "https://h.example/mcp?v=2",
             "https://h.example/mcp?format=json&region=eu",
             "https://h.example/mcp?sortKey=name&keyword=x&monkey=1&apiVersion=3",
+            "https://h.example/mcp?author=alice&authority=x&max_tokens=512&tokenizer=bpe&passenger=2",
             "https://h.example/mcp",
         ] {
             assert!(endpoint(u).is_ok(), "{u}");
@@ -758,8 +842,15 @@ mod tests {
         let secrets =
             ConfiguredSecrets { values: vec![("tracker".into(), b"tr4cker-s3cret-0123".to_vec())], unreadable: vec![] };
         let timeout = std::time::Duration::from_secs(5);
-        let e = discover("http://127.0.0.1:1/mcp?v=tr4cker-s3cret-0123", None, &secrets, timeout).await.unwrap_err();
-        assert!(matches!(e, ImportError::UrlQuerySecret { .. }), "{e}");
-        assert!(!e.to_string().contains("tr4cker"), "{e}");
+        for u in [
+            "http://127.0.0.1:1/mcp?v=tr4cker-s3cret-0123",
+            "http://127.0.0.1:1/s/tr4cker-s3cret-0123/mcp",
+            "http://127.0.0.1:1/mcp#tr4cker-s3cret-0123",
+            "http://127.0.0.1:1/mcp?v=tr4cker%2Ds3cret%2D0123",
+        ] {
+            let e = discover(u, None, &secrets, timeout).await.unwrap_err();
+            assert!(matches!(e, ImportError::UrlSecret(_)), "{u}: {e}");
+            assert!(!e.to_string().contains("tr4cker"), "{e}");
+        }
     }
 }
