@@ -544,9 +544,8 @@ impl Runtime {
         if record.state != "pending" {
             return Err(TicketError::Used(ticket_id.to_owned()).into());
         }
-        if record.expires_at <= at {
-            return Err(TicketError::Expired(ticket_id.to_owned()).into());
-        }
+        // Expiry is the claim's to judge, on the store's clock (PostgreSQL:
+        // the server's, whatever this host's clock says).
         let approved_by = approval::verify(
             approval,
             &record,
@@ -819,9 +818,11 @@ impl Run<'_> {
         }
         let activations = rt.store.skill_activations(&self.id).await?;
         let mut current = self.snapshot.lock().unwrap_or_else(|p| p.into_inner());
-        // From the current view (a Skill this run activated meanwhile stays), only narrower.
-        let fresh: Vec<_> = activations.into_iter().filter(|(id, _)| !current.has_skill(id)).collect();
-        let next = with_activations((**current).clone(), &fresh);
+        // From the current view (a Skill this run activated meanwhile stays),
+        // only narrower: every journaled list, also of a Skill the view holds
+        // with another list (one activated on an older catalog, approved
+        // after a reload), the same list once.
+        let next = with_activations((**current).clone(), &activations);
         // `mark` was read before the journal: an activation after it is looked for again.
         *current = Arc::new(next.skills_checked_at(mark));
         Ok(current.clone())
@@ -964,8 +965,7 @@ impl Run<'_> {
     fn activate(&self, view: &ExecutableAgentSnapshot, skill_id: &str, allowed: &[String]) {
         let was = self.runtime.skill_marks.of(&self.id).fetch_add(1, Ordering::AcqRel);
         let mut current = self.snapshot.lock().unwrap_or_else(|p| p.into_inner());
-        let mut next =
-            if current.has_skill(skill_id) { (**current).clone() } else { current.with_skill(skill_id, allowed) };
+        let mut next = current.with_skill(skill_id, allowed);
         // Up to date only if nothing else was activated since this call's
         // view was: otherwise the next call looks in the journal.
         if was == view.skills_as_of() && current.skills_as_of() == was {

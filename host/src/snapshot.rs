@@ -141,7 +141,7 @@ pub struct ExecutableAgentSnapshot {
     narrowing: ToolCapabilityNarrowing,
     restrictions: Vec<Restriction>,
     /// Skills activated in the run, each limiting calls to its allowed-tools.
-    skills: Vec<(String, GlobSet)>,
+    skills: Vec<(String, Vec<String>, GlobSet)>,
     /// The count of Skill activations in the run's bucket of the runtime
     /// (`Runtime`'s marks) this view was last brought up to date with: a
     /// call finding the count moved looks in the journal first.
@@ -241,7 +241,11 @@ impl ExecutableAgentSnapshot {
     /// The same view after Skill `skill_id` activated with `allowed` (tool
     /// ids or globs). Patterns that do not compile match nothing.
     /// The Skill itself stays callable (to read its resources).
+    /// Applying the same Skill with the same list again changes nothing.
     pub fn with_skill(&self, skill_id: &str, allowed: &[String]) -> Self {
+        if self.skills.iter().any(|(id, list, _)| id == skill_id && list == allowed) {
+            return self.clone();
+        }
         let mut set = GlobSetBuilder::new();
         if let Ok(g) = glob(&globset::escape(skill_id)) {
             set.add(g);
@@ -252,13 +256,13 @@ impl ExecutableAgentSnapshot {
             }
         }
         let mut s = self.clone();
-        s.skills.push((skill_id.to_owned(), set.build().unwrap_or_else(|_| GlobSet::empty())));
+        s.skills.push((skill_id.to_owned(), allowed.to_vec(), set.build().unwrap_or_else(|_| GlobSet::empty())));
         s
     }
 
     /// Whether Skill `skill_id` is active in this view.
     pub fn has_skill(&self, skill_id: &str) -> bool {
-        self.skills.iter().any(|(id, _)| id == skill_id)
+        self.skills.iter().any(|(id, ..)| id == skill_id)
     }
 
     /// The count of Skill activations this view is up to date with (see
@@ -275,7 +279,7 @@ impl ExecutableAgentSnapshot {
 
     /// The first active Skill whose allowed-tools exclude `tool_id`.
     pub fn skill_excluding(&self, tool_id: &str) -> Option<&str> {
-        self.skills.iter().find(|(_, set)| !set.is_match(tool_id)).map(|(id, _)| id.as_str())
+        self.skills.iter().find(|(.., set)| !set.is_match(tool_id)).map(|(id, ..)| id.as_str())
     }
 
     /// The agent's name.

@@ -270,3 +270,51 @@ async fn a_run_stays_narrowed_to_what_its_skill_allowed_when_activated() {
         assert!(matches!(r, StepResult::Output { .. }), "{what}: {r:?}");
     }
 }
+
+/// A run's view held across a reload (a server session's) takes every list
+/// the journal holds for a Skill, also one activated on the older catalog:
+/// the Skill (v1: `notes text.*`) is asked on generation G, replaced by a
+/// broader v2 (`*`) and reloaded, activated in the same run on G+1 (the
+/// view holds v2's list), then the human approves the ask on G — v1's
+/// output journals v1's list, and the run's next call on G+1 is held to it.
+/// Before, the view skipped a Skill it already held, whatever its list.
+#[tokio::test]
+async fn a_view_held_across_a_reload_takes_a_list_approved_on_the_older_catalog() {
+    let host = TestHost::new(
+        r#"
+[agents.default]
+visible = ["*"]
+default = "allow"
+rules = [{ pattern = "skill.release-notes(resource = \"references/style.md\")", behavior = "ask" }]
+"#,
+        &with_text_and_hostile(),
+    );
+    let old = &host.runtime;
+    // v1 compiled on G (another run), as a server that served it has.
+    let other = old.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+    text(&other.call("skill.release-notes", json!({})).await.unwrap());
+    let run = old.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+    let asked = run.call("skill.release-notes", json!({"resource": "references/style.md"})).await.unwrap();
+    let StepResult::Awaiting { ticket, .. } = asked else { panic!("{asked:?}") };
+    let run_id = run.id().to_owned();
+    drop(run);
+    // Generation G+1: the Skill replaced by a broader version.
+    std::fs::write(host.plugins().join("release-notes.wasm"), skill_component_allowing(Some(Some(vec!["*".into()]))))
+        .unwrap();
+    let catalog = std::sync::Arc::new(toolgate::host::catalog(&host.config).unwrap());
+    let snapshot = toolgate::ExecutableAgentSnapshot::build(&host.config, "default", catalog).unwrap();
+    let new = old.with_snapshot(snapshot);
+    let run = new.start_run(Some(run_id), toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+    text(&run.call("skill.release-notes", json!({})).await.unwrap());
+    assert!(matches!(run.call("hostile.big", json!({"bytes": 1})).await.unwrap(), StepResult::Output { .. }));
+    // The human approves the ask made on G: v1 runs there and journals its list.
+    let shown = old.store().awaiting(&ticket).await.unwrap().unwrap().call_digest();
+    let approved = old.approve(&ticket, &toolgate::Approval::by_embedder("test-approver", shown)).await.unwrap();
+    assert!(matches!(approved, StepResult::Output { .. }), "{approved:?}");
+    // The same view on G+1 now holds v1's list too.
+    let r = run.call("hostile.big", json!({"bytes": 1})).await.unwrap();
+    assert!(
+        matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("allowed-tools of skill `skill.release-notes`")),
+        "{r:?}"
+    );
+}
