@@ -477,15 +477,9 @@ impl StepStore for MemoryJournal {
 
     async fn skill_activations(&self, run_id: &str) -> Result<Vec<(String, Option<String>)>, CommitError> {
         let j = self.lock();
-        let mut out: Vec<(String, Option<String>)> = Vec::new();
         let steps = j.by_run.get(run_id).into_iter().flat_map(|(_, steps)| steps).map(|i| j.step(*i));
-        for s in steps.filter(|s| s.outcome == OutcomeKind::Output) {
-            let activation = (s.tool_id.to_string(), super::narrowed_to(&s.captured));
-            if !out.contains(&activation) {
-                out.push(activation);
-            }
-        }
-        Ok(out)
+        let outputs = steps.filter(|s| s.outcome == OutcomeKind::Output);
+        Ok(super::activations(outputs.map(|s| (s.tool_id.to_string(), Some(&*s.captured)))))
     }
 
     async fn tool_state(&self, agent: &str, tool_id: &str) -> Result<BTreeMap<String, String>, CommitError> {

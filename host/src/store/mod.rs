@@ -606,18 +606,26 @@ pub trait StepStore: Send + Sync {
     /// `None` for any other Tool's output, and for a Skill's journaled before
     /// activations carried it). In journal order of first appearance.
     async fn skill_activations(&self, run_id: &str) -> Result<Vec<(String, Option<String>)>, CommitError> {
-        let mut out: Vec<(String, Option<String>)> = Vec::new();
-        for s in self.steps(Some(run_id)).await? {
-            if s.outcome != OutcomeKind::Output {
-                continue;
-            }
-            let activation = (s.tool_id, narrowed_to(&s.captured));
-            if !out.contains(&activation) {
-                out.push(activation);
-            }
-        }
-        Ok(out)
+        let steps = self.steps(Some(run_id)).await?;
+        Ok(activations(
+            steps.into_iter().filter(|s| s.outcome == OutcomeKind::Output).map(|s| (s.tool_id, Some(s.captured))),
+        ))
     }
+}
+
+/// [`StepStore::skill_activations`] from a run's outputs, in journal order:
+/// (Tool, captured text — or `None` where it holds no list).
+pub fn activations<C: AsRef<str>>(
+    outputs: impl IntoIterator<Item = (String, Option<C>)>,
+) -> Vec<(String, Option<String>)> {
+    let mut out: Vec<(String, Option<String>)> = Vec::new();
+    for (tool, captured) in outputs {
+        let activation = (tool, captured.as_ref().map(AsRef::as_ref).and_then(narrowed_to));
+        if !out.contains(&activation) {
+            out.push(activation);
+        }
+    }
+    out
 }
 
 /// The `narrowed_to` member of a step's captured JSON object, as JSON text

@@ -825,14 +825,7 @@ impl StepStore for SqliteJournal {
             let rows = stmt.query_map(params![run_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
             rows.collect()
         })?;
-        let mut out: Vec<(String, Option<String>)> = Vec::new();
-        for (tool, captured) in rows {
-            let activation = (tool, captured.as_deref().and_then(super::narrowed_to));
-            if !out.contains(&activation) {
-                out.push(activation);
-            }
-        }
-        Ok(out)
+        Ok(super::activations(rows))
     }
 
     async fn tool_state(&self, agent: &str, tool_id: &str) -> Result<BTreeMap<String, String>, CommitError> {

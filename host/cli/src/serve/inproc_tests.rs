@@ -129,7 +129,9 @@ impl Client {
 
     /// Initialized as a 2025-11-25 client that takes forms; `notes add` sent
     /// as request 2; the elicitation it asks returned.
-    async fn asked(server: McpServer) -> (Client, serde_json::Value) {
+    /// A 2025-11-25 client that can elicit, which has called `notes add "n"`
+    /// (request id 2).
+    async fn adding_a_note(server: McpServer) -> Client {
         let mut c = Client::connect(server);
         c.send(serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-11-25", "capabilities": {"elicitation": {}},
@@ -140,6 +142,11 @@ impl Client {
         c.send(serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
             "params": {"name": "notes", "arguments": {"op": "add", "note": "n"}}}))
             .await;
+        c
+    }
+
+    async fn asked(server: McpServer) -> (Client, serde_json::Value) {
+        let mut c = Client::adding_a_note(server).await;
         let ask = c.receive().await;
         assert_eq!(ask["method"], "elicitation/create", "{ask}");
         (c, ask)
@@ -770,16 +777,7 @@ async fn ask_that_cannot_be_approved_here() {
     ));
     let server = server(dir.path(), settings(KEEP_ASKING)).await;
     let store = server.shared.runtimes.read().unwrap().base.store().clone();
-    let mut c = Client::connect(server);
-    c.send(serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {"elicitation": {}},
-        "clientInfo": {"name": "test", "version": "1"}}}))
-        .await;
-    assert!(c.receive().await["result"]["protocolVersion"].is_string());
-    c.send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
-    c.send(serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-        "params": {"name": "notes", "arguments": {"op": "add", "note": "n"}}}))
-        .await;
+    let mut c = Client::adding_a_note(server).await;
     let done = c.receive().await;
     assert_eq!(done["id"], 2, "answered, not asked: {done}");
     let message = done["error"]["message"].as_str().unwrap_or_default();
