@@ -615,6 +615,25 @@ pub struct Config {
     pub serve: ServeConfig,
 }
 
+/// The parser's error as the operator reads it: with the config's line it
+/// is on, except for an error in a secret's source, whose line may hold the
+/// secret itself — then the line and column only
+/// ([`crate::authority::credentials::SOURCE_ERROR`]).
+fn parse_error_text(e: &toml::de::Error, text: &str) -> String {
+    if !e.message().contains(crate::authority::credentials::SOURCE_ERROR) {
+        return e.to_string().trim_end().to_owned();
+    }
+    match e.span() {
+        Some(span) => {
+            let before = text.get(..span.start).unwrap_or("");
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            format!("line {line}, column {column}: {}", e.message())
+        }
+        None => e.message().to_owned(),
+    }
+}
+
 impl Config {
     /// Read and check `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -632,7 +651,7 @@ impl Config {
         let base = &if base.as_os_str().is_empty() { std::env::current_dir() } else { std::path::absolute(base) }
             .unwrap_or_else(|_| base.to_owned());
         let raw: RawConfig = toml::from_str(text)
-            .map_err(|e| ConfigError::Parse { path: path.to_owned(), message: e.to_string().trim_end().to_owned() })?;
+            .map_err(|e| ConfigError::Parse { path: path.to_owned(), message: parse_error_text(&e, text) })?;
         let field = |field: &str, message: String| ConfigError::Field {
             path: path.to_owned(),
             field: field.to_owned(),
@@ -1132,6 +1151,36 @@ mod tests {
         let s = e.to_string();
         assert!(s.contains(PATH), "error does not name the file: {s}");
         s
+    }
+
+    /// A secret written into the config where its source belongs — a
+    /// credential's `source`, a `[[serve.auth]]` token, `serve.state_key`,
+    /// `[postgres] password`, as a string, a number or a table of other
+    /// keys — is refused naming where it is and what a source is, never
+    /// quoting it (the parser's error quoted the line holding it: printed
+    /// into CI logs). Other errors keep the line they are on.
+    #[test]
+    fn a_secret_written_in_place_of_its_source_is_refused_without_quoting_it() {
+        const SECRET: &str = "ghp_L1teralS3cretValue0123456789";
+        for text in [
+            format!("[credentials.gh]\nsource = \"{SECRET}\"\ndestinations = [\"https://api.github.com:443\"]\n"),
+            format!(
+                "[credentials.gh]\nsource = {{ value = \"{SECRET}\" }}\ndestinations = [\"https://a.example:443\"]\n"
+            ),
+            format!("[serve]\nauth = [{{ agent = \"default\", token = \"{SECRET}\" }}]\n"),
+            format!("[serve]\nstate_key = \"{SECRET}\"\n"),
+            format!("store = \"postgres://db.example/tg\"\n[postgres]\npassword = \"{SECRET}\"\n"),
+            "[serve]\nstate_key = 1234567890123\n".to_owned(),
+        ] {
+            let s = err(&text);
+            assert!(!s.contains(SECRET) && !s.contains("1234567890123"), "quoted: {s}");
+            assert!(s.contains("never the secret") && s.contains("line "), "{s}");
+        }
+        let s = err("[limits]\nmemory_mib = \"lots\"\n");
+        assert!(s.contains("memory_mib = \"lots\""), "other errors keep their line: {s}");
+        let ok = "[credentials.gh]\nsource = { env = \"GH_TOKEN\" }\ndestinations = [\"https://api.github.com:443\"]\n\
+                  apply = { header = { name = \"Authorization\", format = \"Bearer {}\" } }\n";
+        assert!(parse(ok).is_ok(), "{:?}", parse(ok).err());
     }
 
     #[test]

@@ -27,13 +27,71 @@ use serde::Deserialize;
 use crate::authority::destination::Destination;
 
 /// Where a secret comes from.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
     /// An environment variable of the host process.
     Env(String),
     /// A file readable only by its owner (mode 0600 or stricter).
     File(PathBuf),
+}
+
+/// Opens every error of a secret's source in the config: the parser's
+/// error for it must not quote the line it is on, which may hold the secret
+/// itself (`source = "ghp_…"`): [`crate::config::Config::parse`] drops the
+/// quoted source for an error that holds this.
+pub const SOURCE_ERROR: &str = "a secret's source is `{ env = \"VAR\" }` or `{ file = \"PATH\" }`, never the secret";
+
+/// The table form of [`Source`] as the config writes it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+enum SourceTable {
+    Env(String),
+    File(PathBuf),
+}
+
+impl<'de> Deserialize<'de> for Source {
+    /// A table naming where the secret is; anything else — a string, a
+    /// number: the secret written in the config — is refused without its
+    /// value, as is a table with other keys.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{self, Error as _};
+        struct Table;
+        fn refused<E: de::Error>() -> E {
+            E::custom(format!("{SOURCE_ERROR} itself: the value here was not read and is not shown"))
+        }
+        impl<'de> de::Visitor<'de> for Table {
+            type Value = Source;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(SOURCE_ERROR)
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Source, A::Error> {
+                match SourceTable::deserialize(de::value::MapAccessDeserializer::new(map)) {
+                    Ok(SourceTable::Env(var)) => Ok(Source::Env(var)),
+                    Ok(SourceTable::File(path)) => Ok(Source::File(path)),
+                    Err(e) => Err(A::Error::custom(format!("{SOURCE_ERROR}: {e}"))),
+                }
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Source, E> {
+                Err(refused())
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Source, E> {
+                Err(refused())
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Source, E> {
+                Err(refused())
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Source, E> {
+                Err(refused())
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Source, E> {
+                Err(refused())
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, _: A) -> Result<Source, A::Error> {
+                Err(refused())
+            }
+        }
+        d.deserialize_any(Table)
+    }
 }
 
 impl Source {
