@@ -7,11 +7,11 @@
 //! blanks, and each long enough word of it (the token of a stored
 //! `Bearer …`); and what the destination decodes each of those to, when
 //! it is stored already encoded ([`decoded_values`]: the bytes of a
-//! base64, base64url or hex value, the password of a `Basic` pair), so a
-//! server that decodes the credential and echoes it in another encoding,
-//! or echoes the password alone, is found. For every value it builds
-//! *needles*, the value as an
-//! encoder would write it: raw (in any ASCII letter case, for secrets of
+//! base64, base64url or hex value, the side of a `Basic` pair that
+//! carries the secret), so a server that decodes the credential and
+//! echoes it in another encoding, or echoes that side alone, is found.
+//! For every value it builds *needles*, the value as an encoder would
+//! write it: raw (in any ASCII letter case, for secrets of
 //! [`MIN_SECRET`] bytes or more: servers normalize ids; its letters beyond
 //! ASCII lower-, upper-cased and mixed, [`case_variants`]), and in Latin-1
 //! and Windows-1252 when every character fits a byte there;
@@ -223,8 +223,9 @@ pub struct SecretScanner {
     run_shortest: usize,
 }
 
-/// The bytes a form of one of `secrets` (the watched values, a decoded
-/// binary key's bytes among them) can be written with: every ASCII
+/// The bytes a form of one of `secrets` (the stored values and the
+/// watched values that are text: not a decoded binary key's bytes) can
+/// be written with: every ASCII
 /// byte (the escapes, encodings, blanks, lists and dumps the views read are
 /// ASCII), and each secret's other characters, in either letter case, as
 /// UTF-8, Latin-1, Windows-1252 and UTF-16 in either byte order (the forms
@@ -521,7 +522,8 @@ impl Needles {
 /// ([`decoded_values`]): a secret stored already encoded (the base64 of
 /// `user:pass` for `Basic {}`, a base64 or hex key) is read by its server
 /// as its bytes, which it may echo in any encoding, and a `Basic`
-/// credential's password alone.
+/// credential's secret side alone (its password, or the key sent as its
+/// user).
 /// Each gets every needle. A value that is all whitespace is no secret:
 /// nothing is watched for it.
 fn watched_values(stored: &[u8]) -> Vec<Cow<'_, [u8]>> {
@@ -559,10 +561,9 @@ fn watched_values(stored: &[u8]) -> Vec<Cow<'_, [u8]>> {
 /// padded or not (one alphabet; canonical: padding, if any, where it
 /// belongs and no stray bits in the last character, as a strict decoder
 /// reads it); and, when those bytes are text `user:pass` (a `Basic`
-/// credential stored encoded), the password after the first `:` if it
-/// is [`MIN_SECRET`] bytes or more (the user is no secret: servers echo
-/// it). Nothing for a value that does not decode so: an ordinary token
-/// is watched as it is, with no more needles. The decoded bytes' forms
+/// credential stored encoded), the side that carries the secret alone
+/// ([`basic_secret_side`]). Nothing for a value that does not decode so:
+/// an ordinary token is watched as it is, with no more needles. The decoded bytes' forms
 /// are the secret's bytes in another encoding (a base64 key echoed as
 /// hex, a hex key as base64, either as a JWK's unpadded base64url), so
 /// the needles of bytes cover them; one level, not decoded again.
@@ -573,13 +574,84 @@ fn decoded_values(value: &[u8]) -> Vec<Vec<u8>> {
     if bytes.len() < MIN_SECRET {
         return Vec::new();
     }
-    let password = std::str::from_utf8(&bytes)
+    let side = std::str::from_utf8(&bytes)
         .ok()
         .filter(|text| !text.chars().any(char::is_control))
         .and_then(|text| text.split_once(':'))
-        .map(|(_, password)| password.as_bytes().to_vec())
-        .filter(|p| p.len() >= MIN_SECRET);
-    std::iter::once(bytes).chain(password).collect()
+        .and_then(|(user, password)| basic_secret_side(user, password))
+        .map(|side| side.as_bytes().to_vec());
+    std::iter::once(bytes).chain(side).collect()
+}
+
+/// Fewest bytes of the user of a `Basic` pair watched alone: a key, not a
+/// name (Stripe's, GitHub's and Toggl's keys are 32 bytes or more,
+/// Freshdesk's 20), so a login with digits (`deploy01`) that a server
+/// echoes is not taken for one.
+const MIN_BASIC_USER_KEY: usize = 16;
+
+/// Constants that `Basic` schemes put beside the key, on either side,
+/// that [`looks_like_a_secret`] would not tell from one by their shape:
+/// Google registries' `oauth2accesstoken`; the rest are words anyway
+/// (GitHub's `x-oauth-basic` and `x-access-token`, Toggl's `api_token`,
+/// Bitbucket's `x-token-auth`, PyPI's `__token__`).
+const BASIC_CONSTANTS: &[&str] =
+    &["oauth2accesstoken", "x-oauth-basic", "x-access-token", "api_token", "x-token-auth", "__token__"];
+
+/// Which side of a decoded `Basic` pair carries the secret, to be watched
+/// alone: the password, when it looks like a secret
+/// ([`looks_like_a_secret`], [`MIN_SECRET`] bytes or more); else the
+/// user, when it does ([`MIN_BASIC_USER_KEY`] bytes or more, no `@`): the
+/// schemes that send the key as the user, with an empty password
+/// (Stripe's `sk_live_…:`), a placeholder (Freshdesk's `KEY:X`) or a
+/// constant (GitHub's `ghp_…:x-oauth-basic`, Toggl's `…:api_token`).
+/// Never both: beside a secret password the user is an account name or
+/// id that servers echo (Twilio's `AC…` SID in every response). Neither
+/// when neither looks like one (`admin:password`, `svc-name:hunter2`):
+/// a word alone would withhold every response holding it.
+fn basic_secret_side<'a>(user: &'a str, password: &'a str) -> Option<&'a str> {
+    if looks_like_a_secret(password, MIN_SECRET) {
+        Some(password)
+    } else if !user.contains('@') && looks_like_a_secret(user, MIN_BASIC_USER_KEY) {
+        Some(user)
+    } else {
+        None
+    }
+}
+
+/// Whether one side of a `Basic` pair looks like a secret rather than a
+/// word or constant: `min` bytes or more, not one of [`BASIC_CONSTANTS`]
+/// (in any case), at least two character classes of lower-case,
+/// upper-case, digit and other, and not made of words alone (pieces
+/// between the characters that are neither letter nor digit each all
+/// digits, all upper-case, or words in camel case: `api_token`,
+/// `x-oauth-basic`, `Password`, `12345678`, `service-account-name`).
+/// A random token of lower-case letters only reads as a word: the pair
+/// is still watched.
+fn looks_like_a_secret(side: &str, min: usize) -> bool {
+    if side.len() < min || BASIC_CONSTANTS.iter().any(|c| side.eq_ignore_ascii_case(c)) {
+        return false;
+    }
+    let classes: [fn(char) -> bool; 4] =
+        [char::is_lowercase, char::is_uppercase, |c| c.is_ascii_digit(), |c| !c.is_alphanumeric()];
+    let kinds = classes.iter().filter(|class| side.chars().any(class)).count();
+    kinds >= 2 && !side.split(|c: char| !c.is_alphanumeric()).all(is_word)
+}
+
+/// A piece of text that reads as a word or number: empty, all digits, all
+/// upper-case, or words in camel case (each an optional upper-case letter
+/// and lower-case ones: `token`, `Token`, `accessToken`).
+fn is_word(piece: &str) -> bool {
+    if piece.chars().all(|c| c.is_ascii_digit()) || piece.chars().all(char::is_uppercase) {
+        return true;
+    }
+    let mut chars = piece.chars().peekable();
+    while let Some(c) = chars.next() {
+        if !(c.is_lowercase() || c.is_uppercase() && chars.peek().is_some_and(|n| n.is_lowercase())) {
+            return false;
+        }
+        while chars.next_if(|n| n.is_lowercase()).is_some() {}
+    }
+    true
 }
 
 /// `value` read as hex: all hex digits, an even number of them; or groups
@@ -771,7 +843,14 @@ impl SecretScanner {
         let folded_longest = folded.patterns.iter().map(Vec::len).max().unwrap_or(0);
         let needle_longest = exact.patterns.iter().map(Vec::len).max().unwrap_or(0).max(folded_longest);
         let needle_shortest = exact.patterns.iter().chain(&folded.patterns).map(Vec::len).min().unwrap_or(1).max(1);
-        let form_bytes = form_bytes(watched.iter().flatten().map(|v| &**v));
+        // The stored values and the watched values that are text: a
+        // decoded binary key's own bytes are no form's (its raw needle
+        // finds them as sent, its base64 and hex needles wherever the data
+        // encodes them), and marking them would keep most of any decoded
+        // binary for the views one level deeper (all of it, for the lines
+        // of a stored PEM key, each a word that decodes).
+        let textual = watched.iter().flatten().filter(|v| std::str::from_utf8(v).is_ok()).map(|v| &**v);
+        let form_bytes = form_bytes(secrets.iter().map(|(_, stored)| &stored[..]).chain(textual));
         let separator = (0..=u8::MAX).rev().find(|&b| !form_bytes[usize::from(b)]).unwrap_or(u8::MAX);
         let (exact_blank, _) = exact.subset(|_, p| removes_from(p));
         let (folded_blank, _) = folded.subset(|_, p| removes_from(p));
@@ -4185,5 +4264,160 @@ mod decoded_secret_tests {
         ] {
             assert_eq!(found(&s, clean.as_bytes()), None, "{clean}");
         }
+    }
+
+    /// The scanner for a `Basic` pair stored as its base64.
+    fn basic(pair: &str) -> SecretScanner {
+        SecretScanner::new(&[("basic".into(), STANDARD.encode(pair).into_bytes())])
+    }
+
+    /// The side of a decoded `Basic` pair watched alone is the one that
+    /// carries the secret: the password when it looks like one, else the
+    /// key sent as the user; neither a word nor a constant is watched alone.
+    #[test]
+    fn a_basic_pair_is_watched_by_the_side_that_carries_the_secret() {
+        for (scheme, pair, token) in [
+            ("Toggl", "1971800d4d82861d8f2c1651fea4d212:api_token", "1971800d4d82861d8f2c1651fea4d212"),
+            (
+                "GitHub",
+                "ghp_16C7e42F292c6912E7710c838347Ae178B4a:x-oauth-basic",
+                "ghp_16C7e42F292c6912E7710c838347Ae178B4a",
+            ),
+            ("Stripe, empty password", "sk_live_51HqLyjWDarjtT1zdp7dc:", "sk_live_51HqLyjWDarjtT1zdp7dc"),
+            ("Freshdesk, KEY:X", "Abc1Def2Ghi3Jkl4Mno5:X", "Abc1Def2Ghi3Jkl4Mno5"),
+            ("Google registry", "oauth2accesstoken:ya29.a0AfH6SMBx3dKq9Lq", "ya29.a0AfH6SMBx3dKq9Lq"),
+            (
+                "Twilio: the SID beside a secret password is not watched",
+                "AC0123456789abcdef0123456789abcdef:f00dbabe1234567890abcdef12345678",
+                "f00dbabe1234567890abcdef12345678",
+            ),
+        ] {
+            let s = basic(pair);
+            for echoed in [
+                format!("{{\"token\":\"{token}\"}}"),
+                token.to_uppercase(),
+                STANDARD.encode(token),
+                hex::encode(token),
+                format!("?key={}", pct(token)),
+            ] {
+                assert_eq!(found(&s, echoed.as_bytes()).as_deref(), Some("basic"), "{scheme}: {echoed}");
+            }
+            let other = pair.split_once(':').map(|(u, p)| if p == token { u } else { p }).unwrap_or_default();
+            for clean in [
+                format!("{{\"{other}\":\"x\",\"api_token\":null,\"password\":\"\"}}"),
+                other.to_uppercase(),
+                "x-oauth-basic api_token PASSWORD".to_owned(),
+            ] {
+                assert_eq!(found(&s, clean.as_bytes()), None, "{scheme}: {clean}");
+            }
+        }
+        // Weak or word passwords, names and ids: the pair alone is watched.
+        for pair in [
+            "admin:password",
+            "root:changeme",
+            "user:12345678",
+            "deploy01:Password",
+            "jdoe42@example.com:changeme",
+            "service-account-name:x-oauth-basic",
+            "api_token:api_token",
+        ] {
+            let s = basic(pair);
+            assert_eq!(decoded_values(STANDARD.encode(pair).as_bytes()), [pair.as_bytes()], "{pair}");
+            let (user, password) = pair.split_once(':').unwrap_or_default();
+            for clean in [
+                format!("{{\"user\":\"{user}\",\"password\":\"{password}\"}}"),
+                format!("{{\"api_token\":\"{}\"}}", password.to_uppercase()),
+                "Password: PASSWORD password api_token".to_owned(),
+            ] {
+                assert_eq!(found(&s, clean.as_bytes()), None, "{pair}: {clean}");
+            }
+            assert_eq!(found(&s, pair.as_bytes()).as_deref(), Some("basic"), "{pair}");
+        }
+    }
+
+    #[test]
+    fn a_side_looks_like_a_secret_by_its_shape_not_as_a_word() {
+        for secret in [
+            "s3cr3t-t0ken-value",
+            "1971800d4d82861d8f2c1651fea4d212",
+            "ghp_16C7e42F292c6912E7710c838347Ae178B4a",
+            "sk_live_51HqLyjWDarjtT1zdp7dc",
+            "Abc1Def2Ghi3Jkl4Mno5",
+            "Tr0ub4dor&3",
+            "correct-Horse9",
+            "XqvRpLsKmTzWbNdQ",
+        ] {
+            assert!(looks_like_a_secret(secret, MIN_SECRET), "{secret}");
+        }
+        for word in [
+            "api_token",
+            "API_TOKEN",
+            "x-oauth-basic",
+            "x-access-token",
+            "__token__",
+            "oauth2accesstoken",
+            "password",
+            "Password",
+            "PASSWORD",
+            "changeme",
+            "12345678",
+            "service-account-name",
+            "accessToken",
+            "hunter2",
+            "",
+            "--------",
+        ] {
+            assert!(!looks_like_a_secret(word, MIN_SECRET), "{word}");
+        }
+    }
+
+    /// A decoded binary key's own bytes are no form bytes: the base64
+    /// view keeps no more of decoded binary than for an ordinary token,
+    /// also for a PEM key stored as a credential (each of its lines a word
+    /// that decodes), and the work stays in the budget.
+    #[test]
+    fn a_decoded_binary_key_does_not_widen_the_form_bytes() {
+        let ascii = SecretScanner::new(&[("t".into(), b"tok-abcdef0123456789x".to_vec())]).form_bytes;
+        let der: Vec<u8> = (0u32..1200).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let lines: Vec<String> =
+            STANDARD.encode(&der).as_bytes().chunks(64).map(|l| String::from_utf8_lossy(l).into_owned()).collect();
+        let pem = format!("-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n", lines.join("\n"));
+        for (name, stored) in [
+            ("hex", hex::encode(KEY)),
+            ("base64", STANDARD.encode(KEY)),
+            ("base64url", URL_SAFE_NO_PAD.encode(KEY)),
+            ("PEM", pem.clone()),
+        ] {
+            let s = SecretScanner::new(&[("k".into(), stored.into_bytes())]);
+            assert_eq!(s.form_bytes, ascii, "{name}");
+        }
+        // A text value decoded (a `Basic` pair) still marks its letters.
+        let s = basic("user:p\u{e4}ssw\u{f6}rd-0123");
+        assert!(s.form_bytes[0xc3] && s.form_bytes[0xe4], "the password's UTF-8 and Latin-1 bytes");
+        let s = SecretScanner::new(&[("k".into(), pem.into_bytes())]);
+        let plain = SecretScanner::new(&[("t".into(), lines[0].clone().into_bytes())]);
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let binary: Vec<u8> = (0..96 << 10)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                (seed >> 24) as u8
+            })
+            .collect();
+        let data = STANDARD.encode(binary);
+        let work = |s: &SecretScanner| {
+            let mut b = Base64Budget::for_len(data.len());
+            let f = s.find_with(data.as_bytes(), &mut b);
+            assert!(f.is_none() || f.as_ref().is_some_and(|f| f.form == OVER_BOUND), "{f:?}");
+            assert!(b.decoded <= BASE64_FACTOR * data.len() + BASE64_SLACK, "decoded {}", b.decoded);
+            assert!(b.searched <= 2 * (data.len() + b.decoded + BASE64_SLACK), "searched {}", b.searched);
+            b.searched
+        };
+        let (pem_work, plain_work) = (work(&s), work(&plain));
+        assert!(
+            pem_work <= plain_work + plain_work / 10,
+            "a PEM key's scanner searched {pem_work}, a token's {plain_work}"
+        );
     }
 }
