@@ -129,11 +129,13 @@ fn when(unix: i64) -> String {
     if unix <= 0 { "unknown".to_owned() } else { format!("unix time {unix}") }
 }
 
-/// The exact call, as an approver must see it before deciding.
-fn show(r: &AwaitingRecord) {
+/// The exact call, as an approver must see it before deciding; arguments
+/// holding a configured secret as a note naming the credential (stderr may
+/// be a CI log).
+fn show(r: &AwaitingRecord, secrets: &crate::Withhold) {
     eprintln!("request {} asks to run:", field(&r.call_id));
     eprintln!("  tool       {}", field(&r.tool_id));
-    eprintln!("  arguments  {}", field(&r.arguments));
+    eprintln!("  arguments  {}", field(&secrets.text(&r.arguments)));
     eprintln!("  component  {}", r.component_digest);
     eprintln!("  asked by   agent `{}` in run {}", field(&r.agent), field(&r.run_id));
     eprintln!("  asked at   {}; expires at {}", when(r.requested_at), when(r.expires_at));
@@ -166,7 +168,7 @@ pub async fn decide(
     if record.state != "pending" {
         return Err(TicketError::Used(ticket.to_owned()).into());
     }
-    show(&record);
+    show(&record, &crate::Withhold::configured(config));
     if matches!(decision, Decision::Approve) {
         // Asked before the human confirms or signs. The approved call runs
         // in this process, which may lack a credential the host that asked
@@ -229,8 +231,16 @@ pub async fn decide(
 /// `journal --awaiting`: pending requests, each with its call digest (what
 /// `approve --digest` names); their tickets only to an approver of the ask
 /// (a key listed in `[approval] keys` and asked of, or a terminal when no
-/// keys are configured and none were when it was asked).
-pub async fn list_pending(config: &Config, runtime: &Runtime, key: Option<&Path>, as_json: bool) -> Result<()> {
+/// keys are configured and none were when it was asked). Arguments holding
+/// a configured secret are shown as a note naming the credential (the
+/// digest is still the stored call's).
+pub async fn list_pending(
+    config: &Config,
+    runtime: &Runtime,
+    key: Option<&Path>,
+    secrets: &crate::Withhold,
+    as_json: bool,
+) -> Result<()> {
     let approver = match key {
         Some(path) => {
             let public = read_key(path)?.public();
@@ -245,10 +255,11 @@ pub async fn list_pending(config: &Config, runtime: &Runtime, key: Option<&Path>
     for a in &pending {
         let ticket = approver.as_ref().filter(|p| asked_of(a, p.as_deref())).map(|_| a.ticket_id.as_str());
         let digest = a.call_digest().hex();
+        let arguments = secrets.text(&a.arguments);
         if as_json {
             let mut v = json!({
                 "request": a.call_id, "run": a.run_id, "agent": a.agent, "tool": a.tool_id,
-                "arguments": a.arguments, "component": a.component_digest.to_string(),
+                "arguments": arguments, "component": a.component_digest.to_string(),
                 "requested_at": a.requested_at, "expires_at": a.expires_at, "digest": digest,
                 "asked_of": a.approvers.as_deref().and_then(Approvers::parse),
             });
@@ -261,7 +272,7 @@ pub async fn list_pending(config: &Config, runtime: &Runtime, key: Option<&Path>
                 "{}  {} {}  (agent {}, run {})  digest {}{}",
                 field(&a.call_id),
                 field(&a.tool_id),
-                field(&a.arguments),
+                field(&arguments),
                 field(&a.agent),
                 field(&a.run_id),
                 digest,

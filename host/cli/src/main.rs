@@ -93,8 +93,9 @@ enum Command {
     Call {
         /// Tool id.
         tool: String,
-        /// Arguments as a JSON object.
-        #[arg(long, default_value = "{}")]
+        /// Arguments as a JSON object: the text itself, `@PATH` to read it from
+        /// a file, or `-` to read it from stdin (at most `limits.arguments_kib`).
+        #[arg(long, default_value = "{}", allow_hyphen_values = true)]
         args: String,
         /// Continue this run instead of starting a new one.
         #[arg(long)]
@@ -103,9 +104,14 @@ enum Command {
         #[arg(long)]
         no_tools: bool,
         /// If the call awaits approval, wait until an approver decides (or the
-        /// request expires), then print the decided result.
+        /// request expires), then print the decided result. Ctrl-C or SIGTERM
+        /// stops waiting: exit 12, the request still pending.
         #[arg(long)]
         wait: bool,
+        /// With `--wait`: stop waiting after this many seconds (exit 12, the
+        /// request still pending).
+        #[arg(long, value_name = "SECS", requires = "wait")]
+        wait_timeout: Option<u64>,
     },
     /// Approve a ticket as an approver: execute exactly the stored call, once.
     /// With `[approval] keys`, sign with `--key`; without, confirm on a terminal.
@@ -264,6 +270,11 @@ fn main() -> ExitCode {
             let code = if let Some(c) = e.downcast_ref::<toolgate::config::ConfigError>() {
                 eprintln!("hint: {}", config_hint(c));
                 exit::CONFIG
+            } else if missing_plugins(&e) {
+                eprintln!(
+                    "hint: create the directory, or point `plugins` in the config at the one holding the plugins"
+                );
+                exit::CONFIG
             } else if e.downcast_ref::<Usage>().is_some()
                 || e.downcast_ref::<toolgate::runtime::CallError>()
                     .is_some_and(|c| matches!(c, toolgate::runtime::CallError::UnknownTool(_)))
@@ -312,6 +323,21 @@ fn check_run_id(id: &str) -> Result<(), Usage> {
     Ok(())
 }
 
+/// Whether `e` is a plugin directory that is not there (or not a directory):
+/// the config names it, so it is a configuration error (exit 3).
+fn missing_plugins(e: &anyhow::Error) -> bool {
+    use toolgate::catalog::CatalogError;
+    let catalog = e.downcast_ref::<CatalogError>().or_else(|| match e.downcast_ref::<toolgate::host::HostError>() {
+        Some(toolgate::host::HostError::Catalog(c)) => Some(c),
+        _ => None,
+    });
+    matches!(
+        catalog,
+        Some(CatalogError::Directory { source, .. })
+            if matches!(source.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory)
+    )
+}
+
 fn config_hint(e: &toolgate::config::ConfigError) -> &'static str {
     match e {
         toolgate::config::ConfigError::Read { .. } => {
@@ -337,8 +363,11 @@ struct Host {
 }
 
 async fn open_host(cli: &Cli) -> Result<Host> {
-    let config = Config::load(&cli.config)?;
-    let runtime = toolgate::host::open(&config, &cli.agent).await?;
+    open_host_with(Config::load(&cli.config)?, &cli.agent).await
+}
+
+async fn open_host_with(config: Config, agent: &str) -> Result<Host> {
+    let runtime = toolgate::host::open(&config, agent).await?;
     report_refused(runtime.snapshot().catalog());
     Ok(Host { config, runtime })
 }
@@ -388,15 +417,17 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             let snapshot = ExecutableAgentSnapshot::build(&config, &cli.agent, catalog)?;
             list(&config, &snapshot, *all, cli.json)
         }
-        Command::Call { tool, args, run, no_tools, wait } => {
-            let host = open_host(&cli).await?;
-            let arguments: serde_json::Value =
-                serde_json::from_str(args).with_context(|| format!("--args is not JSON: {args}"))?;
-            let narrowing =
-                if *no_tools { ToolCapabilityNarrowing::DenyAll } else { ToolCapabilityNarrowing::Configured };
+        Command::Call { tool, args, run, no_tools, wait, wait_timeout } => {
+            // What the command line alone decides is checked before the host
+            // (and its journal) is opened.
             if let Some(id) = run.as_deref() {
                 check_run_id(id)?;
             }
+            let config = Config::load(&cli.config)?;
+            let arguments = call_arguments(args, &config)?;
+            let host = open_host_with(config, &cli.agent).await?;
+            let narrowing =
+                if *no_tools { ToolCapabilityNarrowing::DenyAll } else { ToolCapabilityNarrowing::Configured };
             if let Some(id) = run.as_deref().filter(|id| id.starts_with(toolgate::store::STATELESS_RUN_PREFIX)) {
                 // Its asks are what stateless requests find; a conversation never continues it.
                 anyhow::bail!(
@@ -424,9 +455,19 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             };
             let mut result = run.call_until(tool, arguments.clone(), interrupted).await?;
             if let (true, StepResult::Awaiting { ticket, expires_at, correlation, .. }) = (*wait, &result) {
-                wait_for_decision(&host.runtime, ticket, *expires_at, correlation).await?;
-                // The identical call in the same run receives the decided result, once.
-                result = run.call(tool, arguments).await?;
+                let timeout = wait_timeout.map(std::time::Duration::from_secs);
+                match wait_for_decision(&host.runtime, ticket, *expires_at, correlation, timeout).await? {
+                    // The identical call in the same run receives the decided result, once.
+                    Waited::Decided => result = run.call(tool, arguments).await?,
+                    Waited::Stopped(why) => {
+                        eprintln!(
+                            "toolgate: stopped waiting ({why}); request {} is still pending: once an approver \
+                             decided it, make the same call with `--run {}`",
+                            field(correlation),
+                            run.id()
+                        );
+                    }
+                }
             }
             Ok(report(&result, Some(run.id()), cli.json))
         }
@@ -497,23 +538,35 @@ async fn dispatch(cli: Cli) -> Result<u8> {
                 println!("{}  {}", field(&name), c.digest);
                 pinned.insert(name, c.digest);
             }
+            let refused = catalog.refused().len();
             for r in catalog.refused() {
                 eprintln!("toolgate: not pinned: {}: {}", field(&r.path.display().to_string()), field(&r.reason));
             }
+            // What loaded is pinned even when a file was refused (a file the
+            // lock does not name never loads under it); the exit code says
+            // the plugin directory is not what the operator meant to pin.
             toolgate::catalog::lockfile::Lockfile::write(&config.lock, &pinned)?;
             eprintln!("pinned {} plugin(s) in {}", pinned.len(), config.lock.display());
             // Pinning is the operator's trust decision: compile what was pinned
             // now, so no first call waits for the compiler.
-            let mut compiled = 0;
+            let (mut compiled, mut failed) = (0, 0);
             for (path, r) in toolgate::host::precompile(&config, &catalog).await? {
                 match r {
                     Ok(now) => compiled += usize::from(now),
                     Err(e) => {
+                        failed += 1;
                         eprintln!("toolgate: {}: not compiled: {}", field(&path.display().to_string()), field(&e))
                     }
                 }
             }
             eprintln!("compiled {compiled} into {} (the rest were cached)", config.cache.display());
+            if refused + failed > 0 {
+                eprintln!(
+                    "toolgate: {refused} plugin file(s) refused (not pinned) and {failed} not compiled: fix or remove \
+                     them and run `toolgate lock` again"
+                );
+                return Ok(exit::HOST_ERROR);
+            }
             Ok(exit::OUTPUT)
         }
         Command::Serve { http } => {
@@ -547,30 +600,144 @@ async fn dispatch(cli: Cli) -> Result<u8> {
                 );
             }
             let host = open_host(&cli).await?;
-            approve::list_pending(&host.config, &host.runtime, key.as_deref(), cli.json).await?;
+            let secrets = Withhold::configured(&host.config);
+            approve::list_pending(&host.config, &host.runtime, key.as_deref(), &secrets, cli.json).await?;
             Ok(exit::OUTPUT)
         }
         Command::Journal { run, awaiting: false, .. } => {
             let config = Config::load(&cli.config)?;
-            let store = toolgate::host::store(&config).await?;
-            journal(store.as_ref(), run.as_deref(), cli.json).await
+            // Listing changes nothing: an SQLite journal is opened read-only
+            // (never created, migrated or switched to WAL).
+            let store: Arc<dyn StepStore> = match &config.store {
+                toolgate::config::StoreLocation::Sqlite(path) => {
+                    if !path.exists() {
+                        anyhow::bail!(
+                            "no journal at {}: nothing has been journaled with this config (a `toolgate call` or \
+                             `toolgate serve` writes it); pass the config of the host whose journal to show with \
+                             --config FILE",
+                            path.display()
+                        );
+                    }
+                    Arc::new(toolgate::SqliteJournal::open_read_only(path)?)
+                }
+                _ => toolgate::host::store(&config).await?,
+            };
+            let secrets = Withhold::configured(&config);
+            journal(store.as_ref(), run.as_deref(), &secrets, cli.json).await
         }
     }
 }
 
-/// Poll until an approver decided `ticket` (or it expired).
-async fn wait_for_decision(runtime: &Runtime, ticket: &str, expires_at: i64, correlation: &str) -> Result<()> {
+/// How waiting for an approver ended.
+enum Waited {
+    /// The request was decided.
+    Decided,
+    /// Waiting stopped (why) with the request still pending.
+    Stopped(&'static str),
+}
+
+/// Poll until an approver decided `ticket` (or it expired); stop on Ctrl-C,
+/// SIGTERM or when `timeout` runs out.
+async fn wait_for_decision(
+    runtime: &Runtime,
+    ticket: &str,
+    expires_at: i64,
+    correlation: &str,
+    timeout: Option<std::time::Duration>,
+) -> Result<Waited> {
+    // Listening before the first poll: tokio's Ctrl-C handler, installed for
+    // the call, keeps SIGINT from ending the process, so it is answered here.
+    let mut interrupt = std::pin::pin!(tokio::signal::ctrl_c());
+    #[cfg(unix)]
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot listen for SIGTERM")?;
+    let terminated = async {
+        #[cfg(unix)]
+        terminate.recv().await;
+        #[cfg(not(unix))]
+        std::future::pending::<()>().await;
+    };
+    let mut terminated = std::pin::pin!(terminated);
+    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+    let ran_out = async {
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    let mut ran_out = std::pin::pin!(ran_out);
     eprintln!("toolgate: waiting for an approver to decide request {}", field(correlation));
     loop {
         let state = runtime.store().awaiting(ticket).await?.map(|r| r.state);
         if state.as_deref() == Some("resolved") {
-            return Ok(());
+            return Ok(Waited::Decided);
         }
         if toolgate::store::now() >= expires_at {
             anyhow::bail!("request {correlation} expired before an approver decided it; make the call again");
         }
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        tokio::select! {
+            _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
+            _ = &mut interrupt => return Ok(Waited::Stopped("interrupted")),
+            _ = &mut terminated => return Ok(Waited::Stopped("terminated")),
+            _ = &mut ran_out => return Ok(Waited::Stopped("--wait-timeout ran out")),
+        }
     }
+}
+
+/// `--args`: the JSON text itself, `@PATH` (a regular file) or `-` (stdin,
+/// read only then), at most `limits.arguments_kib` read; parsed here, before
+/// the host or its journal is opened. An error says where the text came
+/// from, its length and where it stops being JSON, never the text (it may
+/// hold a secret).
+fn call_arguments(args: &str, config: &Config) -> Result<serde_json::Value> {
+    use std::io::Read as _;
+    let kib = config.limits.arguments_kib;
+    let max = kib.saturating_mul(1024);
+    let over = |from: &str| {
+        Usage(format!(
+            "--args {from}: more than `limits.arguments_kib` ({kib} KiB) of arguments; pass fewer, or raise \
+             `[limits] arguments_kib` in the config"
+        ))
+    };
+    let not_text = |from: &str| Usage(format!("--args {from}: the arguments are not UTF-8 text"));
+    let (from, text) = if args == "-" {
+        let mut bytes = Vec::new();
+        std::io::stdin()
+            .lock()
+            .take(max.saturating_add(1))
+            .read_to_end(&mut bytes)
+            .context("--args -: cannot read stdin")?;
+        if bytes.len() as u64 > max {
+            return Err(over("-").into());
+        }
+        ("-".to_owned(), String::from_utf8(bytes).map_err(|_| not_text("-"))?)
+    } else if let Some(path) = args.strip_prefix('@') {
+        let from = format!("@{}", field(path));
+        let bytes = toolgate::files::read_bounded(Path::new(path), max).map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidData => over(&from),
+            _ => Usage(format!("--args {from}: cannot read it: {e}; pass a regular file, or `-` to read stdin")),
+        })?;
+        let text = String::from_utf8(bytes).map_err(|_| not_text(&from))?;
+        (from, text)
+    } else {
+        (String::new(), args.to_owned())
+    };
+    serde_json::from_str(&text).map_err(|e| {
+        let what = match e.classify() {
+            serde_json::error::Category::Eof => "it ends early",
+            serde_json::error::Category::Syntax => "a syntax error",
+            serde_json::error::Category::Data | serde_json::error::Category::Io => "a value JSON cannot hold",
+        };
+        let from = if from.is_empty() { String::new() } else { format!(" {from}") };
+        Usage(format!(
+            "--args{from} is not JSON: {what} at line {}, column {} of its {} bytes (the text is not shown: it \
+             may hold a secret); pass a JSON object, e.g. --args '{{\"k\":\"v\"}}'",
+            e.line(),
+            e.column(),
+            text.len()
+        ))
+        .into()
+    })
 }
 
 /// Print a step result; the exit code says which kind it was. Nothing
@@ -856,16 +1023,57 @@ fn list(config: &Config, snapshot: &ExecutableAgentSnapshot, all: bool, as_json:
     Ok(exit::OUTPUT)
 }
 
-async fn journal(store: &dyn StepStore, run: Option<&str>, as_json: bool) -> Result<u8> {
+/// Every configured secret (each credential's, and the host's own: serve
+/// tokens, state key, PostgreSQL password), read now to check what a listing
+/// prints: the journal holds the arguments and results of calls, and its
+/// listing may go to a public CI log. A field holding a secret is printed as
+/// a note naming the credential, never the value.
+pub(crate) struct Withhold {
+    scanner: toolgate::sandbox::scan::SecretScanner,
+}
+
+impl Withhold {
+    /// The secrets `config` names; one that cannot be read is said on stderr
+    /// (what is printed is not checked for it).
+    pub(crate) fn configured(config: &Config) -> Self {
+        let mut values = Vec::new();
+        for spec in config.watched() {
+            match spec.read_to_check() {
+                Ok(secret) => values.push((spec.name.clone(), secret.expose().to_vec())),
+                Err(e) => eprintln!(
+                    "toolgate: {}; what this listing prints is not checked for that secret",
+                    field(&e.to_string())
+                ),
+            }
+        }
+        let scanner = toolgate::sandbox::scan::SecretScanner::new(&values);
+        values.iter_mut().for_each(|(_, v)| v.fill(0));
+        Withhold { scanner }
+    }
+
+    /// `text`, or — when it holds a configured secret in any form the
+    /// host's scanner reads — a note naming the credential instead.
+    pub(crate) fn text<'a>(&self, text: &'a str) -> std::borrow::Cow<'a, str> {
+        match self.scanner.find(text.as_bytes()) {
+            None => std::borrow::Cow::Borrowed(text),
+            Some(found) => std::borrow::Cow::Owned(format!("[withheld: it holds {found}]")),
+        }
+    }
+}
+
+async fn journal(store: &dyn StepStore, run: Option<&str>, secrets: &Withhold, as_json: bool) -> Result<u8> {
     for s in store.steps(run).await? {
+        let s = withheld_step(s, secrets);
         let approved = s.approved_by.as_ref();
         if as_json {
+            let captured = serde_json::from_str::<serde_json::Value>(&s.captured)
+                .unwrap_or_else(|_| if s.captured.is_empty() { serde_json::Value::Null } else { json!(s.captured) });
             println!(
                 "{}",
                 json_text(&json!({
                     "seq": s.seq, "run": s.run_id, "call": s.call_id, "tool": s.tool_id,
                     "arguments": s.arguments, "verdict": s.verdict, "outcome": s.outcome.as_str(),
-                    "result": s.result, "captured": serde_json::from_str::<serde_json::Value>(&s.captured).unwrap_or_default(),
+                    "result": s.result, "captured": captured,
                     "approved_by": approved.map(|a| json!({ "principal": a.principal, "channel": a.channel, "at": a.at })),
                 }))?
             );
@@ -874,6 +1082,32 @@ async fn journal(store: &dyn StepStore, run: Option<&str>, as_json: bool) -> Res
         }
     }
     Ok(exit::OUTPUT)
+}
+
+/// `s` with every text field that holds a configured secret replaced by a
+/// note naming the credential.
+fn withheld_step(mut s: toolgate::store::StepRecord, secrets: &Withhold) -> toolgate::store::StepRecord {
+    let check = |t: &mut String| {
+        if let std::borrow::Cow::Owned(note) = secrets.text(t) {
+            *t = note;
+        }
+    };
+    for t in [
+        &mut s.run_id,
+        &mut s.call_id,
+        &mut s.tool_id,
+        &mut s.arguments,
+        &mut s.verdict,
+        &mut s.result,
+        &mut s.captured,
+    ] {
+        check(t);
+    }
+    if let Some(a) = s.approved_by.as_mut() {
+        check(&mut a.principal);
+        check(&mut a.channel);
+    }
+    s
 }
 
 /// One step as text. Who approved comes before the Tool's result, and the

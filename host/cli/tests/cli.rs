@@ -174,10 +174,13 @@ fn pack_turns_a_built_component_into_a_loadable_one() {
 fn a_lockfile_refuses_changed_and_unknown_components_until_relocked() {
     let dir = setup();
     let d = dir.path();
+    // A refused file fails the step (exit 1): what loaded is pinned all the same.
     let out = tg(d, &["lock"]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("text.wasm  sha256:"));
     assert!(text(&out.stderr).contains("not pinned") && text(&out.stderr).contains("broken.wasm"));
+    assert!(text(&out.stderr).contains("1 plugin file(s) refused"), "{}", text(&out.stderr));
+    assert!(std::fs::read_to_string(d.join("toolgate.lock")).unwrap().contains("text.wasm"));
     // Pinning compiled what it pinned: every pinned component is in the
     // compiled-code cache before any call, and nothing refused is.
     let cached: Vec<String> = std::fs::read_dir(d.join("cache"))
@@ -207,8 +210,11 @@ fn a_lockfile_refuses_changed_and_unknown_components_until_relocked() {
     let out = tg(d, &["call", "text.upper", "--args", r#"{"text":"a"}"#]);
     assert_eq!(out.status.code(), Some(2), "a refused component's tools are unknown");
 
-    assert_eq!(tg(d, &["lock"]).status.code(), Some(0));
+    assert_eq!(tg(d, &["lock"]).status.code(), Some(1), "broken.wasm is still refused");
     assert_eq!(tg(d, &["call", "text.upper", "--args", r#"{"text":"a"}"#]).status.code(), Some(0));
+    std::fs::remove_file(d.join("plugins/broken.wasm")).unwrap();
+    let out = tg(d, &["lock"]);
+    assert_eq!(out.status.code(), Some(0), "every file pinned: {}", text(&out.stderr));
 }
 
 #[test]
@@ -1148,4 +1154,218 @@ fn mcp_import_refuses_a_url_with_user_info() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("remove `user@`") && err.contains("--credential NAME"), "{err}");
     assert!(!err.contains("hunter2") && !err.contains("cannot list the tools") && !d.join("x.wasm").exists(), "{err}");
+}
+
+/// `[credentials.tracker]` reading `secret` from a file, appended to `dir`'s config.
+fn configure_tracker(dir: &Path, secret: &str) {
+    std::fs::write(dir.join("tracker.secret"), secret).unwrap();
+    std::fs::set_permissions(dir.join("tracker.secret"), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    append_config(
+        dir,
+        "\n[credentials.tracker]\nsource = { file = \"tracker.secret\" }\ndestinations = [\"https://tracker.example:443\"]\napply = { header = { name = \"Authorization\", format = \"Bearer {}\" } }\n",
+    );
+}
+
+fn assert_no_secret(what: &str, bytes: &[u8], secret: &str) {
+    let s = text(bytes).to_ascii_lowercase();
+    assert!(!s.contains(&secret.to_ascii_lowercase()), "{what} printed the secret: {s}");
+}
+
+/// The journal holds every call's arguments and results; its listing (text,
+/// `--json`, and the approver's `--awaiting`) may go to a public CI log, so
+/// a field holding a configured secret is printed as a note naming the
+/// credential. The approver's digest is still the stored call's.
+#[test]
+fn the_journal_never_prints_a_configured_secret() {
+    let dir = setup();
+    let d = dir.path();
+    let secret = "tok-journal-7d41c9e2a8b3f5";
+    configure_tracker(d, secret);
+    let out = tg(d, &["call", "text.upper", "--args", &format!(r#"{{"text":"{secret}"}}"#)]);
+    assert_no_secret("call", &out.stdout, secret);
+    let out = tg(d, &["call", "notes", "--args", &format!(r#"{{"op":"add","note":"{secret}"}}"#)]);
+    assert_eq!(out.status.code(), Some(12), "{}", text(&out.stderr));
+
+    for args in [&["journal"][..], &["--json", "journal"], &["journal", "--awaiting", "--key", "approver.key"]] {
+        let out = tg(d, args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", text(&out.stderr));
+        assert_no_secret(&format!("{args:?}"), &out.stdout, secret);
+        assert_no_secret(&format!("{args:?}"), &out.stderr, secret);
+        let s = text(&out.stdout);
+        assert!(s.contains("withheld") && s.contains("credential `tracker`"), "{args:?}: {s}");
+        assert!(s.contains("text.upper") || args.contains(&"--awaiting"), "the step is still listed: {s}");
+    }
+    let lines: Vec<serde_json::Value> =
+        text(&tg(d, &["--json", "journal"]).stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let upper = lines.iter().find(|v| v["tool"] == "text.upper").expect("listed");
+    assert!(upper["arguments"].as_str().unwrap().contains("credential `tracker`"), "{upper}");
+
+    // The approver sees the call without the secret, and its digest approves it.
+    let ticket = pending_ticket(d);
+    let approved = approve_listed(d, &ticket, false);
+    // Approved and run (its output, holding the secret, is withheld: a Tool error).
+    assert!(matches!(approved.status.code(), Some(0 | 10)), "{}", text(&approved.stderr));
+    assert_no_secret("approve", &approved.stderr, secret);
+    assert_no_secret("approve", &approved.stdout, secret);
+
+    // A secret that cannot be read is named on stderr; the listing goes on.
+    std::fs::remove_file(d.join("tracker.secret")).unwrap();
+    let out = tg(d, &["journal"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("tracker") && text(&out.stderr).contains("not checked"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// `--args` that is not JSON is a usage error found before the host (and its
+/// journal) is opened; the message says where, never what (it may hold a secret).
+#[test]
+fn args_that_are_not_json_are_a_usage_error_that_does_not_echo_them() {
+    let dir = setup();
+    let d = dir.path();
+    let secret = "tok-args-1e5c93b07a";
+    let args = format!(r#"{{"text":"{secret}""#);
+    let out = tg(d, &["call", "text.upper", "--args", &args]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(!err.contains(secret) && !text(&out.stdout).contains(secret), "{err}");
+    assert!(err.contains("line 1") && err.contains(&format!("{} bytes", args.len())), "{err}");
+    assert!(!d.join("journal.db").exists(), "the host was not opened");
+}
+
+/// Send `signal` to `child` until it ends (a signal arriving before it
+/// listens is not seen), at most `secs`; `None` when it had not ended.
+fn signal_until_exit(child: &mut std::process::Child, signal: i32, secs: u64) -> Option<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < deadline {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        // SAFETY: a signal to our own child process.
+        unsafe { libc::kill(child.id() as i32, signal) };
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+/// `call --wait` stops on Ctrl-C (SIGINT), SIGTERM or `--wait-timeout`:
+/// exit 12, the request still pending.
+#[test]
+fn call_wait_stops_on_sigint_sigterm_and_its_timeout_with_the_request_pending() {
+    let dir = setup();
+    let d = dir.path();
+    for (i, signal) in [libc::SIGINT, libc::SIGTERM].into_iter().enumerate() {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+            .current_dir(d)
+            .args(["--json", "call", "notes", "--args", &format!(r#"{{"op":"add","note":"n{i}"}}"#), "--wait"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pending = (0..200).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            text(&tg(d, &["--json", "journal", "--awaiting"]).stdout).lines().count() == i + 1
+        });
+        assert!(pending, "the request became pending");
+        let status = signal_until_exit(&mut child, signal, 15);
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(status.and_then(|s| s.code()), Some(12), "signal {signal}: {}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["outcome"], "awaiting");
+        assert!(text(&out.stderr).contains("still pending"), "{}", text(&out.stderr));
+        let listed = text(&tg(d, &["--json", "journal", "--awaiting"]).stdout);
+        assert_eq!(listed.lines().count(), i + 1, "still pending: {listed}");
+    }
+    let args = r#"{"op":"add","note":"timed"}"#;
+    let out = tg_within(d, &["call", "notes", "--args", args, "--wait", "--wait-timeout", "1"], 20).expect("ended");
+    assert_eq!(out.status.code(), Some(12), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("--wait-timeout"), "{}", text(&out.stderr));
+}
+
+/// `toolgate journal` reads: a missing journal is an error naming it (none
+/// is created).
+#[test]
+fn journal_reads_and_never_creates_the_journal() {
+    let dir = setup();
+    let d = dir.path();
+    let out = tg(d, &["journal"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("journal.db"), "{}", text(&out.stderr));
+    assert!(!d.join("journal.db").exists(), "no journal was created");
+
+    assert_eq!(tg(d, &["call", "text.upper", "--args", r#"{"text":"a"}"#]).status.code(), Some(0));
+    // A journal this process cannot write is still listed (as root every file is writable).
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mode = |m| std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(m)).unwrap();
+    if !root {
+        mode(0o500);
+    }
+    let out = tg(d, &["journal"]);
+    if !root {
+        mode(0o700);
+    }
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("text.upper"), "{}", text(&out.stdout));
+}
+
+/// `--args @PATH` and `--args -` (stdin): arguments past the 128 KiB one
+/// argv string may hold, bounded by `limits.arguments_kib`.
+#[test]
+fn call_reads_args_from_a_file_or_stdin_within_the_limit() {
+    let dir = setup();
+    let d = dir.path();
+    std::fs::write(d.join("args.json"), r#"{"text":"from a file"}"#).unwrap();
+    let out = tg(d, &["call", "text.upper", "--args", "@args.json"]);
+    assert_eq!((out.status.code(), text(&out.stdout).trim()), (Some(0), "\"FROM A FILE\""), "{}", text(&out.stderr));
+
+    let piped = |input: Vec<u8>| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+            .current_dir(d)
+            .args(["call", "text.upper", "--args", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let writer = std::thread::spawn(move || {
+            let _ = std::io::Write::write_all(&mut stdin, &input);
+        });
+        let out = child.wait_with_output().unwrap();
+        writer.join().unwrap();
+        out
+    };
+    let out = piped(br#"{"text":"piped"}"#.to_vec());
+    assert_eq!((out.status.code(), text(&out.stdout).trim()), (Some(0), "\"PIPED\""), "{}", text(&out.stderr));
+
+    let out = tg(d, &["call", "text.upper", "--args", "@missing.json"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("missing.json"), "{}", text(&out.stderr));
+
+    // Over `limits.arguments_kib`: refused naming the setting, from either source.
+    append_config(d, "\n[limits]\narguments_kib = 1\n");
+    let big = format!(r#"{{"text":"{}"}}"#, "a".repeat(2000));
+    std::fs::write(d.join("big.json"), &big).unwrap();
+    for out in [tg(d, &["call", "text.upper", "--args", "@big.json"]), piped(big.clone().into_bytes())] {
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+        assert!(text(&out.stderr).contains("limits.arguments_kib"), "{}", text(&out.stderr));
+    }
+}
+
+/// A plugin directory that is not there is a configuration error (exit 3), as README says.
+#[test]
+fn a_missing_plugin_directory_is_a_configuration_error() {
+    let dir = setup();
+    let d = dir.path();
+    std::fs::remove_dir_all(d.join("plugins")).unwrap();
+    for args in [&["list"][..], &["call", "text.upper", "--args", r#"{"text":"a"}"#], &["lock"]] {
+        let out = tg(d, args);
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {}", text(&out.stderr));
+        assert!(text(&out.stderr).contains("plugins"), "{}", text(&out.stderr));
+    }
 }

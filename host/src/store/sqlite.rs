@@ -325,6 +325,54 @@ impl SqliteJournal {
         Ok(journal)
     }
 
+    /// Open the existing journal at `path` for reading only (`toolgate
+    /// journal`): nothing is created, migrated or switched to WAL, so a
+    /// journal this process may not write is read as it is. A journal of
+    /// another schema version than this build's is refused (an older one:
+    /// any writing command migrates it). When SQLite cannot open a WAL
+    /// journal read-only (no `-shm` file, and none can be made beside it: a
+    /// read-only directory), it is read as immutable: no process can be
+    /// writing it through such a directory's files.
+    pub fn open_read_only(path: &Path) -> Result<Self, CommitError> {
+        use rusqlite::OpenFlags;
+        let shown = path.display().to_string();
+        let err = |source| CommitError::Sqlite { path: shown.clone(), source };
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let version = |c: &Connection| c.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0));
+        let mut conn = Connection::open_with_flags(path, flags).map_err(err)?;
+        let found = match version(&conn) {
+            Ok(v) => v,
+            Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::CannotOpen) => {
+                let mut uri = String::from("file:");
+                for b in path.as_os_str().as_encoded_bytes() {
+                    if b.is_ascii_alphanumeric() || b"/-_.~".contains(b) {
+                        uri.push(char::from(*b));
+                    } else {
+                        uri.push_str(&format!("%{b:02X}"));
+                    }
+                }
+                uri.push_str("?immutable=1");
+                conn = Connection::open_with_flags(&uri, flags | OpenFlags::SQLITE_OPEN_URI).map_err(err)?;
+                version(&conn).map_err(err)?
+            }
+            Err(e) => return Err(err(e)),
+        };
+        if found > SCHEMA_VERSION {
+            return Err(CommitError::NewerSchema { path: shown, found, known: SCHEMA_VERSION });
+        }
+        if found < SCHEMA_VERSION {
+            return Err(CommitError::Unsupported {
+                store: shown,
+                message: format!(
+                    "schema version {found}, older than the {SCHEMA_VERSION} this toolgate reads; it is read only \
+                     as it is, so run a command that writes it (`toolgate call`, `toolgate serve`) to migrate it first"
+                ),
+            });
+        }
+        conn.busy_timeout(std::time::Duration::from_secs(10)).map_err(err)?;
+        Ok(SqliteJournal { conn: Mutex::new(conn), path: shown, group: None, pending_runs: PendingRuns::default() })
+    }
+
     /// A journal in memory: the same commit path without durability
     /// (benchmarks, tests).
     pub fn in_memory() -> Result<Self, CommitError> {
