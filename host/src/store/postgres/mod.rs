@@ -2,7 +2,9 @@
 //!
 //! Owns the PostgreSQL schema and its versioned migrations (`V*.sql`, applied
 //! in order in one transaction under an advisory lock, so hosts starting
-//! together do not race), and the write discipline of a shared journal: every
+//! together do not race; each statement waits for a table's lock only
+//! briefly, then the migration is tried again, and unique indexes over
+//! existing rows are built afterwards, `CONCURRENTLY`), and the write discipline of a shared journal: every
 //! write goes through a group committer — writes that arrive while a commit
 //! is in flight share the next transaction, a savepoint each, so a failing
 //! write rolls back alone — and each caller is answered only once the
@@ -19,13 +21,18 @@
 //! Must never: log or store the password (it comes by reference and is set on
 //! the connection config only), or write beside the committer.
 //!
-//! Nothing waits without a bound: every connection sets `lock_timeout`,
-//! `statement_timeout` and `idle_in_transaction_session_timeout` (unless the
-//! connection string's `options` sets them) and TCP keepalives with a user
-//! timeout, so a host frozen mid-transaction or a server that stopped
-//! answering fails commits with an error naming the limit, not stalls them;
-//! waiting for a pooled connection, for the committer and for one group's
-//! commit are bounded too.
+//! Nothing waits without a bound: every toolgate transaction (reads too)
+//! begins by setting `lock_timeout`, `statement_timeout` and
+//! `idle_in_transaction_session_timeout` for itself (`SET LOCAL`: nothing is
+//! sent at startup, which PgBouncer and hosted poolers refuse, and nothing
+//! outlives the transaction, so transaction pooling works) — each only where
+//! nobody else set it: not named by the connection string's `options`, and
+//! not set for the role, the database or the server (its value is still the
+//! built-in "disabled"). TCP keepalives with a user timeout find a server
+//! that stopped answering, so a host frozen mid-transaction or a dead server
+//! fails commits with an error naming the limit, not stalls them; waiting
+//! for a pooled connection, for the committer and for one group's commit are
+//! bounded too.
 //!
 //! Times that decide between hosts — claims, heartbeats, take-over, expiry —
 //! are the server's: a host's clock reading (`now`) is translated by that
@@ -36,7 +43,10 @@
 //! A group whose COMMIT was sent but not answered (the connection dropped)
 //! is committed again: each write carries a key (a step keeps it, unique; a
 //! claim keeps its claim's), and the retry finds what the lost attempt wrote
-//! instead of writing it twice.
+//! instead of writing it twice. Before it looks, the lost attempt is settled:
+//! its server process (recorded when its transaction began) is terminated
+//! and waited for, so the lost COMMIT is either applied or never will be,
+//! and neither its locks nor its late commit can mislead the retry.
 //!
 //! PostgreSQL text cannot hold NUL characters; a NUL in a step's text (a Tool
 //! can return one) is stored as U+FFFD, so the commit never fails on it.
@@ -80,12 +90,13 @@ const MAX_GROUP: usize = 256;
 /// whose connection was lost, is retried.
 const RETRIES: usize = 5;
 
-/// Session settings every connection makes (unless the connection string's
-/// `options` already sets the same one): how long a statement waits for a
-/// lock another transaction holds (the SQLite journal's busy timeout is
-/// 10 s too), how long one statement may run, and how long the server keeps
-/// a transaction whose client stopped sending (it is then rolled back and
-/// its locks released).
+/// Settings every toolgate transaction makes for itself (`SET LOCAL`),
+/// each unless the connection string's `options` names it or it is set for
+/// the role, database or server: how long a statement waits for a lock
+/// another transaction holds (the SQLite journal's busy timeout is 10 s
+/// too), how long one statement may run, and how long the server keeps a
+/// transaction whose client stopped sending (it is then rolled back and its
+/// locks released).
 const SESSION_SETTINGS: &[(&str, &str)] =
     &[("lock_timeout", "10s"), ("statement_timeout", "30s"), ("idle_in_transaction_session_timeout", "30s")];
 
@@ -105,6 +116,19 @@ const POOL_WAIT: Duration = Duration::from_secs(10);
 /// are answered with an error.
 const COMMIT_DEADLINE: Duration = Duration::from_secs(60);
 
+/// Waiting for the server process of a group's lost attempt to end (it is
+/// terminated first) before the group is committed again.
+const SETTLE_WAIT: Duration = Duration::from_secs(10);
+
+/// Steps read per statement when the journal is listed.
+const PAGE: i64 = 5000;
+
+/// A migration's statements wait this long for a table's lock (they hold
+/// it exclusively, and every other host's reads and writes of that table
+/// queue behind them while they wait); then the migration is tried again.
+const MIGRATION_LOCK_WAIT: &str = "2s";
+const MIGRATION_ATTEMPTS: u32 = 30;
+
 /// A write waiting in the queue for a committer; past it the write is
 /// taken out of the queue, not written, and its caller told so.
 const QUEUE_WAIT: Duration = Duration::from_secs(60);
@@ -123,7 +147,7 @@ pub fn schema_at(version: i64) -> String {
 
 /// The PostgreSQL journal.
 pub struct PostgresJournal {
-    pool: Pool,
+    db: Db,
     /// How the journal is named in errors: user, hosts and database, never the password.
     shown: String,
     /// The committers' queue. Dropping the journal closes it: the
@@ -136,6 +160,50 @@ pub struct PostgresJournal {
     /// Added to this host's clock when its offset from the server's is
     /// measured: a test's way to skew the host's clock.
     skew: i64,
+}
+
+/// The pool, and what each toolgate transaction on it runs first
+/// ([`setup_sql`]).
+#[derive(Clone)]
+struct Db {
+    pool: Pool,
+    setup: Arc<str>,
+}
+
+/// Where a transaction ran, as `pg_stat_activity` shows it while it is
+/// open: its server process and when it began (µs since the epoch). A
+/// pooler may hand that process to others afterwards; with the start time
+/// it names this transaction only.
+#[derive(Clone, Copy, Debug)]
+struct Attempt {
+    pid: i32,
+    began: i64,
+}
+
+/// SQL each toolgate transaction runs first: where it runs
+/// ([`Attempt`]), and the [`SESSION_SETTINGS`] for the transaction alone —
+/// each unless the connection string's `options` names it, or its value is
+/// not the built-in "disabled" (`0`): set for the role, the database or the
+/// server, which then wins.
+fn setup_sql(options: &str) -> String {
+    let ours: Vec<String> = SESSION_SETTINGS
+        .iter()
+        .filter(|(name, _)| !options.contains(name))
+        .map(|(name, value)| format!("('{name}', '{value}')"))
+        .collect();
+    let at = "pg_backend_pid(), (extract(epoch FROM now()) * 1000000)::BIGINT";
+    if ours.is_empty() {
+        return format!("SELECT {at}");
+    }
+    format!(
+        "SELECT {at}, (SELECT count(set_config(s.name, s.value, true)) FROM (VALUES {}) s (name, value)
+                      WHERE current_setting(s.name) = '0')",
+        ours.join(", ")
+    )
+}
+
+fn attempt(row: &Row) -> Attempt {
+    Attempt { pid: row.get(0), began: row.get(1) }
 }
 
 /// One write waiting for a group commit, with where to send its result.
@@ -184,11 +252,14 @@ fn local_clock(skew: i64) -> f64 {
         + skew as f64
 }
 
-/// SQL: the server's clock minus the host's clock reading `local` (a
-/// parameter), rounded to the second — 0 for a host on the server's
-/// machine, the skew for a skewed host.
+/// SQL: the server's clock (when the statement began) minus the host's
+/// clock reading `local` (a parameter, read before the statement was
+/// sent), in whole seconds rounded down — every offset the same way: the
+/// reading is late by the time the statement took to arrive, never early,
+/// so a host on the server's machine measures 0 unless that took a second,
+/// and two measurements of one host differ by at most one.
 fn clock_offset(local: &str) -> String {
-    format!("round(extract(epoch FROM clock_timestamp())::FLOAT8 - {local}::FLOAT8)::BIGINT")
+    format!("floor(extract(epoch FROM statement_timestamp())::FLOAT8 - {local}::FLOAT8)::BIGINT")
 }
 
 /// SQL: `now` (a time the host read from its clock, a parameter) on the
@@ -204,6 +275,8 @@ enum Fail {
     Db(tokio_postgres::Error),
     /// No answer within the bound (`what` it was).
     Timeout(String),
+    /// A lost attempt's transaction could not be ended (what happened).
+    Unsettled(String),
 }
 
 impl From<tokio_postgres::Error> for Fail {
@@ -257,13 +330,26 @@ impl Fail {
                 e.is_closed()
                     || std::error::Error::source(e).is_some_and(|s| s.downcast_ref::<std::io::Error>().is_some())
             }
-            Fail::Pool(_) => false,
+            Fail::Pool(_) | Fail::Unsettled(_) => false,
         }
     }
 
     fn message(&self) -> String {
+        self.message_after(false)
+    }
+
+    /// The message; with `lost_before`, an earlier attempt of this write
+    /// got no answer to its COMMIT, so a write this attempt failed may have
+    /// been written by that one.
+    fn message_after(&self, lost_before: bool) -> String {
+        let nothing_kept = if lost_before {
+            "this attempt kept nothing, but an earlier attempt of this write got no answer to its COMMIT: \
+             whether it was written is unknown (look it up before doing it again)"
+        } else {
+            "nothing of this write was kept, try again"
+        };
         match self {
-            Fail::Pool(m) | Fail::Timeout(m) => m.clone(),
+            Fail::Pool(m) | Fail::Timeout(m) | Fail::Unsettled(m) => m.clone(),
             Fail::Db(e) => match e.as_db_error() {
                 Some(db) => {
                     let mut m = format!("{}: {} ({})", db.severity(), db.message(), db.code().code());
@@ -273,19 +359,19 @@ impl Fail {
                     let setting = |name: &str| {
                         let value = SESSION_SETTINGS.iter().find(|(n, _)| *n == name).map_or("", |(_, v)| v);
                         format!(
-                            " — the session's `{name}` ({value} unless the connection string's `options` sets it, \
-                             e.g. `options='-c {name}=60s'`)"
+                            " — `{name}` ({value} unless set for the role, the database or the server, or by the \
+                             connection string's `options`: e.g. `ALTER ROLE … SET {name} = '60s'`, or \
+                             `options='-c {name}=60s'` where no pooler is in between)"
                         )
                     };
                     if *db.code() == SqlState::LOCK_NOT_AVAILABLE {
                         m.push_str(&setting("lock_timeout"));
-                        m.push_str(
-                            ": another transaction held the lock that long (a host stalled mid-commit?); \
-                             nothing of this write was kept, try again",
-                        );
+                        m.push_str(": another transaction held the lock that long (a host stalled mid-commit?); ");
+                        m.push_str(nothing_kept);
                     } else if *db.code() == SqlState::QUERY_CANCELED {
                         m.push_str(&setting("statement_timeout"));
-                        m.push_str(": the statement ran that long; nothing of this write was kept, try again");
+                        m.push_str(": the statement ran that long; ");
+                        m.push_str(nothing_kept);
                     } else if *db.code() == SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT {
                         m.push_str(&setting("idle_in_transaction_session_timeout"));
                         m.push_str(": the server ended a transaction this host left waiting that long");
@@ -361,6 +447,7 @@ impl PostgresJournal {
         if config.get_application_name().is_none() {
             config.application_name("toolgate");
         }
+        let setup: Arc<str> = setup_sql(config.get_options().unwrap_or("")).into();
         bound(&mut config);
         let tls = tls(ca_file).map_err(|message| CommitError::Postgres { store: shown.clone(), message })?;
         let manager = Manager::from_config(config, tls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
@@ -375,8 +462,9 @@ impl PostgresJournal {
                 store: shown.clone(),
                 message: format!("cannot build the connection pool: {e}"),
             })?;
+        let db = Db { pool, setup };
         // Connects now (a wrong DSN or password fails here, not at the first call).
-        migrate(&pool, &shown).await?;
+        migrate(&db, &shown).await?;
 
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Job>();
         let rx = Arc::new(tokio::sync::Mutex::new(rx));
@@ -384,9 +472,9 @@ impl PostgresJournal {
         // Half the pool commits; the rest serves reads. Each committer ends
         // once the queue is closed and empty.
         for _ in 0..(pool_size / 2).max(1) {
-            tokio::spawn(commit_loop(rx.clone(), pool.clone(), shown.clone(), counts.clone()));
+            tokio::spawn(commit_loop(rx.clone(), db.clone(), shown.clone(), counts.clone()));
         }
-        Ok(PostgresJournal { pool, shown, jobs: tx, counts, pending_runs: PendingRuns::default(), skew: 0 })
+        Ok(PostgresJournal { db, shown, jobs: tx, counts, pending_runs: PendingRuns::default(), skew: 0 })
     }
 
     /// This journal's host clock reads `secs` ahead of the real one (behind
@@ -406,43 +494,80 @@ impl PostgresJournal {
         CommitError::Postgres { store: self.shown.clone(), message: f.message() }
     }
 
+    /// One read, in a transaction of its own (its settings made first, all
+    /// of it sent at once): `statement_timeout` bounds it, TCP keepalives
+    /// and the user timeout find a server that stopped answering; no fixed
+    /// limit of the client's cuts a long read short.
     async fn query(
         &self,
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Vec<Row>, CommitError> {
         let run = async {
-            let client = Conn::get(&self.pool).await?;
+            let client = Conn::get(&self.db.pool).await?;
             let stmt = client.prepare_cached(sql).await?;
-            let rows = client.query(&stmt, params).await?;
-            client.finish();
-            Ok::<_, Fail>(rows)
+            let setup = client.prepare_cached(&self.db.setup).await?;
+            let (begin, set, rows, end) = futures_util::join!(
+                client.batch_execute("BEGIN READ ONLY"),
+                client.query(&setup, &[]),
+                client.query(&stmt, params),
+                client.batch_execute("COMMIT"),
+            );
+            // The connection is clean again once COMMIT was answered.
+            let clean = begin.is_ok() && end.is_ok();
+            let r = begin.and(set).and(rows).and_then(|rows| end.map(|_| rows));
+            if clean {
+                client.finish();
+            }
+            Ok::<_, Fail>(r?)
         };
-        match tokio::time::timeout(COMMIT_DEADLINE, run).await {
-            Ok(r) => r.map_err(|f| self.err(f)),
-            Err(_) => Err(self.err(Fail::Timeout(format!(
-                "no answer from the server within {} s (it stopped answering, or the network to it is down)",
-                COMMIT_DEADLINE.as_secs()
-            )))),
-        }
+        run.await.map_err(|f| self.err(f))
+    }
+
+    /// Every step (of `run_id`, if given) in order, read [`PAGE`] at a time
+    /// in one read-only snapshot: each statement is bounded by
+    /// `statement_timeout`, not the whole listing.
+    async fn all_steps(&self, run_id: Option<&str>) -> Result<Vec<StepRecord>, CommitError> {
+        let run = async {
+            let mut client = Conn::get(&self.db.pool).await?;
+            let page = client
+                .prepare_cached(&format!(
+                    "SELECT {STEP_COLS} FROM steps WHERE ($1::TEXT IS NULL OR run_id = $1) AND seq > $2
+                     ORDER BY seq LIMIT $3"
+                ))
+                .await?;
+            let setup = client.prepare_cached(&self.db.setup).await?;
+            let tx = client
+                .build_transaction()
+                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()
+                .await?;
+            tx.query(&setup, &[]).await?;
+            let mut steps = Vec::new();
+            let mut after = 0i64;
+            loop {
+                let rows = tx.query(&page, &[&run_id, &after, &PAGE]).await?;
+                steps.extend(rows.iter().map(step_from_row));
+                match steps.last() {
+                    Some(last) if rows.len() as i64 == PAGE => after = last.seq,
+                    _ => break,
+                }
+            }
+            tx.commit().await?;
+            client.finish();
+            Ok::<_, Fail>(steps)
+        };
+        run.await.map_err(|f| self.err(f))
     }
 }
 
-/// The limits of every connection: the session settings the connection
-/// string's `options` does not set itself, TCP keepalives and user timeout,
-/// a connect timeout.
+/// The limits of every connection: TCP keepalives and user timeout, a
+/// connect timeout. No startup `options` of toolgate's own (the session
+/// settings are made per transaction, [`setup_sql`]): PgBouncer before 1.20
+/// refuses the parameter, later ones and hosted poolers refuse the settings
+/// it names, and it would override what is set for the role.
 fn bound(config: &mut tokio_postgres::Config) {
-    let given = config.get_options().unwrap_or("").to_owned();
-    let mut options = given.clone();
-    for (name, value) in SESSION_SETTINGS {
-        if !given.contains(name) {
-            if !options.is_empty() {
-                options.push(' ');
-            }
-            options.push_str(&format!("-c {name}={value}"));
-        }
-    }
-    config.options(options);
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(CONNECT_TIMEOUT);
     }
@@ -517,40 +642,191 @@ fn tls(ca_file: Option<&std::path::Path>) -> Result<tokio_postgres_rustls::MakeR
     Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
 }
 
+/// Unique indexes built after the migrations, outside any transaction
+/// (`CREATE … CONCURRENTLY`: other hosts keep reading and writing the table
+/// meanwhile): name, table, statement.
+const CONCURRENT_INDEXES: &[(&str, &str, &str)] = &[(
+    "steps_write_key",
+    "steps",
+    "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS steps_write_key ON steps (write_key)",
+)];
+
 /// Bring the database to [`SCHEMA_VERSION`], in one transaction, holding
-/// the migration lock so hosts starting together apply each version once.
-async fn migrate(pool: &Pool, shown: &str) -> Result<(), CommitError> {
+/// the migration lock so hosts starting together apply each version once;
+/// then build the [`CONCURRENT_INDEXES`]. A statement of a migration waits
+/// at most [`MIGRATION_LOCK_WAIT`] for a table's lock (while it waits,
+/// other hosts' use of that table queues behind it); the migration is then
+/// rolled back and tried again, [`MIGRATION_ATTEMPTS`] times.
+async fn migrate(db: &Db, shown: &str) -> Result<(), CommitError> {
     let err = |f: Fail| CommitError::Postgres { store: shown.to_owned(), message: f.message() };
-    let mut client = pool.get().await.map_err(|e| err(e.into()))?;
-    let tx = client.transaction().await.map_err(|e| err(e.into()))?;
-    let run = async {
-        // A migration may build an index over every step, and a host
-        // starting meanwhile waits for it: no statement or lock limit here
-        // beyond a generous one (a stalled migrating host's session is
-        // ended by `idle_in_transaction_session_timeout`).
-        tx.batch_execute("SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = '10min'").await?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
-        tx.batch_execute("CREATE TABLE IF NOT EXISTS toolgate_schema (version BIGINT NOT NULL)").await?;
-        let version: i64 = tx.query_opt("SELECT version FROM toolgate_schema", &[]).await?.map_or(0, |r| r.get(0));
-        Ok::<_, Fail>(version)
-    };
-    let version = run.await.map_err(err)?;
+    let mut attempt = 0;
+    loop {
+        match migrate_once(&db.pool).await {
+            Ok(Ok(())) => break,
+            Ok(Err(found)) => {
+                return Err(CommitError::NewerSchema { path: shown.to_owned(), found, known: SCHEMA_VERSION });
+            }
+            Err(f) if lock_not_available(&f) && attempt + 1 < MIGRATION_ATTEMPTS => {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(250 * u64::from(attempt.min(8)))).await;
+            }
+            Err(f) if lock_not_available(&f) => {
+                return Err(CommitError::Postgres {
+                    store: shown.to_owned(),
+                    message: format!(
+                        "migrating the schema to version {SCHEMA_VERSION}: a table's lock was not free within \
+                         {MIGRATION_LOCK_WAIT} in {MIGRATION_ATTEMPTS} tries (a long transaction holds it; \
+                         nothing was changed, start again later): {}",
+                        f.message()
+                    ),
+                });
+            }
+            Err(f) => return Err(err(f)),
+        }
+    }
+    build_indexes(&db.pool).await.map_err(|f| CommitError::Postgres {
+        store: shown.to_owned(),
+        message: format!(
+            "building the index steps_write_key (CREATE UNIQUE INDEX CONCURRENTLY; the next start tries \
+             again): {}",
+            f.message()
+        ),
+    })
+}
+
+fn lock_not_available(f: &Fail) -> bool {
+    matches!(f, Fail::Db(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE))
+}
+
+/// One attempt at the migrations: `Ok(Err(version))` if the database's
+/// schema is newer than this build's.
+async fn migrate_once(pool: &Pool) -> R<Result<(), i64>> {
+    let mut client = Conn::get(pool).await?;
+    let tx = client.transaction().await?;
+    // Hosts starting together wait for the one migrating (its statements
+    // are short: indexes over existing rows are built afterwards).
+    tx.batch_execute(
+        "SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = '10min';
+         SET LOCAL idle_in_transaction_session_timeout = '30s'",
+    )
+    .await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
+    tx.batch_execute(&format!("SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}'")).await?;
+    tx.batch_execute("CREATE TABLE IF NOT EXISTS toolgate_schema (version BIGINT NOT NULL)").await?;
+    let version: i64 = tx.query_opt("SELECT version FROM toolgate_schema", &[]).await?.map_or(0, |r| r.get(0));
     if version > SCHEMA_VERSION {
-        return Err(CommitError::NewerSchema { path: shown.to_owned(), found: version, known: SCHEMA_VERSION });
+        tx.rollback().await?;
+        client.finish();
+        return Ok(Err(version));
     }
-    if version == SCHEMA_VERSION {
-        return tx.commit().await.map_err(|e| err(e.into()));
-    }
-    let run = async {
+    if version < SCHEMA_VERSION {
         for sql in MIGRATIONS.iter().skip(version as usize) {
             tx.batch_execute(sql).await?;
         }
         tx.execute("DELETE FROM toolgate_schema", &[]).await?;
         tx.execute("INSERT INTO toolgate_schema (version) VALUES ($1)", &[&SCHEMA_VERSION]).await?;
-        tx.commit().await?;
-        Ok::<_, Fail>(())
+    }
+    tx.commit().await?;
+    client.finish();
+    Ok(Ok(()))
+}
+
+/// Whether index `$1` exists and is valid: no row if absent, false while
+/// it is being built or when a build was interrupted.
+const INDEX_VALID: &str = "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)";
+
+fn valid(row: Option<Row>) -> Option<bool> {
+    row.map(|r| r.get(0))
+}
+
+/// Build each of the [`CONCURRENT_INDEXES`] not valid yet. One left
+/// invalid by an interrupted build (a host stopped mid-way; duplicates) is
+/// dropped and built again; one another host is building now is left to
+/// it (this host works without it meanwhile).
+async fn build_indexes(pool: &Pool) -> R<()> {
+    // Worth another try: another host's build or probe got in the way.
+    let raced = |e: &tokio_postgres::Error, name: &str| {
+        e.as_db_error().is_some_and(|db| {
+            *db.code() == SqlState::T_R_DEADLOCK_DETECTED
+                || *db.code() == SqlState::LOCK_NOT_AVAILABLE
+                || *db.code() == SqlState::DUPLICATE_TABLE
+                // The name taken at the same moment (not the keys' duplicates).
+                || (*db.code() == SqlState::UNIQUE_VIOLATION && db.constraint() != Some(name))
+        })
     };
-    run.await.map_err(err)
+    for (name, table, create) in CONCURRENT_INDEXES {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            if tries > 2 * MIGRATION_ATTEMPTS {
+                return Err(Fail::Pool(format!("the index {name} was still not built after {tries} tries")));
+            }
+            let mut client = Conn::get(pool).await?;
+            let found = valid(client.query_opt(INDEX_VALID, &[name]).await?);
+            if found == Some(true) {
+                client.finish();
+                break;
+            }
+            // A build holds the table's SHARE UPDATE EXCLUSIVE lock from
+            // start to end: holding it, an invalid index is nobody's build.
+            // Never waited for: a build waits for the transactions older
+            // than its phases, and one waiting for it would deadlock.
+            let tx = client.transaction().await?;
+            match tx.batch_execute(&format!("LOCK TABLE {table} IN SHARE UPDATE EXCLUSIVE MODE NOWAIT")).await {
+                Ok(()) => {}
+                Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                    drop(tx);
+                    client.finish();
+                    if found.is_some() {
+                        tracing::warn!(
+                            "the index {name} is being built by another host (or another session holds {table} \
+                             while a build's leftover waits to be rebuilt); this host does not wait for it"
+                        );
+                        break;
+                    }
+                    if tries >= MIGRATION_ATTEMPTS {
+                        return Err(e.into());
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            }
+            match valid(tx.query_opt(INDEX_VALID, &[name]).await?) {
+                Some(true) => {
+                    tx.commit().await?;
+                    client.finish();
+                    break;
+                }
+                Some(false) => {
+                    let sql = format!("SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}'; DROP INDEX {name}");
+                    match tx.batch_execute(&sql).await {
+                        Ok(()) => {}
+                        Err(e) if raced(&e, name) && tries < MIGRATION_ATTEMPTS => {
+                            drop(tx);
+                            client.finish();
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                            continue;
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                None => {}
+            }
+            tx.commit().await?;
+            // Then looked at again: valid, or being built by another host
+            // (IF NOT EXISTS found its index).
+            match client.batch_execute(create).await {
+                Ok(()) => client.finish(),
+                Err(e) if raced(&e, name) && tries < MIGRATION_ATTEMPTS => {
+                    client.finish();
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// One committer: take what is queued (up to [`MAX_GROUP`]), commit it in
@@ -559,7 +835,7 @@ async fn migrate(pool: &Pool, shown: &str) -> Result<(), CommitError> {
 /// dropped, unwritten (its caller was told so).
 async fn commit_loop(
     rx: Arc<tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<Job>>>,
-    pool: Pool,
+    db: Db,
     shown: String,
     counts: Arc<(AtomicU64, AtomicU64)>,
 ) {
@@ -583,7 +859,7 @@ async fn commit_loop(
             }
             batch
         };
-        let results = commit_group(&pool, &batch, &shown).await;
+        let results = commit_group(&db, &batch, &shown).await;
         counts.0.fetch_add(1, Ordering::Relaxed);
         counts.1.fetch_add(batch.len() as u64, Ordering::Relaxed);
         for (job, r) in batch.into_iter().zip(results) {
@@ -593,31 +869,74 @@ async fn commit_loop(
     }
 }
 
+/// What the attempts at one group commit learned.
+#[derive(Default)]
+struct Attempts {
+    /// An attempt sent COMMIT and heard nothing back.
+    unanswered: AtomicBool,
+    /// Where the latest attempt's transaction runs (known once it began).
+    current: std::sync::Mutex<Option<Attempt>>,
+}
+
+impl Attempts {
+    fn record(&self, a: Attempt) {
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(a);
+    }
+    fn latest(&self) -> Option<Attempt> {
+        *self.current.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// Write `batch` in one transaction, a savepoint per write; one result per
 /// job. A transaction that lost a race, or whose connection was lost (its
 /// COMMIT may have been applied without the answer arriving), is retried
 /// whole on another connection, finding by their keys the writes an earlier
 /// attempt committed; all attempts within [`COMMIT_DEADLINE`].
-async fn commit_group(pool: &Pool, batch: &[Job], shown: &str) -> Vec<Result<Written, CommitError>> {
+async fn commit_group(db: &Db, batch: &[Job], shown: &str) -> Vec<Result<Written, CommitError>> {
+    commit_group_after(db, batch, shown, Attempts::default(), false).await
+}
+
+/// [`commit_group`] after `attempts` (with `lost`, the latest of them lost
+/// its connection). Before an attempt after a lost one, the lost one is
+/// settled ([`settle`]): until its server process ended, its COMMIT may
+/// still be applied, and its locks would make the retry skip (take-over)
+/// or wait out what it holds.
+async fn commit_group_after(
+    db: &Db,
+    batch: &[Job],
+    shown: &str,
+    attempts: Attempts,
+    mut lost: bool,
+) -> Vec<Result<Written, CommitError>> {
     let deadline = tokio::time::Instant::now() + COMMIT_DEADLINE;
     let mut attempt = 0;
     // An earlier attempt may have committed: look before writing.
-    let mut retry = false;
-    // An attempt sent COMMIT and heard nothing back.
-    let unanswered = AtomicBool::new(false);
+    let mut retry = lost;
     loop {
-        let outcome = match tokio::time::timeout_at(deadline, try_group(pool, batch, retry, &unanswered)).await {
+        let run = async {
+            if lost && let Some(a) = attempts.latest() {
+                settle(&db.pool, a).await?;
+            }
+            try_group(db, batch, retry, &attempts).await
+        };
+        let outcome = match tokio::time::timeout_at(deadline, run).await {
             Ok(outcome) => outcome,
             Err(_) => Err(Fail::Timeout(format!(
                 "no answer from the server within {} s (it stopped answering, or the network to it is down)",
                 COMMIT_DEADLINE.as_secs()
             ))),
         };
+        let unanswered = attempts.unanswered.load(Ordering::Acquire);
         match outcome {
             Ok(results) => {
                 return results
                     .into_iter()
-                    .map(|r| r.map_err(|f| CommitError::Postgres { store: shown.to_owned(), message: f.message() }))
+                    .map(|r| {
+                        r.map_err(|f| CommitError::Postgres {
+                            store: shown.to_owned(),
+                            message: f.message_after(unanswered),
+                        })
+                    })
                     .collect();
             }
             Err(f)
@@ -629,12 +948,13 @@ async fn commit_group(pool: &Pool, batch: &[Job], shown: &str) -> Vec<Result<Wri
                 attempt += 1;
                 retry = true;
                 if f.lost() {
+                    lost = true;
                     // A broken connection: give the server (or the network) a moment.
                     tokio::time::sleep(Duration::from_millis(100 << attempt.min(4))).await;
                 }
             }
             Err(f) => {
-                let message = if unanswered.load(Ordering::Acquire) {
+                let message = if unanswered {
                     format!(
                         "the group commit got no answer to its COMMIT, and retrying it failed: whether it was \
                          written is unknown (look it up before doing it again): {}",
@@ -652,10 +972,43 @@ async fn commit_group(pool: &Pool, batch: &[Job], shown: &str) -> Vec<Result<Wri
     }
 }
 
+/// End the transaction `lost` ran (it lost its connection), so that what
+/// it did is final: terminate its server process while it is still in that
+/// transaction, and wait (at most [`SETTLE_WAIT`]) until it is not. A COMMIT
+/// the server was applying completes first; one not yet received never
+/// will be. Terminating needs the same role as the lost connection's (or
+/// `pg_signal_backend`); with a pooler in between, a process that moved on
+/// to another transaction is left alone (it finished this one).
+async fn settle(pool: &Pool, lost: Attempt) -> R<()> {
+    const OPEN: &str =
+        "FROM pg_stat_activity WHERE pid = $1 AND (extract(epoch FROM xact_start) * 1000000)::BIGINT = $2";
+    let c = Conn::get(pool).await?;
+    let end = c.prepare_cached(&format!("SELECT pg_terminate_backend(pid) {OPEN}")).await?;
+    let open = c.prepare_cached(&format!("SELECT 1 {OPEN}")).await?;
+    let start = tokio::time::Instant::now();
+    loop {
+        // Each statement its own transaction: a fresh view of the processes.
+        c.query(&end, &[&lost.pid, &lost.began]).await?;
+        if c.query_opt(&open, &[&lost.pid, &lost.began]).await?.is_none() {
+            c.finish();
+            return Ok(());
+        }
+        if start.elapsed() >= SETTLE_WAIT {
+            return Err(Fail::Unsettled(format!(
+                "the server process {} of the attempt whose COMMIT got no answer was still in that transaction \
+                 {} s after it was told to terminate",
+                lost.pid,
+                SETTLE_WAIT.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// One attempt at `batch`. With `retry`, an earlier attempt may have
 /// committed: each write first looks for what it already wrote.
-async fn try_group(pool: &Pool, batch: &[Job], retry: bool, unanswered: &AtomicBool) -> R<Vec<R<Written>>> {
-    let mut client = Conn::get(pool).await?;
+async fn try_group(db: &Db, batch: &[Job], retry: bool, attempts: &Attempts) -> R<Vec<R<Written>>> {
+    let mut client = Conn::get(&db.pool).await?;
     // The common case, a group of steps that all succeed: one pipelined
     // transaction (every statement sent at once, one round trip for the
     // lot). If any fails, the transaction is rolled back and the group is
@@ -666,7 +1019,7 @@ async fn try_group(pool: &Pool, batch: &[Job], retry: bool, unanswered: &AtomicB
             |j| matches!(&j.write, Write::Step { step, changes, .. } if step.state_read.is_none() || changes.is_empty()),
         )
     {
-        match steps_pipelined(&mut client, batch, unanswered).await {
+        match steps_pipelined(&mut client, &db.setup, batch, attempts).await {
             Ok(seqs) => {
                 client.finish();
                 return Ok(seqs.into_iter().map(|seq| Ok(Written::Seq(seq))).collect());
@@ -676,6 +1029,8 @@ async fn try_group(pool: &Pool, batch: &[Job], retry: bool, unanswered: &AtomicB
         }
     }
     let mut tx = client.transaction().await?;
+    let setup = tx.prepare_cached(&db.setup).await?;
+    attempts.record(attempt(&tx.query_one(&setup, &[]).await?));
     let mut results = Vec::with_capacity(batch.len());
     for job in batch {
         let sp = tx.savepoint("w").await?;
@@ -696,7 +1051,7 @@ async fn try_group(pool: &Pool, batch: &[Job], retry: bool, unanswered: &AtomicB
             }
         }
     }
-    commit(tx, unanswered).await?;
+    commit(tx, &attempts.unanswered).await?;
     client.finish();
     Ok(results)
 }
@@ -737,9 +1092,10 @@ const REMOVE_STATE: &str = "DELETE FROM tool_state WHERE agent = $1 AND tool_id 
 
 /// Every step of `batch` (all of them `Write::Step`) in one transaction,
 /// their statements pipelined in order; the steps' sequence numbers.
-async fn steps_pipelined(client: &mut Conn, batch: &[Job], unanswered: &AtomicBool) -> R<Vec<i64>> {
-    use futures_util::future::{BoxFuture, FutureExt, try_join_all};
+async fn steps_pipelined(client: &mut Conn, setup: &str, batch: &[Job], attempts: &Attempts) -> R<Vec<i64>> {
+    use futures_util::future::{BoxFuture, FutureExt, try_join, try_join_all};
     let tx = client.transaction().await?;
+    let setup = tx.prepare_cached(setup).await?;
     let (run_stmt, step_stmt, set_stmt, remove_stmt, awaiting_stmt) = (
         tx.prepare_cached(INSERT_RUN).await?,
         tx.prepare_cached(INSERT_STEP).await?,
@@ -844,6 +1200,8 @@ async fn steps_pipelined(client: &mut Conn, batch: &[Job], unanswered: &AtomicBo
     // and `try_join_all` polls them in order, so the server runs them in this
     // order (a later step's state change wins, as it would one by one).
     let tx_ref = &tx;
+    // First of all, where it runs and its settings.
+    let began = tx_ref.query_one(&setup, &[]);
     let statements: Vec<BoxFuture<'_, Result<Option<i64>, tokio_postgres::Error>>> = planned
         .iter()
         .map(|(stmt, returns_seq, params)| {
@@ -854,8 +1212,10 @@ async fn steps_pipelined(client: &mut Conn, batch: &[Job], unanswered: &AtomicBo
             }
         })
         .collect();
-    let seqs: Vec<i64> = try_join_all(statements).await?.into_iter().flatten().collect();
-    commit(tx, unanswered).await?;
+    let (row, seqs) = try_join(began, try_join_all(statements)).await?;
+    attempts.record(attempt(&row));
+    let seqs: Vec<i64> = seqs.into_iter().flatten().collect();
+    commit(tx, &attempts.unanswered).await?;
     Ok(seqs)
 }
 
@@ -1043,9 +1403,12 @@ async fn heartbeat(c: &Tx<'_>, holder: &str, now: i64, local: f64) -> R<()> {
     Ok(())
 }
 
-/// pending → claimed by `holder`, if the ticket is pending and unexpired
-/// (on the server's clock: the claiming host's `now` and the asking host's
-/// expiry each translated by its host's offset).
+/// pending → claimed by `holder`, if the ticket is pending and unexpired:
+/// its expiry, on the asking host's clock, is translated to the claiming
+/// host's clock by the difference of their offsets from the server's —
+/// unless those agree within the measurement's second (the same host, or
+/// hosts whose clocks are in step), then both are compared as read, so at
+/// its expiry a ticket is expired, exactly as on the other journals.
 /// Racing transactions wait on the row lock; all but one then find it claimed
 /// — and a retry of this very claim (`key`) finds it its own.
 async fn claim(
@@ -1056,12 +1419,16 @@ async fn claim(
     holder: &str,
     key: &str,
 ) -> R<Result<AwaitingRecord, TicketError>> {
-    let at = on_server_clock("$2", "$5");
     let stmt = c
         .prepare_cached(&format!(
-            "UPDATE awaiting SET state = 'claimed', claimed_at = {at}, holder = $3, claim_key = $4
+            "WITH o AS (SELECT {} AS off)
+             UPDATE awaiting SET state = 'claimed', claimed_at = $2::BIGINT + o.off, holder = $3, claim_key = $4
+             FROM o
              WHERE ticket_id = $1 AND state = 'pending'
-               AND expires_at::NUMERIC + COALESCE(clock_offset, 0) > {at} RETURNING {AWAITING_COLS}"
+               AND expires_at > $2::BIGINT + CASE WHEN abs(COALESCE(clock_offset, 0) - o.off) <= 1 THEN 0
+                                                  ELSE o.off - COALESCE(clock_offset, 0) END
+             RETURNING {AWAITING_COLS}",
+            clock_offset("$5")
         ))
         .await?;
     if let Some(row) = c.query_opt(&stmt, &[&ticket_id, &now, &holder, &key, &local]).await? {
@@ -1432,13 +1799,7 @@ impl StepStore for PostgresJournal {
     }
 
     async fn steps(&self, run_id: Option<&str>) -> Result<Vec<StepRecord>, CommitError> {
-        let rows = self
-            .query(
-                &format!("SELECT {STEP_COLS} FROM steps WHERE $1::TEXT IS NULL OR run_id = $1 ORDER BY seq"),
-                &[&run_id],
-            )
-            .await?;
-        Ok(rows.iter().map(step_from_row).collect())
+        self.all_steps(run_id).await
     }
 
     async fn awaiting(&self, ticket_id: &str) -> Result<Option<AwaitingRecord>, CommitError> {
@@ -1576,23 +1937,23 @@ mod tests {
                 run: None,
             }),
         ];
-        let first = seqs(commit_group(&j.pool, &batch, &j.shown).await);
-        let again = seqs(commit_group(&j.pool, &batch, &j.shown).await);
+        let first = seqs(commit_group(&j.db, &batch, &j.shown).await);
+        let again = seqs(commit_group(&j.db, &batch, &j.shown).await);
         assert_eq!(first, again, "the retry reports the steps the first attempt wrote");
         // A step that checks the state it read (the slow path): its own change does not make it stale.
         let read = BTreeMap::from([("n".to_owned(), "1".to_owned())]);
         let mut checked = OwnedStep::of(&step("c3", OutcomeKind::Output));
         checked.state_read = Some(read.clone());
         let batch = [job(Write::Step { step: checked, changes: vec![set("n", "2")], awaiting: None, run: None })];
-        let first = seqs(commit_group(&j.pool, &batch, &j.shown).await);
-        assert_eq!(first, seqs(commit_group(&j.pool, &batch, &j.shown).await));
+        let first = seqs(commit_group(&j.db, &batch, &j.shown).await);
+        assert_eq!(first, seqs(commit_group(&j.db, &batch, &j.shown).await));
         assert_eq!(j.steps(None).await.unwrap().len(), 3, "one set of steps");
         assert_eq!(j.pending().await.unwrap().len(), 1);
 
         // Claim, resolve and deliver, each committed twice.
         let claim = [job(Write::Claim { ticket_id: "t".into(), now: now(), holder: "h".into() })];
         for attempt in 0..2 {
-            match commit_group(&j.pool, &claim, &j.shown).await.pop() {
+            match commit_group(&j.db, &claim, &j.shown).await.pop() {
                 Some(Ok(Written::Claim(Ok(r)))) => assert_eq!(r.ticket_id, "t"),
                 Some(Ok(Written::Claim(Err(e)))) => panic!("attempt {attempt}: the claim refused: {e:?}"),
                 _ => panic!("attempt {attempt}: not a claim"),
@@ -1609,7 +1970,7 @@ mod tests {
         })];
         let mut resolved = Vec::new();
         for attempt in 0..2 {
-            match commit_group(&j.pool, &resolve, &j.shown).await.pop() {
+            match commit_group(&j.db, &resolve, &j.shown).await.pop() {
                 Some(Ok(Written::Resolved(Ok(seq)))) => resolved.push(seq),
                 Some(Ok(Written::Resolved(Err(e)))) => panic!("attempt {attempt}: refused: {e:?}"),
                 Some(Ok(Written::StateChanged)) => panic!("attempt {attempt}: found its own change stale"),
@@ -1621,7 +1982,7 @@ mod tests {
             [job(Write::Deliver { ticket_id: "t".into(), step: OwnedStep::of(&step("c9", OutcomeKind::Output)) })];
         let mut delivered = Vec::new();
         for _ in 0..2 {
-            match commit_group(&j.pool, &deliver, &j.shown).await.pop() {
+            match commit_group(&j.db, &deliver, &j.shown).await.pop() {
                 Some(Ok(Written::Delivered(d))) => delivered.push(d),
                 _ => panic!("not a delivery"),
             }
@@ -1632,7 +1993,7 @@ mod tests {
         // Another delivery (another write) finds it delivered.
         let other =
             [job(Write::Deliver { ticket_id: "t".into(), step: OwnedStep::of(&step("c10", OutcomeKind::Output)) })];
-        assert!(matches!(commit_group(&j.pool, &other, &j.shown).await.pop(), Some(Ok(Written::Delivered(None)))));
+        assert!(matches!(commit_group(&j.db, &other, &j.shown).await.pop(), Some(Ok(Written::Delivered(None)))));
     }
 
     /// Dropping the journal does not cut off the writes queued: a caller
@@ -1733,7 +2094,7 @@ mod tests {
         j.commit_step(&s, &[set("n", "1")], None).await.expect("once released it commits");
 
         // Every pooled connection busy: a read gives up.
-        let held = (j.pool.get().await.unwrap(), j.pool.get().await.unwrap());
+        let held = (j.db.pool.get().await.unwrap(), j.db.pool.get().await.unwrap());
         let start = Instant::now();
         let e = tokio::time::timeout(Duration::from_secs(30), j.steps(None))
             .await
@@ -1745,5 +2106,246 @@ mod tests {
         let (default, _dsn, _keep) = journal("").await.unwrap();
         let r = default.query("SELECT current_setting('lock_timeout')", &[]).await.unwrap();
         assert_eq!(r[0].get::<_, String>(0), "10s");
+    }
+
+    /// The server's socket (`TOOLGATE_TEST_PG` names a unix socket
+    /// directory and port) and a database's name in its locator.
+    fn socket_and_db(locator: &str) -> (String, String) {
+        let field =
+            |k: &str| locator.split_whitespace().rev().find_map(|f| f.strip_prefix(k)).map(str::to_owned).unwrap();
+        (format!("{}/.s.PGSQL.{}", field("host="), field("port=")), field("dbname="))
+    }
+
+    /// A TCP proxy to `socket` refusing, as PgBouncer before 1.20 does, a
+    /// startup message carrying `options`; its port.
+    async fn pooler_refusing_options(socket: String) -> u16 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let socket = socket.clone();
+                tokio::spawn(async move {
+                    loop {
+                        let Ok(len) = client.read_u32().await else { return };
+                        let mut body = vec![0; len as usize - 4];
+                        client.read_exact(&mut body).await.unwrap();
+                        if body[..4] == 80877103u32.to_be_bytes() {
+                            client.write_all(b"N").await.unwrap(); // no TLS here
+                            continue;
+                        }
+                        if body[4..].split(|b| *b == 0).step_by(2).any(|k| k == b"options") {
+                            let m = b"SFATAL\0C08P01\0Munsupported startup parameter: options\0\0";
+                            let mut out = vec![b'E'];
+                            out.extend_from_slice(&(m.len() as u32 + 4).to_be_bytes());
+                            out.extend_from_slice(m);
+                            client.write_all(&out).await.unwrap();
+                            return;
+                        }
+                        let mut server = tokio::net::UnixStream::connect(&socket).await.unwrap();
+                        server.write_all(&len.to_be_bytes()).await.unwrap();
+                        server.write_all(&body).await.unwrap();
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        return;
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    /// No startup `options` are sent (a pooler refusing them is connected
+    /// through), the limits are set per transaction (nothing outlives it),
+    /// and a limit set for the database (as a DBA's `ALTER ROLE … SET`)
+    /// wins over toolgate's default.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pooler_refusing_startup_options_connects_and_the_databases_settings_win() {
+        let Some((locator, _keep)) = toolgate_tests::conformance::Postgres::fresh_database().await else {
+            eprintln!("skipped: set TOOLGATE_TEST_PG (scripts/test does)");
+            return;
+        };
+        let (socket, db) = socket_and_db(&locator);
+        let (admin, conn) = tokio_postgres::connect(&locator, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        admin.batch_execute(&format!("ALTER DATABASE {db} SET lock_timeout = '3s'")).await.unwrap();
+        let port = pooler_refusing_options(socket).await;
+        let dsn = format!("host=127.0.0.1 port={port} user=postgres dbname={db} sslmode=disable");
+        let j = PostgresJournal::connect(&dsn, None, 2, None).await.expect("connects through the pooler");
+        j.commit_step(&step("c1", OutcomeKind::Output), &[], None).await.unwrap();
+        let r = j
+            .query(
+                "SELECT current_setting('lock_timeout'), current_setting('statement_timeout'),
+                        current_setting('idle_in_transaction_session_timeout')",
+                &[],
+            )
+            .await
+            .unwrap();
+        let got: (String, String, String) = (r[0].get(0), r[0].get(1), r[0].get(2));
+        assert_eq!(got, ("3s".into(), "30s".into(), "30s".into()));
+        // Outside a toolgate transaction the session has the server's values.
+        let c = j.db.pool.get().await.unwrap();
+        let r = c.query_one("SELECT current_setting('statement_timeout')", &[]).await.unwrap();
+        assert_eq!(r.get::<_, String>(0), "0");
+    }
+
+    /// A group retried after its COMMIT got no answer first ends the lost
+    /// attempt's transaction, still open on the server holding its locks
+    /// (a partitioned connection; a COMMIT in flight): the take-over does
+    /// not skip the claim that attempt locked, nor does the step wait for
+    /// its key; and the lost attempt can no longer commit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_retry_ends_the_lost_attempt_before_looking_for_its_writes() {
+        let Some((j, dsn, _keep)) = journal("").await else { return };
+        j.commit_step(&step("c1", OutcomeKind::Awaiting), &[], Some(&awaiting("t1", "c1", now() + 600))).await.unwrap();
+        // host-b claimed it long ago and stopped beating.
+        j.claim_ticket("t1", now() - 1000, "host-b").await.unwrap().expect("claimed");
+        let batch = [
+            job(Write::TakeOver { holder: "host-a".into(), now: now(), lease_secs: 60 }),
+            job(Write::Step {
+                step: OwnedStep::of(&step("c2", OutcomeKind::Output)),
+                changes: vec![],
+                awaiting: None,
+                run: None,
+            }),
+        ];
+        // The lost attempt: both written, not committed, its connection alive.
+        let other = PostgresJournal::connect(&dsn, None, 2, None).await.unwrap();
+        let mut c = other.db.pool.get().await.unwrap();
+        let tx = c.transaction().await.unwrap();
+        let lost = attempt(&tx.query_one(&other.db.setup.to_string(), &[]).await.unwrap());
+        for job in &batch {
+            apply(&tx, job, false).await.unwrap();
+        }
+        let attempts = Attempts::default();
+        attempts.unanswered.store(true, Ordering::Release);
+        attempts.record(lost);
+        let start = Instant::now();
+        let mut results = commit_group_after(&j.db, &batch, &j.shown, attempts, true).await;
+        assert!(start.elapsed() < Duration::from_secs(8), "waited out the lost attempt's locks");
+        assert!(matches!(results.pop(), Some(Ok(Written::Seq(_)))));
+        match results.pop() {
+            Some(Ok(Written::TakenOver(t))) => {
+                assert_eq!(t.iter().map(|r| r.ticket_id.as_str()).collect::<Vec<_>>(), ["t1"])
+            }
+            Some(Err(e)) => panic!("{e}"),
+            _ => panic!("not a take-over"),
+        }
+        assert!(tx.commit().await.is_err(), "the lost attempt was ended");
+        assert_eq!(j.steps(None).await.unwrap().len(), 2);
+    }
+
+    /// A migration waits only briefly for a table another transaction holds
+    /// (other hosts' reads queue behind it meanwhile), and tries again; an
+    /// index whose concurrent build was interrupted (left invalid) is built
+    /// again at the next start.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_migration_blocks_no_reader_long_and_an_interrupted_index_is_rebuilt() {
+        let Some((locator, _keep)) = toolgate_tests::conformance::Postgres::fresh_database().await else {
+            eprintln!("skipped: set TOOLGATE_TEST_PG (scripts/test does)");
+            return;
+        };
+        let connect = || async {
+            let (c, conn) = tokio_postgres::connect(&locator, tokio_postgres::NoTls).await.unwrap();
+            tokio::spawn(conn);
+            c
+        };
+        let admin = connect().await;
+        admin
+            .batch_execute(&format!(
+                "{} CREATE TABLE toolgate_schema (version BIGINT NOT NULL); INSERT INTO toolgate_schema VALUES (4);",
+                schema_at(4)
+            ))
+            .await
+            .unwrap();
+        // A long read of steps, then a host starting (migrating to V5).
+        let long = connect().await;
+        long.batch_execute("BEGIN; SELECT count(*) FROM steps").await.unwrap();
+        let starting = tokio::spawn({
+            let locator = locator.clone();
+            async move { PostgresJournal::connect(&locator, None, 2, None).await.map(|_| ()) }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let reader = connect().await;
+        let start = Instant::now();
+        reader.query_one("SELECT count(*) FROM steps", &[]).await.unwrap();
+        let waited = start.elapsed();
+        tokio::time::sleep(Duration::from_secs(6).saturating_sub(waited)).await;
+        long.batch_execute("COMMIT").await.unwrap();
+        starting.await.unwrap().expect("migrates once the long read ended");
+        assert!(waited < Duration::from_secs(4), "a reader waited {waited:?} behind the migration");
+
+        // An interrupted build: duplicate keys leave the index invalid.
+        admin
+            .batch_execute(
+                "DROP INDEX steps_write_key;
+                 INSERT INTO steps (run_id, call_id, tool_id, arguments, verdict, outcome, result, captured,
+                                    committed_at, write_key)
+                 SELECT 'r', 'c' || i, 't', '{}', 'allow', 'output', '', '{}', 0, 'k' FROM generate_series(1, 2) i",
+            )
+            .await
+            .unwrap();
+        let e = admin.batch_execute("CREATE UNIQUE INDEX CONCURRENTLY steps_write_key ON steps (write_key)").await;
+        assert!(e.is_err());
+        admin.batch_execute("DELETE FROM steps WHERE call_id = 'c2'").await.unwrap();
+        PostgresJournal::connect(&locator, None, 2, None).await.unwrap();
+        let valid = admin.query_one(INDEX_VALID, &[&"steps_write_key"]).await.unwrap();
+        assert!(valid.get::<_, bool>(0), "the interrupted index is rebuilt");
+    }
+
+    /// A listing longer than a page is read whole, in order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_journal_is_listed_a_page_at_a_time() {
+        let Some((j, dsn, _keep)) = journal("").await else { return };
+        let (c, conn) = tokio_postgres::connect(&dsn, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        c.batch_execute(&format!(
+            "INSERT INTO steps (run_id, call_id, tool_id, arguments, verdict, outcome, result, captured, committed_at)
+             SELECT CASE WHEN i % 2 = 0 THEN 'even' ELSE 'odd' END, 'c' || i, 't', '{{}}', 'allow', 'output', '',
+                    '{{}}', 0 FROM generate_series(1, {}) i",
+            2 * PAGE + 3
+        ))
+        .await
+        .unwrap();
+        let all = j.steps(None).await.unwrap();
+        assert_eq!(all.len() as i64, 2 * PAGE + 3);
+        assert!(all.windows(2).all(|w| w[0].seq < w[1].seq));
+        assert_eq!(j.steps(Some("odd")).await.unwrap().len() as i64, PAGE + 2);
+    }
+
+    /// A ticket is expired at its expiry for the host that asked, even when
+    /// the ask's statements ran most of a second after it read its clock
+    /// (they waited for a lock): its offset and the claim's are measured
+    /// alike, and the same clock's readings are compared as they are.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn at_its_expiry_a_ticket_is_expired_however_late_the_ask_ran() {
+        let Some((j, dsn, _keep)) = journal("").await else { return };
+        let expiry = now() + 600;
+        let batch = [job(Write::Step {
+            step: OwnedStep::of(&step("c1", OutcomeKind::Awaiting)),
+            changes: vec![],
+            awaiting: Some(awaiting("t", "c1", expiry)),
+            run: None,
+        })];
+        // Another transaction holds the step's key for 0.7 s.
+        let (raw, conn) = tokio_postgres::connect(&dsn, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        raw.batch_execute(&format!(
+            "BEGIN; INSERT INTO steps (run_id, call_id, tool_id, arguments, verdict, outcome, result, captured,
+                                      committed_at, write_key)
+             VALUES ('r', 'x', 't', '{{}}', 'allow', 'output', '', '{{}}', 0, '{}')",
+            batch[0].key
+        ))
+        .await
+        .unwrap();
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            raw.batch_execute("ROLLBACK").await.unwrap();
+        });
+        let r = commit_group(&j.db, &batch, &j.shown).await;
+        assert!(matches!(r[0], Ok(Written::Seq(_))), "{:?}", r[0].as_ref().err());
+        release.await.unwrap();
+        let at = j.claim_ticket("t", expiry, "h").await.unwrap();
+        assert!(matches!(at, Err(TicketError::Expired(_))), "claimed at its expiry: {at:?}");
+        assert!(j.claim_ticket("t", expiry - 1, "h").await.unwrap().is_ok());
     }
 }
