@@ -615,23 +615,50 @@ pub struct Config {
     pub serve: ServeConfig,
 }
 
-/// The parser's error as the operator reads it: with the config's line it
-/// is on, except for an error in a secret's source, whose line may hold the
-/// secret itself — then the line and column only
-/// ([`crate::authority::credentials::SOURCE_ERROR`]).
+/// The parser's error as the operator reads it: the line, column and what
+/// is wrong, and the line with what its strings hold left out — never the
+/// line as written, which may hold a secret written where its source
+/// belongs (`source = "ghp_…"`; a duplicate key, an unclosed string or a
+/// typo beside it quoted that line too). An error in a secret's source
+/// shows no line at all ([`crate::authority::credentials::SOURCE_ERROR`]).
 fn parse_error_text(e: &toml::de::Error, text: &str) -> String {
-    if !e.message().contains(crate::authority::credentials::SOURCE_ERROR) {
-        return e.to_string().trim_end().to_owned();
+    let Some(span) = e.span() else { return e.message().to_owned() };
+    let before = text.get(..span.start).unwrap_or("");
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    let at = format!("line {line}, column {column}: {}", e.message());
+    if e.message().contains(crate::authority::credentials::SOURCE_ERROR) {
+        return at;
     }
-    match e.span() {
-        Some(span) => {
-            let before = text.get(..span.start).unwrap_or("");
-            let line = before.matches('\n').count() + 1;
-            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-            format!("line {line}, column {column}: {}", e.message())
+    let written = text.lines().nth(line - 1).unwrap_or("");
+    format!("{at}\n  {line} | {}", without_strings(written))
+}
+
+/// `line` with the contents of each quoted string (and of a string left
+/// open) shown as `…`; numbers stay (only a source could hold a secret, and
+/// its errors show no line).
+fn without_strings(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut open: Option<char> = None;
+    for c in line.chars() {
+        match open {
+            Some(q) if c == q => {
+                out.push('…');
+                out.push(c);
+                open = None;
+            }
+            Some(_) => {}
+            None if c == '"' || c == '\'' => {
+                out.push(c);
+                open = Some(c);
+            }
+            None => out.push(c),
         }
-        None => e.message().to_owned(),
     }
+    if open.is_some() {
+        out.push('…');
+    }
+    out
 }
 
 impl Config {
@@ -1176,8 +1203,20 @@ mod tests {
             assert!(!s.contains(SECRET) && !s.contains("1234567890123"), "quoted: {s}");
             assert!(s.contains("never the secret") && s.contains("line "), "{s}");
         }
+        // Any error on the line that holds it: a duplicate key, an unclosed
+        // string, a typo after it, an unknown key beside it.
+        for text in [
+            format!("[credentials.gh]\nsource = {{ env = \"GH\" }}\nsource = \"{SECRET}\"\n"),
+            format!("[serve]\nstate_key = \"{SECRET}\n"),
+            format!("[credentials.gh]\nsource = \"{SECRET}\", \n"),
+            format!("[serve]\nauth = [{{ agnt = \"default\", token = \"{SECRET}\" }}]\n"),
+            format!("store = \"postgres://tg:{SECRET}@db/tg\" x\n"),
+        ] {
+            let s = err(&text);
+            assert!(!s.contains(SECRET) && s.contains("line "), "quoted: {s}");
+        }
         let s = err("[limits]\nmemory_mib = \"lots\"\n");
-        assert!(s.contains("memory_mib = \"lots\""), "other errors keep their line: {s}");
+        assert!(s.contains("line 2") && s.contains("memory_mib = \"…\""), "other errors show their line: {s}");
         let ok = "[credentials.gh]\nsource = { env = \"GH_TOKEN\" }\ndestinations = [\"https://api.github.com:443\"]\n\
                   apply = { header = { name = \"Authorization\", format = \"Bearer {}\" } }\n";
         assert!(parse(ok).is_ok(), "{:?}", parse(ok).err());

@@ -104,15 +104,38 @@ impl Source {
             Source::Env(var) if var.is_empty() => {
                 Err("`env` is empty; name the environment variable that holds the secret".into())
             }
-            Source::Env(var) if var.contains(['=', '\0']) => Err(format!(
-                "`env` = {var:?} is not a variable name (it holds `=` or NUL); name the environment variable \
-                 that holds the secret, e.g. `{{ env = \"API_TOKEN\" }}`"
-            )),
+            // Not quoted: a pasted `NAME=value` line puts the secret here.
+            Source::Env(var) if var.contains(['=', '\0']) => {
+                Err("`env` is not a variable name (it holds `=` or NUL; its value is not shown, as a pasted \
+                 `NAME=value` puts the secret there); name the environment variable that holds the secret, e.g. \
+                 `{ env = \"API_TOKEN\" }`"
+                    .into())
+            }
             Source::File(p) if p.as_os_str().is_empty() => {
                 Err("`file` is empty; give the path of the file that holds the secret".into())
             }
             _ => Ok(()),
         }
+    }
+}
+
+/// An environment variable's name as messages show it: quoted when it
+/// reads as one (letters of one case, digits, `_`: `GITHUB_TOKEN`,
+/// `http_proxy`); otherwise not shown — a token written where its
+/// variable's name belongs (`env = "ghp_…"`) must not reach a log.
+pub fn shown_var(var: &str) -> String {
+    let name = |upper: bool| {
+        var.chars().next().is_some_and(|c| c == '_' || c.is_ascii_alphabetic())
+            && var.chars().all(|c| {
+                c == '_' || c.is_ascii_digit() || (if upper { c.is_ascii_uppercase() } else { c.is_ascii_lowercase() })
+            })
+    };
+    if name(true) || name(false) {
+        format!("environment variable `{var}`")
+    } else {
+        "the environment variable `source.env` names (not shown: mixed-case, it reads like a secret, not a \
+         variable's name)"
+            .to_owned()
     }
 }
 
@@ -326,9 +349,8 @@ impl CredentialSpec {
         let unavailable = |problem: String| CredentialError::Unavailable { name: self.name.clone(), problem };
         let mut value = match &self.source {
             Source::Env(var) => {
-                let value = std::env::var_os(var).ok_or_else(|| {
-                    unavailable(format!("environment variable `{var}` is not set in the host process"))
-                })?;
+                let value = std::env::var_os(var)
+                    .ok_or_else(|| unavailable(format!("{} is not set in the host process", shown_var(var))))?;
                 os_bytes(value)
             }
             Source::File(path) => crate::files::read_bounded(path, MAX_SECRET_FILE).map_err(|e| {
@@ -349,7 +371,7 @@ impl CredentialSpec {
         // the host cannot check for it (a client passing `GITHUB_TOKEN=""`).
         if value.trim_ascii().is_empty() {
             return Err(unavailable(match &self.source {
-                Source::Env(var) => format!("environment variable `{var}` is empty in the host process"),
+                Source::Env(var) => format!("{} is empty in the host process", shown_var(var)),
                 Source::File(path) => format!("{} is empty", path.display()),
             }));
         }
@@ -361,8 +383,9 @@ impl CredentialSpec {
     pub fn read_fix(&self) -> String {
         match &self.source {
             Source::Env(var) => format!(
-                "set `{var}` in the environment the host runs in (for `toolgate serve` started by an MCP client, in \
-                 the `env` the client's config gives the server; clients do not pass on the user's shell)"
+                "set {} in the environment the host runs in (for `toolgate serve` started by an MCP client, in the \
+                 `env` the client's config gives the server; clients do not pass on the user's shell)",
+                shown_var(var).trim_start_matches("environment variable ")
             ),
             Source::File(_) if self.watch_only => {
                 format!("fix the file, or `{}`: the host's user must be able to read it", self.name)
@@ -385,10 +408,10 @@ impl CredentialSpec {
             Source::Env(var) => std::env::var(var).map_err(|e| {
                 unavailable(match e {
                     std::env::VarError::NotPresent => {
-                        format!("environment variable `{var}` is not set in the host process")
+                        format!("{} is not set in the host process", shown_var(var))
                     }
                     std::env::VarError::NotUnicode(_) => {
-                        format!("environment variable `{var}` is not UTF-8, which a request cannot carry")
+                        format!("{} is not UTF-8, which a request cannot carry", shown_var(var))
                     }
                 })
             })?,
@@ -413,7 +436,7 @@ impl CredentialSpec {
 pub fn read_source(source: &Source) -> Result<String, String> {
     let value = match source {
         Source::Env(var) => {
-            std::env::var(var).map_err(|_| format!("environment variable `{var}` is not set in the host process"))?
+            std::env::var(var).map_err(|_| format!("{} is not set in the host process", shown_var(var)))?
         }
         Source::File(path) => read_owner_only(path)?,
     };
@@ -631,6 +654,24 @@ mod tests {
         // A mark inside the secret is the secret's.
         std::fs::write(&f, "v3ry-\u{feff}s3cret").unwrap();
         assert_eq!(c.read_to_check().unwrap().expose(), "v3ry-\u{feff}s3cret".as_bytes());
+    }
+
+    /// A token written where its variable's name belongs (`env = "ghp_…"`)
+    /// or a pasted `NAME=value` line is never quoted by the messages that
+    /// name the variable (the warning at start, the records, a load error);
+    /// an ordinary name is.
+    #[test]
+    fn a_secret_written_as_the_variables_name_is_not_shown() {
+        const TOKEN: &str = "ghp_L1teralS3cretValue0123456789";
+        let c = spec(Apply::Query { param: "k".into() }, Source::Env(TOKEN.into()));
+        let why = c.unreadable().unwrap();
+        assert!(!why.contains(TOKEN) && why.contains("source.env"), "{why}");
+        let pasted = Source::Env(format!("GH_TOKEN={TOKEN}"));
+        let e = pasted.check().unwrap_err();
+        assert!(!e.contains(TOKEN) && e.contains("`env`"), "{e}");
+        for ordinary in ["GITHUB_TOKEN", "http_proxy", "_X1"] {
+            assert!(shown_var(ordinary).contains(&format!("`{ordinary}`")), "{ordinary}");
+        }
     }
 
     /// A source that is unset, missing or blank has no value to watch for:
