@@ -609,7 +609,12 @@ const BASIC_CONSTANTS: &[&str] =
 /// when neither looks like one (`admin:password`, `svc-name:hunter2`):
 /// a word alone would withhold every response holding it.
 fn basic_secret_side<'a>(user: &'a str, password: &'a str) -> Option<&'a str> {
-    if looks_like_a_secret(password, MIN_SECRET) {
+    // A password of 16 bytes or more is a secret whatever its shape: an app
+    // password (`abcd-efgh-ijkl-mnop`, sixteen lower-case letters), a
+    // passphrase (`correct-horse-battery-staple`).
+    let long =
+        password.len() >= MIN_BASIC_USER_KEY && !BASIC_CONSTANTS.iter().any(|c| password.eq_ignore_ascii_case(c));
+    if long || looks_like_a_secret(password, MIN_SECRET) {
         Some(password)
     } else if !user.contains('@') && looks_like_a_secret(user, MIN_BASIC_USER_KEY) {
         Some(user)
@@ -4286,6 +4291,11 @@ mod decoded_secret_tests {
             ("Stripe, empty password", "sk_live_51HqLyjWDarjtT1zdp7dc:", "sk_live_51HqLyjWDarjtT1zdp7dc"),
             ("Freshdesk, KEY:X", "Abc1Def2Ghi3Jkl4Mno5:X", "Abc1Def2Ghi3Jkl4Mno5"),
             ("Google registry", "oauth2accesstoken:ya29.a0AfH6SMBx3dKq9Lq", "ya29.a0AfH6SMBx3dKq9Lq"),
+            ("Apple app-specific password", "me@icloud.com:abcd-efgh-ijkl-mnop", "abcd-efgh-ijkl-mnop"),
+            ("Google app password", "me@gmail.com:qwrtzpmvbnkxlhsd", "qwrtzpmvbnkxlhsd"),
+            ("a passphrase", "svc:correct-horse-battery-staple", "correct-horse-battery-staple"),
+            ("a camel-case passphrase", "svc:CorrectHorseBatteryStaple", "CorrectHorseBatteryStaple"),
+            ("upper-case letters", "me@x.com:ABCDEFGHJKLMNPQR", "ABCDEFGHJKLMNPQR"),
             (
                 "Twilio: the SID beside a secret password is not watched",
                 "AC0123456789abcdef0123456789abcdef:f00dbabe1234567890abcdef12345678",
