@@ -135,7 +135,7 @@ fn when(unix: i64) -> String {
 fn show(r: &AwaitingRecord, secrets: &crate::Withhold) {
     eprintln!("request {} asks to run:", field(&r.call_id));
     eprintln!("  tool       {}", field(&r.tool_id));
-    eprintln!("  arguments  {}", field(&secrets.text(&r.arguments)));
+    eprintln!("  arguments  {}", field(&secrets.json_text(&r.arguments)));
     eprintln!("  component  {}", r.component_digest);
     eprintln!("  asked by   agent `{}` in run {}", field(&r.agent), field(&r.run_id));
     eprintln!("  asked at   {}; expires at {}", when(r.requested_at), when(r.expires_at));
@@ -255,7 +255,7 @@ pub async fn list_pending(
     for a in &pending {
         let ticket = approver.as_ref().filter(|p| asked_of(a, p.as_deref())).map(|_| a.ticket_id.as_str());
         let digest = a.call_digest().hex();
-        let arguments = secrets.text(&a.arguments);
+        let arguments = secrets.json_text(&a.arguments);
         if as_json {
             let mut v = json!({
                 "request": a.call_id, "run": a.run_id, "agent": a.agent, "tool": a.tool_id,

@@ -95,7 +95,7 @@ enum Command {
         tool: String,
         /// Arguments as a JSON object: the text itself, `@PATH` to read it from
         /// a file, or `-` to read it from stdin (at most `limits.arguments_kib`).
-        #[arg(long, default_value = "{}", allow_hyphen_values = true)]
+        #[arg(long, default_value = "{}")]
         args: String,
         /// Continue this run instead of starting a new one.
         #[arg(long)]
@@ -1059,6 +1059,45 @@ impl Withhold {
             Some(found) => std::borrow::Cow::Owned(format!("[withheld: it holds {found}]")),
         }
     }
+
+    /// `text`, a JSON document (a call's arguments), with each string and key
+    /// that holds a configured secret replaced by the note of
+    /// [`Withhold::text`], the rest as it was: an approver still reads what
+    /// the call does (a destination, a command) when an agent puts a secret
+    /// it knows (its own serve token) beside it. A secret the values hold
+    /// only together, or text that is not JSON, withholds the whole.
+    pub(crate) fn json_text<'a>(&self, text: &'a str) -> std::borrow::Cow<'a, str> {
+        if self.scanner.find(text.as_bytes()).is_none() {
+            return std::borrow::Cow::Borrowed(text);
+        }
+        let Ok(mut value) = serde_json::from_str::<serde_json::Value>(text) else { return self.text(text) };
+        self.withhold_in(&mut value);
+        let shown = value.to_string();
+        match self.scanner.find(shown.as_bytes()) {
+            None => std::borrow::Cow::Owned(shown),
+            Some(_) => self.text(text),
+        }
+    }
+
+    fn withhold_in(&self, value: &mut serde_json::Value) {
+        use serde_json::Value;
+        match value {
+            Value::String(s) => {
+                if let std::borrow::Cow::Owned(note) = self.text(s) {
+                    *s = note;
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(|v| self.withhold_in(v)),
+            Value::Object(members) => {
+                let taken = std::mem::take(members);
+                for (key, mut v) in taken {
+                    self.withhold_in(&mut v);
+                    members.insert(self.text(&key).into_owned(), v);
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 async fn journal(store: &dyn StepStore, run: Option<&str>, secrets: &Withhold, as_json: bool) -> Result<u8> {
@@ -1087,20 +1126,15 @@ async fn journal(store: &dyn StepStore, run: Option<&str>, secrets: &Withhold, a
 /// `s` with every text field that holds a configured secret replaced by a
 /// note naming the credential.
 fn withheld_step(mut s: toolgate::store::StepRecord, secrets: &Withhold) -> toolgate::store::StepRecord {
+    if let std::borrow::Cow::Owned(shown) = secrets.json_text(&s.arguments) {
+        s.arguments = shown;
+    }
     let check = |t: &mut String| {
         if let std::borrow::Cow::Owned(note) = secrets.text(t) {
             *t = note;
         }
     };
-    for t in [
-        &mut s.run_id,
-        &mut s.call_id,
-        &mut s.tool_id,
-        &mut s.arguments,
-        &mut s.verdict,
-        &mut s.result,
-        &mut s.captured,
-    ] {
+    for t in [&mut s.run_id, &mut s.call_id, &mut s.tool_id, &mut s.verdict, &mut s.result, &mut s.captured] {
         check(t);
     }
     if let Some(a) = s.approved_by.as_mut() {

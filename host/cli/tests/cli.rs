@@ -1199,6 +1199,13 @@ fn the_journal_never_prints_a_configured_secret() {
         text(&tg(d, &["--json", "journal"]).stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let upper = lines.iter().find(|v| v["tool"] == "text.upper").expect("listed");
     assert!(upper["arguments"].as_str().unwrap().contains("credential `tracker`"), "{upper}");
+    // Only the value holding it is withheld: the approver still reads what
+    // the call does (an agent cannot hide a call by putting a secret it
+    // knows beside it).
+    for args in [&["journal", "--awaiting", "--key", "approver.key"][..], &["--json", "journal"]] {
+        let s = text(&tg(d, args).stdout);
+        assert!(s.contains(r#""op":"add""#) || s.contains(r#"\"op\":\"add\""#), "{args:?}: {s}");
+    }
 
     // The approver sees the call without the secret, and its digest approves it.
     let ticket = pending_ticket(d);
