@@ -34,8 +34,9 @@ pub enum Removal {
     /// No component implements it.
     #[error("not installed")]
     NotInstalled,
-    /// Several components claim it.
-    #[error("ambiguous: claimed by {}; remove all but one", .0.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))]
+    /// Several components claim it. Shown to the model too: it counts them
+    /// and leaves their host paths to `list --all` ([`Listing::files`]).
+    #[error("ambiguous: claimed by {} components; the host's operator must remove all but one", .0.len())]
     Ambiguous(Vec<PathBuf>),
     /// Its component failed to load into the engine.
     #[error("unhealthy: {0}")]

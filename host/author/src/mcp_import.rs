@@ -25,13 +25,14 @@ use toolgate_sdk::Annotations;
 use toolgate_sdk::mcp::{AdapterConfig, PinnedTool, sanitize, tool_id};
 
 use toolgate::authority::credentials::CredentialSpec;
-use toolgate::authority::destination::default_port;
+use toolgate::authority::destination::{default_port, redacted};
 
 /// Why an import failed. Messages name the URL, tool or credential; the
 /// server's text in them is shown on one line ([`crate::one_line`]).
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
-    /// The URL is not an `http(s)://host[:port]/path` URL.
+    /// The URL is not an `http(s)://host[:port]/path` URL. Holds it without
+    /// its user part, path, query and fragment (where a secret would be).
     #[error("`{0}` is not an http:// or https:// URL of an MCP endpoint")]
     Url(String),
     /// The URL carries a user name or password (`user:pass@host`): it would
@@ -131,21 +132,21 @@ pub fn endpoint(url: &str) -> Result<(String, String, u16), ImportError> {
             tail.split('?').next().unwrap_or("")
         )));
     }
-    let uri: http::Uri = url.parse().map_err(|_| ImportError::Url(url.to_owned()))?;
+    let uri: http::Uri = url.parse().map_err(|_| ImportError::Url(redacted(url)))?;
     if let Some(param) = uri.query().and_then(secret_parameter) {
         let bare = url.split(['?', '#']).next().unwrap_or("");
         return Err(ImportError::UrlQuerySecret { url: bare.to_owned(), param: crate::one_line(param) });
     }
-    let scheme = uri.scheme_str().map(str::to_ascii_lowercase).ok_or_else(|| ImportError::Url(url.to_owned()))?;
+    let scheme = uri.scheme_str().map(str::to_ascii_lowercase).ok_or_else(|| ImportError::Url(redacted(url)))?;
     if scheme != "http" && scheme != "https" {
-        return Err(ImportError::Url(url.to_owned()));
+        return Err(ImportError::Url(redacted(url)));
     }
-    let host = uri.host().ok_or_else(|| ImportError::Url(url.to_owned()))?.to_ascii_lowercase();
+    let host = uri.host().ok_or_else(|| ImportError::Url(redacted(url)))?.to_ascii_lowercase();
     let port = uri.port_u16().unwrap_or_else(|| default_port(&scheme));
     // What the adapter reads its own host from: a URL it derives none from
     // would pin a component that can reach nothing.
     if toolgate_sdk::mcp::origin(url).is_none() {
-        return Err(ImportError::Url(url.to_owned()));
+        return Err(ImportError::Url(redacted(url)));
     }
     Ok((scheme, host, port))
 }
@@ -348,7 +349,7 @@ pub async fn discover(
     let mut watch = secrets.values.clone();
     if let Some(spec) = credential {
         let secret = spec.materialize(&scheme, &host, port).map_err(|e| ImportError::Credential(e.to_string()))?;
-        let mut request = http::Request::builder().uri(url).body(()).map_err(|_| ImportError::Url(url.to_owned()))?;
+        let mut request = http::Request::builder().uri(url).body(()).map_err(|_| ImportError::Url(redacted(url)))?;
         toolgate::sandbox::outbound::apply(&mut request, spec, &secret)
             .map_err(|_| ImportError::Credential(format!("credential `{}` cannot be applied to {url}", spec.name)))?;
         watch.push((spec.name.clone(), secret.expose().as_bytes().to_vec()));
@@ -776,6 +777,11 @@ mod tests {
     fn urls_must_be_http() {
         for u in ["ftp://h/x", "nonsense", "http:///x"] {
             assert!(matches!(endpoint(u), Err(ImportError::Url(_))), "{u}");
+        }
+        // Quoted without what could be a secret (a key in the path or query).
+        for u in ["mcp.example.com/api/mcp/s/s3cr3t-k3y-0123/mcp", "wss://mcp.example.com/s/s3cr3t-k3y-0123/mcp"] {
+            let e = endpoint(u).unwrap_err().to_string();
+            assert!(!e.contains("s3cr3t") && e.contains("mcp.example.com"), "{e}");
         }
         assert_eq!(endpoint("https://Mcp.Example.com/mcp").unwrap(), ("https".into(), "mcp.example.com".into(), 443));
     }

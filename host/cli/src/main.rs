@@ -244,11 +244,10 @@ fn main() -> ExitCode {
         .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
         .with_env_var("TOOLGATE_LOG")
         .from_env_lossy();
-    if std::env::var_os("TOOLGATE_LOG").is_none()
-        && let Ok(quiet) = "rmcp::transport::streamable_http_client=off".parse()
-    {
-        // rmcp logs a failed request with its URL, which for `mcp import`
-        // holds a query credential; toolgate reports the failure itself, checked.
+    // rmcp logs a failed request with its URL, which for `mcp import` holds
+    // a query credential: off whatever `TOOLGATE_LOG` says (a filter set for
+    // CI must not turn it on); toolgate reports the failure itself, checked.
+    if let Ok(quiet) = "rmcp::transport::streamable_http_client=off".parse() {
         filter = filter.add_directive(quiet);
     }
     tracing_subscriber::fmt()

@@ -228,7 +228,13 @@ impl CredentialSpec {
         match &config.apply {
             Apply::Header { name: h, format } => {
                 if h.parse::<http::HeaderName>().is_err() {
-                    return Err(invalid(format!("`{h}` is not a valid header name")));
+                    // Not quoted: `name = "Authorization: Bearer ghp_…"` puts the secret here.
+                    return Err(invalid(
+                        "`apply.header.name` is not a valid header name (a token's characters, no `:` or blank; \
+                         it is not shown, as a pasted `Name: value` line puts the secret there): write the name \
+                         alone, e.g. `Authorization`, and the value's form in `format`"
+                            .into(),
+                    ));
                 }
                 if format.matches("{}").count() != 1 {
                     return Err(invalid("`format` must contain `{}` exactly once".into()));

@@ -34,10 +34,25 @@ pub struct DestinationError {
     problem: String,
 }
 
+/// `input` as an error quotes it: without a user part, path, query or
+/// fragment — where a pasted URL carries a secret
+/// (`https://x-access-token:ghp_…@api.github.com`, `…?api_key=…`).
+pub fn redacted(input: &str) -> String {
+    let (scheme, rest) = input.split_once("://").map_or(("", input), |(s, r)| (s, r));
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let (user, host) = match authority.rsplit_once('@') {
+        Some((_, host)) => ("…@", host),
+        None => ("", authority),
+    };
+    let cut = if authority.len() < rest.len() { "/…" } else { "" };
+    let scheme = if input.contains("://") { format!("{scheme}://") } else { String::new() };
+    format!("{scheme}{user}{host}{cut}")
+}
+
 impl Destination {
     /// Parse a grant (`port_wildcard = false`) or a declaration (`true`).
     pub fn parse(input: &str, port_wildcard: bool) -> Result<Self, DestinationError> {
-        let err = |problem: &str| DestinationError { input: input.to_owned(), problem: problem.to_owned() };
+        let err = |problem: &str| DestinationError { input: redacted(input), problem: problem.to_owned() };
         let (scheme, rest) = input.split_once("://").ok_or_else(|| err("missing scheme"))?;
         let scheme = scheme.to_ascii_lowercase();
         if scheme != "http" && scheme != "https" {
@@ -135,6 +150,25 @@ mod tests {
         Destination::parse(s, true).unwrap()
     }
 
+    /// A destination written as a URL with a secret in it (a token as the
+    /// user, a query key) is refused without quoting the secret; the host
+    /// and what to write are named.
+    #[test]
+    fn a_refused_destination_is_quoted_without_its_user_path_or_query() {
+        const SECRET: &str = "ghp_L1teralS3cretValue0123456789";
+        for input in [
+            format!("https://x-access-token:{SECRET}@api.github.com:443"),
+            format!("https://api.example.com/v1?api_key={SECRET}"),
+            format!("https://api.example.com:443#{SECRET}"),
+            format!("https://api.example.com/s/{SECRET}/mcp"),
+        ] {
+            let e = Destination::parse(&input, false).unwrap_err().to_string();
+            assert!(!e.contains(SECRET) && e.contains("api."), "{e}");
+        }
+        let e = Destination::parse("ftp://files.example.com:21", false).unwrap_err().to_string();
+        assert!(e.contains("ftp://files.example.com:21"), "an ordinary one is quoted whole: {e}");
+    }
+
     #[test]
     fn matching_is_exact_in_scheme_host_and_port() {
         let g = d("https://api.example.com:443");
@@ -183,17 +217,14 @@ mod tests {
 
     #[test]
     fn malformed_destinations_are_refused_with_the_input_named() {
-        for bad in [
-            "api.example.com",
-            "ftp://x:21",
-            "https://x:99999",
-            "https://x/path",
-            "https://u@x",
-            "https://",
-            "https://a..b",
-        ] {
+        for bad in ["api.example.com", "ftp://x:21", "https://x:99999", "https://", "https://a..b"] {
             let e = Destination::parse(bad, true).unwrap_err().to_string();
             assert!(e.contains(bad), "{e}");
+        }
+        // A path or user part is named as cut (it may hold a secret).
+        for (bad, shown) in [("https://x/path", "https://x/…"), ("https://u@x", "https://…@x")] {
+            let e = Destination::parse(bad, true).unwrap_err().to_string();
+            assert!(e.contains(shown) && !e.contains(bad), "{e}");
         }
     }
 }

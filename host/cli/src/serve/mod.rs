@@ -481,9 +481,10 @@ impl McpServer {
             .map(|c| c.view.clone());
         match cached {
             Some(view) => Ok(runtime.continue_run(run_id, view)),
-            None => {
-                runtime.start_run(Some(run_id.to_owned()), ToolCapabilityNarrowing::Configured).await.map_err(internal)
-            }
+            None => runtime
+                .start_run(Some(run_id.to_owned()), ToolCapabilityNarrowing::Configured)
+                .await
+                .map_err(journal_error),
         }
     }
 
@@ -584,7 +585,7 @@ impl McpServer {
         // the approval names the record shown, so one rewritten while the
         // human reads is refused (`ChangedSinceShown`).
         let digest = toolgate::policy::gate::argument_digest(&normalize(arguments));
-        let record = runtime.store().awaiting(ticket).await.map_err(internal)?.filter(|r| {
+        let record = runtime.store().awaiting(ticket).await.map_err(journal_error)?.filter(|r| {
             r.state == "pending" && r.call_id == correlation && r.tool_id == name && r.argument_digest == digest
         });
         let Some(record) = record else {
@@ -761,7 +762,7 @@ impl McpServer {
         let prior = store
             .prior_ask(toolgate::store::AskScope::Run(&state.run), &state.tool, &state.digest)
             .await
-            .map_err(internal)?;
+            .map_err(journal_error)?;
         let pending = prior.filter(|p| p.record.call_id == state.request && p.record.state == "pending");
         // With `[approval] mcp_elicitation` off (e.g. a state another replica
         // sealed), an answer decides nothing: the ordinary way leaves it pending.
@@ -846,6 +847,31 @@ fn internal(e: impl std::fmt::Display) -> ErrorData {
     ErrorData::internal_error(without_tickets(&e.to_string()), None)
 }
 
+/// A failure of the host's journal as the client (the model) reads it: what
+/// happened and that the operator must act, without the journal's path or
+/// server (the whole text is logged). `None` for an error that is the
+/// call's own to say (state changed under it, a run of another agent).
+fn journal_failure(e: &toolgate::store::CommitError) -> Option<String> {
+    use toolgate::store::CommitError as E;
+    if matches!(e, E::StateChanged { .. } | E::RunOfAnotherAgent { .. }) {
+        return None;
+    }
+    tracing::error!("journal: {e}");
+    Some(
+        "the host's journal failed, so nothing of this call was recorded (or run); this is for the host's \
+         operator to fix (the host's log holds the cause), not the call"
+            .to_owned(),
+    )
+}
+
+/// [`internal`] for the journal's errors ([`journal_failure`]).
+fn journal_error(e: toolgate::store::CommitError) -> ErrorData {
+    match journal_failure(&e) {
+        Some(text) => ErrorData::internal_error(text, None),
+        None => internal(e),
+    }
+}
+
 /// A call's error as the client reads it. A ticket error names the request
 /// (the correlation id the model already reads: `request`, or the pending
 /// request when not known here), never its ticket, and says what to do.
@@ -890,6 +916,7 @@ fn call_error(tool: &str, e: CallError, request: Option<&str>) -> ErrorData {
             tracing::warn!("{named}: {e}");
             e.model_text(tool)
         }
+        CallError::Commit(c) => journal_failure(c).unwrap_or_else(|| c.to_string()),
         other => other.to_string(),
     };
     ErrorData::internal_error(without_tickets(&message), None)
