@@ -25,18 +25,21 @@
 //! begins by setting `lock_timeout`, `statement_timeout` and
 //! `idle_in_transaction_session_timeout` for itself (`SET LOCAL`: nothing is
 //! sent at startup, which PgBouncer and hosted poolers refuse, and nothing
-//! outlives the transaction, so transaction pooling works) — each only where
-//! nobody else set it: not named by the connection string's `options`, and
-//! not set for the role, the database or the server (its value is still the
-//! built-in "disabled"). TCP keepalives with a user timeout find a server
-//! that stopped answering, so a host frozen mid-transaction or a dead server
-//! fails commits with an error naming the limit, not stalls them; waiting
+//! outlives the transaction, so transaction pooling works where the pooler
+//! keeps prepared statements) — each only where nobody else set it: not
+//! named by the connection string's `options`, and not set for the role,
+//! the database, the server or the session, `0` included (its
+//! `pg_settings.source` is still `default`). TCP keepalives with a user
+//! timeout find a server that stopped answering, so a host frozen
+//! mid-transaction or a dead server fails commits with an error naming the
+//! limit, not stalls them; waiting
 //! for a pooled connection, for the committer and for one group's commit are
 //! bounded too.
 //!
 //! Times that decide between hosts — claims, heartbeats, take-over, expiry —
 //! are the server's: a host's clock reading (`now`) is translated by that
-//! host's offset from the server clock, measured in the statement, so a
+//! host's offset from the server clock, measured once per transaction by
+//! its first statement (which never waits for a lock), so a
 //! host whose clock is skewed neither takes over a live claim nor sees a
 //! live ticket expired.
 //!
@@ -180,28 +183,57 @@ struct Attempt {
     began: i64,
 }
 
-/// SQL each toolgate transaction runs first: where it runs
-/// ([`Attempt`]), and the [`SESSION_SETTINGS`] for the transaction alone —
-/// each unless the connection string's `options` names it, or its value is
-/// not the built-in "disabled" (`0`): set for the role, the database or the
-/// server, which then wins.
+/// SQL each toolgate transaction runs first (it never waits for a lock):
+/// where it runs ([`Attempt`]), this host's offset from the server's clock
+/// (`$1`: the host's clock read just before it was sent, [`clock_offset`]),
+/// and the [`SESSION_SETTINGS`] for the transaction alone — each unless the
+/// connection string's `options` names it ([`named_in_options`]), or it is
+/// set anywhere but the built-in default (for the role, the database, the
+/// server or the session: that setting wins, `0` included).
 fn setup_sql(options: &str) -> String {
     let ours: Vec<String> = SESSION_SETTINGS
         .iter()
-        .filter(|(name, _)| !options.contains(name))
+        .filter(|(name, _)| !named_in_options(options, name))
         .map(|(name, value)| format!("('{name}', '{value}')"))
         .collect();
-    let at = "pg_backend_pid(), (extract(epoch FROM now()) * 1000000)::BIGINT";
+    let at = format!(
+        "pg_backend_pid(), (extract(epoch FROM now()) * 1000000)::BIGINT,
+         set_config('{OFFSET_SETTING}', {}::TEXT, true)",
+        clock_offset("$1")
+    );
     if ours.is_empty() {
         return format!("SELECT {at}");
     }
     format!(
         "SELECT {at}, (SELECT count(set_config(s.name, s.value, true)) FROM (VALUES {}) s (name, value)
-                      WHERE current_setting(s.name) = '0')",
+                      WHERE (SELECT p.source FROM pg_settings p WHERE p.name = s.name) = 'default')",
         ours.join(", ")
     )
 }
 
+/// Whether the startup `options` (`-c name=value`, `-cname=value` or
+/// `--name=value` tokens, as the server reads them) set `name`: a whole
+/// name, not a part of one (`deadlock_timeout` is not `lock_timeout`).
+fn named_in_options(options: &str, name: &str) -> bool {
+    let mut tokens = options.split_ascii_whitespace();
+    while let Some(t) = tokens.next() {
+        let setting = if t == "-c" {
+            tokens.next()
+        } else if let Some(rest) = t.strip_prefix("--") {
+            Some(rest)
+        } else {
+            t.strip_prefix("-c")
+        };
+        if let Some((n, _)) = setting.and_then(|s| s.split_once('='))
+            && n.replace('-', "_").eq_ignore_ascii_case(name)
+        {
+            return true;
+        }
+    }
+    false
+}
+
+/// Where the transaction whose setup answered `row` runs.
 fn attempt(row: &Row) -> Attempt {
     Attempt { pid: row.get(0), began: row.get(1) }
 }
@@ -225,13 +257,6 @@ impl Job {
         let job = Job { write, reply, key: write_key(), skew, place: Arc::new(AtomicU8::new(QUEUED)) };
         (job, answer)
     }
-
-    /// This host's clock now (Unix seconds), read as the write's statements
-    /// are sent: the write's `now` is translated to the server's clock by
-    /// the difference the server measures against it.
-    fn local(&self) -> f64 {
-        local_clock(self.skew)
-    }
 }
 
 /// A key no other write has: 128 random bits (without the operating
@@ -253,19 +278,32 @@ fn local_clock(skew: i64) -> f64 {
 }
 
 /// SQL: the server's clock (when the statement began) minus the host's
-/// clock reading `local` (a parameter, read before the statement was
+/// clock reading `local` (a parameter, read just before the statement was
 /// sent), in whole seconds rounded down — every offset the same way: the
 /// reading is late by the time the statement took to arrive, never early,
 /// so a host on the server's machine measures 0 unless that took a second,
-/// and two measurements of one host differ by at most one.
+/// and two measurements of one host differ by at most one. Measured once
+/// per transaction, by its first statement ([`setup_sql`]), which never
+/// waits for a lock: measured later, the offset would count the time a
+/// statement before it waited (up to `lock_timeout`) as clock skew.
 fn clock_offset(local: &str) -> String {
     format!("floor(extract(epoch FROM statement_timestamp())::FLOAT8 - {local}::FLOAT8)::BIGINT")
 }
 
+/// Where a transaction keeps the offset its first statement measured
+/// (`SET LOCAL`: it ends with the transaction).
+const OFFSET_SETTING: &str = "toolgate.clock_offset";
+
+/// SQL: this host's offset from the server's clock, as this transaction's
+/// first statement measured it.
+fn offset() -> String {
+    format!("current_setting('{OFFSET_SETTING}')::BIGINT")
+}
+
 /// SQL: `now` (a time the host read from its clock, a parameter) on the
 /// server's clock.
-fn on_server_clock(now: &str, local: &str) -> String {
-    format!("({now}::BIGINT + {})", clock_offset(local))
+fn on_server_clock(now: &str) -> String {
+    format!("({now}::BIGINT + {})", offset())
 }
 
 /// Why a database operation failed.
@@ -372,6 +410,12 @@ impl Fail {
                         m.push_str(&setting("statement_timeout"));
                         m.push_str(": the statement ran that long; ");
                         m.push_str(nothing_kept);
+                    } else if *db.code() == SqlState::INVALID_SQL_STATEMENT_NAME {
+                        m.push_str(
+                            " — toolgate prepares named statements: a pooler in between must keep them \
+                             (PgBouncer's transaction pooling needs 1.21 or later with `max_prepared_statements` \
+                             above 0; or use session pooling)",
+                        );
                     } else if *db.code() == SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT {
                         m.push_str(&setting("idle_in_transaction_session_timeout"));
                         m.push_str(": the server ended a transaction this host left waiting that long");
@@ -450,6 +494,7 @@ impl PostgresJournal {
         let setup: Arc<str> = setup_sql(config.get_options().unwrap_or("")).into();
         bound(&mut config);
         let tls = tls(ca_file).map_err(|message| CommitError::Postgres { store: shown.clone(), message })?;
+        let own = (config.clone(), tls.clone());
         let manager = Manager::from_config(config, tls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(manager)
             .max_size(pool_size.max(1))
@@ -464,7 +509,7 @@ impl PostgresJournal {
             })?;
         let db = Db { pool, setup };
         // Connects now (a wrong DSN or password fails here, not at the first call).
-        migrate(&db, &shown).await?;
+        migrate(&db, &own, &shown).await?;
 
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Job>();
         let rx = Arc::new(tokio::sync::Mutex::new(rx));
@@ -507,9 +552,11 @@ impl PostgresJournal {
             let client = Conn::get(&self.db.pool).await?;
             let stmt = client.prepare_cached(sql).await?;
             let setup = client.prepare_cached(&self.db.setup).await?;
+            let local = local_clock(self.skew);
+            let local: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&local];
             let (begin, set, rows, end) = futures_util::join!(
                 client.batch_execute("BEGIN READ ONLY"),
-                client.query(&setup, &[]),
+                client.query(&setup, &local),
                 client.query(&stmt, params),
                 client.batch_execute("COMMIT"),
             );
@@ -543,7 +590,7 @@ impl PostgresJournal {
                 .read_only(true)
                 .start()
                 .await?;
-            tx.query(&setup, &[]).await?;
+            tx.query(&setup, &[&local_clock(self.skew)]).await?;
             let mut steps = Vec::new();
             let mut after = 0i64;
             loop {
@@ -644,12 +691,9 @@ fn tls(ca_file: Option<&std::path::Path>) -> Result<tokio_postgres_rustls::MakeR
 
 /// Unique indexes built after the migrations, outside any transaction
 /// (`CREATE … CONCURRENTLY`: other hosts keep reading and writing the table
-/// meanwhile): name, table, statement.
-const CONCURRENT_INDEXES: &[(&str, &str, &str)] = &[(
-    "steps_write_key",
-    "steps",
-    "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS steps_write_key ON steps (write_key)",
-)];
+/// meanwhile): name, statement.
+const CONCURRENT_INDEXES: &[(&str, &str)] =
+    &[("steps_write_key", "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS steps_write_key ON steps (write_key)")];
 
 /// Bring the database to [`SCHEMA_VERSION`], in one transaction, holding
 /// the migration lock so hosts starting together apply each version once;
@@ -657,7 +701,7 @@ const CONCURRENT_INDEXES: &[(&str, &str, &str)] = &[(
 /// at most [`MIGRATION_LOCK_WAIT`] for a table's lock (while it waits,
 /// other hosts' use of that table queues behind it); the migration is then
 /// rolled back and tried again, [`MIGRATION_ATTEMPTS`] times.
-async fn migrate(db: &Db, shown: &str) -> Result<(), CommitError> {
+async fn migrate(db: &Db, own: &OwnConnection, shown: &str) -> Result<(), CommitError> {
     let err = |f: Fail| CommitError::Postgres { store: shown.to_owned(), message: f.message() };
     let mut attempt = 0;
     loop {
@@ -684,7 +728,7 @@ async fn migrate(db: &Db, shown: &str) -> Result<(), CommitError> {
             Err(f) => return Err(err(f)),
         }
     }
-    build_indexes(&db.pool).await.map_err(|f| CommitError::Postgres {
+    build_indexes(&db.pool, own).await.map_err(|f| CommitError::Postgres {
         store: shown.to_owned(),
         message: format!(
             "building the index steps_write_key (CREATE UNIQUE INDEX CONCURRENTLY; the next start tries \
@@ -739,92 +783,58 @@ fn valid(row: Option<Row>) -> Option<bool> {
     row.map(|r| r.get(0))
 }
 
-/// Build each of the [`CONCURRENT_INDEXES`] not valid yet. One left
-/// invalid by an interrupted build (a host stopped mid-way; duplicates) is
-/// dropped and built again; one another host is building now is left to
-/// it (this host works without it meanwhile).
-async fn build_indexes(pool: &Pool) -> R<()> {
-    // Worth another try: another host's build or probe got in the way.
-    let raced = |e: &tokio_postgres::Error, name: &str| {
-        e.as_db_error().is_some_and(|db| {
-            *db.code() == SqlState::T_R_DEADLOCK_DETECTED
-                || *db.code() == SqlState::LOCK_NOT_AVAILABLE
-                || *db.code() == SqlState::DUPLICATE_TABLE
-                // The name taken at the same moment (not the keys' duplicates).
-                || (*db.code() == SqlState::UNIQUE_VIOLATION && db.constraint() != Some(name))
-        })
-    };
-    for (name, table, create) in CONCURRENT_INDEXES {
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            if tries > 2 * MIGRATION_ATTEMPTS {
-                return Err(Fail::Pool(format!("the index {name} was still not built after {tries} tries")));
-            }
-            let mut client = Conn::get(pool).await?;
-            let found = valid(client.query_opt(INDEX_VALID, &[name]).await?);
-            if found == Some(true) {
-                client.finish();
-                break;
-            }
-            // A build holds the table's SHARE UPDATE EXCLUSIVE lock from
-            // start to end: holding it, an invalid index is nobody's build.
-            // Never waited for: a build waits for the transactions older
-            // than its phases, and one waiting for it would deadlock.
-            let tx = client.transaction().await?;
-            match tx.batch_execute(&format!("LOCK TABLE {table} IN SHARE UPDATE EXCLUSIVE MODE NOWAIT")).await {
-                Ok(()) => {}
-                Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-                    drop(tx);
-                    client.finish();
-                    if found.is_some() {
-                        tracing::warn!(
-                            "the index {name} is being built by another host (or another session holds {table} \
-                             while a build's leftover waits to be rebuilt); this host does not wait for it"
-                        );
-                        break;
-                    }
-                    if tries >= MIGRATION_ATTEMPTS {
-                        return Err(e.into());
-                    }
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
-            }
-            match valid(tx.query_opt(INDEX_VALID, &[name]).await?) {
-                Some(true) => {
-                    tx.commit().await?;
-                    client.finish();
-                    break;
-                }
-                Some(false) => {
-                    let sql = format!("SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}'; DROP INDEX {name}");
-                    match tx.batch_execute(&sql).await {
-                        Ok(()) => {}
-                        Err(e) if raced(&e, name) && tries < MIGRATION_ATTEMPTS => {
-                            drop(tx);
-                            client.finish();
-                            tokio::time::sleep(Duration::from_millis(500)).await;
-                            continue;
-                        }
-                        Err(e) => return Err(e.into()),
-                    }
-                }
+/// What opens a connection outside the pool, as the pool's are opened.
+type OwnConnection = (tokio_postgres::Config, tokio_postgres_rustls::MakeRustlsConnect);
+
+/// The advisory lock a host holds (for its session) while it builds the
+/// [`CONCURRENT_INDEXES`]: one build at a time, and a host that finds it
+/// taken knows a build is under way.
+const BUILD_LOCK: i64 = MIGRATION_LOCK + 1;
+
+/// Build each of the [`CONCURRENT_INDEXES`] not valid yet, on a connection
+/// of its own: `statement_timeout` and `lock_timeout` off for it (a role's
+/// or database's limits would cancel a build over a large table, every
+/// start), closed afterwards, never back in the pool. Builds take turns by
+/// [`BUILD_LOCK`], tried, never waited for: the host holding it drops an
+/// index left invalid by an interrupted build (a host stopped mid-way;
+/// duplicates) and builds it again — both `CONCURRENTLY`, waiting for the
+/// table's SHARE UPDATE EXCLUSIVE lock as long as it takes (autovacuum or
+/// ANALYZE holding it gives way); a host that finds the lock taken leaves
+/// the index to that build and works without it meanwhile.
+async fn build_indexes(pool: &Pool, own: &OwnConnection) -> R<()> {
+    for (name, create) in CONCURRENT_INDEXES {
+        let pooled = Conn::get(pool).await?;
+        let found = valid(pooled.query_opt(INDEX_VALID, &[name]).await?);
+        pooled.finish();
+        if found == Some(true) {
+            continue;
+        }
+        // Dropped at the end of this iteration, which closes it.
+        let (client, connection) = own.0.connect(own.1.clone()).await?;
+        tokio::spawn(connection);
+        client.batch_execute("SET statement_timeout = 0; SET lock_timeout = 0").await?;
+        let held: bool = client.query_one("SELECT pg_try_advisory_lock($1)", &[&BUILD_LOCK]).await?.get(0);
+        if !held {
+            tracing::warn!("the index {name} is being built by another host; this host does not wait for it");
+            continue;
+        }
+        let built = async {
+            match valid(client.query_opt(INDEX_VALID, &[name]).await?) {
+                Some(true) => return Ok(()),
+                Some(false) => client.batch_execute(&format!("DROP INDEX CONCURRENTLY IF EXISTS {name}")).await?,
                 None => {}
             }
-            tx.commit().await?;
-            // Then looked at again: valid, or being built by another host
-            // (IF NOT EXISTS found its index).
-            match client.batch_execute(create).await {
-                Ok(()) => client.finish(),
-                Err(e) if raced(&e, name) && tries < MIGRATION_ATTEMPTS => {
-                    client.finish();
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                Err(e) => return Err(e.into()),
-            }
+            client.batch_execute(create).await?;
+            Ok::<_, Fail>(())
         }
+        .await;
+        // Undone before closing, should a pooler keep the server's session.
+        let _ = client
+            .batch_execute(&format!(
+                "SELECT pg_advisory_unlock({BUILD_LOCK}); RESET statement_timeout; RESET lock_timeout"
+            ))
+            .await;
+        built?;
     }
     Ok(())
 }
@@ -978,18 +988,32 @@ async fn commit_group_after(
 /// the server was applying completes first; one not yet received never
 /// will be. Terminating needs the same role as the lost connection's (or
 /// `pg_signal_backend`); with a pooler in between, a process that moved on
-/// to another transaction is left alone (it finished this one).
+/// to another transaction is left alone (it finished this one). A process
+/// whose transaction the server does not show (`track_activities` off for
+/// it: no `xact_start`) while it is not idle cannot be told apart from the
+/// lost attempt: the outcome is reported unknown, nothing is terminated.
 async fn settle(pool: &Pool, lost: Attempt) -> R<()> {
     const OPEN: &str =
         "FROM pg_stat_activity WHERE pid = $1 AND (extract(epoch FROM xact_start) * 1000000)::BIGINT = $2";
+    const UNTRACKED: &str = "SELECT 1 FROM pg_stat_activity
+                             WHERE pid = $1 AND xact_start IS NULL AND state IS DISTINCT FROM 'idle'";
     let c = Conn::get(pool).await?;
     let end = c.prepare_cached(&format!("SELECT pg_terminate_backend(pid) {OPEN}")).await?;
     let open = c.prepare_cached(&format!("SELECT 1 {OPEN}")).await?;
+    let untracked = c.prepare_cached(UNTRACKED).await?;
     let start = tokio::time::Instant::now();
     loop {
         // Each statement its own transaction: a fresh view of the processes.
         c.query(&end, &[&lost.pid, &lost.began]).await?;
         if c.query_opt(&open, &[&lost.pid, &lost.began]).await?.is_none() {
+            if c.query_opt(&untracked, &[&lost.pid]).await?.is_some() {
+                c.finish();
+                return Err(Fail::Unsettled(format!(
+                    "the server does not show the transaction of process {} (`track_activities` is off), so \
+                     whether the attempt whose COMMIT got no answer is still open cannot be told",
+                    lost.pid
+                )));
+            }
             c.finish();
             return Ok(());
         }
@@ -1030,7 +1054,8 @@ async fn try_group(db: &Db, batch: &[Job], retry: bool, attempts: &Attempts) -> 
     }
     let mut tx = client.transaction().await?;
     let setup = tx.prepare_cached(&db.setup).await?;
-    attempts.record(attempt(&tx.query_one(&setup, &[]).await?));
+    let local = local_clock(batch.first().map_or(0, |j| j.skew));
+    attempts.record(attempt(&tx.query_one(&setup, &[&local]).await?));
     let mut results = Vec::with_capacity(batch.len());
     for job in batch {
         let sp = tx.savepoint("w").await?;
@@ -1117,7 +1142,6 @@ async fn steps_pipelined(client: &mut Conn, setup: &str, batch: &[Job], attempts
         awaiting_arguments: Option<std::borrow::Cow<'a, str>>,
         component_digest: Option<String>,
         ticket: Option<&'a str>,
-        local: f64,
     }
     let at = now();
     let mut texts = Vec::with_capacity(batch.len());
@@ -1136,7 +1160,6 @@ async fn steps_pipelined(client: &mut Conn, setup: &str, batch: &[Job], attempts
             awaiting_arguments: awaiting.as_ref().map(|a| text(&a.arguments)),
             component_digest: awaiting.as_ref().map(|a| a.component_digest.hex()),
             ticket: step.ticket.as_deref().or(awaiting.as_ref().map(|a| a.ticket_id.as_str())),
-            local: job.local(),
         });
     }
     // Each statement with its parameters, in order.
@@ -1191,7 +1214,6 @@ async fn steps_pipelined(client: &mut Conn, setup: &str, batch: &[Job], attempts
                     &a.requested_at,
                     &a.restriction,
                     &a.approvers,
-                    &t.local,
                 ],
             ));
         }
@@ -1200,8 +1222,17 @@ async fn steps_pipelined(client: &mut Conn, setup: &str, batch: &[Job], attempts
     // and `try_join_all` polls them in order, so the server runs them in this
     // order (a later step's state change wins, as it would one by one).
     let tx_ref = &tx;
-    // First of all, where it runs and its settings.
-    let began = tx_ref.query_one(&setup, &[]);
+    // First of all, where it runs, this host's clock offset and its
+    // settings; the attempt is known as soon as this answers (a connection
+    // lost before the COMMIT leaves it to be ended before the retry).
+    let local = local_clock(batch.first().map_or(0, |j| j.skew));
+    let local: [Param<'_>; 1] = [&local];
+    let began = tx_ref.query_one(&setup, &local).map(|r| {
+        if let Ok(row) = &r {
+            attempts.record(attempt(row));
+        }
+        r
+    });
     let statements: Vec<BoxFuture<'_, Result<Option<i64>, tokio_postgres::Error>>> = planned
         .iter()
         .map(|(stmt, returns_seq, params)| {
@@ -1212,21 +1243,20 @@ async fn steps_pipelined(client: &mut Conn, setup: &str, batch: &[Job], attempts
             }
         })
         .collect();
-    let (row, seqs) = try_join(began, try_join_all(statements)).await?;
-    attempts.record(attempt(&row));
+    let (_, seqs) = try_join(began, try_join_all(statements)).await?;
     let seqs: Vec<i64> = seqs.into_iter().flatten().collect();
     commit(tx, &attempts.unanswered).await?;
     Ok(seqs)
 }
 
 /// An Awaiting record as the asking host made it, with that host's offset
-/// from the server's clock (`$13`: its clock when the write was queued), so
-/// its expiry is compared on the server's clock.
+/// from the server's clock (as its transaction's first statement measured
+/// it), so its expiry is compared on the server's clock.
 fn insert_awaiting_sql() -> String {
     format!(
         "INSERT INTO awaiting ({AWAITING_COLS}, clock_offset)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending', $11, $12, {})",
-        clock_offset("$13")
+        offset()
     )
 }
 
@@ -1236,7 +1266,7 @@ fn insert_awaiting_sql() -> String {
 /// (it may have waited for that attempt's COMMIT, whose own change then
 /// made the state differ).
 async fn apply(c: &Tx<'_>, job: &Job, retry: bool) -> R<Written> {
-    let (key, local) = (job.key.as_str(), job.local());
+    let key = job.key.as_str();
     match &job.write {
         Write::Step { step, changes, awaiting, run } => {
             if retry && let Some(seq) = written_by(c, key).await? {
@@ -1251,13 +1281,11 @@ async fn apply(c: &Tx<'_>, job: &Job, retry: bool) -> R<Written> {
             if let Some(run) = run {
                 insert_run(c, &step.run_id, run).await?;
             }
-            write_step(c, step, changes, awaiting.as_ref(), key, local).await.map(Written::Seq)
+            write_step(c, step, changes, awaiting.as_ref(), key).await.map(Written::Seq)
         }
         Write::Run { run_id, run } => insert_run(c, run_id, run).await.map(|_| Written::Done),
-        Write::Claim { ticket_id, now, holder } => {
-            claim(c, ticket_id, *now, local, holder, key).await.map(Written::Claim)
-        }
-        Write::Heartbeat { holder, now } => heartbeat(c, holder, *now, local).await.map(|_| Written::Done),
+        Write::Claim { ticket_id, now, holder } => claim(c, ticket_id, *now, holder, key).await.map(Written::Claim),
+        Write::Heartbeat { holder, now } => heartbeat(c, holder, *now).await.map(|_| Written::Done),
         Write::Resolve { ticket_id, holder, step, changes, delivered } => {
             if retry && let Some(seq) = written_by(c, key).await? {
                 return Ok(Written::Resolved(Ok(seq)));
@@ -1271,7 +1299,7 @@ async fn apply(c: &Tx<'_>, job: &Job, retry: bool) -> R<Written> {
             resolve(c, ticket_id, holder, step, changes, *delivered, key).await.map(Written::Resolved)
         }
         Write::TakeOver { holder, now, lease_secs } => {
-            take_over(c, holder, *now, local, *lease_secs, key).await.map(Written::TakenOver)
+            take_over(c, holder, *now, *lease_secs, key).await.map(Written::TakenOver)
         }
         Write::Deliver { ticket_id, step } => deliver(c, ticket_id, step, key).await.map(Written::Delivered),
     }
@@ -1316,7 +1344,6 @@ async fn write_step(
     changes: &[StateChange],
     awaiting: Option<&AwaitingRecord>,
     key: &str,
-    local: f64,
 ) -> R<i64> {
     let seq = insert_step(c, step, step.ticket.as_deref().or(awaiting.map(|a| a.ticket_id.as_str())), key).await?;
     apply_changes(c, &step.agent, &step.tool_id, changes).await?;
@@ -1337,7 +1364,6 @@ async fn write_step(
                 &a.requested_at,
                 &a.restriction,
                 &a.approvers,
-                &local,
             ],
         )
         .await?;
@@ -1389,17 +1415,16 @@ async fn apply_changes(c: &Tx<'_>, agent: &str, tool: &str, changes: &[StateChan
     Ok(())
 }
 
-/// `holder` is alive: its heartbeat at `now` (its clock; `local` its clock
-/// when queued), on the server's clock.
-async fn heartbeat(c: &Tx<'_>, holder: &str, now: i64, local: f64) -> R<()> {
+/// `holder` is alive: its heartbeat at `now` (its clock), on the server's clock.
+async fn heartbeat(c: &Tx<'_>, holder: &str, now: i64) -> R<()> {
     let stmt = c
         .prepare_cached(&format!(
             "INSERT INTO hosts (instance_id, heartbeat_at) VALUES ($1, {})
              ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = GREATEST(hosts.heartbeat_at, excluded.heartbeat_at)",
-            on_server_clock("$2", "$3")
+            on_server_clock("$2")
         ))
         .await?;
-    c.execute(&stmt, &[&holder, &now, &local]).await?;
+    c.execute(&stmt, &[&holder, &now]).await?;
     Ok(())
 }
 
@@ -1415,7 +1440,6 @@ async fn claim(
     c: &Tx<'_>,
     ticket_id: &str,
     now: i64,
-    local: f64,
     holder: &str,
     key: &str,
 ) -> R<Result<AwaitingRecord, TicketError>> {
@@ -1428,11 +1452,11 @@ async fn claim(
                AND expires_at > $2::BIGINT + CASE WHEN abs(COALESCE(clock_offset, 0) - o.off) <= 1 THEN 0
                                                   ELSE o.off - COALESCE(clock_offset, 0) END
              RETURNING {AWAITING_COLS}",
-            clock_offset("$5")
+            offset()
         ))
         .await?;
-    if let Some(row) = c.query_opt(&stmt, &[&ticket_id, &now, &holder, &key, &local]).await? {
-        heartbeat(c, holder, now, local).await?;
+    if let Some(row) = c.query_opt(&stmt, &[&ticket_id, &now, &holder, &key]).await? {
+        heartbeat(c, holder, now).await?;
         return Ok(Ok(awaiting_from_row(&row)));
     }
     let stmt =
@@ -1481,37 +1505,30 @@ async fn resolve(
 /// server's clock. Claims another host is taking over right now are
 /// skipped, not waited for. What an earlier attempt of this take-over
 /// (`key`) moved is returned with the rest.
-async fn take_over(
-    c: &Tx<'_>,
-    holder: &str,
-    now: i64,
-    local: f64,
-    lease_secs: i64,
-    key: &str,
-) -> R<Vec<AwaitingRecord>> {
-    let at = on_server_clock("$2", "$3");
+async fn take_over(c: &Tx<'_>, holder: &str, now: i64, lease_secs: i64, key: &str) -> R<Vec<AwaitingRecord>> {
+    let at = on_server_clock("$2");
     let stmt = c
         .prepare_cached(&format!(
             "SELECT {AWAITING_COLS} FROM awaiting a
              WHERE a.state = 'claimed' AND (a.holder IS NULL OR a.holder <> $1)
                AND COALESCE((SELECT h.heartbeat_at FROM hosts h WHERE h.instance_id = a.holder), a.claimed_at, 0)
-                   < {at} - $4::BIGINT
+                   < {at} - $3::BIGINT
              ORDER BY a.ticket_id FOR UPDATE SKIP LOCKED"
         ))
         .await?;
     let stale: Vec<AwaitingRecord> =
-        c.query(&stmt, &[&holder, &now, &local, &lease_secs]).await?.iter().map(awaiting_from_row).collect();
+        c.query(&stmt, &[&holder, &now, &lease_secs]).await?.iter().map(awaiting_from_row).collect();
     let update = c
         .prepare_cached(&format!(
-            "UPDATE awaiting SET holder = $2, claimed_at = {}, claim_key = $5 WHERE ticket_id = $1 AND state = 'claimed'",
-            on_server_clock("$3", "$4")
+            "UPDATE awaiting SET holder = $2, claimed_at = {}, claim_key = $4 WHERE ticket_id = $1 AND state = 'claimed'",
+            on_server_clock("$3")
         ))
         .await?;
     for r in &stale {
-        c.execute(&update, &[&r.ticket_id, &holder, &now, &local, &key]).await?;
+        c.execute(&update, &[&r.ticket_id, &holder, &now, &key]).await?;
     }
     if !stale.is_empty() {
-        heartbeat(c, holder, now, local).await?;
+        heartbeat(c, holder, now).await?;
     }
     let stmt = c
         .prepare_cached(&format!(
@@ -1523,12 +1540,12 @@ async fn take_over(
     // Hosts long gone and holding nothing need no row.
     let stmt = c
         .prepare_cached(&format!(
-            "DELETE FROM hosts WHERE heartbeat_at < {at} - $3::BIGINT
+            "DELETE FROM hosts WHERE heartbeat_at < {at} - $2::BIGINT
              AND instance_id NOT IN (SELECT holder FROM awaiting WHERE state = 'claimed' AND holder IS NOT NULL)",
-            at = on_server_clock("$1", "$2")
+            at = on_server_clock("$1")
         ))
         .await?;
-    c.execute(&stmt, &[&now, &local, &lease_secs]).await?;
+    c.execute(&stmt, &[&now, &lease_secs]).await?;
     Ok(taken)
 }
 
@@ -2212,7 +2229,7 @@ mod tests {
         let other = PostgresJournal::connect(&dsn, None, 2, None).await.unwrap();
         let mut c = other.db.pool.get().await.unwrap();
         let tx = c.transaction().await.unwrap();
-        let lost = attempt(&tx.query_one(&other.db.setup.to_string(), &[]).await.unwrap());
+        let lost = attempt(&tx.query_one(&other.db.setup.to_string(), &[&local_clock(0)]).await.unwrap());
         for job in &batch {
             apply(&tx, job, false).await.unwrap();
         }
@@ -2347,5 +2364,192 @@ mod tests {
         let at = j.claim_ticket("t", expiry, "h").await.unwrap();
         assert!(matches!(at, Err(TicketError::Expired(_))), "claimed at its expiry: {at:?}");
         assert!(j.claim_ticket("t", expiry - 1, "h").await.unwrap().is_ok());
+    }
+
+    /// A ticket is expired at its expiry for the host that asked even when
+    /// the ask waited seconds for a lock (within `lock_timeout`): its clock
+    /// offset is measured by the transaction's first statement, which never
+    /// waits, not by the insert that waited.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_ticket_is_expired_at_its_expiry_after_its_ask_waited_seconds_for_a_lock() {
+        let Some((j, dsn, _keep)) = journal("").await else { return };
+        let expiry = now() + 600;
+        let batch = [job(Write::Step {
+            step: OwnedStep::of(&step("c1", OutcomeKind::Awaiting)),
+            changes: vec![],
+            awaiting: Some(awaiting("t", "c1", expiry)),
+            run: None,
+        })];
+        let (raw, conn) = tokio_postgres::connect(&dsn, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        raw.batch_execute(&format!(
+            "BEGIN; INSERT INTO steps (run_id, call_id, tool_id, arguments, verdict, outcome, result, captured,
+                                      committed_at, write_key)
+             VALUES ('r', 'x', 't', '{{}}', 'allow', 'output', '', '{{}}', 0, '{}')",
+            batch[0].key
+        ))
+        .await
+        .unwrap();
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(2600)).await;
+            raw.batch_execute("ROLLBACK").await.unwrap();
+        });
+        let r = commit_group(&j.db, &batch, &j.shown).await;
+        assert!(matches!(r[0], Ok(Written::Seq(_))), "{:?}", r[0].as_ref().err());
+        release.await.unwrap();
+        let offset: Option<i64> =
+            j.query("SELECT clock_offset FROM awaiting WHERE ticket_id = 't'", &[]).await.unwrap()[0].get(0);
+        assert_eq!(offset, Some(0), "the lock's wait counted as clock skew");
+        for late in [0, 1] {
+            let at = j.claim_ticket("t", expiry + late, "h").await.unwrap();
+            assert!(matches!(at, Err(TicketError::Expired(_))), "claimed {late} s after its expiry: {at:?}");
+        }
+        assert!(j.claim_ticket("t", expiry - 1, "h").await.unwrap().is_ok());
+    }
+
+    #[test]
+    fn only_whole_setting_names_in_the_options_count() {
+        for (options, named) in [
+            ("-c lock_timeout=5s", true),
+            ("-clock_timeout=5s", true),
+            ("--lock-timeout=5s", true),
+            ("-c Lock_Timeout=5s -c work_mem=4MB", true),
+            ("-c deadlock_timeout=2s", false),
+            ("--deadlock_timeout=2s", false),
+            ("-c application_name=lock_timeout=1", false),
+            ("", false),
+        ] {
+            assert_eq!(named_in_options(options, "lock_timeout"), named, "{options}");
+        }
+    }
+
+    /// A limit set to 0 for the database (turned off on purpose) is kept,
+    /// and an option naming a setting whose name contains one of toolgate's
+    /// (`deadlock_timeout`) leaves toolgate's own in place.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_limit_turned_off_for_the_database_stays_off_and_only_whole_names_in_options_count() {
+        let Some((locator, _keep)) = toolgate_tests::conformance::Postgres::fresh_database().await else {
+            eprintln!("skipped: set TOOLGATE_TEST_PG (scripts/test does)");
+            return;
+        };
+        let (_, db) = socket_and_db(&locator);
+        let (admin, conn) = tokio_postgres::connect(&locator, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        admin.batch_execute(&format!("ALTER DATABASE {db} SET statement_timeout = 0")).await.unwrap();
+        let dsn = format!("{locator} options='-c deadlock_timeout=2s'");
+        let j = PostgresJournal::connect(&dsn, None, 2, None).await.unwrap();
+        let r =
+            j.query("SELECT current_setting('statement_timeout'), current_setting('lock_timeout')", &[]).await.unwrap();
+        let got: (String, String) = (r[0].get(0), r[0].get(1));
+        assert_eq!(got, ("0".into(), "10s".into()));
+    }
+
+    /// With `track_activities` off for the lost attempt's process, the
+    /// server does not show its transaction: the retry reports the outcome
+    /// unknown instead of taking the process for settled (and skipping the
+    /// claim the lost attempt still locks).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lost_attempt_the_server_does_not_track_is_not_taken_for_settled() {
+        let Some((j, dsn, _keep)) = journal("").await else { return };
+        j.commit_step(&step("c1", OutcomeKind::Awaiting), &[], Some(&awaiting("t1", "c1", now() + 600))).await.unwrap();
+        j.claim_ticket("t1", now() - 1000, "host-b").await.unwrap().expect("claimed");
+        let batch = [job(Write::TakeOver { holder: "host-a".into(), now: now(), lease_secs: 60 })];
+        let other = PostgresJournal::connect(&dsn, None, 2, None).await.unwrap();
+        let mut c = other.db.pool.get().await.unwrap();
+        c.batch_execute("SET track_activities = off").await.unwrap();
+        let tx = c.transaction().await.unwrap();
+        let lost = attempt(&tx.query_one(&other.db.setup.to_string(), &[&local_clock(0)]).await.unwrap());
+        apply(&tx, &batch[0], false).await.unwrap();
+        let attempts = Attempts::default();
+        attempts.unanswered.store(true, Ordering::Release);
+        attempts.record(lost);
+        let results = commit_group_after(&j.db, &batch, &j.shown, attempts, true).await;
+        match &results[0] {
+            Err(e) => assert!(e.to_string().contains("track_activities"), "{e}"),
+            Ok(w) => panic!(
+                "settled a transaction the server does not show: {:?}",
+                matches!(w, Written::TakenOver(t) if t.is_empty())
+            ),
+        }
+        tx.rollback().await.unwrap();
+    }
+
+    /// A schema at V4 with rows, and what connects to its database as the
+    /// superuser without toolgate.
+    async fn at_v4() -> Option<(String, tokio_postgres::Client, String, Box<dyn std::any::Any>)> {
+        let Some((locator, keep)) = toolgate_tests::conformance::Postgres::fresh_database().await else {
+            eprintln!("skipped: set TOOLGATE_TEST_PG (scripts/test does)");
+            return None;
+        };
+        let (admin, conn) = tokio_postgres::connect(&locator, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        admin
+            .batch_execute(&format!(
+                "{} CREATE TABLE toolgate_schema (version BIGINT NOT NULL); INSERT INTO toolgate_schema VALUES (4);
+                 INSERT INTO steps (run_id, call_id, tool_id, arguments, verdict, outcome, result, captured,
+                                    committed_at)
+                 SELECT 'r', 'c' || i, 't', '{{}}', 'allow', 'output', '', '{{}}', 0 FROM generate_series(1, 1000) i",
+                schema_at(4)
+            ))
+            .await
+            .unwrap();
+        let (_, db) = socket_and_db(&locator);
+        Some((locator, admin, db, Box::new(keep)))
+    }
+
+    /// A role's or database's `statement_timeout` shorter than the index
+    /// build (here the build waits 1.5 s for an older snapshot) does not
+    /// cancel it: the build has limits of its own, and a host starts.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_index_is_built_whatever_the_databases_statement_timeout() {
+        let Some((locator, admin, db, _keep)) = at_v4().await else { return };
+        admin
+            .batch_execute(&format!(
+                "ALTER DATABASE {db} SET statement_timeout = '300ms'; ALTER DATABASE {db} SET lock_timeout = '300ms'"
+            ))
+            .await
+            .unwrap();
+        let (old, conn) = tokio_postgres::connect(&locator, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        old.batch_execute("SET statement_timeout = 0; BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1").await.unwrap();
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            old.batch_execute("COMMIT").await.unwrap();
+        });
+        PostgresJournal::connect(&locator, None, 2, None).await.expect("starts");
+        release.await.unwrap();
+        let valid = admin.query_one(INDEX_VALID, &[&"steps_write_key"]).await.unwrap();
+        assert!(valid.get::<_, bool>(0));
+    }
+
+    /// An index left invalid is rebuilt even while another session (as
+    /// autovacuum or ANALYZE does) holds the table's SHARE UPDATE EXCLUSIVE
+    /// lock: only another host's build, by its advisory lock, is left alone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_invalid_index_is_rebuilt_while_a_vacuum_holds_the_table() {
+        let Some((locator, admin, _db, _keep)) = at_v4().await else { return };
+        PostgresJournal::connect(&locator, None, 2, None).await.unwrap();
+        admin
+            .batch_execute(
+                "DROP INDEX steps_write_key;
+                 UPDATE steps SET write_key = 'k' WHERE call_id IN ('c1', 'c2')",
+            )
+            .await
+            .unwrap();
+        assert!(
+            admin.batch_execute("CREATE UNIQUE INDEX CONCURRENTLY steps_write_key ON steps (write_key)").await.is_err()
+        );
+        admin.batch_execute("UPDATE steps SET write_key = NULL WHERE call_id = 'c2'").await.unwrap();
+        let (vacuum, conn) = tokio_postgres::connect(&locator, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        vacuum.batch_execute("BEGIN; LOCK TABLE steps IN SHARE UPDATE EXCLUSIVE MODE").await.unwrap();
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            vacuum.batch_execute("COMMIT").await.unwrap();
+        });
+        PostgresJournal::connect(&locator, None, 2, None).await.expect("starts");
+        release.await.unwrap();
+        let valid = admin.query_one(INDEX_VALID, &[&"steps_write_key"]).await.unwrap();
+        assert!(valid.get::<_, bool>(0), "the invalid index was left as it was");
     }
 }
