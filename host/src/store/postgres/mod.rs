@@ -2062,8 +2062,11 @@ mod tests {
             if let Err(e) = callers.block_on(call).unwrap() {
                 refused += 1;
                 let e = e.to_string();
+                // Never told it was written. (A committer the stopping
+                // runtime had not yet dropped holds its queue: the write
+                // then waits out the queue's bound, also "not written".)
                 assert!(
-                    e.contains("committers stopped")
+                    (e.contains("committers stopped") || e.contains("for a committer"))
                         && (e.contains("it was not written") || e.contains("which is unknown")),
                     "{e}"
                 );
