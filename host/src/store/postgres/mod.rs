@@ -1052,7 +1052,12 @@ async fn try_group(db: &Db, batch: &[Job], retry: bool, attempts: &Attempts) -> 
             Err(_) => {}
         }
     }
-    let mut tx = client.transaction().await?;
+    // Read committed whatever the role's default: the state check reads
+    // after its advisory lock, under a snapshot taken then (repeatable read
+    // would take it at the first statement, before the lock, and let two
+    // hosts' new keys both pass).
+    let mut tx =
+        client.build_transaction().isolation_level(tokio_postgres::IsolationLevel::ReadCommitted).start().await?;
     let setup = tx.prepare_cached(&db.setup).await?;
     let local = local_clock(batch.first().map_or(0, |j| j.skew));
     attempts.record(attempt(&tx.query_one(&setup, &[&local]).await?));
@@ -1119,7 +1124,7 @@ const REMOVE_STATE: &str = "DELETE FROM tool_state WHERE agent = $1 AND tool_id 
 /// their statements pipelined in order; the steps' sequence numbers.
 async fn steps_pipelined(client: &mut Conn, setup: &str, batch: &[Job], attempts: &Attempts) -> R<Vec<i64>> {
     use futures_util::future::{BoxFuture, FutureExt, try_join, try_join_all};
-    let tx = client.transaction().await?;
+    let tx = client.build_transaction().isolation_level(tokio_postgres::IsolationLevel::ReadCommitted).start().await?;
     let setup = tx.prepare_cached(setup).await?;
     let (run_stmt, step_stmt, set_stmt, remove_stmt, awaiting_stmt) = (
         tx.prepare_cached(INSERT_RUN).await?,
