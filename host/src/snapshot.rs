@@ -261,11 +261,6 @@ impl ExecutableAgentSnapshot {
         s
     }
 
-    /// Whether Skill `skill_id` is active in this view.
-    pub fn has_skill(&self, skill_id: &str) -> bool {
-        self.skills.iter().any(|(id, ..)| id == skill_id)
-    }
-
     /// The count of Skill activations this view is up to date with (see
     /// `Runtime`'s marks); 0 for a view no run has used.
     pub fn skills_as_of(&self) -> u64 {

@@ -158,7 +158,6 @@ pub async fn a_step_and_its_changes_commit_together(b: &dyn Backend) {
     assert_eq!((steps[0].outcome, steps[0].verdict.as_str()), (OutcomeKind::Output, "allow"));
     assert!(s.steps(Some("run-2")).await.unwrap().is_empty());
     assert_eq!(s.steps(None).await.unwrap().len(), 2);
-    assert_eq!(s.output_tools("run-1").await.unwrap(), ["notes.add"]);
     assert_eq!(s.skill_activations("run-1").await.unwrap(), [("notes.add".to_owned(), None)]);
     // A Skill's output journals the allowed-tools it narrowed its run to:
     // each distinct list once, in journal order; a malformed one allows nothing.

@@ -461,20 +461,6 @@ impl StepStore for MemoryJournal {
         Ok(Some(j.insert_step(step, Some(ticket_id))))
     }
 
-    async fn output_tools(&self, run_id: &str) -> Result<Vec<String>, CommitError> {
-        let j = self.lock();
-        let tools: BTreeSet<&str> = j
-            .by_run
-            .get(run_id)
-            .into_iter()
-            .flat_map(|(_, steps)| steps)
-            .map(|i| j.step(*i))
-            .filter(|s| s.outcome == OutcomeKind::Output)
-            .map(|s| &*s.tool_id)
-            .collect();
-        Ok(tools.into_iter().map(str::to_owned).collect())
-    }
-
     async fn skill_activations(&self, run_id: &str) -> Result<Vec<(String, Option<String>)>, CommitError> {
         let j = self.lock();
         let steps = j.by_run.get(run_id).into_iter().flat_map(|(_, steps)| steps).map(|i| j.step(*i));

@@ -587,19 +587,6 @@ pub trait StepStore: Send + Sync {
     async fn awaiting(&self, ticket_id: &str) -> Result<Option<AwaitingRecord>, CommitError>;
     /// Awaiting records still pending.
     async fn pending(&self) -> Result<Vec<AwaitingRecord>, CommitError>;
-    /// The distinct Tools that produced output in run `run_id` (Skill activations).
-    async fn output_tools(&self, run_id: &str) -> Result<Vec<String>, CommitError> {
-        let mut ids: Vec<String> = self
-            .steps(Some(run_id))
-            .await?
-            .into_iter()
-            .filter(|s| s.outcome == OutcomeKind::Output)
-            .map(|s| s.tool_id)
-            .collect();
-        ids.sort();
-        ids.dedup();
-        Ok(ids)
-    }
     /// Every distinct (Tool, journaled allowed-tools) of the outputs of
     /// run `run_id`: the Skill activations, each with the list the step
     /// journaled in its captured object's `narrowed_to` member (JSON text;

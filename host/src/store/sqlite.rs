@@ -853,16 +853,6 @@ impl StepStore for SqliteJournal {
         self.queue_delivery(ticket_id, step).await
     }
 
-    async fn output_tools(&self, run_id: &str) -> Result<Vec<String>, CommitError> {
-        self.with(|c| {
-            let mut stmt = c.prepare_cached(
-                "SELECT DISTINCT tool_id FROM steps WHERE run_id = ?1 AND outcome = 'output' ORDER BY tool_id",
-            )?;
-            let rows = stmt.query_map(params![run_id], |r| r.get(0))?;
-            rows.collect()
-        })
-    }
-
     async fn skill_activations(&self, run_id: &str) -> Result<Vec<(String, Option<String>)>, CommitError> {
         let rows: Vec<(String, Option<String>)> = self.with(|c| {
             // The captured text only of the steps that journaled a list.

@@ -1783,16 +1783,6 @@ impl StepStore for PostgresJournal {
         self.queue_delivery(ticket_id, step).await
     }
 
-    async fn output_tools(&self, run_id: &str) -> Result<Vec<String>, CommitError> {
-        let rows = self
-            .query(
-                "SELECT DISTINCT tool_id FROM steps WHERE run_id = $1 AND outcome = 'output' ORDER BY tool_id",
-                &[&run_id],
-            )
-            .await?;
-        Ok(rows.iter().map(|r| r.get(0)).collect())
-    }
-
     async fn skill_activations(&self, run_id: &str) -> Result<Vec<(String, Option<String>)>, CommitError> {
         // The captured text only of the steps that journaled a list.
         let rows = self
