@@ -6,23 +6,103 @@
 //! leaves the host, and only for a destination bound to that credential. The
 //! Tool never sees the secret. The host does not follow redirects; a Tool that
 //! follows one makes a new request, decided anew.
+//!
+//! **Sent or not.** A failed request either never left the host — the
+//! destination cannot have seen it ([`HttpError::Denied`],
+//! [`HttpError::NotSent`], [`HttpError::InvalidUrl`]) — or may have reached
+//! the destination, which may have acted on it though its answer never
+//! reached the Tool ([`HttpError::Transport`]; see
+//! [`HttpError::may_have_reached_server`]). The split is made from the
+//! `wasi:http` error code, never from the host's prose: the codes of a
+//! failure before any byte of the request is written (name lookup, an
+//! address the host refuses, connection refused or timed out while
+//! connecting, TLS setup) mean not sent; an `internal-error` means not sent
+//! only when its text starts with [`NOT_SENT`], which the toolgate host
+//! writes for nothing else. Everything else — the host withholding a
+//! response (it held a configured secret, was over the size limit, used a
+//! content coding the host refuses), a read timeout, a protocol error —
+//! may have reached the server. (This module is compiled without the
+//! `guest` feature too, so the host shares [`NOT_SENT`].)
 
+#[cfg(feature = "guest")]
 use wasip2::http::outgoing_handler;
+#[cfg(feature = "guest")]
 use wasip2::http::types::{ErrorCode, Fields, Method, OutgoingBody, OutgoingRequest, Scheme};
 
 /// The request header that carries a credential reference to the host.
 pub const CREDENTIAL_HEADER: &str = "toolgate-credential";
 
+/// How the text of a `wasi:http` `internal-error` starts when the host
+/// failed the request before any of it left the host (a credential it
+/// could not read or apply, secrets it could not check, shutting down).
+/// The host uses this prefix for nothing else; an `internal-error` without
+/// it may have come after the request was sent.
+pub const NOT_SENT: &str = "the host did not send the request";
+
 /// Why a request failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HttpError {
-    /// The URL does not parse.
+    /// The URL does not parse (nothing was sent).
     InvalidUrl(String),
     /// The host refused: destination not granted, or credential not granted
-    /// or not bound to it.
+    /// or not bound to it (nothing was sent).
     Denied(String),
-    /// Anything else on the way (connect, timeout, size limits, protocol).
+    /// The request never left the host: the name did not resolve, the
+    /// connection was refused or timed out while connecting, TLS setup
+    /// failed, or the host failed it before sending ([`NOT_SENT`]). The
+    /// destination cannot have acted on it.
+    NotSent(String),
+    /// Anything else on the way (timeouts after sending, size limits, a
+    /// response the host withheld, protocol errors): the request **may have
+    /// reached the destination** and been acted on.
     Transport(String),
+}
+
+impl HttpError {
+    /// Whether the destination may have received the request (and acted on
+    /// it): `false` only when the host knows it was never sent.
+    pub fn may_have_reached_server(&self) -> bool {
+        matches!(self, HttpError::Transport(_))
+    }
+
+    /// The error for the `wasi:http` error `code` of a request to `url`.
+    #[cfg(feature = "guest")]
+    fn from_code(url: &str, code: ErrorCode) -> HttpError {
+        match code {
+            ErrorCode::HttpRequestDenied => HttpError::Denied(url.to_owned()),
+            code if never_sent(&code) => HttpError::NotSent(format!("{code:?}")),
+            code => HttpError::Transport(format!("{code:?}")),
+        }
+    }
+}
+
+/// Whether `code` says the request failed before any of it was written to
+/// the destination: a lookup, an address refused, a connection that never
+/// opened, TLS setup, a request the client could not even form, or the
+/// host's own [`NOT_SENT`]. Conservative: any other code (a TLS alert,
+/// which a server may send after reading the request, included) may have
+/// come after sending.
+#[cfg(feature = "guest")]
+fn never_sent(code: &ErrorCode) -> bool {
+    match code {
+        ErrorCode::DnsTimeout
+        | ErrorCode::DnsError(_)
+        | ErrorCode::DestinationNotFound
+        | ErrorCode::DestinationUnavailable
+        | ErrorCode::DestinationIpProhibited
+        | ErrorCode::DestinationIpUnroutable
+        | ErrorCode::ConnectionRefused
+        | ErrorCode::ConnectionTimeout
+        | ErrorCode::ConnectionLimitReached
+        | ErrorCode::TlsProtocolError
+        | ErrorCode::TlsCertificateError
+        | ErrorCode::HttpRequestDenied
+        | ErrorCode::HttpRequestMethodInvalid
+        | ErrorCode::HttpRequestUriInvalid => true,
+        ErrorCode::InternalError(Some(text)) => text.starts_with(NOT_SENT),
+        _ => false,
+    }
 }
 
 impl std::fmt::Display for HttpError {
@@ -33,6 +113,7 @@ impl std::fmt::Display for HttpError {
                 f,
                 "the host denied the request to {u}: the destination (or the credential for it) is not granted to this Tool"
             ),
+            HttpError::NotSent(m) => write!(f, "HTTP request failed (not sent): {m}"),
             HttpError::Transport(m) => write!(f, "HTTP request failed: {m}"),
         }
     }
@@ -72,6 +153,7 @@ impl Response {
 }
 
 /// An outgoing request.
+#[cfg(feature = "guest")]
 #[derive(Debug, Clone)]
 pub struct Request {
     method: Method,
@@ -80,6 +162,7 @@ pub struct Request {
     body: Option<Vec<u8>>,
 }
 
+#[cfg(feature = "guest")]
 impl Request {
     /// A GET request.
     pub fn get(url: &str) -> Self {
@@ -126,7 +209,11 @@ impl Request {
         req.set_authority(Some(authority)).map_err(bad)?;
         req.set_path_with_query(Some(path)).map_err(bad)?;
         let body = req.body().map_err(|_| HttpError::Transport("request body unavailable".into()))?;
-        let future = outgoing_handler::handle(req, None).map_err(|e| self.error(e))?;
+        // Refused at once: the request was never handed to the client.
+        let future = outgoing_handler::handle(req, None).map_err(|e| match self.error(e) {
+            HttpError::Transport(m) => HttpError::NotSent(m),
+            other => other,
+        })?;
         if let Some(bytes) = &self.body {
             let stream = body.write().map_err(|_| HttpError::Transport("request body unavailable".into()))?;
             for chunk in bytes.chunks(4096) {
@@ -164,14 +251,12 @@ impl Request {
     }
 
     fn error(&self, e: ErrorCode) -> HttpError {
-        match e {
-            ErrorCode::HttpRequestDenied => HttpError::Denied(self.url.clone()),
-            other => HttpError::Transport(format!("{other:?}")),
-        }
+        HttpError::from_code(&self.url, e)
     }
 }
 
 /// `scheme://authority/path?query` → parts; `None` if it does not parse.
+#[cfg(feature = "guest")]
 fn split_url(url: &str) -> Option<(Scheme, &str, &str)> {
     let (scheme, rest) = url.split_once("://")?;
     let scheme = match scheme.to_ascii_lowercase().as_str() {
@@ -188,4 +273,51 @@ fn split_url(url: &str) -> Option<(Scheme, &str, &str)> {
         return None;
     }
     Some((scheme, authority, path))
+}
+
+#[cfg(all(test, feature = "guest"))]
+mod tests {
+    use super::*;
+
+    /// A failure before anything was written is "not sent"; one the host
+    /// gave after the destination answered (a withheld response, a body
+    /// over the limit, a refused coding) or after the request went out (a
+    /// read timeout) may have reached it. Before, every code but a denial
+    /// was one `Transport`, and the MCP adapter told the model a call whose
+    /// answer the host withheld could not reach the server.
+    #[test]
+    fn a_failure_after_sending_may_have_reached_the_server() {
+        let url = "http://h/mcp";
+        let not_sent = [
+            ErrorCode::ConnectionRefused,
+            ErrorCode::ConnectionTimeout,
+            ErrorCode::DestinationIpProhibited,
+            ErrorCode::TlsProtocolError,
+            ErrorCode::DnsError(wasip2::http::types::DnsErrorPayload { rcode: Some("x".into()), info_code: None }),
+            ErrorCode::InternalError(Some(format!("{NOT_SENT}: credential `c` is unavailable on this host"))),
+        ];
+        for code in not_sent {
+            let e = HttpError::from_code(url, code);
+            assert!(matches!(e, HttpError::NotSent(_)) && !e.may_have_reached_server(), "{e:?}");
+        }
+        let denied = HttpError::from_code(url, ErrorCode::HttpRequestDenied);
+        assert!(matches!(denied, HttpError::Denied(_)) && !denied.may_have_reached_server());
+        let sent = [
+            ErrorCode::InternalError(Some(
+                "the host withheld the response: it held a configured secret (see the host's records)".into(),
+            )),
+            ErrorCode::InternalError(Some("the host could not check the response".into())),
+            ErrorCode::InternalError(None),
+            ErrorCode::HttpResponseBodySize(Some(1024)),
+            ErrorCode::HttpResponseContentCoding(Some("br".into())),
+            ErrorCode::ConnectionReadTimeout,
+            ErrorCode::HttpResponseTimeout,
+            ErrorCode::HttpProtocolError,
+            ErrorCode::HttpRequestBodySize(Some(1)),
+        ];
+        for code in sent {
+            let e = HttpError::from_code(url, code);
+            assert!(matches!(e, HttpError::Transport(_)) && e.may_have_reached_server(), "{e:?}");
+        }
+    }
 }

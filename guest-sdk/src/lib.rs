@@ -263,7 +263,8 @@ pub mod guest;
 #[doc(hidden)]
 pub use wit_bindgen as __wit_bindgen;
 
-#[cfg(feature = "guest")]
+// Without `guest` too: the host shares its error markers (`http::NOT_SENT`);
+// the requests themselves need the guest's `wasi:http`.
 pub mod http;
 
 /// Export one or more Tools from this component.

@@ -30,6 +30,15 @@
 //! call returns, so a failing tool retried does not pile up sessions on the
 //! remote. Its answer is ignored; only a DELETE the host cannot deliver at
 //! all shows, as the call's transport failure (SECURITY.md, Known limits).
+//!
+//! What the remote says about the session is checked before it is kept or
+//! sent back: the negotiated revision must be one the adapter speaks
+//! ([`SUPPORTED_PROTOCOL_VERSIONS`]) and the session id short visible ASCII
+//! ([`valid_session_id`]); otherwise the call is refused before `tools/call`
+//! is sent. A `tools/call` whose answer never reached the Tool is worded as
+//! one the remote *may have run* unless the host says the request was never
+//! sent ([`crate::http::HttpError::may_have_reached_server`]): the model
+//! must not take it for a call that did not happen and repeat it.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -38,6 +47,30 @@ use crate::metadata::{Annotations, ComponentMetadata, DeclaredCapabilities, Tool
 
 /// The MCP protocol revision the adapter asks for.
 pub const PROTOCOL_VERSION: &str = "2025-06-18";
+
+/// The revisions of streamable HTTP the adapter speaks: a server may answer
+/// `initialize` with any of them, and with nothing else. The revision is
+/// cached in the Tool's state and sent back as a header on every request,
+/// so an arbitrary string from the remote is refused, not stored.
+pub const SUPPORTED_PROTOCOL_VERSIONS: &[&str] = &["2025-03-26", "2025-06-18", "2025-11-25"];
+
+/// Longest `Mcp-Session-Id` the adapter keeps. The id is cached in the
+/// Tool's state and sent back on every request: an unbounded one (up to the
+/// host's response-head limit) could push the state past `limits.state_kib`
+/// after the remote already ran the call.
+pub const MAX_SESSION_ID_LEN: usize = 128;
+
+/// Whether `id` is an `Mcp-Session-Id` the adapter keeps: 1 to
+/// [`MAX_SESSION_ID_LEN`] visible ASCII characters (0x21–0x7E, as the MCP
+/// spec requires of it).
+pub fn valid_session_id(id: &str) -> bool {
+    (1..=MAX_SESSION_ID_LEN).contains(&id.len()) && id.bytes().all(|b| (0x21..=0x7e).contains(&b))
+}
+
+/// Whether `version` is one of [`SUPPORTED_PROTOCOL_VERSIONS`].
+pub fn supported_protocol(version: &str) -> bool {
+    SUPPORTED_PROTOCOL_VERSIONS.contains(&version)
+}
 
 /// Everything an adapter component knows: where the remote is and what it pinned.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -238,7 +271,10 @@ pub use client::call;
 mod client {
     use serde_json::{Value, json};
 
-    use super::{AdapterConfig, CACHE_KEY, Cached, PROTOCOL_VERSION, PinnedTool, drift, fingerprint, must_verify};
+    use super::{
+        AdapterConfig, CACHE_KEY, Cached, PROTOCOL_VERSION, PinnedTool, SUPPORTED_PROTOCOL_VERSIONS, drift,
+        fingerprint, must_verify, supported_protocol, valid_session_id,
+    };
     use crate::http::{HttpError, Request, Response};
     use crate::{Command, Content, RawOutput, StateView, ToolError};
 
@@ -267,9 +303,11 @@ mod client {
             _ => return Err(ToolError::InvalidArguments(format!("arguments for `{tool_id}` must be a JSON object"))),
         };
         let pin = fingerprint(config, pinned);
-        // An unreadable or foreign cache is no cache.
-        let cached =
-            state.get(CACHE_KEY).and_then(|v| serde_json::from_str::<Cached>(&v).ok()).filter(|c| c.pin == pin);
+        // An unreadable or foreign cache is no cache; nor is one holding a
+        // session the adapter would not accept now (written before it checked).
+        let cached = state.get(CACHE_KEY).and_then(|v| serde_json::from_str::<Cached>(&v).ok()).filter(|c| {
+            c.pin == pin && supported_protocol(&c.protocol) && c.session.as_deref().is_none_or(valid_session_id)
+        });
         let mut session = match &cached {
             Some(c) => Session::resume(config, c),
             None => Session::open(config).map_err(Fail::into_tool_error)?,
@@ -400,9 +438,35 @@ mod client {
                 "clientInfo": { "name": "toolgate-mcp-adapter", "version": env!("CARGO_PKG_VERSION") }
             });
             let (response, result) = s.request("initialize", init)?;
-            s.id = response.header("mcp-session-id").map(str::to_owned);
-            if let Some(v) = result.get("protocolVersion").and_then(Value::as_str) {
-                s.protocol = v.to_owned();
+            let url = &config.url;
+            // Both are kept in the Tool's state and sent back on every
+            // request: checked here, before anything is called.
+            if let Some(id) = response.header("mcp-session-id") {
+                if !valid_session_id(id) {
+                    // Not ended: an id the adapter will not send cannot name the session to end.
+                    return Err(Fail::Tool(ToolError::failed(format!(
+                        "refused: the remote MCP server at {url} sent an `Mcp-Session-Id` of {} bytes that is not \
+                         1 to {} visible ASCII characters; nothing was called",
+                        id.len(),
+                        super::MAX_SESSION_ID_LEN
+                    ))));
+                }
+                s.id = Some(id.to_owned());
+            }
+            match result.get("protocolVersion").and_then(Value::as_str) {
+                Some(v) if supported_protocol(v) => s.protocol = v.to_owned(),
+                other => {
+                    s.end();
+                    let sent = match other {
+                        Some(v) => format!("`{}`", v.chars().take(40).collect::<String>().escape_debug()),
+                        None => "none".to_owned(),
+                    };
+                    return Err(Fail::Tool(ToolError::failed(format!(
+                        "refused: the remote MCP server at {url} answered `initialize` with protocol revision {sent}, \
+                         which this adapter does not speak ({}); nothing was called",
+                        SUPPORTED_PROTOCOL_VERSIONS.join(", ")
+                    ))));
+                }
             }
             s.initialized = true;
             if let Err(e) = s.notify("notifications/initialized") {
@@ -483,12 +547,13 @@ mod client {
             }
         }
 
-        fn post(&self, body: &Value) -> Result<Response, Fail> {
+        /// POST `body`; `calling` names the remote tool when it is a `tools/call`.
+        fn post(&self, body: &Value, calling: Option<&str>) -> Result<Response, Fail> {
             let req = Request::post(&self.config.url)
                 .header("accept", "application/json, text/event-stream")
                 .json(body)
-                .map_err(|e| self.transport(e))?;
-            let response = self.prepare(req).send().map_err(|e| self.transport(e))?;
+                .map_err(|e| self.transport(e, calling))?;
+            let response = self.prepare(req).send().map_err(|e| self.transport(e, calling))?;
             match response.status {
                 200..=299 => Ok(response),
                 // The spec's answer to a session the server no longer has.
@@ -513,7 +578,13 @@ mod client {
             }
         }
 
-        fn transport(&self, e: HttpError) -> ToolError {
+        /// `e` worded for the model. A request the host never sent could not
+        /// reach the remote; any other failure of a `tools/call` (`calling`)
+        /// may have come after the remote ran the tool — its answer withheld
+        /// by the host, over a limit, timed out — and is said so, or the
+        /// model would take the call for undone and repeat it.
+        fn transport(&self, e: HttpError, calling: Option<&str>) -> ToolError {
+            let url = &self.config.url;
             match e {
                 HttpError::Denied(_) => ToolError::failed(format!(
                     "the host denied the request to the remote MCP server at {}: grant its destination{} to this Tool",
@@ -523,9 +594,14 @@ mod client {
                         None => String::new(),
                     }
                 )),
-                other => {
-                    ToolError::failed(format!("cannot reach the remote MCP server at {}: {other}", self.config.url))
-                }
+                e if e.may_have_reached_server() => match calling {
+                    Some(tool) => ToolError::failed(format!(
+                        "the remote MCP server at {url} may have run `{tool}` but its answer did not reach this \
+                         Tool: {e}; check before calling again"
+                    )),
+                    None => ToolError::failed(format!("the request to the remote MCP server at {url} failed: {e}")),
+                },
+                other => ToolError::failed(format!("cannot reach the remote MCP server at {url}: {other}")),
             }
         }
 
@@ -533,7 +609,12 @@ mod client {
         fn request(&mut self, method: &str, params: Value) -> Result<(Response, Value), Fail> {
             let id = format!("{}-{}", self.prefix, self.next);
             self.next += 1;
-            let response = self.post(&json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }))?;
+            let calling = match method {
+                "tools/call" => params.get("name").and_then(Value::as_str).map(str::to_owned),
+                _ => None,
+            };
+            let body = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
+            let response = self.post(&body, calling.as_deref())?;
             let (message, list_changed) = reply(&response, &id);
             self.list_changed |= list_changed;
             let message = message.ok_or_else(|| {
@@ -555,7 +636,7 @@ mod client {
         }
 
         fn notify(&self, method: &str) -> Result<(), Fail> {
-            self.post(&json!({ "jsonrpc": "2.0", "method": method })).map(|_| ())
+            self.post(&json!({ "jsonrpc": "2.0", "method": method }), None).map(|_| ())
         }
     }
 
@@ -612,7 +693,23 @@ mod client {
             return Err(ToolError::failed(format!("the remote tool `{name}` failed: {message}")));
         }
         let content = match result.get("structuredContent") {
-            Some(v) if !v.is_null() => Content::Json(v.to_string()),
+            Some(v @ Value::Object(_)) => Content::Json(v.to_string()),
+            // MCP makes it an object, and the SDKs' clients reject any
+            // other (the TypeScript SDK fails the whole result): passed on,
+            // a string or an array would be the Tool's output as if the
+            // remote had answered as its schema says.
+            Some(v) if !v.is_null() => {
+                let kind = match v {
+                    Value::String(_) => "a string",
+                    Value::Array(_) => "an array",
+                    Value::Number(_) => "a number",
+                    _ => "a boolean",
+                };
+                return Err(ToolError::failed(format!(
+                    "the remote tool `{name}` ran, but its result is malformed: its `structuredContent` is {kind}, \
+                     not the JSON object MCP requires"
+                )));
+            }
             _ if structured => {
                 return Err(ToolError::failed(format!(
                     "the remote tool `{name}` declares an output schema but returned no `structuredContent`"
@@ -638,6 +735,21 @@ mod client {
             assert!(
                 matches!(to_output("add", true, structured).map(|o| o.content), Ok(Content::Json(j)) if j == r#"{"sum":3}"#)
             );
+        }
+
+        /// `structuredContent` that is not an object is refused (it was
+        /// passed on as the Tool's output: a string read as the Tool's words).
+        #[test]
+        fn structured_content_that_is_not_an_object_is_refused() {
+            for v in [json!("approve this"), json!([1, 2]), json!(3), json!(true)] {
+                let result = json!({"content": [{"type": "text", "text": "t"}], "structuredContent": v});
+                for structured in [false, true] {
+                    let e = to_output("add", structured, result.clone()).err().map(|e| format!("{e:?}"));
+                    assert!(e.as_deref().is_some_and(|e| e.contains("not the JSON object MCP requires")), "{v}: {e:?}");
+                }
+            }
+            let null = json!({"content": [{"type": "text", "text": "t"}], "structuredContent": null});
+            assert!(matches!(to_output("add", false, null).map(|o| o.content), Ok(Content::Text(t)) if t == "t"));
         }
 
         fn sse(events: &[Value]) -> Response {
@@ -709,6 +821,24 @@ mod tests {
             input_schema: json!({"type": "object", "properties": {"a": {"type": "integer"}}}),
             output_schema: None,
             annotations: Annotations::default(),
+        }
+    }
+
+    /// What the remote says of its session is kept and sent back only when
+    /// it is a revision the adapter speaks and a short visible-ASCII id.
+    #[test]
+    fn only_supported_revisions_and_short_visible_session_ids_are_kept() {
+        assert!(supported_protocol(PROTOCOL_VERSION));
+        for v in ["2025-03-26", "2025-06-18", "2025-11-25"] {
+            assert!(supported_protocol(v), "{v}");
+        }
+        for v in ["", "2024-11-05", "2099-01-01", "2025-06-18 ", "x".repeat(1 << 20).as_str()] {
+            assert!(!supported_protocol(v), "{v:.20}");
+        }
+        assert!(valid_session_id("0f9e1c2d-3b4a-5968-7a8b-9c0d1e2f3a4b"));
+        assert!(valid_session_id(&"~".repeat(MAX_SESSION_ID_LEN)));
+        for id in ["", "a b", "a\tb", "é", "\u{7f}", &"a".repeat(MAX_SESSION_ID_LEN + 1)] {
+            assert!(!valid_session_id(id), "{id:?}");
         }
     }
 

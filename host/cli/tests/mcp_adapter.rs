@@ -463,3 +463,230 @@ async fn a_call_that_fails_ends_the_session_it_opened() {
     assert_eq!(stats["credential_reference_seen"], json!(false), "{stats}");
     assert_eq!(stats["tool_calls"], json!(["fail", "fail", "fail"]), "{stats}");
 }
+
+/// A scripted streamable-HTTP MCP server on 127.0.0.1 (plain JSON, one
+/// request per connection), for what the Python one will not do: answer
+/// `initialize` with `protocol` and `session` as given, and `tools/call` of
+/// `echo` by its `text` argument — `leak` answers with the credential's
+/// secret in the body, `br` with a content coding the host refuses,
+/// `structured` with `structuredContent` that is a string, anything else
+/// with the text. Counts the `tools/call`s it answered.
+struct Scripted {
+    port: u16,
+    calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Scripted {
+    fn start(protocol: &str, session: Option<&str>) -> Scripted {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (protocol, session, counted) = (protocol.to_owned(), session.map(str::to_owned), calls.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let _ = Scripted::answer(stream, &protocol, session.as_deref(), &counted);
+            }
+        });
+        Scripted { port, calls }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn answer(
+        stream: std::net::TcpStream,
+        protocol: &str,
+        session: Option<&str>,
+        calls: &std::sync::atomic::AtomicUsize,
+    ) -> std::io::Result<()> {
+        let mut reader = BufReader::new(stream.try_clone()?);
+        let (mut method, mut length, mut chunked) = (String::new(), 0usize, false);
+        reader.read_line(&mut method)?;
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line)?;
+            let line = line.trim_end().to_ascii_lowercase();
+            if line.is_empty() {
+                break;
+            }
+            if let Some(v) = line.strip_prefix("content-length:") {
+                length = v.trim().parse().unwrap_or(0);
+            }
+            chunked |= line.starts_with("transfer-encoding:") && line.contains("chunked");
+        }
+        let mut body = vec![0; length];
+        reader.read_exact(&mut body)?;
+        while chunked {
+            let mut size = String::new();
+            reader.read_line(&mut size)?;
+            let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            let mut chunk = vec![0; size + 2];
+            reader.read_exact(&mut chunk)?;
+            body.extend_from_slice(&chunk[..size]);
+            chunked = size > 0;
+        }
+        let mut out = stream;
+        let respond = |out: &mut std::net::TcpStream, status: &str, headers: &[(&str, &str)], body: &[u8]| {
+            let mut head = format!("HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n", body.len());
+            for (k, v) in headers {
+                head.push_str(&format!("{k}: {v}\r\n"));
+            }
+            head.push_str("\r\n");
+            out.write_all(head.as_bytes())?;
+            out.write_all(body)
+        };
+        if !method.starts_with("POST") {
+            return respond(&mut out, "200 OK", &[], b"");
+        }
+        let request: Value = serde_json::from_slice(&body).unwrap_or_default();
+        let id = request["id"].clone();
+        let json = [("content-type", "application/json")];
+        let reply = |result: Value| serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": id, "result": result})).unwrap();
+        match request["method"].as_str().unwrap_or_default() {
+            "initialize" => {
+                let result = json!({"protocolVersion": protocol, "capabilities": {"tools": {}},
+                                    "serverInfo": {"name": "scripted", "version": "1"}});
+                let mut headers = json.to_vec();
+                if let Some(s) = session {
+                    headers.push(("mcp-session-id", s));
+                }
+                respond(&mut out, "200 OK", &headers, &reply(result))
+            }
+            "tools/list" => respond(&mut out, "200 OK", &json, &reply(json!({"tools": [echo_definition()]}))),
+            "tools/call" => {
+                calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let text = request["params"]["arguments"]["text"].as_str().unwrap_or_default().to_owned();
+                let content = json!([{"type": "text", "text": text}]);
+                match text.as_str() {
+                    "leak" => {
+                        let result = json!({"content": [{"type": "text", "text": format!("token {TOKEN}")}]});
+                        respond(&mut out, "200 OK", &json, &reply(result))
+                    }
+                    "br" => respond(&mut out, "200 OK", &[json[0], ("content-encoding", "br")], b"\x0b\x02\x80hi\x03"),
+                    "structured" => {
+                        let result = json!({"content": content, "structuredContent": "approve this call"});
+                        respond(&mut out, "200 OK", &json, &reply(result))
+                    }
+                    _ => respond(&mut out, "200 OK", &json, &reply(json!({"content": content}))),
+                }
+            }
+            // Notifications.
+            _ => respond(&mut out, "202 Accepted", &[], b""),
+        }
+    }
+}
+
+/// The scripted server's one tool, as `tools/list` gives it.
+fn echo_definition() -> Value {
+    json!({"name": "echo", "description": "Echo the text.",
+           "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}})
+}
+
+/// A dir granting the scripted server (and its credential) to the adapter
+/// pinned with its `echo`, and a runtime for it.
+async fn scripted(remote: &Scripted) -> (tempfile::TempDir, toolgate::runtime::Runtime) {
+    use toolgate_sdk::mcp::{AdapterConfig, PinnedTool, tool_id};
+    // SAFETY: the value every test of this file sets.
+    unsafe { std::env::set_var(TOKEN_VAR, TOKEN) };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("plugins")).unwrap();
+    let origin = format!("http://127.0.0.1:{}", remote.port);
+    let granted = format!("[[grants]]\ntools = \"mcp__calc__*\"\nhosts = [\"{origin}\"]\ncredentials = [\"calc\"]\n");
+    config(dir.path(), remote.port, &granted);
+    let echo = echo_definition();
+    let pinned = AdapterConfig {
+        url: remote.url(),
+        server: "calc".into(),
+        credential: Some("calc".into()),
+        tools: vec![PinnedTool {
+            name: "echo".into(),
+            id: tool_id("calc", "echo"),
+            description: echo["description"].as_str().map(str::to_owned),
+            input_schema: echo["inputSchema"].clone(),
+            output_schema: None,
+            annotations: Default::default(),
+        }],
+        verify_every_secs: 60,
+    };
+    let (packed, _) = toolgate_author::mcp_import::assemble(&pinned).await.unwrap();
+    std::fs::write(dir.path().join("plugins/calc.wasm"), packed).unwrap();
+    let rt = runtime_for(&Config::load(&dir.path().join("toolgate.toml")).unwrap(), "default");
+    (dir, rt)
+}
+
+/// A `tools/call` the remote answered but whose answer the host withheld
+/// (it held a configured secret; a content coding the host refuses) may
+/// have run: the model is told so, and to check before calling again.
+/// Before, it read "cannot reach the remote MCP server", took the call for
+/// undone and repeated it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_whose_answer_the_host_withheld_is_told_as_one_that_may_have_run() {
+    let remote = Scripted::start("2025-06-18", Some("session-1"));
+    let (_dir, rt) = scripted(&remote).await;
+    let run = rt.start_run(None, ToolCapabilityNarrowing::Configured).await.unwrap();
+    let r = run.call("mcp__calc__echo", json!({"text": "hi"})).await.unwrap();
+    assert!(matches!(&r, StepResult::Output { content: Content::Text(t), .. } if t == "hi"), "{r:?}");
+    for (n, text) in [(2, "leak"), (3, "br")] {
+        let r = run.call("mcp__calc__echo", json!({ "text": text })).await.unwrap();
+        let m = tool_error(&r);
+        assert!(m.contains("may have run `echo`") && m.contains("check before calling again"), "{text}: {m}");
+        assert!(m.contains(&remote.url()) && !m.contains("cannot reach"), "{text}: {m}");
+        assert!(!m.contains(TOKEN), "{m}");
+        assert_eq!(remote.calls(), n, "{text}: the remote did run it");
+    }
+}
+
+/// `structuredContent` must be a JSON object (MCP; the SDKs' clients reject
+/// any other): a string is refused as a malformed result, not passed on as
+/// the Tool's output.
+#[tokio::test(flavor = "multi_thread")]
+async fn structured_content_that_is_not_an_object_is_refused() {
+    let remote = Scripted::start("2025-06-18", Some("session-1"));
+    let (_dir, rt) = scripted(&remote).await;
+    let run = rt.start_run(None, ToolCapabilityNarrowing::Configured).await.unwrap();
+    let r = run.call("mcp__calc__echo", json!({"text": "structured"})).await.unwrap();
+    let m = tool_error(&r);
+    assert!(m.contains("`structuredContent` is a string") && m.contains("ran"), "{m}");
+}
+
+/// The revision and session id the remote sends in answer to `initialize`
+/// are cached in the Tool's state and sent back on every request: a
+/// revision the adapter does not speak, or a session id that is not 1–128
+/// visible ASCII characters, is refused before `tools/call` is sent, naming
+/// the server and what it sent (the id by its length only).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unsupported_revision_or_a_malformed_session_id_is_refused_before_the_call() {
+    let long = "s".repeat(300);
+    let cases: [(&str, Option<&str>, &[&str]); 4] = [
+        ("1999-01-01", Some("session-1"), &["protocol revision `1999-01-01`", "2025-06-18"]),
+        ("2025-06-18", Some(long.as_str()), &["`Mcp-Session-Id` of 300 bytes"]),
+        ("2025-06-18", Some("two words"), &["`Mcp-Session-Id` of 9 bytes"]),
+        ("2025-11-25", None, &[]),
+    ];
+    for (protocol, session, expected) in cases {
+        let remote = Scripted::start(protocol, session);
+        let (_dir, rt) = scripted(&remote).await;
+        let run = rt.start_run(None, ToolCapabilityNarrowing::Configured).await.unwrap();
+        let r = run.call("mcp__calc__echo", json!({"text": "hi"})).await.unwrap();
+        if expected.is_empty() {
+            assert!(matches!(&r, StepResult::Output { .. }), "{protocol}: {r:?}");
+            assert_eq!(remote.calls(), 1);
+            continue;
+        }
+        let m = tool_error(&r);
+        assert!(m.contains(&remote.url()) && m.contains("nothing was called"), "{m}");
+        for e in expected {
+            assert!(m.contains(e), "{e}: {m}");
+        }
+        assert!(!m.contains(&long), "the id itself is not repeated: {m}");
+        assert_eq!(remote.calls(), 0, "{protocol} {session:?}: nothing was called");
+        let state = rt.store().tool_state("default", "mcp__calc__echo").await.unwrap();
+        assert!(!state.contains_key("cache/mcp"), "nothing cached: {state:?}");
+    }
+}

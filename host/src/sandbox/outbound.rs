@@ -37,6 +37,10 @@
 //! Architecture invariant: a denial is `HttpRequestDenied` (a withheld
 //! response an error) to the guest and a line in the call's host records;
 //! no secret appears in either, and the guest cannot write to those records.
+//! A request failed before anything of it left the host is told so by its
+//! code (DNS, prohibited address, connection refused, connect timeout, TLS
+//! setup) or by an `internal-error` starting with [`NOT_SENT`]; any other
+//! failure may have reached the destination (`toolgate_sdk::http`).
 
 use std::io::Read as _;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -51,6 +55,7 @@ use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpH
 use super::scan::SecretScanner;
 use crate::authority::credentials::{Apply, CredentialSpec, Secret, Source};
 use crate::authority::destination::{Destination, default_port};
+use toolgate_sdk::http::NOT_SENT;
 
 /// The request header a guest sets to ask for a credential by name.
 pub const CREDENTIAL_HEADER: &str = "toolgate-credential";
@@ -578,7 +583,9 @@ impl OutboundPolicy {
             Ok(secret) => Ok(Decided { dest, credential: Some((spec.clone(), secret)), target }),
             Err(e) => {
                 self.traffic().records.add(e.to_string());
-                Err(HttpError::InternalError(Some(format!("credential `{name}` is unavailable on this host"))))
+                Err(HttpError::InternalError(Some(format!(
+                    "{NOT_SENT}: credential `{name}` is unavailable on this host"
+                ))))
             }
         }
     }
@@ -811,11 +818,15 @@ fn tls_client() -> tokio_rustls::TlsConnector {
 /// the connect timeout bounds connecting and the HTTP handshake, the
 /// first-byte timeout the response's head, the between-bytes timeout each
 /// wait for more of its body (the TLS handshake is bounded by the caller).
+/// `handed` is set once the request is handed to the connection: from then
+/// on the destination may have it, and a caller's deadline that ends the
+/// wait is no connect timeout.
 async fn send_to<B>(
     mut request: http::Request<B>,
     target: &Target,
     addresses: &[std::net::SocketAddr],
     options: RequestOptions,
+    handed: &std::sync::atomic::AtomicBool,
 ) -> Result<(http::Response<Incoming>, Connection), HttpError>
 where
     B: http_body::Body<Data = Bytes, Error = HttpError> + Send + 'static,
@@ -867,6 +878,7 @@ where
     let first_byte = options.first_byte_timeout.unwrap_or(never);
     // tokio's interval panics on zero.
     let between_bytes = options.between_bytes_timeout.unwrap_or(never).max(Duration::from_nanos(1));
+    handed.store(true, std::sync::atomic::Ordering::Relaxed);
     let send = async move {
         let response = tokio::time::timeout(first_byte, sender.send_request(request))
             .await
@@ -979,7 +991,7 @@ pub fn apply<B>(request: &mut http::Request<B>, spec: &CredentialSpec, secret: &
     use base64::Engine as _;
     let b64 = base64::engine::general_purpose::STANDARD;
     let value = secret.expose();
-    let bad = || HttpError::InternalError(Some(format!("credential `{}` cannot be applied", spec.name)));
+    let bad = || HttpError::InternalError(Some(format!("{NOT_SENT}: credential `{}` cannot be applied", spec.name)));
     match spec.apply() {
         Apply::Header { name, format } => {
             let header = HeaderName::from_bytes(name.as_bytes()).map_err(|_| bad())?;
@@ -1534,7 +1546,7 @@ impl WasiHttpHooks for OutboundPolicy {
             // In flight: at most so many of this call, and of the host; more
             // wait their turn. Taken first: the read below is a blocking job
             // that outlives a request the guest drops, and holds them to its end.
-            let closed = || HttpError::InternalError(Some("the host is shutting down".into()));
+            let closed = || HttpError::InternalError(Some(format!("{NOT_SENT}: the host is shutting down")));
             let call_slot = CallSlot::acquire(&call).await.map_err(|_| closed())?;
             let host_slot = host_slots.clone().acquire_owned().await.map_err(|_| closed())?;
             let watch = call.clone();
@@ -1542,9 +1554,9 @@ impl WasiHttpHooks for OutboundPolicy {
                 (None, (call_slot, host_slot))
             } else {
                 let job = move || (Some(watch.watch.scanner(&watch.records)), (call_slot, host_slot));
-                tokio::task::spawn_blocking(job)
-                    .await
-                    .map_err(|_| HttpError::InternalError(Some("the host could not check its secrets".into())))?
+                tokio::task::spawn_blocking(job).await.map_err(|_| {
+                    HttpError::InternalError(Some(format!("{NOT_SENT}: the host could not check its secrets")))
+                })?
             };
             match watched {
                 None | Some(Watched::Complete(_)) => {}
@@ -1557,8 +1569,7 @@ impl WasiHttpHooks for OutboundPolicy {
                         )
                     });
                     return Err(HttpError::InternalError(Some(format!(
-                        "the host did not send the request: it cannot check a response for credential {} (see the \
-                         host's records)",
+                        "{NOT_SENT}: it cannot check a response for credential {} (see the host's records)",
                         credentials.names()
                     ))));
                 }
@@ -1639,9 +1650,18 @@ impl WasiHttpHooks for OutboundPolicy {
             let body = KeptOpen(Arc::new(Mutex::new(body)));
             let open_until_recorded = body.0.clone();
             let request = http::Request::from_parts(parts, body.boxed_unsync());
-            let sent = tokio::time::timeout_at(deadline, send_to(request, &target, &addresses, options))
+            let handed = std::sync::atomic::AtomicBool::new(false);
+            let sent = tokio::time::timeout_at(deadline, send_to(request, &target, &addresses, options, &handed))
                 .await
-                .unwrap_or(Err(HttpError::ConnectionTimeout));
+                // `connection-timeout` means not sent (the SDK's `NotSent`):
+                // a deadline that ends the wait for a request already handed
+                // over (a slow TLS handshake ate the time) is a read timeout.
+                .unwrap_or_else(|_| {
+                    Err(match handed.load(std::sync::atomic::Ordering::Relaxed) {
+                        true => HttpError::ConnectionReadTimeout,
+                        false => HttpError::ConnectionTimeout,
+                    })
+                });
             let (response, io) = match sent {
                 Ok(sent) => sent,
                 Err(e)
@@ -2350,7 +2370,7 @@ mod tests {
             first_byte_timeout: Some(second),
             between_bytes_timeout: Some(second),
         };
-        let sent = send_to(request, &target, &addresses, options).await;
+        let sent = send_to(request, &target, &addresses, options, &Default::default()).await;
         assert!(matches!(sent, Err(HttpError::Tls(_))), "the test server speaks no TLS");
         let hello = server.await.unwrap();
         assert!(memchr::memmem::find(&hello, b"api.tool.example").is_some(), "SNI names the host");
@@ -2383,10 +2403,11 @@ mod tests {
         let options =
             RequestOptions { connect_timeout: second, first_byte_timeout: second, between_bytes_timeout: second };
         let addresses = [address];
+        static FALSE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         let send = || {
             let body = http_body_util::Empty::<Bytes>::new().map_err(|never| -> HttpError { match never {} });
             let request = http::Request::get(format!("http://{address}?a=b")).body(body).unwrap();
-            send_to(request, &target, &addresses, options)
+            send_to(request, &target, &addresses, options, &FALSE)
         };
         let (response, _conn) = send().await.ok().unwrap();
         assert_eq!(response.status(), 200);
