@@ -1162,6 +1162,8 @@ struct Ending<'a> {
     changes: &'a [StateChange],
     /// The state the Commands were computed from (see `NewStep::state_read`).
     state_read: Option<&'a BTreeMap<String, String>>,
+    /// `limits.state_kib` for the store to hold the Commands to (see `NewStep::state_limit_kib`).
+    state_limit_kib: Option<u64>,
     /// Whether `text` is a JSON document.
     structured: bool,
     /// A narrowing Skill's output: its allowed-tools as the catalog held
@@ -1207,6 +1209,7 @@ impl<'a> Ending<'a> {
             captured: &NOTHING_CAPTURED,
             changes: &[],
             state_read: None,
+            state_limit_kib: None,
             structured: false,
             narrowed_to: None,
         }
@@ -1253,6 +1256,7 @@ impl<'a> Step<'a> {
             structured: ending.structured,
             approved_by,
             state_read: ending.state_read,
+            state_limit_kib: ending.state_limit_kib,
         }
     }
 
@@ -1353,6 +1357,7 @@ impl<'a> Step<'a> {
             structured: decided.structured,
             approved_by: None,
             state_read: None,
+            state_limit_kib: None,
         };
         let Some(seq) = rt.store.deliver(&r.ticket_id, &step).await? else { return Ok(None) };
         Ok(Some(delivered_result(seq, decided)))
@@ -1374,6 +1379,7 @@ impl<'a> Step<'a> {
             captured,
             changes,
             state_read: None,
+            state_limit_kib: None,
             structured: false,
             narrowed_to: None,
         };
@@ -1402,6 +1408,7 @@ impl<'a> Step<'a> {
                     let ending = Ending {
                         structured,
                         state_read: Some(read),
+                        state_limit_kib: Some(rt.executor.limits().state_kib),
                         narrowed_to: rt
                             .snapshot
                             .catalog()
@@ -1418,10 +1425,19 @@ impl<'a> Step<'a> {
                         Ok(seq) => Ok(StepResult::Output { seq, content: out.content }),
                         // Nothing committed: the caller runs the call again on the new state.
                         Err(e @ CallError::Commit(CommitError::StateChanged { .. })) if retry_on_conflict => Err(e),
-                        Err(CallError::Commit(e @ CommitError::StateChanged { .. })) => {
-                            // A concurrent call of this Tool committed first: its update is
-                            // kept, this call's changes (computed from what it replaced) are not.
-                            let message = format!("{e}; nothing this call changed was kept — make the call again");
+                        Err(CallError::Commit(
+                            e @ (CommitError::StateChanged { .. } | CommitError::StateTooLarge { .. }),
+                        )) => {
+                            let message = match e {
+                                // A concurrent call of this Tool committed first: its update is
+                                // kept, this call's changes (computed from what it replaced) are not.
+                                CommitError::StateChanged { .. } => {
+                                    format!("{e}; nothing this call changed was kept — make the call again")
+                                }
+                                // The state as it is at commit (concurrent calls' cache keys
+                                // beside what this call read) has no room for them.
+                                _ => e.to_string(),
+                            };
                             let again =
                                 claim.map(|(record, holder, by, d)| (ClaimedTicket::new(record, holder), by, d));
                             let ending = ran(OutcomeKind::ToolError, &message, &exec.captured, &[]);
@@ -1517,14 +1533,17 @@ fn scope_commands(tool_id: &str, commands: Vec<GuestCommand>) -> Result<Vec<Stat
     Ok(out)
 }
 
-/// `changes` if the Tool's state after them (`read` is what it will replace:
-/// the commit checks it is unchanged) stays within `limit_kib`, or shrinks.
-/// Every call of the Tool reads its whole state: a Tool that grew it without
-/// bound made each of its calls load more.
 /// What each entry of a Tool's state counts toward `limits.state_kib`
 /// beside its key and value bytes.
-pub const STATE_ENTRY_BYTES: usize = 64;
+pub use crate::store::STATE_ENTRY_BYTES;
 
+/// `changes` if the Tool's state after them, counted on `read` (what the
+/// call read), stays within `limit_kib`, or shrinks. Every call of the Tool
+/// reads its whole state: a Tool that grew it without bound made each of
+/// its calls load more. Cheap, and it answers without a round trip to the
+/// store; the check that holds is the store's, on the state as it is at
+/// commit ([`NewStep::state_limit_kib`]): concurrent calls' cache keys
+/// commit beside this call's without conflict.
 fn within_state_limit(
     tool_id: &str,
     read: &BTreeMap<String, String>,
@@ -1534,31 +1553,14 @@ fn within_state_limit(
     if changes.is_empty() {
         return Ok(changes);
     }
-    // An entry costs more than its bytes (a row, a map node, a check of its
-    // own): counted, so many tiny keys cannot hold far more than the limit
-    // says (262,000 three-byte keys fit 1 MiB by their bytes alone).
-    let size = |k: &str, v: &str| k.len() + v.len() + STATE_ENTRY_BYTES;
-    let before: usize = read.iter().map(|(k, v)| size(k, v)).sum();
-    // The last change of a key wins.
-    let mut last: BTreeMap<&str, Option<&str>> = BTreeMap::new();
-    for c in &changes {
-        last.insert(&c.key, c.value.as_deref());
+    match crate::store::state_over_limit(read, &changes, limit_kib) {
+        None => Ok(changes),
+        // The store's refusal, word for word (its text names the Tool, not the agent).
+        Some(size_kib) => {
+            Err(CommitError::StateTooLarge { agent: String::new(), tool: tool_id.to_owned(), size_kib, limit_kib }
+                .to_string())
+        }
     }
-    let mut after = before;
-    for (k, v) in &last {
-        after -= read.get(*k).map_or(0, |old| size(k, old));
-        after += v.map_or(0, |v| size(k, v));
-    }
-    let limit = (limit_kib as usize).saturating_mul(1024);
-    if after > limit && after > before {
-        return Err(format!(
-            "`{tool_id}` returned Commands that would grow its state to {} KiB, over limits.state_kib ({limit_kib}); \
-             nothing was changed — remove keys it no longer needs, keep bulk data in a granted directory, or raise \
-             limits.state_kib",
-            after.div_ceil(1024)
-        ));
-    }
-    Ok(changes)
 }
 
 #[cfg(test)]

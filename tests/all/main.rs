@@ -36,6 +36,7 @@ mod path;
 mod sandbox;
 mod skills;
 mod state;
+mod state_limit;
 mod store;
 
 /// The Rust text and notes examples, with a policy exercising every behaviour.

@@ -443,6 +443,7 @@ fn steps(c: &mut Criterion, rt: &tokio::runtime::Runtime, host: &Host) {
                     structured: true,
                     approved_by: None,
                     state_read: None,
+                    state_limit_kib: None,
                 };
                 store.commit_step(&step, &[], None).await.unwrap()
             })

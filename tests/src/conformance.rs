@@ -103,6 +103,7 @@ fn step<'a>(call_id: &'a str, outcome: OutcomeKind) -> NewStep<'a> {
         structured: false,
         approved_by: None,
         state_read: None,
+        state_limit_kib: None,
     }
 }
 

@@ -136,9 +136,7 @@ impl MemoryJournal {
         awaiting: Option<&AwaitingRecord>,
     ) -> Result<i64, CommitError> {
         let mut j = self.lock();
-        if j.stale(step, changes) {
-            return Err(CommitError::StateChanged { agent: step.agent.to_owned(), tool: step.tool_id.to_owned() });
-        }
+        j.check_state(step, changes)?;
         if let Some(a) = awaiting {
             // The SQL schema's keys: one record per ticket and per call.
             if j.tickets.contains_key(&a.ticket_id) || j.asked_calls.contains(&a.call_id) {
@@ -177,8 +175,13 @@ impl Inner {
         self.state.get(agent).and_then(|tools| tools.get(tool)).cloned().unwrap_or_default()
     }
 
-    fn stale(&self, step: &NewStep<'_>, changes: &[StateChange]) -> bool {
-        !super::write::state_unchanged(step, changes, || self.state_of(step.agent, step.tool_id))
+    /// `step`'s Commands against its Tool's state now ([`super::write::check_state`]):
+    /// under the journal's lock, so nothing changes it before they apply.
+    fn check_state(&self, step: &NewStep<'_>, changes: &[StateChange]) -> Result<(), CommitError> {
+        // Borrowed, not copied: the size check reads it on every commit that changes state.
+        const NONE: &BTreeMap<String, String> = &BTreeMap::new();
+        let current = || self.state.get(step.agent).and_then(|tools| tools.get(step.tool_id)).unwrap_or(NONE);
+        super::write::check_state(step, changes, current).into_result(step)
     }
 
     fn step(&self, index: usize) -> &Kept {
@@ -371,9 +374,7 @@ impl StepStore for MemoryJournal {
         delivered: bool,
     ) -> Result<Result<i64, TicketError>, CommitError> {
         let mut j = self.lock();
-        if j.stale(step, changes) {
-            return Err(CommitError::StateChanged { agent: step.agent.to_owned(), tool: step.tool_id.to_owned() });
-        }
+        j.check_state(step, changes)?;
         let ticket_id = ticket.ticket_id();
         match j.ticket_mut(ticket_id) {
             Some(a) if a.record.state == "claimed" && a.holder.as_deref() == Some(ticket.holder()) => {
@@ -516,7 +517,15 @@ mod tests {
             structured: false,
             approved_by: None,
             state_read: None,
+            state_limit_kib: None,
         }
+    }
+
+    /// The size limit holds against the state at commit, not the call's read.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cache_keys_of_calls_from_one_read_cannot_together_pass_the_limit() {
+        let j = std::sync::Arc::new(MemoryJournal::new());
+        super::super::write::tests::cache_keys_of_calls_from_one_read_cannot_together_pass_the_limit(j).await;
     }
 
     /// Steps' text shares chunks: whatever their sizes, each step reads back

@@ -98,6 +98,25 @@ pub enum CommitError {
         /// The Tool.
         tool: String,
     },
+    /// The step's Commands would grow the Tool's state, as it is at commit
+    /// (concurrent calls' cache keys included), past `limits.state_kib`:
+    /// nothing of this step was written. Worded for the model, which reads
+    /// it as the call's Tool error.
+    #[error(
+        "`{tool}` returned Commands that would grow its state to {size_kib} KiB, over limits.state_kib ({limit_kib}); \
+         nothing was changed — remove keys it no longer needs, keep bulk data in a granted directory, or raise \
+         limits.state_kib"
+    )]
+    StateTooLarge {
+        /// The agent.
+        agent: String,
+        /// The Tool.
+        tool: String,
+        /// The state's size after the Commands, in KiB (rounded up).
+        size_kib: u64,
+        /// `limits.state_kib`.
+        limit_kib: u64,
+    },
     /// A run the journal records for another agent: an agent continues
     /// only its own runs (their recorded restriction, Skills and decided
     /// asks are that agent's).
@@ -328,6 +347,47 @@ pub struct NewStep<'a> {
     /// is written. Cache keys ([`CACHE_KEY_PREFIX`]) take no part in the
     /// comparison.
     pub state_read: Option<&'a BTreeMap<String, String>>,
+    /// `limits.state_kib`, when the step's Commands change state: the step
+    /// commits only if they keep the Tool's state (for this agent) as it is
+    /// at commit — not as the call read it: concurrent calls' cache keys
+    /// commit beside it — within this many KiB ([`STATE_ENTRY_BYTES`] per
+    /// entry beside its bytes), or shrink it; otherwise
+    /// [`CommitError::StateTooLarge`] and nothing is written. `None`: not
+    /// checked.
+    pub state_limit_kib: Option<u64>,
+}
+
+/// What each entry of a Tool's state counts toward `limits.state_kib`
+/// beside its key and value bytes: an entry costs more than its bytes (a
+/// row, a map node, a check of its own), so many tiny keys cannot hold far
+/// more than the limit says (262,000 three-byte keys fit 1 MiB by their
+/// bytes alone).
+pub const STATE_ENTRY_BYTES: usize = 64;
+
+/// The size of a Tool's state as `limits.state_kib` counts it, before and
+/// after `changes` (the last change of a key wins) are applied to `current`.
+pub fn state_sizes(current: &BTreeMap<String, String>, changes: &[StateChange]) -> (usize, usize) {
+    let size = |k: &str, v: &str| k.len() + v.len() + STATE_ENTRY_BYTES;
+    let before: usize = current.iter().map(|(k, v)| size(k, v)).sum();
+    let mut last: BTreeMap<&str, Option<&str>> = BTreeMap::new();
+    for c in changes {
+        last.insert(&c.key, c.value.as_deref());
+    }
+    let mut after = before;
+    for (k, v) in &last {
+        after -= current.get(*k).map_or(0, |old| size(k, old));
+        after += v.map_or(0, |v| size(k, v));
+    }
+    (before, after)
+}
+
+/// The size in KiB (rounded up) `changes` would grow `current` to, when
+/// that is over `limit_kib` and more than it is now; `None` when they fit
+/// or shrink it (shrinking always commits).
+pub fn state_over_limit(current: &BTreeMap<String, String>, changes: &[StateChange], limit_kib: u64) -> Option<u64> {
+    let (before, after) = state_sizes(current, changes);
+    let limit = usize::try_from(limit_kib).unwrap_or(usize::MAX).saturating_mul(1024);
+    (after > limit && after > before).then(|| after.div_ceil(1024) as u64)
 }
 
 /// Tool-state keys under this prefix are a cache: values a Tool can recompute

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::write::{Committer, PendingRun, PendingRuns, Write, Written};
+use super::write::{Committer, PendingRun, PendingRuns, StateCheck, Write, Written};
 use super::{
     ApprovedBy, AskScope, AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, PriorAsk, RunInfo,
     RunRecord, StateChange, StepRecord, StepStore, TicketError, now,
@@ -68,8 +68,8 @@ fn apply(write: &Write, c: &Connection) -> rusqlite::Result<Written> {
     match write {
         Write::Step { step, changes, awaiting, run } => {
             let step = step.borrow();
-            if !state_is_as_read(c, &step, changes)? {
-                return Ok(Written::StateChanged);
+            if let Some(refused) = state_check(c, &step, changes)?.refusal() {
+                return Ok(refused);
             }
             if let Some(run) = run {
                 insert_run(c, step.run_id, run)?;
@@ -81,8 +81,8 @@ fn apply(write: &Write, c: &Connection) -> rusqlite::Result<Written> {
         Write::Heartbeat { holder, now } => heartbeat(c, holder, *now).map(|_| Written::Done),
         Write::Resolve { ticket_id, holder, step, changes, delivered } => {
             let step = step.borrow();
-            if !state_is_as_read(c, &step, changes)? {
-                return Ok(Written::StateChanged);
+            if let Some(refused) = state_check(c, &step, changes)?.refusal() {
+                return Ok(refused);
             }
             resolve(c, ticket_id, holder, &step, changes, *delivered).map(Written::Resolved)
         }
@@ -443,16 +443,16 @@ fn insert_run(c: &Connection, run_id: &str, run: &PendingRun) -> rusqlite::Resul
     .map(|_| ())
 }
 
-/// Whether `step`'s Tool state is still what its call read (see
-/// [`NewStep::state_read`]); read inside the writing transaction, which holds
-/// the database's write lock, so no other writer can change it before commit.
-fn state_is_as_read(c: &Connection, step: &NewStep<'_>, changes: &[StateChange]) -> rusqlite::Result<bool> {
-    let mut current = Ok(BTreeMap::new());
-    let unchanged = super::write::state_unchanged(step, changes, || {
-        current = read_state(c, step.agent, step.tool_id);
-        current.as_ref().cloned().unwrap_or_default()
-    });
-    current.map(|_| unchanged)
+/// `step`'s Commands against its Tool's state as it is now (see
+/// [`NewStep::state_read`] and [`NewStep::state_limit_kib`]); read inside the
+/// writing transaction, which holds the database's write lock, so no other
+/// writer can change it before commit.
+fn state_check(c: &Connection, step: &NewStep<'_>, changes: &[StateChange]) -> rusqlite::Result<StateCheck> {
+    if !super::write::needs_state(step, changes) {
+        return Ok(StateCheck::Holds);
+    }
+    let current = read_state(c, step.agent, step.tool_id)?;
+    Ok(super::write::check_state(step, changes, || current))
 }
 
 fn read_state(c: &Connection, agent: &str, tool: &str) -> rusqlite::Result<BTreeMap<String, String>> {
@@ -760,17 +760,15 @@ impl StepStore for SqliteJournal {
         if self.group.is_none() {
             let seq = self.with(|c| {
                 let tx = c.transaction()?;
-                if !state_is_as_read(&tx, step, changes)? {
-                    return Ok(None);
+                let check = state_check(&tx, step, changes)?;
+                if check != StateCheck::Holds {
+                    return Ok(Err(check));
                 }
                 let seq = write_step(&tx, step, changes, awaiting)?;
                 tx.commit()?;
-                Ok(Some(seq))
+                Ok(Ok(seq))
             })?;
-            return seq.ok_or_else(|| CommitError::StateChanged {
-                agent: step.agent.to_owned(),
-                tool: step.tool_id.to_owned(),
-            });
+            return seq.map_err(|refused| refused.into_result(step).err().unwrap_or_else(|| self.unexpected("step")));
         }
         self.queue_step(step, changes, awaiting).await
     }
@@ -919,6 +917,7 @@ mod tests {
             structured: false,
             approved_by: None,
             state_read: None,
+            state_limit_kib: None,
         }
     }
 
@@ -950,6 +949,17 @@ mod tests {
 
     async fn begin(j: &SqliteJournal, (run_id, narrowing): (String, &'static str)) {
         j.begin_run(&RunRecord { run_id: &run_id, agent: "main", narrowing, restriction: None }).await.unwrap();
+    }
+
+    /// The size limit holds against the state at commit, not the call's
+    /// read: in a durable journal (group commit) and an in-memory one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cache_keys_of_calls_from_one_read_cannot_together_pass_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        for j in [SqliteJournal::open(&dir.path().join("j.db")).unwrap(), SqliteJournal::in_memory().unwrap()] {
+            super::super::write::tests::cache_keys_of_calls_from_one_read_cannot_together_pass_the_limit(Arc::new(j))
+                .await;
+        }
     }
 
     #[tokio::test]

@@ -42,6 +42,11 @@ pub(crate) enum Written {
     Delivered(Option<i64>),
     /// The step's Tool state is no longer what the call read: nothing written.
     StateChanged,
+    /// The step's Commands would grow its Tool's state past its limit: nothing written.
+    StateTooLarge {
+        size_kib: u64,
+        limit_kib: u64,
+    },
     Done,
 }
 
@@ -49,31 +54,103 @@ impl Written {
     /// A write that was refused and wrote nothing (its savepoint or
     /// transaction is rolled back).
     pub(crate) fn refused(&self) -> bool {
-        matches!(self, Written::Resolved(Err(_)) | Written::Delivered(None) | Written::StateChanged)
+        matches!(
+            self,
+            Written::Resolved(Err(_))
+                | Written::Delivered(None)
+                | Written::StateChanged
+                | Written::StateTooLarge { .. }
+        )
+    }
+
+    /// A step refused by [`check_state`], as the caller's error; `None` for any other answer.
+    pub(crate) fn state_error(&self, step: &NewStep<'_>) -> Option<super::CommitError> {
+        let (agent, tool) = (step.agent.to_owned(), step.tool_id.to_owned());
+        match *self {
+            Written::StateChanged => Some(super::CommitError::StateChanged { agent, tool }),
+            Written::StateTooLarge { size_kib, limit_kib } => {
+                Some(super::CommitError::StateTooLarge { agent, tool, size_kib, limit_kib })
+            }
+            _ => None,
+        }
     }
 }
 
-/// Whether the Tool state a step's call read is what `current` holds now,
-/// cache keys aside ([`super::is_cache_key`]); a step that changes no
-/// non-cache key (or has no recorded read) always passes.
-pub(crate) fn state_unchanged(
+/// What a step's Tool state at commit says of its Commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StateCheck {
+    /// They commit.
+    Holds,
+    /// The state is no longer what the call read ([`super::NewStep::state_read`]).
+    Changed,
+    /// They would grow it past [`super::NewStep::state_limit_kib`].
+    TooLarge { size_kib: u64, limit_kib: u64 },
+}
+
+impl StateCheck {
+    /// The refusal as a committer answers it; `None` when the step commits.
+    pub(crate) fn refusal(self) -> Option<Written> {
+        match self {
+            StateCheck::Holds => None,
+            StateCheck::Changed => Some(Written::StateChanged),
+            StateCheck::TooLarge { size_kib, limit_kib } => Some(Written::StateTooLarge { size_kib, limit_kib }),
+        }
+    }
+
+    /// The refusal as the caller's error; `Ok` when the step commits.
+    pub(crate) fn into_result(self, step: &NewStep<'_>) -> Result<(), super::CommitError> {
+        match self.refusal().and_then(|w| w.state_error(step)) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// `step`'s Commands against its Tool's state as `current` reads it now,
+/// inside the writing transaction (every store: the one place both checks
+/// are made). First the compare-and-set: the state the call read must be
+/// what is there, cache keys aside ([`super::is_cache_key`]: last writer
+/// wins) — only when a change is not a cache key. Then the size: a check
+/// against the call's read alone let concurrent calls each add a cache key
+/// that fit and together pass the limit, so the state is counted as it is
+/// now, cache keys of calls that committed meanwhile included. `current`
+/// is called only when a check needs it ([`needs_state`]).
+pub(crate) fn check_state<B: std::borrow::Borrow<std::collections::BTreeMap<String, String>>>(
     step: &NewStep<'_>,
     changes: &[StateChange],
-    current: impl FnOnce() -> std::collections::BTreeMap<String, String>,
-) -> bool {
-    match step.state_read {
-        Some(read) if needs_state_check(step, changes) => {
-            let kept = |(k, _): &(&String, &String)| !super::is_cache_key(k);
-            read.iter().filter(kept).eq(current().iter().filter(kept))
-        }
-        _ => true,
+    current: impl FnOnce() -> B,
+) -> StateCheck {
+    if !needs_state(step, changes) {
+        return StateCheck::Holds;
     }
+    let current = current();
+    let current = current.borrow();
+    if let Some(read) = step.state_read
+        && needs_state_check(step, changes)
+    {
+        let kept = |(k, _): &(&String, &String)| !super::is_cache_key(k);
+        if !read.iter().filter(kept).eq(current.iter().filter(kept)) {
+            return StateCheck::Changed;
+        }
+    }
+    if let Some(limit_kib) = step.state_limit_kib
+        && let Some(size_kib) = super::state_over_limit(current, changes, limit_kib)
+    {
+        return StateCheck::TooLarge { size_kib, limit_kib };
+    }
+    StateCheck::Holds
 }
 
 /// Whether committing `changes` must first compare the state (see
-/// [`state_unchanged`]): only when one of them is not a cache key.
+/// [`check_state`]): only when one of them is not a cache key.
 pub(crate) fn needs_state_check(step: &NewStep<'_>, changes: &[StateChange]) -> bool {
     step.state_read.is_some() && changes.iter().any(|c| !super::is_cache_key(&c.key))
+}
+
+/// Whether committing `changes` must read the Tool's state first (see
+/// [`check_state`]): to compare it, or to count it against a limit.
+pub(crate) fn needs_state(step: &NewStep<'_>, changes: &[StateChange]) -> bool {
+    needs_state_check(step, changes) || (step.state_limit_kib.is_some() && !changes.is_empty())
 }
 
 /// [`NewStep`], owned, to cross to the committer thread.
@@ -91,6 +168,7 @@ pub(crate) struct OwnedStep {
     pub(crate) structured: bool,
     pub(crate) approved_by: Option<ApprovedBy>,
     pub(crate) state_read: Option<std::collections::BTreeMap<String, String>>,
+    pub(crate) state_limit_kib: Option<u64>,
 }
 
 impl OwnedStep {
@@ -109,6 +187,7 @@ impl OwnedStep {
             structured: s.structured,
             approved_by: s.approved_by.cloned(),
             state_read: s.state_read.cloned(),
+            state_limit_kib: s.state_limit_kib,
         }
     }
     pub(crate) fn borrow(&self) -> NewStep<'_> {
@@ -126,6 +205,7 @@ impl OwnedStep {
             structured: self.structured,
             approved_by: self.approved_by.as_ref(),
             state_read: self.state_read.as_ref(),
+            state_limit_kib: self.state_limit_kib,
         }
     }
 }
@@ -209,10 +289,7 @@ pub(crate) trait Committer: Send + Sync {
         };
         let result = match self.write(write).await {
             Ok(Written::Seq(seq)) => Ok(seq),
-            Ok(Written::StateChanged) => {
-                Err(super::CommitError::StateChanged { agent: step.agent.to_owned(), tool: step.tool_id.to_owned() })
-            }
-            Ok(_) => Err(self.unexpected("step")),
+            Ok(w) => Err(w.state_error(step).unwrap_or_else(|| self.unexpected("step"))),
             Err(e) => Err(e),
         };
         if let (Err(_), Some(run)) = (&result, run) {
@@ -255,10 +332,7 @@ pub(crate) trait Committer: Send + Sync {
         };
         match self.write(write).await? {
             Written::Resolved(r) => Ok(r),
-            Written::StateChanged => {
-                Err(super::CommitError::StateChanged { agent: step.agent.to_owned(), tool: step.tool_id.to_owned() })
-            }
-            _ => Err(self.unexpected("resolution")),
+            w => Err(w.state_error(step).unwrap_or_else(|| self.unexpected("resolution"))),
         }
     }
 
@@ -281,5 +355,90 @@ pub(crate) trait Committer: Send + Sync {
             Written::Delivered(r) => Ok(r),
             _ => Err(self.unexpected("delivery")),
         }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    //! The size check every store makes at commit, one body for all of them.
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use super::super::{CommitError, NewStep, OutcomeKind, StateChange, StepStore, Verdict};
+
+    fn step<'a>(call_id: &'a str, tool_id: &'a str, read: &'a BTreeMap<String, String>) -> NewStep<'a> {
+        NewStep {
+            run_id: "run-size",
+            agent: "main",
+            call_id,
+            tool_id,
+            arguments: "{}",
+            verdict: Verdict::Allow,
+            outcome: OutcomeKind::Output,
+            result: "ok",
+            captured: "{}",
+            ticket: None,
+            structured: false,
+            approved_by: None,
+            state_read: Some(read),
+            state_limit_kib: Some(1),
+        }
+    }
+
+    fn set(key: &str, value: &str) -> StateChange {
+        StateChange { key: key.into(), value: Some(value.into()) }
+    }
+
+    /// Calls that read the same (empty) state each add a cache key of ~670
+    /// counted bytes under `limits.state_kib = 1`: each fits what its call
+    /// read, and cache keys take no part in the compare-and-set, so only the
+    /// store's count of the state as it is at commit holds them. The second
+    /// is refused and nothing of it is written; a step that shrinks the state
+    /// commits even over the limit. Then eight at once: exactly one commits.
+    pub(crate) async fn cache_keys_of_calls_from_one_read_cannot_together_pass_the_limit(store: Arc<dyn StepStore>) {
+        let read = BTreeMap::new();
+        let big = format!("\"{}\"", "x".repeat(600));
+        store.commit_step(&step("c1", "notes.add", &read), &[set("cache/c1", &big)], None).await.unwrap();
+        match store.commit_step(&step("c2", "notes.add", &read), &[set("cache/c2", &big)], None).await {
+            Err(e @ CommitError::StateTooLarge { .. }) => {
+                let CommitError::StateTooLarge { size_kib, limit_kib, .. } = &e else { unreachable!() };
+                assert_eq!((*size_kib, *limit_kib), (2, 1));
+                let text = e.to_string();
+                assert!(text.starts_with("`notes.add` returned Commands that would grow its state to 2 KiB"), "{text}");
+                assert!(text.contains("over limits.state_kib (1); nothing was changed —"), "{text}");
+            }
+            other => panic!("the second cache key passed the limit: {other:?}"),
+        }
+        let state = store.tool_state("main", "notes.add").await.unwrap();
+        assert_eq!(state.keys().collect::<Vec<_>>(), ["cache/c1"]);
+        let calls: Vec<String> = store.steps(Some("run-size")).await.unwrap().into_iter().map(|s| s.call_id).collect();
+        assert_eq!(calls, ["c1"], "nothing of the refused step was written");
+        // Over the limit (a step that carries none), a change that shrinks the state commits.
+        let unchecked = NewStep { state_limit_kib: None, ..step("c3", "notes.add", &read) };
+        store.commit_step(&unchecked, &[set("cache/c3", &big)], None).await.unwrap();
+        let shrink = [StateChange { key: "cache/c3".into(), value: None }, set("cache/c4", "1")];
+        store.commit_step(&step("c4", "notes.add", &read), &shrink, None).await.unwrap();
+        assert!(store.tool_state("main", "notes.add").await.unwrap().contains_key("cache/c4"));
+
+        let tasks: Vec<_> = (0..8)
+            .map(|i| {
+                let (store, big) = (store.clone(), big.clone());
+                tokio::spawn(async move {
+                    let (read, call) = (BTreeMap::new(), format!("burst-{i}"));
+                    let key = format!("cache/{call}");
+                    store.commit_step(&step(&call, "notes.burst", &read), &[set(&key, &big)], None).await
+                })
+            })
+            .collect();
+        let mut committed = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(_) => committed += 1,
+                Err(CommitError::StateTooLarge { .. }) => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(committed, 1, "one ~670-byte key fits 1 KiB, two do not");
+        assert_eq!(store.tool_state("main", "notes.burst").await.unwrap().len(), 1);
     }
 }

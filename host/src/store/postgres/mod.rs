@@ -64,7 +64,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
 
-use super::write::{Committer, OwnedStep, PendingRun, PendingRuns, Write, Written};
+use super::write::{Committer, OwnedStep, PendingRun, PendingRuns, StateCheck, Write, Written};
 use super::{
     ApprovedBy, AskScope, AwaitingRecord, ClaimedTicket, CommitError, NewStep, OutcomeKind, PriorAsk, RunInfo,
     RunRecord, StateChange, StepRecord, StepStore, TicketError, now,
@@ -1040,7 +1040,7 @@ async fn try_group(db: &Db, batch: &[Job], retry: bool, attempts: &Attempts) -> 
     // Steps whose Commands must find the state they read take the slow path (a check first).
     if !retry
         && batch.iter().all(
-            |j| matches!(&j.write, Write::Step { step, changes, .. } if step.state_read.is_none() || changes.is_empty()),
+            |j| matches!(&j.write, Write::Step { step, changes, .. } if !super::write::needs_state(&step.borrow(), changes)),
         )
     {
         match steps_pipelined(&mut client, &db.setup, batch, attempts).await {
@@ -1277,11 +1277,11 @@ async fn apply(c: &Tx<'_>, job: &Job, retry: bool) -> R<Written> {
             if retry && let Some(seq) = written_by(c, key).await? {
                 return Ok(Written::Seq(seq));
             }
-            if !state_is_as_read(c, step, changes).await? {
+            if let Some(refused) = state_check(c, step, changes).await?.refusal() {
                 if let Some(seq) = written_by(c, key).await? {
                     return Ok(Written::Seq(seq));
                 }
-                return Ok(Written::StateChanged);
+                return Ok(refused);
             }
             if let Some(run) = run {
                 insert_run(c, &step.run_id, run).await?;
@@ -1295,11 +1295,11 @@ async fn apply(c: &Tx<'_>, job: &Job, retry: bool) -> R<Written> {
             if retry && let Some(seq) = written_by(c, key).await? {
                 return Ok(Written::Resolved(Ok(seq)));
             }
-            if !state_is_as_read(c, step, changes).await? {
+            if let Some(refused) = state_check(c, step, changes).await?.refusal() {
                 if let Some(seq) = written_by(c, key).await? {
                     return Ok(Written::Resolved(Ok(seq)));
                 }
-                return Ok(Written::StateChanged);
+                return Ok(refused);
             }
             resolve(c, ticket_id, holder, step, changes, *delivered, key).await.map(Written::Resolved)
         }
@@ -1316,20 +1316,21 @@ async fn written_by(c: &Tx<'_>, key: &str) -> R<Option<i64>> {
     Ok(c.query_opt(&stmt, &[&key]).await?.map(|r| r.get(0)))
 }
 
-/// Whether `step`'s Tool state is still what its call read (see
-/// [`NewStep::state_read`]). Writers of one agent's Tool state take a lock
-/// on it (held to the end of the transaction) before they look, so two
-/// hosts cannot both find the old state and both write.
-async fn state_is_as_read(c: &Tx<'_>, step: &OwnedStep, changes: &[StateChange]) -> R<bool> {
-    if !super::write::needs_state_check(&step.borrow(), changes) {
-        return Ok(true);
+/// `step`'s Commands against its Tool's state as it is now (see
+/// [`NewStep::state_read`] and [`NewStep::state_limit_kib`]). Writers of one
+/// agent's Tool state take a lock on it (held to the end of the transaction)
+/// before they look, so two hosts cannot both find the old state and both
+/// write — nor both add a cache key that fits alone and not together.
+async fn state_check(c: &Tx<'_>, step: &OwnedStep, changes: &[StateChange]) -> R<StateCheck> {
+    if !super::write::needs_state(&step.borrow(), changes) {
+        return Ok(StateCheck::Holds);
     }
     let lock = c.prepare_cached("SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(1) || $2, 0))").await?;
     c.execute(&lock, &[&step.agent, &step.tool_id]).await?;
     let read = c.prepare_cached("SELECT key, value FROM tool_state WHERE agent = $1 AND tool_id = $2").await?;
     let current: BTreeMap<String, String> =
         c.query(&read, &[&step.agent, &step.tool_id]).await?.iter().map(|r| (r.get(0), r.get(1))).collect();
-    Ok(super::write::state_unchanged(&step.borrow(), changes, || current))
+    Ok(super::write::check_state(&step.borrow(), changes, || current))
 }
 
 /// PostgreSQL text holds no NUL: store U+FFFD in its place.
@@ -1862,6 +1863,7 @@ mod tests {
             structured: false,
             approved_by: None,
             state_read: None,
+            state_limit_kib: None,
         }
     }
 
@@ -1898,6 +1900,15 @@ mod tests {
     /// as the runtime's do) neither takes over a claim whose holder beats
     /// nor finds a live ticket of another host expired; a claim whose holder
     /// stopped beating is still taken over.
+    /// The size limit holds against the state at commit, not the call's
+    /// read, under the lock of the Tool's state (concurrent commits on the
+    /// pool's connections).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cache_keys_of_calls_from_one_read_cannot_together_pass_the_limit() {
+        let Some((j, _dsn, _keep)) = journal("").await else { return };
+        super::super::write::tests::cache_keys_of_calls_from_one_read_cannot_together_pass_the_limit(Arc::new(j)).await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_host_whose_clock_runs_ahead_takes_over_no_live_claim() {
         let Some((b, dsn, _keep)) = journal("").await else { return };
