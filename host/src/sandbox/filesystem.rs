@@ -1,7 +1,11 @@
 //! The guest's `wasi:filesystem`, checked in front of wasmtime-wasi's own.
 //!
-//! Owns three checks: a FIFO, socket or device inside a grant is never opened
-//! (opening one can block a host thread past any deadline); with any
+//! Owns three checks: a FIFO, socket or device inside a grant is never given
+//! to the guest, and never waited on (a blocking open of one can hold a host
+//! thread past any deadline, for good): `open-at` is the host's own, through
+//! the same sandboxed directory handle, non-blocking, and decides on the
+//! descriptor it opened ([`open_beneath`]), so a Tool renaming a FIFO over a
+//! file between a check and the open gains nothing; with any
 //! credential configured, a regular file opened for reading is checked for
 //! every configured secret before the guest can read it, and refused
 //! (`access`) if it holds one, and a name holding one is left out of a
@@ -27,8 +31,10 @@
 //! filled a read-write grant with millions of names could repeat for every
 //! listing it holds.
 //!
-//! It must never widen what wasmtime-wasi allows: every other operation it
-//! lets through is wasmtime-wasi's own, on the same sandboxed handles, and a
+//! It must never widen what wasmtime-wasi allows: `open-at` reads the
+//! guest's flags as wasmtime-wasi 48 does ([`How`]: the same refusals, the
+//! grant's permissions on what it opens), every other operation it lets
+//! through is wasmtime-wasi's own, on the same sandboxed handles, and a
 //! listing reads only the directory its descriptor already names.
 
 use std::any::Any;
@@ -39,7 +45,7 @@ use std::sync::{Arc, Weak};
 use bytes::Bytes;
 
 use wasmtime::component::{Linker, Resource, ResourceTable, ResourceType};
-use wasmtime_wasi::filesystem::{Descriptor, OpenMode, WasiFilesystemCtxView};
+use wasmtime_wasi::filesystem::{Descriptor, Dir, File, OpenMode, WasiFilesystemCtxView};
 use wasmtime_wasi::p2::bindings::filesystem::types::{
     self as fs, DescriptorFlags, ErrorCode, HostDescriptor, OpenFlags, PathFlags,
 };
@@ -437,9 +443,9 @@ fn descriptor_type(t: rustix::fs::FileType) -> fs::DescriptorType {
     }
 }
 
-/// Put the checks in front of wasmtime-wasi's `open-at` and three file
-/// streams in `linker` (which already holds wasmtime-wasi), and replace its
-/// directory listings with [`Listing`].
+/// Replace wasmtime-wasi's `open-at` with the host's checked open, put the
+/// checks in front of three file streams in `linker` (which already holds
+/// wasmtime-wasi), and replace its directory listings with [`Listing`].
 pub(super) fn add_to_linker<S: FilesystemCall>(linker: &mut Linker<S>) -> wasmtime::Result<()> {
     type OpenArgs = (Resource<fs::Descriptor>, PathFlags, String, OpenFlags, DescriptorFlags);
     linker.allow_shadowing(true);
@@ -462,22 +468,13 @@ pub(super) fn add_to_linker<S: FilesystemCall>(linker: &mut Linker<S>) -> wasmti
         "[method]descriptor.open-at",
         |mut store, (fd, path_flags, path, oflags, flags): OpenArgs| {
             Box::new(async move {
-                let (mut view, held) = store.data_mut().filesystem_and_held();
-                let base = match view.table.get(&fd) {
-                    Ok(Descriptor::Dir(d)) => Some(d.dir.clone()),
-                    _ => None,
+                let (view, held) = store.data_mut().filesystem_and_held();
+                // A handle not in the table traps; a file's is
+                // `not-directory`: as in wasmtime-wasi.
+                let (base, perms) = match view.table.get(&fd)? {
+                    Descriptor::Dir(d) => (d.dir.clone(), d.perms),
+                    Descriptor::File(_) => return Ok((Err(ErrorCode::NotDirectory),)),
                 };
-                if let Some(dir) = &base {
-                    let (dir, p, follow) = (dir.clone(), path.clone(), path_flags.contains(PathFlags::SYMLINK_FOLLOW));
-                    // On the blocking pool, as wasmtime-wasi's own open is.
-                    if let Ok(Some(kind)) = tokio::task::spawn_blocking(move || special_file(&dir, &p, follow)).await {
-                        tracing::debug!(
-                            "refused to open {kind} `{}` inside a grant",
-                            crate::display::escape_unseen(&path, crate::display::Lines::Escape)
-                        );
-                        return Ok((Err(ErrorCode::Access),));
-                    }
-                }
                 if !held.admit_file() {
                     return Ok((Err(PAST_A_LIMIT),));
                 }
@@ -485,18 +482,37 @@ pub(super) fn add_to_linker<S: FilesystemCall>(linker: &mut Linker<S>) -> wasmti
                 if creates && !held.may_create() {
                     return Ok((Err(ErrorCode::InsufficientSpace),));
                 }
-                // Only with a credential configured: the guest's path, for records.
-                let guest = match (&held.secrets, &base) {
-                    (Some(secrets), Some(dir)) => Some(secrets.guest_path(dir, &path)),
-                    _ => None,
+                let how = match How::new(path_flags, oflags, flags, perms) {
+                    Ok(how) => how,
+                    Err(code) => return Ok((Err(code),)),
                 };
-                let opened = match HostDescriptor::open_at(&mut view, fd, path_flags, path, oflags, flags).await {
-                    Ok(opened) => opened,
-                    Err(e) => return Ok((Err(code(e)?),)),
+                // Only with a credential configured: the guest's path, for records.
+                let guest = held.secrets.as_ref().map(|secrets| secrets.guest_path(&base, &path));
+                // Opened by the host, on the blocking pool as wasmtime-wasi's
+                // own open is, and never in a way that can block there.
+                let (dir, p, mode) = (base.clone(), path.clone(), how.mode);
+                let opened = match tokio::task::spawn_blocking(move || open_checked(&dir, &p, &how)).await {
+                    Ok(Ok(opened)) => opened,
+                    Ok(Err(Refused::Special(kind))) => {
+                        tracing::debug!(
+                            "refused to open {kind} `{}` inside a grant",
+                            crate::display::escape_unseen(&path, crate::display::Lines::Escape)
+                        );
+                        return Ok((Err(ErrorCode::Access),));
+                    }
+                    Ok(Err(Refused::Code(code))) => return Ok((Err(code),)),
+                    Err(_) => return Ok((Err(ErrorCode::Io),)),
                 };
                 if creates {
                     held.created_one();
                 }
+                // What wasmtime-wasi's `open-at` would make of it: the
+                // grant's permissions, the mode the guest asked for. (Never
+                // blocking the current thread: toolgate does not allow it.)
+                let opened = view.table.push(match opened {
+                    Opened::Dir(d) => Descriptor::Dir(Dir::new(d, perms, mode, false)),
+                    Opened::File(f) => Descriptor::File(File::new(f, perms, mode, false)),
+                })?;
                 let descriptor = view.table.get(&opened)?;
                 held.hold_file(open_file(descriptor));
                 let (Some(secrets), Some(guest)) = (&held.secrets, guest) else { return Ok((Ok(opened),)) };
@@ -820,29 +836,171 @@ pub(super) fn check_open_file_limit(limits: &Limits) {
     }
 }
 
-/// What kind of special file `path` under `dir` is, if it is one. The check
-/// stats the path through the same sandboxed directory handle (cap-std: no
-/// escape), without opening it. (A file swapped for a FIFO between this
-/// check and the open is outside it; SECURITY.md lists it.)
-fn special_file(dir: &std::fs::File, path: &str, follow: bool) -> Option<&'static str> {
-    let dir = cap_std::fs::Dir::from_std_file(dir.try_clone().ok()?);
-    let meta = if follow { dir.metadata(path) } else { dir.symlink_metadata(path) }.ok()?;
-    #[cfg(unix)]
-    {
-        use cap_std::fs::FileTypeExt;
-        let t = meta.file_type();
-        if t.is_fifo() {
-            return Some("a FIFO");
+/// How the guest asked `open-at` to open a path, as wasmtime-wasi 48's own
+/// `open-at` reads the guest's flags (the same checks, in its order, with
+/// its error codes), plus what keeps the open from blocking: `O_NONBLOCK`
+/// (a FIFO opens at once instead of waiting for the other end) and
+/// `O_NOCTTY` (a terminal is never made the host's controlling one).
+struct How {
+    options: cap_std::fs::OpenOptions,
+    follow: bool,
+    dir_required: bool,
+    /// What wasmtime-wasi records on the descriptor it makes.
+    mode: OpenMode,
+}
+
+impl How {
+    fn new(
+        path_flags: PathFlags,
+        oflags: OpenFlags,
+        flags: DescriptorFlags,
+        perms: wasmtime_wasi::FsPerms,
+    ) -> Result<Self, ErrorCode> {
+        use cap_std::fs::OpenOptionsExt as _;
+        use rustix::fs::OFlags;
+        let mut options = cap_std::fs::OpenOptions::new();
+        let mut mode = OpenMode::empty();
+        let create = oflags.contains(OpenFlags::CREATE);
+        if create {
+            if oflags.contains(OpenFlags::EXCLUSIVE) {
+                options.create_new(true);
+            } else {
+                options.create(true);
+            }
+            options.write(true);
+            mode |= OpenMode::WRITE;
         }
-        if t.is_socket() {
-            return Some("a socket");
+        if oflags.contains(OpenFlags::TRUNCATE) {
+            options.truncate(true).write(true);
+            mode |= OpenMode::WRITE;
         }
-        if t.is_char_device() || t.is_block_device() {
-            return Some("a device");
+        if flags.contains(DescriptorFlags::READ) {
+            options.read(true);
+            mode |= OpenMode::READ;
         }
+        if flags.contains(DescriptorFlags::WRITE) {
+            options.write(true);
+            mode |= OpenMode::WRITE;
+        } else {
+            // Opened for reading, as wasmtime-wasi does: its permissions
+            // refuse what the guest may not do with it.
+            options.read(true);
+            mode |= OpenMode::READ;
+        }
+        if flags.contains(DescriptorFlags::FILE_INTEGRITY_SYNC)
+            || flags.contains(DescriptorFlags::DATA_INTEGRITY_SYNC)
+            || flags.contains(DescriptorFlags::REQUESTED_WRITE_SYNC)
+        {
+            return Err(ErrorCode::Unsupported);
+        }
+        let dir_required = oflags.contains(OpenFlags::DIRECTORY);
+        if dir_required && (create || oflags.contains(OpenFlags::EXCLUSIVE) || oflags.contains(OpenFlags::TRUNCATE)) {
+            return Err(ErrorCode::Invalid);
+        }
+        if perms.write_not_permitted() && mode.contains(OpenMode::WRITE) {
+            return Err(ErrorCode::NotPermitted);
+        }
+        let follow = path_flags.contains(PathFlags::SYMLINK_FOLLOW);
+        // Not following a link in the last component: `O_NOFOLLOW`, which
+        // openat2 (Linux 5.6+, what cap-std uses) honours exactly. cap-std's
+        // own setting for it is not public; where cap-std falls back to
+        // resolving the path itself it follows such a link (still inside
+        // the grant, as the guest could ask it to anyway).
+        let mut custom = OFlags::NONBLOCK | OFlags::NOCTTY;
+        if !follow {
+            custom |= OFlags::NOFOLLOW;
+        }
+        options.custom_flags(custom.bits() as i32);
+        Ok(How { options, follow, dir_required, mode })
     }
-    let _ = meta;
-    None
+}
+
+/// What `open-at` opened: a directory or a regular file, never anything else.
+#[derive(Debug)]
+enum Opened {
+    Dir(std::fs::File),
+    File(std::fs::File),
+}
+
+/// Why `open-at` opened nothing.
+#[derive(Debug)]
+enum Refused {
+    /// A special file (what kind): `access` to the guest.
+    Special(&'static str),
+    Code(ErrorCode),
+}
+
+impl From<std::io::Error> for Refused {
+    fn from(e: std::io::Error) -> Self {
+        Refused::Code(ErrorCode::from(e))
+    }
+}
+
+/// Open `path` under `dir` as `how` says. A special file already there is
+/// refused without being opened; the decision is then made on the
+/// descriptor opened ([`open_beneath`]), so a file swapped for a FIFO
+/// between the two is refused too, and never waited on.
+fn open_checked(dir: &std::fs::File, path: &str, how: &How) -> Result<Opened, Refused> {
+    let dir = cap_std::fs::Dir::from_std_file(dir.try_clone()?);
+    if let Some(kind) = special_file(&dir, path, how.follow) {
+        return Err(Refused::Special(kind));
+    }
+    open_beneath(&dir, path, how)
+}
+
+/// Open `path` under `dir` (cap-std: the path never leads out of it) as
+/// `how` says, without blocking (`O_NONBLOCK`), and decide on the descriptor
+/// opened: a directory or a regular file is returned, blocking again
+/// (`O_NONBLOCK` cleared, as wasmtime-wasi's streams expect); anything else
+/// is closed and refused.
+fn open_beneath(dir: &cap_std::fs::Dir, path: &str, how: &How) -> Result<Opened, Refused> {
+    let file = match dir.open_with(path, &how.options) {
+        Ok(file) => file.into_std(),
+        // What a non-blocking open of a FIFO for writing with no reader, a
+        // socket, or a device without its driver fails with.
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NXIO.raw_os_error()) => {
+            return Err(Refused::Special("a FIFO, socket or device"));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let kind = rustix::fs::FileType::from_raw_mode(rustix::fs::fstat(&file).map_err(std::io::Error::from)?.st_mode);
+    let opened = match kind {
+        rustix::fs::FileType::Directory => Opened::Dir(file),
+        rustix::fs::FileType::RegularFile if how.dir_required => return Err(Refused::Code(ErrorCode::NotDirectory)),
+        rustix::fs::FileType::RegularFile => Opened::File(file),
+        other => return Err(Refused::Special(special(other))),
+    };
+    let (Opened::Dir(f) | Opened::File(f)) = &opened;
+    let flags = rustix::fs::fcntl_getfl(f).map_err(std::io::Error::from)?;
+    rustix::fs::fcntl_setfl(f, flags - rustix::fs::OFlags::NONBLOCK).map_err(std::io::Error::from)?;
+    Ok(opened)
+}
+
+/// What a file of type `t` that is neither a directory nor a regular file is,
+/// in the refusal's words.
+fn special(t: rustix::fs::FileType) -> &'static str {
+    use rustix::fs::FileType as T;
+    match t {
+        T::Fifo => "a FIFO",
+        T::Socket => "a socket",
+        T::CharacterDevice | T::BlockDevice => "a device",
+        // A symlink (`O_PATH` is never asked for, so none is opened) or a type unknown here.
+        _ => "a special file",
+    }
+}
+
+/// What kind of special file `path` under `dir` is, if it is one, by a stat
+/// through the same sandboxed directory handle (cap-std: no escape): a
+/// special file already there is never opened. It decides nothing else —
+/// the path may name something else by the open ([`open_beneath`] decides
+/// on the descriptor).
+fn special_file(dir: &cap_std::fs::Dir, path: &str, follow: bool) -> Option<&'static str> {
+    use cap_std::fs::MetadataExt as _;
+    let meta = if follow { dir.metadata(path) } else { dir.symlink_metadata(path) }.ok()?;
+    match rustix::fs::FileType::from_raw_mode(meta.mode()) {
+        rustix::fs::FileType::Directory | rustix::fs::FileType::RegularFile | rustix::fs::FileType::Symlink => None,
+        other => Some(special(other)),
+    }
 }
 
 /// The file behind a descriptor opened for writing only, opened again for
@@ -961,6 +1119,125 @@ mod tests {
         assert!(matches!(names["pipe"], fs::DescriptorType::Unknown), "as wasmtime-wasi's stat says");
         assert!(listing.next().await.unwrap().is_none(), "and the end stays the end");
         assert!(listing.dir.is_none(), "its descriptor is closed at the end");
+    }
+
+    /// Runs `f` on a thread of its own, failing (not hanging) if it blocks.
+    fn promptly<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the open blocked")
+    }
+
+    fn how(follow: bool, oflags: OpenFlags, flags: DescriptorFlags) -> How {
+        let path = if follow { PathFlags::SYMLINK_FOLLOW } else { PathFlags::empty() };
+        How::new(path, oflags, flags, wasmtime_wasi::FsPerms::ReadWrite).unwrap()
+    }
+
+    fn grant() -> (tempfile::TempDir, Arc<cap_std::fs::Dir>) {
+        let dir = tempfile::tempdir().unwrap();
+        let cap = cap_std::fs::Dir::from_std_file(std::fs::File::open(dir.path()).unwrap());
+        (dir, Arc::new(cap))
+    }
+
+    fn mkfifo(path: &std::path::Path) {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            path,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+            0,
+        )
+        .unwrap();
+    }
+
+    /// The race a Tool can run (a FIFO renamed over a file between the stat
+    /// and the open), made deterministic: the open is given the FIFO with no
+    /// stat before it. Whatever the guest asked for, it is refused on the
+    /// descriptor, at once; with a blocking open (wasmtime-wasi's) the
+    /// reading ones wait for a writer forever.
+    #[test]
+    fn a_fifo_at_the_open_is_refused_on_the_descriptor_without_blocking() {
+        let (tmp, dir) = grant();
+        mkfifo(&tmp.path().join("pipe"));
+        std::os::unix::fs::symlink("pipe", tmp.path().join("link")).unwrap();
+        let (r, w) = (DescriptorFlags::READ, DescriptorFlags::WRITE);
+        let asked = [
+            ("pipe", false, OpenFlags::empty(), r),
+            ("pipe", true, OpenFlags::empty(), r),
+            ("pipe", false, OpenFlags::empty(), w),
+            ("pipe", false, OpenFlags::empty(), r | w),
+            ("pipe", false, OpenFlags::CREATE, r),
+            ("pipe", false, OpenFlags::CREATE | OpenFlags::TRUNCATE, w),
+            ("pipe", false, OpenFlags::DIRECTORY, r),
+            ("link", true, OpenFlags::empty(), r),
+        ];
+        for (path, follow, oflags, flags) in asked {
+            let (dir, h) = (dir.clone(), how(follow, oflags, flags));
+            let got = promptly(move || open_beneath(&dir, path, &h));
+            assert!(matches!(got, Err(Refused::Special(_))), "{path} {oflags:?} {flags:?}: {got:?}");
+        }
+        // Not following the link: the link itself, never the FIFO.
+        let (d, h) = (dir.clone(), how(false, OpenFlags::empty(), r));
+        assert!(matches!(promptly(move || open_beneath(&d, "link", &h)), Err(Refused::Code(ErrorCode::Loop))));
+        // With the stat before it (the FIFO there all along), not even opened.
+        let std_dir = std::fs::File::open(tmp.path()).unwrap();
+        let h = how(true, OpenFlags::empty(), r);
+        assert!(matches!(promptly(move || open_checked(&std_dir, "pipe", &h)), Err(Refused::Special("a FIFO"))));
+    }
+
+    #[test]
+    fn a_file_or_directory_opens_blocking_again_as_wasmtime_wasi_would() {
+        let (tmp, dir) = grant();
+        std::fs::write(tmp.path().join("f"), "x").unwrap();
+        std::fs::create_dir(tmp.path().join("d")).unwrap();
+        std::os::unix::fs::symlink("f", tmp.path().join("link")).unwrap();
+        let (r, w) = (DescriptorFlags::READ, DescriptorFlags::WRITE);
+        let nonblocking =
+            |f: &std::fs::File| rustix::fs::fcntl_getfl(f).unwrap().contains(rustix::fs::OFlags::NONBLOCK);
+        match open_beneath(&dir, "f", &how(false, OpenFlags::empty(), r | w)) {
+            Ok(Opened::File(f)) => {
+                assert!(!nonblocking(&f));
+                assert_eq!(rustix::fs::fcntl_getfl(&f).unwrap() & rustix::fs::OFlags::RWMODE, rustix::fs::OFlags::RDWR);
+            }
+            other => panic!("{other:?}"),
+        }
+        match open_beneath(&dir, "d", &how(false, OpenFlags::DIRECTORY, r)) {
+            Ok(Opened::Dir(d)) => assert!(!nonblocking(&d)),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(open_beneath(&dir, "link", &how(true, OpenFlags::empty(), r)), Ok(Opened::File(_))));
+        assert!(matches!(
+            open_beneath(&dir, "f", &how(false, OpenFlags::DIRECTORY, r)),
+            Err(Refused::Code(ErrorCode::NotDirectory))
+        ));
+        assert!(matches!(
+            open_beneath(&dir, "d", &how(false, OpenFlags::empty(), w)),
+            Err(Refused::Code(ErrorCode::IsDirectory))
+        ));
+        assert!(open_beneath(&dir, "../x", &how(false, OpenFlags::CREATE, w)).is_err(), "never out of the grant");
+        assert!(!tmp.path().parent().unwrap().join("x").exists());
+        // Created as wasmtime-wasi creates (mode 0666 less the umask), and the guest's checks as its.
+        assert!(matches!(open_beneath(&dir, "new", &how(false, OpenFlags::CREATE, w)), Ok(Opened::File(_))));
+        assert!(matches!(
+            open_beneath(&dir, "new", &how(false, OpenFlags::CREATE | OpenFlags::EXCLUSIVE, w)),
+            Err(Refused::Code(ErrorCode::Exist))
+        ));
+        let ro = |oflags, flags| How::new(PathFlags::empty(), oflags, flags, wasmtime_wasi::FsPerms::ReadOnly).err();
+        assert!(matches!(ro(OpenFlags::empty(), w), Some(ErrorCode::NotPermitted)));
+        assert!(matches!(ro(OpenFlags::CREATE, r), Some(ErrorCode::NotPermitted)));
+        assert!(ro(OpenFlags::empty(), r).is_none());
+        assert!(matches!(
+            How::new(
+                PathFlags::empty(),
+                OpenFlags::DIRECTORY | OpenFlags::TRUNCATE,
+                w,
+                wasmtime_wasi::FsPerms::ReadWrite
+            )
+            .err(),
+            Some(ErrorCode::Invalid)
+        ));
     }
 
     #[test]
