@@ -31,6 +31,16 @@ pub const MAX_DESCRIPTION_LEN: usize = 8 * 1024;
 /// minutes per 100 KiB. Real-world patterns are far below it (an RFC 5322
 /// address compiles to ~18 KiB).
 pub const MAX_PATTERN_BYTES: usize = 256 << 10;
+/// Most heap the compiled patterns of one metadata document may hold, in
+/// every schema of every Tool together: each distinct `pattern` and
+/// `patternProperties` key of a schema is compiled when the component is
+/// loaded (on every `list`, `lock`, serve start and reload) and held as long
+/// as it is. [`MAX_PATTERN_BYTES`] bounds one; before this, nothing bounded
+/// how many: 3,000 near-limit patterns differing by one character each
+/// (130 KB of metadata) took ~1 GB and 4 s at every load. Real schemas are
+/// far below it: an RFC 5322 address pattern takes ~7 KiB, a date 3 KiB;
+/// about thirty patterns at the bound of one fill it.
+pub const MAX_PATTERNS_BYTES: usize = 8 << 20;
 /// Most evaluations of subschemas that validating one value against a
 /// schema may cost — one node of an argument or output (the whole value, a
 /// member, an item) or one member name — summed over every subschema that
@@ -292,6 +302,7 @@ pub fn check_document(doc: ComponentMetadata) -> Result<Vec<Arc<CheckedTool>>, D
     let mut seen = std::collections::BTreeSet::new();
     let mut out = Vec::with_capacity(doc.tools.len());
     let mut steps = work::Steps(MAX_CHECK_STEPS);
+    let mut patterns = patterns::Budget::new();
     for tool in doc.tools {
         let id = tool.descriptor.id.clone();
         let bad = |problem: String| DescriptorError::BadTool { id: id.clone(), problem };
@@ -309,11 +320,13 @@ pub fn check_document(doc: ComponentMetadata) -> Result<Vec<Arc<CheckedTool>>, D
         if d.input_schema.get("type").and_then(|t| t.as_str()) != Some("object") {
             return Err(bad("input schema root is not `type: object`; make `Args` a struct".into()));
         }
-        let validator = compile_schema(&d.input_schema, &mut steps).map_err(|e| bad(format!("input schema: {e}")))?;
+        let validator = compile_schema(&d.input_schema, &mut steps, &mut patterns)
+            .map_err(|e| bad(format!("input schema: {e}")))?;
         let output_validator = match &d.output_schema {
-            Some(out_schema) => {
-                Some(compile_schema(out_schema, &mut steps).map_err(|e| bad(format!("output schema: {e}")))?)
-            }
+            Some(out_schema) => Some(
+                compile_schema(out_schema, &mut steps, &mut patterns)
+                    .map_err(|e| bad(format!("output schema: {e}")))?,
+            ),
             None => None,
         };
         if let Some(p) = &d.primary_argument {
@@ -362,8 +375,14 @@ pub fn check_id(id: &str) -> Result<(), String> {
 /// Compile `schema`, refusing one that is invalid, names a draft this host
 /// does not bundle, has a pattern that is slow to match, or lets validating
 /// one value cost more than [`MAX_SCHEMA_WORK`] (checked with `steps`, the
-/// budget of its metadata document).
-fn compile_schema(schema: &serde_json::Value, steps: &mut work::Steps) -> Result<jsonschema::Validator, String> {
+/// budget of its metadata document), or whose patterns would bring those of
+/// its document past [`MAX_PATTERNS_BYTES`] compiled (charged to `patterns`
+/// before anything is compiled).
+fn compile_schema(
+    schema: &serde_json::Value,
+    steps: &mut work::Steps,
+    patterns: &mut patterns::Budget,
+) -> Result<jsonschema::Validator, String> {
     // Only the bundled drafts: a custom `$schema` would need a registry (and
     // jsonschema's meta helpers panic on unknown drafts).
     if let Some(s) = schema.get("$schema") {
@@ -382,6 +401,7 @@ fn compile_schema(schema: &serde_json::Value, steps: &mut work::Steps) -> Result
             return Err(format!("unsupported `$schema` {s}; use draft 2020-12"));
         }
     }
+    patterns.charge(schema)?;
     // Build with schema validation on; no remote `$ref` resolution is compiled in.
     // Every `pattern` and `patternProperties` key runs on the linear-time
     // `regex` engine: the schema's author (for an MCP adapter, a remote
@@ -481,6 +501,169 @@ fn shown(s: &str) -> String {
         if c.is_control() { out.extend(c.escape_default()) } else { out.push(c) }
     }
     out
+}
+
+/// The compiled size of a metadata document's patterns, charged before
+/// jsonschema compiles any of them.
+///
+/// Building a validator, jsonschema (0.61) compiles every `pattern` and
+/// `patternProperties` key of the schema it reaches, once per distinct text
+/// (its cache is by exact text, for one build: an input and an output schema
+/// each compile theirs), and the validator holds them for as long as the
+/// component is loaded. So each distinct pattern of a schema is compiled here
+/// alone, as jsonschema will compile it — its ECMA-262 translation, in the
+/// search form it picks, by the `regex` engine's own builder with
+/// [`MAX_PATTERN_BYTES`](super::MAX_PATTERN_BYTES) — its heap size read, the
+/// regex dropped, and the size charged to the document's
+/// [`MAX_PATTERNS_BYTES`](super::MAX_PATTERNS_BYTES); each counts at least
+/// [`MIN_CHARGE`] (a regex's fixed parts; ~2 KiB for `^[a-z]+$`). The
+/// first pattern over the budget refuses the schema: at most the budget's
+/// worth is ever compiled. A pattern that does not compile here is charged
+/// the minimum: jsonschema refuses it with its own message.
+///
+/// Every `pattern` string and every key of a `patternProperties` object
+/// anywhere in the schema is charged, whether jsonschema compiles it or
+/// not (under `enum`, `const` or `default`, in an unreferenced `$defs`, one
+/// it matches without a regex, such as `^abc`): over-counting only makes the
+/// bound stricter. Nothing else compiles a regular expression: the `regex`
+/// format is a syntax check of each value (see
+/// [`regex_format`](super::regex_format)).
+mod patterns {
+    use std::collections::HashSet;
+
+    use jsonschema_regex::Search;
+    use regex_automata::meta;
+    use serde_json::Value;
+
+    use super::{MAX_PATTERN_BYTES, MAX_PATTERNS_BYTES};
+
+    /// The least one distinct pattern counts for.
+    pub(super) const MIN_CHARGE: usize = 1 << 10;
+
+    /// What is left of one metadata document's budget.
+    pub(super) struct Budget {
+        left: usize,
+    }
+
+    /// A step from a value to one of its members, to name where a pattern is.
+    enum Step<'v> {
+        Root,
+        Key(&'v str),
+        Index(usize),
+    }
+
+    impl Budget {
+        pub(super) fn new() -> Budget {
+            Budget { left: MAX_PATTERNS_BYTES }
+        }
+
+        /// Charge every distinct pattern of `schema`, refusing the first
+        /// that does not fit, naming it and where it is.
+        pub(super) fn charge(&mut self, schema: &Value) -> Result<(), String> {
+            let mut charged: HashSet<&str> = HashSet::new();
+            // The path to each value, as (parent, step); the walk holds indices.
+            let mut steps: Vec<(usize, Step<'_>)> = vec![(0, Step::Root)];
+            let mut stack: Vec<(&Value, usize)> = vec![(schema, 0)];
+            while let Some((value, at)) = stack.pop() {
+                let first = stack.len();
+                match value {
+                    Value::Object(object) => {
+                        for (key, v) in object {
+                            // (pattern, whether it is a key of `key`'s object)
+                            let patterns: Box<dyn Iterator<Item = (&str, bool)>> = match (key.as_str(), v) {
+                                ("pattern", Value::String(p)) => Box::new(std::iter::once((p.as_str(), false))),
+                                ("patternProperties", Value::Object(m)) => {
+                                    Box::new(m.keys().map(|p| (p.as_str(), true)))
+                                }
+                                _ => Box::new(std::iter::empty()),
+                            };
+                            for (pattern, is_key) in patterns {
+                                if !charged.insert(pattern) {
+                                    continue;
+                                }
+                                let size = compiled_size(pattern);
+                                if size > self.left {
+                                    self.left = 0;
+                                    let mut pointer = pointer(&steps, at);
+                                    pointer.push('/');
+                                    pointer.push_str(&escape(key));
+                                    if is_key {
+                                        pointer.push('/');
+                                        pointer.push_str(&escape(pattern));
+                                    }
+                                    return Err(refusal(pattern, &pointer, size));
+                                }
+                                self.left -= size;
+                            }
+                            steps.push((at, Step::Key(key)));
+                            stack.push((v, steps.len() - 1));
+                        }
+                        // In document order: the first over the budget is named.
+                        stack[first..].reverse();
+                    }
+                    Value::Array(items) => {
+                        for (i, v) in items.iter().enumerate() {
+                            steps.push((at, Step::Index(i)));
+                            stack.push((v, steps.len() - 1));
+                        }
+                        stack[first..].reverse();
+                    }
+                    _ => {}
+                }
+            }
+            Ok(())
+        }
+    }
+
+    /// The heap `pattern` takes compiled as jsonschema compiles it (see
+    /// `build_standard_regex` there), at least [`MIN_CHARGE`].
+    fn compiled_size(pattern: &str) -> usize {
+        let Ok(translated) = jsonschema_regex::to_rust_regex(pattern) else { return MIN_CHARGE };
+        let build = |p: &str| {
+            meta::Regex::builder()
+                .configure(meta::Config::new().nfa_size_limit(Some(MAX_PATTERN_BYTES)))
+                .build(p)
+                .map(|r| r.memory_usage())
+                .unwrap_or(0)
+        };
+        let size = match jsonschema_regex::search_form(pattern, &translated) {
+            Some(Search::RepeatedClass(_)) => 0,
+            Some(Search::Collapsed(collapsed)) => build(&collapsed),
+            None => build(&translated),
+        };
+        size.max(MIN_CHARGE)
+    }
+
+    /// The JSON pointer of the value at `at`.
+    fn pointer(steps: &[(usize, Step<'_>)], mut at: usize) -> String {
+        let mut parts = Vec::new();
+        while let Some((parent, step)) = steps.get(at) {
+            match step {
+                Step::Root => break,
+                Step::Key(k) => parts.push(escape(k)),
+                Step::Index(i) => parts.push(i.to_string()),
+            }
+            at = *parent;
+        }
+        parts.iter().rev().map(|p| format!("/{p}")).collect()
+    }
+
+    fn escape(key: &str) -> String {
+        key.replace('~', "~0").replace('/', "~1")
+    }
+
+    fn refusal(pattern: &str, at: &str, size: usize) -> String {
+        format!(
+            "pattern `{}` at `{}` ({} KiB compiled) brings the patterns of this component past the {} MiB they may \
+             take compiled together, in all its schemas (each distinct one is compiled at every load and held while \
+             the component is loaded); use fewer distinct patterns, or simpler ones (a pattern that only bounds the \
+             length is better written as `minLength`/`maxLength`, a list of words as an `enum`)",
+            super::shown(pattern),
+            super::shown(at),
+            size.div_ceil(1 << 10),
+            MAX_PATTERNS_BYTES >> 20
+        )
+    }
 }
 
 /// How much work validating a value against a schema can cost, bounded when
@@ -2643,6 +2826,80 @@ mod tests {
         assert!(started.elapsed() < std::time::Duration::from_secs(5), "took {:?}", started.elapsed());
     }
 
+    /// Each pattern is compiled when its schema is loaded and held as long
+    /// as the component is; the near-limit ones differing by a character
+    /// each compile on their own (3,000 took ~1 GB and 4 s at every load).
+    /// Every distinct pattern of a metadata document, in all its schemas,
+    /// counts toward one budget of compiled size, charged before jsonschema
+    /// compiles any: one over it is refused naming the Tool, the schema,
+    /// where, the budget and what to do, without compiling the rest.
+    #[test]
+    fn many_patterns_in_one_document_are_refused_at_load_by_their_compiled_size() {
+        // ~265 KB each compiled, under the 256 KiB bound of one pattern.
+        let near_limit = |i: usize| format!("(?:[^x]y){{250}}{i}");
+        let many = |n: usize, keyword: &str| {
+            let mut properties = serde_json::Map::new();
+            for i in 0..n {
+                let schema = match keyword {
+                    "pattern" => json!({"type": "string", "pattern": near_limit(i)}),
+                    _ => json!({"type": "object", "patternProperties": {near_limit(i): {"type": "string"}}}),
+                };
+                properties.insert(format!("p{i}"), schema);
+            }
+            json!({"type": "object", "properties": properties})
+        };
+        let order: Vec<String> = many(400, "pattern")["properties"].as_object().unwrap().keys().cloned().collect();
+        for (keyword, field) in [("pattern", "/pattern`"), ("patternProperties", "/patternProperties/")] {
+            let started = std::time::Instant::now();
+            let DescriptorError::BadTool { id, problem } = tool_error(|t| {
+                t["descriptor"]["input_schema"] = many(400, keyword);
+                t["descriptor"]["primary_argument"] = Value::Null;
+            }) else {
+                panic!("{keyword}: expected BadTool")
+            };
+            assert_eq!(id, "t.x");
+            for words in ["input schema", "`(?:[^x]y){250}", field, "at `/properties/p", "8 MiB", "fewer"] {
+                assert!(problem.contains(words), "{keyword}: {problem:?} lacks {words:?}");
+            }
+            // Refused at the pattern that crossed the budget, not after all 400.
+            let at = problem.split("at `/properties/").nth(1).and_then(|r| r.split('/').next()).unwrap();
+            let index = order.iter().position(|p| p == at).unwrap();
+            assert!((20..60).contains(&index), "{keyword}: refused at the {index}th pattern: {problem}");
+            assert!(started.elapsed() < std::time::Duration::from_secs(20), "took {:?}", started.elapsed());
+        }
+        // One budget for the whole document: two Tools' schemas, each under it alone.
+        let mut a = tool("t.a");
+        a["descriptor"]["input_schema"] = many(20, "pattern");
+        a["descriptor"]["primary_argument"] = Value::Null;
+        let mut b = tool("t.b");
+        b["descriptor"]["output_schema"] = many(20, "pattern");
+        assert!(read_doc(&doc(vec![a.clone()])).is_ok());
+        let Err(DescriptorError::BadTool { id, problem }) = read_doc(&doc(vec![a, b])) else {
+            panic!("two Tools' patterns together must be refused")
+        };
+        assert_eq!(id, "t.b");
+        assert!(problem.contains("output schema") && problem.contains("8 MiB"), "{problem}");
+
+        // Ordinary patterns load, and one pattern repeated everywhere is one.
+        let mut t = tool("t.x");
+        let mut properties = serde_json::Map::new();
+        for (i, p) in
+            ["^[a-z]+$", "^\\d{4}-\\d{2}-\\d{2}$", "^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\\.[A-Za-z]{2,}$", "\\w{1,64}"]
+                .iter()
+                .enumerate()
+        {
+            properties.insert(format!("o{i}"), json!({"type": "string", "pattern": p}));
+        }
+        for i in 0..400 {
+            properties.insert(format!("same{i}"), json!({"type": "string", "pattern": near_limit(0)}));
+        }
+        t["descriptor"]["input_schema"] = json!({"type": "object", "properties": properties});
+        t["descriptor"]["primary_argument"] = Value::Null;
+        let tools = read_doc(&doc(vec![t])).unwrap();
+        assert!(tools[0].validate_arguments(&json!({"o0": "abc", "o1": "2024-01-02"})).is_ok());
+        assert!(tools[0].validate_arguments(&json!({"o1": "x"})).is_err());
+    }
+
     #[test]
     fn wit_compatibility() {
         let cases = [
@@ -2908,7 +3165,7 @@ mod tests {
             if root {
                 if let Value::Object(m) = &mut s { m.insert("type".into(), json!("object")); }
             }
-            if let Ok(v) = compile_schema(&s, &mut work::Steps(MAX_CHECK_STEPS)) {
+            if let Ok(v) = compile_schema(&s, &mut work::Steps(MAX_CHECK_STEPS), &mut patterns::Budget::new()) {
                 let errors: Vec<String> = v.iter_errors(&inst).take(5).map(|e| e.to_string()).collect();
                 prop_assert_eq!(errors.is_empty(), v.is_valid(&inst));
             }
