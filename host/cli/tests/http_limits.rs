@@ -17,10 +17,30 @@ const OTHER: &str = "tg-limits-other-0123456789abcdef";
 /// A served directory: `notes(op = "list")` allowed for two tokens of one
 /// agent, with `serve` (lines of `[serve]`) added.
 fn serve_dir(serve: &str) -> tempfile::TempDir {
+    served(serve, false)
+}
+
+/// [`serve_dir`] with `hostile.sleep` (a call that waits far past its
+/// deadline, here 60 s) visible and allowed too.
+fn serve_dir_sleeping(serve: &str) -> tempfile::TempDir {
+    served(serve, true)
+}
+
+fn served(serve: &str, sleeping: bool) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let plugins = dir.path().join("plugins");
     std::fs::create_dir(&plugins).unwrap();
     std::fs::write(plugins.join("notes.wasm"), packed(guests::NOTES)).unwrap();
+    let (visible, rules, limits) = if sleeping {
+        std::fs::write(plugins.join("hostile.wasm"), packed(guests::HOSTILE)).unwrap();
+        (
+            r#"["notes", "hostile.sleep"]"#,
+            r#"[{ pattern = 'notes(op = "list")', behavior = "allow" }, { pattern = "hostile.sleep", behavior = "allow" }]"#,
+            "[limits]\ntimeout_ms = 60000\n",
+        )
+    } else {
+        (r#"["notes"]"#, r#"[{ pattern = 'notes(op = "list")', behavior = "allow" }]"#, "")
+    };
     std::fs::write(
         dir.path().join("toolgate.toml"),
         format!(
@@ -28,6 +48,7 @@ fn serve_dir(serve: &str) -> tempfile::TempDir {
 plugins = "plugins"
 store = "journal.db"
 cache = "cache"
+{limits}
 [serve]
 {serve}
 auth = [
@@ -35,9 +56,9 @@ auth = [
   {{ agent = "default", token = {{ env = "TOOLGATE_OTHER_TOKEN" }} }},
 ]
 [agents.default]
-visible = ["notes"]
+visible = {visible}
 default = "deny"
-rules = [{{ pattern = 'notes(op = "list")', behavior = "allow" }}]
+rules = {rules}
 "#
         ),
     )
@@ -245,13 +266,45 @@ fn in_session(session: &str) -> String {
 
 /// A session of `token`, initialized.
 fn session(port: u16, token: &str) -> String {
-    let (status, id, body) = initialize(port, token);
+    session_of(port, token, "2025-11-25")
+}
+
+/// A session of `token` speaking `version`, initialized.
+fn session_of(port: u16, token: &str, version: &str) -> String {
+    let init = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "limits", "version": "1"}}});
+    let (status, head, body) = post(port, token, "", &init);
     assert_eq!(status, 200, "{body}");
+    let id = head.lines().find_map(|l| l.strip_prefix("mcp-session-id:")).map(|v| v.trim().to_owned());
     let id = id.expect("a session");
     let initialized = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-    let (status, _, body) = post(port, token, &in_session(&id), &initialized);
+    let (status, _, body) = post(port, token, &in_session_of(&id, version), &initialized);
     assert_eq!(status, 202, "{body}");
     id
+}
+
+fn in_session_of(session: &str, version: &str) -> String {
+    format!("Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: {version}\r\n")
+}
+
+/// POST `hostile.sleep` as request `id` in `session` (of `version`), read
+/// the response's head — the call's SSE stream — and hang up.
+fn call_and_hang_up(port: u16, token: &str, session: &str, version: &str, id: u64) {
+    let call = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": "hostile.sleep", "arguments": {}}})
+    .to_string();
+    let mut s = connect(port);
+    write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\n{}Content-Length: {}\r\n\r\n{call}",
+        in_session_of(session, version),
+        call.len()
+    )
+    .unwrap();
+    let h = head(&mut s);
+    assert_eq!(status_of(&h), 200, "{h}");
+    assert!(h.contains("text/event-stream"), "{h}");
 }
 
 /// `notes(op = "list")` in `session`: the JSON-RPC answer.
@@ -446,4 +499,83 @@ fn an_idle_keep_alive_connection_is_closed_at_the_header_deadline() {
     assert_eq!(status_of(&h), 200, "{h}");
     assert!(!h.contains("connection: close"), "{h}");
     assert!(until_closed(&mut s).is_some(), "the idle connection stayed open");
+}
+
+/// A session's `tools/call` whose client hangs up after the response's head
+/// keeps running (2025-11-25: the client got the priming event's id and may
+/// resume the stream), and stays counted: a token with `[serve]
+/// max_requests_per_token` (here 3) calls running is refused the next — a
+/// JSON-RPC error naming the setting, at once — while another token's call
+/// runs. Before, a call was counted only while its HTTP request was open:
+/// hanging up after each head gave one token any number of calls running,
+/// each queued at its Tool and holding its arguments, the fourth here among
+/// them (it ran, so its answer did not come within the read timeout).
+#[test]
+fn calls_whose_requests_hung_up_still_count_against_their_token() {
+    let dir = serve_dir_sleeping("max_requests_per_token = 3");
+    let (_server, port) = serve(dir.path());
+    let mine = session(port, TOKEN);
+    for id in 10..13 {
+        call_and_hang_up(port, TOKEN, &mine, "2025-11-25", id);
+    }
+    // The three handlers have taken their places.
+    std::thread::sleep(Duration::from_millis(500));
+    let sleep = serde_json::json!({"jsonrpc": "2.0", "id": 13, "method": "tools/call",
+        "params": {"name": "hostile.sleep", "arguments": {}}});
+    let started = Instant::now();
+    let (status, _, answer) = post(port, TOKEN, &in_session(&mine), &sleep);
+    assert_eq!(status, 200, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("max_requests_per_token") && message.contains("serve.auth[0]") && message.contains("running"),
+        "{answer}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5), "the refusal waited {:?}", started.elapsed());
+    // Any tool: the token's calls are what is counted.
+    let (status, answer) = call(port, TOKEN, &mine);
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer["error"]["message"].as_str().unwrap_or_default().contains("max_requests_per_token"), "{answer}");
+    // Another token of the same agent calls as ever.
+    let theirs = session(port, OTHER);
+    let (status, answer) = call(port, OTHER, &theirs);
+    assert_eq!((status, &answer["result"]["isError"]), (200, &serde_json::json!(false)), "{answer}");
+}
+
+/// A session's `tools/call` whose client hangs up before any event with an
+/// id reached it (2025-06-18: no priming event, so nothing to resume the
+/// stream from) is withdrawn: its guest stops, the journal says
+/// `cancelled`, and its token's place among calls in flight (here 1) comes
+/// back at once. Before, the call ran to its deadline (60 s here) with
+/// nobody to read its result.
+#[test]
+fn a_call_whose_client_hung_up_before_any_event_is_withdrawn() {
+    let dir = serve_dir_sleeping("max_requests_per_token = 1");
+    let (_server, port) = serve(dir.path());
+    let mine = session_of(port, TOKEN, "2025-06-18");
+    call_and_hang_up(port, TOKEN, &mine, "2025-06-18", 10);
+    let started = Instant::now();
+    let journal = loop {
+        let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+            .current_dir(dir.path())
+            .args(["--config", "toolgate.toml", "--json", "journal"])
+            .env("TOOLGATE_TEST_TOKEN", TOKEN)
+            .env("TOOLGATE_OTHER_TOKEN", OTHER)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if text.lines().any(|l| l.contains("hostile.sleep") && l.contains("cancelled")) {
+            break text;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the call of a client that hung up was not cancelled: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(started.elapsed() < Duration::from_secs(20), "{journal}");
+    let call = serde_json::json!({"jsonrpc": "2.0", "id": 11, "method": "tools/call",
+        "params": {"name": "notes", "arguments": {"op": "list"}}});
+    let (status, _, answer) = post(port, TOKEN, &in_session_of(&mine, "2025-06-18"), &call);
+    assert_eq!((status, &answer["result"]["isError"]), (200, &serde_json::json!(false)), "{answer}");
 }

@@ -19,7 +19,13 @@
 //! `[[serve.auth]]` entry at most `max_sessions_per_token` live sessions (a
 //! new one past it ends the entry's least recently used session with no
 //! request or stream open: clients commonly abandon sessions without a
-//! DELETE) and `max_requests_per_token` requests open (SSE streams included).
+//! DELETE) and `max_requests_per_token` requests open (SSE streams included)
+//! — and as many `tools/call`s running, counted where the call runs
+//! (`McpServer::call_place`): in a session rmcp runs a call until it answers
+//! or is cancelled, whatever became of its HTTP request. A session's request
+//! whose client hung up before it could resume the stream is cancelled
+//! ([`Withdraw`]); a withdrawn request's stream is kept [`WITHDRAWN_KEPT`]
+//! for a late resume, not rmcp's minute.
 //!
 //! A request is known by the `[[serve.auth]]` entry whose token it
 //! presented (`http token serve.auth[N]`, N counting from 0 in the config
@@ -158,7 +164,9 @@ pub(super) struct Opener {
 /// to sessions of 2025-11-25 and later: clients of earlier revisions (the
 /// Java and Go SDKs, older TypeScript ones) fail on an event with no data.
 pub(super) struct TokenSessions {
-    inner: LocalSessionManager,
+    /// Shared with each request stream ([`Tracked`]), which withdraws its
+    /// request when dropped before its client could resume it.
+    inner: Arc<LocalSessionManager>,
     /// Session → the digest of the token that opened it, its place in
     /// `live` (freed with the entry) and its activity.
     owners: Mutex<HashMap<SessionId, Owned>>,
@@ -244,6 +252,53 @@ struct Tracked<S> {
     inner: std::pin::Pin<Box<S>>,
     primed: bool,
     _open: Option<OpenStream>,
+    /// A request's stream (a POST's): withdrawn if dropped while armed.
+    withdraw: Option<Withdraw>,
+}
+
+/// The request a POST's SSE stream answers, withdrawn
+/// (`notifications/cancelled`, as if its client had sent it) when the
+/// stream is dropped — the client hung up — before it yielded any event
+/// with an id. rmcp runs a session's request until it answers or is
+/// cancelled, whatever became of the HTTP request that carried it: without
+/// this a client that hung up left its call running (its guest, its
+/// arguments held) with nobody to read the result. Disarmed once an event
+/// with an id went out (a priming event — 2025-11-25 sessions —, a message):
+/// from then the client can resume the stream with `Last-Event-ID`, so the
+/// call is left to finish (counted in its token's calls in flight, see
+/// `McpServer::call_tool`); and when the stream ends (the request answered).
+struct Withdraw {
+    sessions: Arc<LocalSessionManager>,
+    session: SessionId,
+    request: rmcp::model::RequestId,
+}
+
+impl Withdraw {
+    fn now(self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let Withdraw { sessions, session, request } = self;
+        runtime.spawn(async move {
+            let reason = "the client closed the HTTP request before any event of its response".to_owned();
+            let cancelled = rmcp::model::CancelledNotification::new(rmcp::model::CancelledNotificationParam::new(
+                Some(request),
+                Some(reason),
+            ));
+            let message =
+                ClientJsonRpcMessage::notification(rmcp::model::ClientNotification::CancelledNotification(cancelled));
+            // A session already ended has nothing left to withdraw.
+            if let Err(e) = sessions.accept_message(&session, message).await {
+                tracing::debug!("withdrawing a request of session {session}: {e}");
+            }
+        });
+    }
+}
+
+impl<S> Drop for Tracked<S> {
+    fn drop(&mut self) {
+        if let Some(withdraw) = self.withdraw.take() {
+            withdraw.now();
+        }
+    }
 }
 
 impl<S: Stream<Item = ServerSseMessage>> Stream for Tracked<S> {
@@ -257,7 +312,15 @@ impl<S: Stream<Item = ServerSseMessage>> Stream for Tracked<S> {
         loop {
             match this.inner.as_mut().poll_next(cx) {
                 std::task::Poll::Ready(Some(m)) if !this.primed && m.message.is_none() => continue,
-                other => return other,
+                other => {
+                    // An event the client can resume from, or the end.
+                    if matches!(&other, std::task::Poll::Ready(None))
+                        || matches!(&other, std::task::Poll::Ready(Some(m)) if m.event_id.is_some())
+                    {
+                        this.withdraw = None;
+                    }
+                    return other;
+                }
             }
         }
     }
@@ -278,6 +341,14 @@ pub(super) enum TokenSessionError {
 /// The retry a priming event names (rmcp's default).
 const SSE_RETRY: Duration = Duration::from_secs(3);
 
+/// How long rmcp keeps the stream of a request withdrawn by its client
+/// (`notifications/cancelled`, or [`Withdraw`]), with the events it cached
+/// (up to 16), for a late resume: long enough for a client reconnecting
+/// after [`SSE_RETRY`]. rmcp's default, 60 s, with no bound on how many,
+/// let one session hold a minute of every request it withdrew. (A request
+/// that was answered is forgotten by rmcp at once.)
+const WITHDRAWN_KEPT: Duration = Duration::from_secs(5);
+
 impl TokenSessions {
     pub(super) fn new(max: usize, idle: Duration) -> Self {
         let mut inner = LocalSessionManager::default();
@@ -286,7 +357,14 @@ impl TokenSessions {
         // Priming on request streams stays on (2025-11-25 sessions resume
         // with it); [`Tracked`] takes it out for earlier revisions.
         inner.session_config.sse_retry = Some(SSE_RETRY);
-        TokenSessions { inner, owners: Mutex::new(HashMap::new()), live: Counts::new(), max: max.max(1), idle }
+        inner.session_config.completed_cache_ttl = WITHDRAWN_KEPT;
+        TokenSessions {
+            inner: Arc::new(inner),
+            owners: Mutex::new(HashMap::new()),
+            live: Counts::new(),
+            max: max.max(1),
+            idle,
+        }
     }
 
     fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Owned>> {
@@ -350,6 +428,7 @@ impl TokenSessions {
             inner: Box::pin(stream),
             primed: activity.as_ref().is_some_and(|a| a.primed.load(Ordering::Relaxed)),
             _open: activity.map(OpenStream::new),
+            withdraw: None,
         }
     }
 
@@ -455,8 +534,15 @@ impl SessionManager for TokenSessions {
         if let Some(a) = self.activity(id) {
             a.touch();
         }
+        let request = match &message {
+            ClientJsonRpcMessage::Request(r) => Some(r.id.clone()),
+            _ => None,
+        };
         let stream = self.inner.create_stream(id, message).await?;
-        Ok(self.tracked(id, stream))
+        let mut tracked = self.tracked(id, stream);
+        tracked.withdraw =
+            request.map(|request| Withdraw { sessions: self.inner.clone(), session: id.clone(), request });
+        Ok(tracked)
     }
 
     async fn accept_message(&self, id: &SessionId, message: ClientJsonRpcMessage) -> Result<(), Self::Error> {
@@ -504,18 +590,18 @@ fn takes_priming(version: &ProtocolVersion) -> bool {
 /// How many of something each key holds open (requests per
 /// `[[serve.auth]]` entry, connections per [`peer_key`]), each place freed
 /// when its [`Slot`] is dropped.
-struct Counts<K> {
+pub(super) struct Counts<K> {
     open: Mutex<HashMap<K, usize>>,
 }
 
 impl<K: std::hash::Hash + Eq + Clone> Counts<K> {
-    fn new() -> Arc<Self> {
+    pub(super) fn new() -> Arc<Self> {
         Arc::new(Counts { open: Mutex::new(HashMap::new()) })
     }
 
     /// A place for `key` if it holds fewer than `max` (`always`: taken past
     /// the cap too).
-    fn take(self: &Arc<Self>, key: K, max: usize, always: bool) -> Option<Slot<K>> {
+    pub(super) fn take(self: &Arc<Self>, key: K, max: usize, always: bool) -> Option<Slot<K>> {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         let n = open.entry(key.clone()).or_insert(0);
         if *n >= max && !always {
@@ -527,7 +613,7 @@ impl<K: std::hash::Hash + Eq + Clone> Counts<K> {
 }
 
 /// A place in [`Counts`], freed when dropped.
-struct Slot<K: std::hash::Hash + Eq> {
+pub(super) struct Slot<K: std::hash::Hash + Eq> {
     counts: Arc<Counts<K>>,
     key: K,
 }
@@ -1016,7 +1102,18 @@ async fn serve_connections(
 
 #[cfg(test)]
 mod tests {
-    use super::{ProtocolVersion, bearer, not_offered, peer_key};
+    use super::{Duration, ProtocolVersion, SSE_RETRY, TokenSessions, WITHDRAWN_KEPT, bearer, not_offered, peer_key};
+
+    /// rmcp keeps a withdrawn request's stream and its cached events for a
+    /// late resume, 60 s by default and with no bound on how many: here
+    /// only a little longer than a client waits to reconnect.
+    #[test]
+    fn a_withdrawn_requests_stream_is_kept_only_long_enough_to_resume() {
+        let sessions = TokenSessions::new(4, Duration::from_secs(60));
+        let kept = sessions.inner.session_config.completed_cache_ttl;
+        assert_eq!(kept, WITHDRAWN_KEPT);
+        assert!(kept > SSE_RETRY && kept <= Duration::from_secs(10), "{kept:?}");
+    }
 
     /// rmcp refuses a revision it does not know, but lets through one it
     /// knows that the server does not offer — as it did 2025-03-26 in a

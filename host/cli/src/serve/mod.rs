@@ -24,8 +24,12 @@
 //! every client is answered that way and no answer is taken. List changes go
 //! out through `subscriptions/listen` (2026-07-28) or as
 //! `notifications/tools/list_changed` to initialized sessions. A withdrawn
-//! request (`notifications/cancelled`, a closed HTTP request) stops its
-//! guest and is journaled as `cancelled`. Each session — a stdio
+//! request (`notifications/cancelled`, a closed HTTP request — in a session,
+//! one closed before its client got an event id it could resume the stream
+//! from, see `http::Withdraw`) stops its guest and is journaled as
+//! `cancelled`. The calls each HTTP token has running are counted until they
+//! end, whether or not their request is still open, and refused past
+//! `[serve] max_requests_per_token` ([`McpServer::call_place`]). Each session — a stdio
 //! connection, an HTTP session, or on stateless 2026-07-28 HTTP each request
 //! (and the retries it asks for) — is its own run.
 //!
@@ -140,6 +144,9 @@ struct Shared {
     settings: ServeSettings,
     /// The names clients see for each agent's tools, per catalog generation.
     names: Mutex<HashMap<String, (u64, Arc<ToolNames>)>>,
+    /// `tools/call`s of each HTTP token (by [`BoundAgent::key`]) running,
+    /// each counted until its handler returns ([`McpServer::call_place`]).
+    calls: Arc<http::Counts<String>>,
 }
 
 struct Runtimes {
@@ -289,6 +296,7 @@ impl McpServer {
                 drain_deadline: std::sync::OnceLock::new(),
                 settings,
                 names: Mutex::new(HashMap::new()),
+                calls: http::Counts::new(),
             }),
             session: Session::new(),
         })
@@ -1085,7 +1093,43 @@ fn connection(context: &RequestContext<RoleServer>) -> &str {
     }
 }
 
+/// The JSON-RPC error code of a call refused past its token's cap (as the
+/// HTTP layer's refusals past `[serve]` caps).
+const OVER_CAP: rmcp::model::ErrorCode = rmcp::model::ErrorCode(-32000);
+
 impl McpServer {
+    /// A place among the calls in flight of the HTTP token a call came
+    /// with, held until the call's handler returns; refused past `[serve]
+    /// max_requests_per_token`. A call is counted where it runs, not by its
+    /// HTTP request: in a session rmcp runs a call until it answers or is
+    /// cancelled, whatever became of the request that carried it, so a
+    /// client that hung up after the response's head and posted again had,
+    /// with only its requests counted, any number of calls running — queued
+    /// at their Tool's slots ahead of every other agent's calls of it, each
+    /// holding its arguments. A stdio call (one local client) is not counted.
+    fn call_place(&self, context: &RequestContext<RoleServer>) -> Result<Option<http::Slot<String>>, ErrorData> {
+        let Some(bound) =
+            context.extensions.get::<::http::request::Parts>().and_then(|p| p.extensions.get::<BoundAgent>())
+        else {
+            return Ok(None);
+        };
+        let max = self.shared.config.serve.max_requests_per_token.max(1);
+        match self.shared.calls.take(bound.key.clone(), max, false) {
+            Some(place) => Ok(Some(place)),
+            None => Err(ErrorData::new(
+                OVER_CAP,
+                format!(
+                    "too many calls in flight: {} has {max} tools/call running, the most `[serve] \
+                     max_requests_per_token` allows (a call runs until it answers or is cancelled, even after \
+                     the HTTP request that carried it closed); wait for one to end, cancel one \
+                     (`notifications/cancelled`), or raise the setting",
+                    bound.principal
+                ),
+                None,
+            )),
+        }
+    }
+
     /// The tag of a request's asker in its stateless runs' ids: keyed, so
     /// the journal holds no plain digest of a token.
     fn asker_tag(&self, context: &RequestContext<RoleServer>) -> String {
@@ -1380,6 +1424,7 @@ impl ServerHandler for McpServer {
         let Some(_inflight) = received.or_else(|| self.shared.track()) else {
             return Err(ErrorData::internal_error("the server is shutting down", None));
         };
+        let _place = self.call_place(&context)?;
         // The client's W3C trace context (`_meta.traceparent`), when well-formed,
         // names the span the call's logs belong to.
         let trace = context.meta.get_traceparent().filter(|t| is_traceparent(t)).unwrap_or("");
