@@ -626,9 +626,16 @@ impl Runtime {
         match GateOutcome::from_verdict(verdict, &candidate, &call) {
             GateOutcome::Execute(allowed) => {
                 let _ = step.args.set(allowed.arguments_json().clone());
+                // As a fresh call: a slot first, then the state as it is
+                // then, the slot held to the commit. Nothing withdraws it.
+                let admitted = self.executor.admit(&allowed, std::future::pending()).await;
                 let state = Arc::new(self.store.tool_state(&r.agent, &call.tool_id).await?);
-                let exec = self.executor.execute(&allowed, state.clone()).await;
+                let (exec, slot) = match admitted {
+                    Ok(Some(slot)) => (slot.run(state.clone(), std::future::pending(), None).await, Some(slot)),
+                    other => (other.map(|_| Execution::cancelled()), None),
+                };
                 let result = step.finish(self, Some((ticket, approved_by, in_conversation)), exec, &state, false).await;
+                drop(slot);
                 // An approved Skill narrows its run: every `Run` of it looks again.
                 if let Ok(StepResult::Output { .. }) = &result
                     && snapshot.catalog().narrowing_skills().contains_key(&call.tool_id)
@@ -909,6 +916,19 @@ impl Run<'_> {
                 // again on the new state is indistinguishable from running once.
                 let pure = allowed.candidate().grant.has_no_effects();
                 tokio::pin!(cancel);
+                // A slot to run in first, then the state: read before the
+                // wait, it was as old as the queue was long, and calls queued
+                // behind a busy Tool ran on what the calls ahead replaced.
+                // The slot is held to the commit (the next call's read sees
+                // this one's change) and kept by a run again.
+                let slot = match rt.executor.admit(&allowed, cancel.as_mut()).await {
+                    Ok(Some(slot)) => slot,
+                    // Withdrawn while it waited, or its code cannot be loaded.
+                    other => {
+                        let exec = other.map(|_| Execution::cancelled());
+                        return step.finish(rt, None, exec, &BTreeMap::new(), false).await;
+                    }
+                };
                 let (mut attempt, mut left) = (1, None);
                 let result = loop {
                     let state = match rt.store.tool_state_now(snapshot.agent(), tool_id) {
@@ -916,7 +936,7 @@ impl Run<'_> {
                         None => rt.store.tool_state(snapshot.agent(), tool_id).await?,
                     };
                     let state = shared_state(state);
-                    let exec = rt.executor.execute_until(&allowed, state.clone(), cancel.as_mut(), left).await;
+                    let exec = slot.run(state.clone(), cancel.as_mut(), left).await;
                     // One deadline for the call's running, however often it
                     // runs: what this run left of it (waiting for a slot is
                     // not part of it). Each run had its own: 16 runs of a
@@ -928,6 +948,7 @@ impl Run<'_> {
                         other => break other?,
                     }
                 };
+                drop(slot);
                 Ok(result)
             }
             GateOutcome::Blocked { reason } => {

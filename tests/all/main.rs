@@ -28,6 +28,7 @@ macro_rules! each_lang {
 }
 
 // After the macro: modules see it by textual order.
+mod admission;
 mod approval;
 mod boundary;
 mod capabilities;

@@ -18,7 +18,7 @@
 //! directory or had an `env` grant — and then the guest's text quoted in
 //! its host records too.
 //!
-//! Architecture invariant: [`Executor::execute`] accepts only an
+//! Architecture invariant: [`Executor::admit`] (and [`Executor::execute`]) accept only an
 //! [`AllowedCall`], which only the gate builds from Allow. Nothing here
 //! decides permission, and no component is compiled or instantiated for a
 //! call the gate did not allow.
@@ -369,7 +369,7 @@ pub struct Execution {
 
 impl Execution {
     /// A call withdrawn before or while it ran.
-    fn cancelled() -> Self {
+    pub fn cancelled() -> Self {
         Execution {
             result: Err(ToolFailure::Cancelled),
             captured: Captured::default(),
@@ -861,63 +861,127 @@ impl Executor {
         Some(if certainly { FailsClosed::Certainly(why) } else { FailsClosed::Possibly(why) })
     }
 
-    /// Run an allowed call with the Tool's committed `state` visible read-only.
+    /// Run an allowed call with the Tool's committed `state` visible
+    /// read-only: [`Executor::admit`], then [`Slot::run`]. The runtime takes
+    /// the two steps itself, reading the state between them.
     pub async fn execute(
         &self,
         call: &AllowedCall<'_>,
         state: Arc<BTreeMap<String, String>>,
     ) -> Result<Execution, ExecutorError> {
-        self.execute_until(call, state, std::future::pending(), None).await
+        match self.admit(call, std::future::pending()).await? {
+            Some(slot) => slot.run(state, std::future::pending(), None).await,
+            None => Ok(Execution::cancelled()),
+        }
     }
 
-    /// [`Executor::execute`], stopped when `cancel` completes (the caller
-    /// withdrew the call): a guest not yet admitted never starts, a running
-    /// one is dropped at once (its slot freed), and the result is
+    /// A slot for `call` to run in: its component's code loaded (compiled
+    /// on its first call), then a slot of its Tool and one of the executor
+    /// (back-pressure: saturation queues calls instead of failing them).
+    /// Waiting is not part of the call's deadline (queueing is the host's
+    /// doing), and a call that waits holds no descriptor of its grants.
+    /// `None`: `cancel` completed first (the caller withdrew the call) and
+    /// nothing of it started. Read the Tool's state once the slot is taken:
+    /// read before, it is as old as the queue is long.
+    pub async fn admit<'a>(
+        &'a self,
+        call: &'a AllowedCall<'a>,
+        cancel: impl Future<Output = ()> + Send,
+    ) -> Result<Option<Slot<'a>>, ExecutorError> {
+        tokio::pin!(cancel);
+        let component = &call.candidate().installed.component;
+        let entry = self.entry(component.digest);
+        let code = if entry.optimized.get().is_some() {
+            // Borrowed from the entry when the call runs: a clone would be three reference counts per call.
+            Code::Ready(entry)
+        } else {
+            // Loading or compiling: boxed, so the future of every later call
+            // does not carry the space of a compile's. A call withdrawn
+            // while its code loads stops waiting for it. Before the slot:
+            // a compile holds no slot other Tools' calls wait for.
+            let (pre, baseline) = tokio::select! {
+                biased;
+                () = &mut cancel => return Ok(None),
+                r = Box::pin(self.prepare(&component.path, component.digest)) => r?,
+            };
+            Code::Loaded(pre, baseline)
+        };
+        let admitted = tokio::select! {
+            biased;
+            () = &mut cancel => return Ok(None),
+            admitted = self.admission.admit(&call.call().tool_id) => admitted,
+        };
+        Ok(Some(Slot { executor: self, call, code, _admitted: admitted }))
+    }
+}
+
+/// The code a [`Slot`]'s call runs.
+enum Code {
+    /// Cranelift's, in this entry (set once, never unset).
+    Ready(Arc<Prepared>),
+    /// Loaded for this call: Winch's, with the entry Cranelift's compile
+    /// fills once the call is over, or Cranelift's.
+    Loaded(Pre, Option<Arc<Prepared>>),
+}
+
+/// An allowed call admitted to run ([`Executor::admit`]): its slots (given
+/// back on drop) and its code. Running takes one, so no call runs without
+/// its slots; a call run again (its state changed under it) runs in the
+/// same slot, and its state is read again first.
+pub struct Slot<'a> {
+    executor: &'a Executor,
+    call: &'a AllowedCall<'a>,
+    code: Code,
+    _admitted: Admitted<'a>,
+}
+
+impl Slot<'_> {
+    /// Run the call with the Tool's committed `state` visible read-only,
+    /// stopped when `cancel` completes (the caller withdrew the call): a
+    /// running guest is dropped at once, and the result is
     /// [`ToolFailure::Cancelled`]. A call run again (its state changed under
     /// it) passes what its earlier runs left of its deadline as `within`:
     /// one deadline for the whole call's running, however often it runs
     /// (waiting for a slot is not part of it).
-    pub async fn execute_until(
+    pub async fn run(
         &self,
-        call: &AllowedCall<'_>,
+        state: Arc<BTreeMap<String, String>>,
+        cancel: impl Future<Output = ()> + Send,
+        within: Option<Duration>,
+    ) -> Result<Execution, ExecutorError> {
+        self.executor.run(self, state, cancel, within).await
+    }
+}
+
+impl Executor {
+    async fn run(
+        &self,
+        slot: &Slot<'_>,
         state: Arc<BTreeMap<String, String>>,
         cancel: impl Future<Output = ()> + Send,
         within: Option<Duration>,
     ) -> Result<Execution, ExecutorError> {
         tokio::pin!(cancel);
+        let call = slot.call;
         let component = &call.candidate().installed.component;
-        let entry = self.entry(component.digest);
-        let prepared;
-        let (pre, baseline) = match entry.optimized.get() {
-            // Borrowed from the entry: a clone would be three reference counts per call.
-            Some(pre) => (pre, None),
-            // Loading or compiling: boxed, so the future of every later call
-            // does not carry the space of a compile's.
-            None => {
-                // A call withdrawn while its code loads stops waiting for it.
-                let (pre, baseline) = tokio::select! {
-                    biased;
-                    () = &mut cancel => return Ok(Execution::cancelled()),
-                    r = Box::pin(self.prepare(&component.path, component.digest)) => r?,
-                };
-                prepared = pre;
-                (&prepared, baseline)
-            }
+        let (pre, baseline) = match &slot.code {
+            Code::Loaded(pre, baseline) => (pre, baseline.clone()),
+            Code::Ready(entry) => match entry.optimized.get() {
+                Some(pre) => (pre, None),
+                None => {
+                    return Err(ExecutorError::Load {
+                        path: component.path.clone(),
+                        reason: "its compiled code went missing (a bug)".into(),
+                    });
+                }
+            },
         };
-        // Cranelift's compile starts once this call is over: until then
+        // Cranelift's compile starts once this run is over: until then
         // the call has the CPU Winch saved it.
         let _optimize =
             OptimizeAfter { executor: self, entry: baseline, path: &component.path, digest: component.digest };
         let limits = &self.settings.limits;
         let grant = &call.candidate().grant;
-        // Wait for a slot (not part of the call's deadline: queueing is the
-        // host's doing) before anything of the call is opened: a call that
-        // waits holds no descriptor of its grants.
-        let _admitted = tokio::select! {
-            biased;
-            () = &mut cancel => return Ok(Execution::cancelled()),
-            admitted = self.admission.admit(&call.call().tool_id) => admitted,
-        };
         // Before any guest code (instantiation runs some): an idle ticker wakes.
         let _running = self.ticker.hold();
         let started = Instant::now();
