@@ -22,7 +22,10 @@ use toolgate_sdk::skill::{Resource, SkillData};
 
 use crate::mcp_import::ConfiguredSecrets;
 
-/// Largest total size of a Skill's files.
+/// Largest total size of a Skill's files. Packed as JSON, they must also fit
+/// a host's [`MAX_PINNED_BYTES`](toolgate::catalog::descriptor::MAX_PINNED_BYTES),
+/// twice this: text escapes to at most twice its bytes, but for control
+/// characters (`\u0001`), which [`pack`] refuses past that cap.
 pub const MAX_SKILL_BYTES: u64 = 4 << 20;
 
 /// Why a Skill cannot be packed. Messages name the file and field; the
@@ -512,6 +515,20 @@ mod tests {
     }
 
     const MD: &str = "---\nname: x\ndescription: d\n---\nbody\n";
+
+    /// A Skill at its own cap, of text with quotes and new lines (each
+    /// escaped in the JSON it is packed as), fits a host's pinned-data cap.
+    #[test]
+    fn a_skill_at_its_cap_fits_the_hosts_pinned_data_cap() {
+        let (_t, d) = folder("big", "---\nname: big\ndescription: A big one.\n---\n# Big\n");
+        std::fs::create_dir(d.join("references")).unwrap();
+        let line = "A \"quoted\" line\tof text.\n";
+        let text = line.repeat((MAX_SKILL_BYTES as usize - 4096) / line.len());
+        std::fs::write(d.join("references/text.md"), &text).unwrap();
+        let json = serde_json::to_vec_pretty(&read(&d).unwrap().pinned()).unwrap();
+        let cap = toolgate::catalog::descriptor::MAX_PINNED_BYTES;
+        assert!(json.len() > text.len() && json.len() <= cap, "{} bytes of JSON", json.len());
+    }
 
     /// What a case is, what it makes in the Skill folder, the path it names.
     type Case<'a> = (&'a str, &'a dyn Fn(&Path), &'a str);

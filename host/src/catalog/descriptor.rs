@@ -18,6 +18,15 @@ use wasmparser::{Chunk, Encoding, Parser, Payload};
 
 /// Largest metadata section accepted.
 pub const MAX_METADATA_BYTES: usize = 1 << 20;
+/// Largest pinned-data section accepted (a Skill's content, an MCP adapter's
+/// pinned configuration): the host holds it in every catalog generation and
+/// copies it to the component at every `pinned::data()` call, outside the
+/// guest's memory limit (before, up to the 256 MiB component cap: 4 GB for
+/// 16 concurrent calls). Twice a Skill's own cap, so a Skill of 4 MiB of
+/// text fits as the JSON `toolgate skill pack` writes; an MCP adapter's
+/// configuration is about the size of its metadata. `toolgate skill pack`
+/// and `toolgate mcp import` refuse more, as a host does.
+pub const MAX_PINNED_BYTES: usize = 8 << 20;
 /// Most Tools one component may export.
 pub const MAX_TOOLS_PER_COMPONENT: usize = 256;
 /// Longest Tool id.
@@ -116,6 +125,13 @@ pub enum DescriptorError {
         "{0} `{PINNED_SECTION}` sections; a component carries at most one, re-run `toolgate skill pack` or `toolgate mcp import`"
     )]
     DuplicatePinned(usize),
+    /// Pinned data too large.
+    #[error(
+        "`{PINNED_SECTION}` section is {0} bytes, more than the {mib} MiB allowed (it is copied to the component at every \
+         call); re-run `toolgate skill pack` or `toolgate mcp import` with less: a smaller Skill, fewer remote tools",
+        mib = MAX_PINNED_BYTES >> 20
+    )]
+    PinnedTooLarge(usize),
     /// Metadata too large.
     #[error("`{METADATA_SECTION}` section is {0} bytes, more than the {MAX_METADATA_BYTES} allowed")]
     MetadataTooLarge(usize),
@@ -229,7 +245,9 @@ pub fn read_metadata(bytes: &[u8]) -> Result<Vec<Arc<CheckedTool>>, DescriptorEr
 /// pinned data ([`read_pinned`]).
 pub fn read_component(bytes: &[u8]) -> Result<(Vec<Arc<CheckedTool>>, Vec<u8>), DescriptorError> {
     let scan = scan(bytes)?;
-    Ok((tools_of(&scan)?, pinned_of(&scan)?))
+    // The pinned data's size first: refused before any schema is compiled.
+    let pinned = pinned_of(&scan)?;
+    Ok((tools_of(&scan)?, pinned))
 }
 
 fn tools_of(scan: &Scan<'_>) -> Result<Vec<Arc<CheckedTool>>, DescriptorError> {
@@ -1863,6 +1881,7 @@ pub fn read_pinned(bytes: &[u8]) -> Result<Vec<u8>, DescriptorError> {
 fn pinned_of(scan: &Scan<'_>) -> Result<Vec<u8>, DescriptorError> {
     match scan.pinned.as_slice() {
         [] => Ok(Vec::new()),
+        [one] if one.len() > MAX_PINNED_BYTES => Err(DescriptorError::PinnedTooLarge(one.len())),
         [one] => Ok(one.to_vec()),
         many => Err(DescriptorError::DuplicatePinned(many.len())),
     }
@@ -1876,6 +1895,16 @@ pub fn embed_metadata(component: &[u8], doc: &ComponentMetadata) -> Result<Vec<u
         return Err(DescriptorError::MetadataTooLarge(json.len()));
     }
     embed_section(component, METADATA_SECTION, &json)
+}
+
+/// The component bytes with `data` as its one pinned-data section (replacing
+/// any earlier one), refused over [`MAX_PINNED_BYTES`] as a host would refuse
+/// it. Used by `toolgate skill pack` and `toolgate mcp import`.
+pub fn embed_pinned(component: &[u8], data: &[u8]) -> Result<Vec<u8>, DescriptorError> {
+    if data.len() > MAX_PINNED_BYTES {
+        return Err(DescriptorError::PinnedTooLarge(data.len()));
+    }
+    embed_section(component, PINNED_SECTION, data)
 }
 
 /// The component bytes with `data` as its one top-level custom section
@@ -2003,6 +2032,35 @@ mod tests {
         wasm_encoder::ComponentSection::append_to_component(&custom(PINNED_SECTION, b"other"), &mut twice);
         assert_eq!(read_component(&twice).unwrap_err(), DescriptorError::DuplicatePinned(2));
         assert!(DescriptorError::DuplicatePinned(2).to_string().contains("toolgate skill pack"));
+    }
+
+    /// The pinned section is handed to the component whole at every call,
+    /// a copy on the host outside the guest's memory limit, and held in every
+    /// catalog generation: over the cap it is refused at load, naming the
+    /// file and the cap, as oversized metadata is; at the cap it loads.
+    #[test]
+    fn a_pinned_section_over_the_cap_is_refused_at_load_naming_the_file_and_the_cap() {
+        const CAP: usize = MAX_PINNED_BYTES;
+        let dir = tempfile::tempdir().unwrap();
+        let with = |id: &str, len: usize| {
+            let meta = serde_json::to_vec(&doc(vec![tool(id)])).unwrap();
+            embed_section(&component_with(&[&meta], Some(TOOL_EXPORT)), PINNED_SECTION, &vec![b'x'; len]).unwrap()
+        };
+        std::fs::write(dir.path().join("at-cap.wasm"), with("t.at", CAP)).unwrap();
+        std::fs::write(dir.path().join("over.wasm"), with("t.over", CAP + 1)).unwrap();
+        let catalog = crate::catalog::Catalog::load(dir.path()).unwrap();
+        let [refused] = catalog.refused() else { panic!("{:?}", catalog.refused()) };
+        assert!(refused.path.ends_with("over.wasm"), "{refused:?}");
+        for words in [PINNED_SECTION, &format!("{} bytes", CAP + 1), "more than the 8 MiB", "toolgate skill pack"] {
+            assert!(refused.reason.contains(words), "{:?} lacks {words:?}", refused.reason);
+        }
+        assert!(catalog.get("t.over").is_none());
+        let Some(crate::catalog::Availability::Installed(at_cap)) = catalog.get("t.at") else { panic!("at the cap") };
+        assert_eq!(at_cap.component.pinned.len(), CAP);
+        // What packs it refuses the same.
+        let base = valid_component();
+        assert_eq!(read_pinned(&embed_pinned(&base, &vec![b'x'; CAP]).unwrap()).unwrap().len(), CAP);
+        assert_eq!(embed_pinned(&base, &vec![b'x'; CAP + 1]).unwrap_err(), DescriptorError::PinnedTooLarge(CAP + 1));
     }
 
     fn read_doc(doc: &Value) -> Result<Vec<Arc<CheckedTool>>, DescriptorError> {
