@@ -320,9 +320,14 @@ fn call(port: u16, token: &str, session: &str) -> (u16, serde_json::Value) {
 /// not authenticated — 401 with no token or a wrong one (an unknown path
 /// too), `/healthz` — says `Connection: close` and the server closes the
 /// connection. Connections it opens and leaves idle count against its
-/// address's cap (here 3): the fourth is answered 429 naming the setting.
-/// Before, each stayed open for the next request (keep-alive), so a
-/// request every < 30 s on each held a slot of `max_connections` for ever.
+/// address's cap (here 3) only until a connection that authenticates needs
+/// the place: a fourth connection is served, and the oldest idle one is
+/// closed for it; once every connection of the address has carried a valid
+/// token, the next is answered 429 naming the setting. Before, each stayed
+/// open for the next request (keep-alive), so a request every < 30 s on
+/// each held a slot of `max_connections` for ever; and until this change
+/// idle connections of anyone on the address (on loopback, any local user)
+/// had every authenticated client of it refused with 429.
 #[test]
 fn an_unauthenticated_client_cannot_hold_connections_past_its_address_cap() {
     let dir = serve_dir("max_connections_per_address = 3");
@@ -364,13 +369,27 @@ fn an_unauthenticated_client_cannot_hold_connections_past_its_address_cap() {
     }
     drop(reader);
     drop(kept);
-    // Three idle connections from one address; the fourth is refused and closed.
-    let held: Vec<TcpStream> = (0..3).map(|_| connect(port)).collect();
-    let mut fourth = connect(port);
-    let refused = until_closed(&mut fourth).expect("the connection past the address's cap was served");
+    // Its end seen by the server: the address holds none.
+    std::thread::sleep(Duration::from_millis(300));
+    // Three idle connections fill the address's cap; a client that
+    // authenticates is still served, the oldest idle connection closed for it.
+    let mut held: Vec<TcpStream> = (0..3).map(|_| connect(port)).collect();
+    let fourth = connect(port);
+    write!(&fourth, "{}", list_request()).unwrap();
+    let (h, body) = response(&mut std::io::BufReader::new(&fourth));
+    assert_eq!(status_of(&h), 200, "an authenticated client refused for idle connections: {h}{body}");
+    assert!(until_closed(&mut held[0]).is_some(), "the oldest idle connection was kept");
+    // Every connection of the address authenticated: the next is refused.
+    for s in &held[1..] {
+        write!(&*s, "{}", list_request()).unwrap();
+        let (h, body) = response(&mut std::io::BufReader::new(s));
+        assert_eq!(status_of(&h), 200, "{h}{body}");
+    }
+    let mut fifth = connect(port);
+    let refused = until_closed(&mut fifth).expect("the connection past the address's cap was served");
     assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
     assert!(refused.contains("max_connections_per_address"), "{refused}");
-    drop(held);
+    drop((held, fourth));
 }
 
 /// One token opening sessions past `[serve] max_sessions_per_token` (here
@@ -445,8 +464,9 @@ fn a_token_past_its_session_and_request_caps_is_refused_while_another_calls() {
     drop(streams);
 }
 
-/// A peer address past `[serve] max_connections_per_address` (here 2) is
-/// refused — 429 naming the setting, the connection closed — while the
+/// A peer address past `[serve] max_connections_per_address` (here 2),
+/// each of its connections authenticated (an idle one would be closed for
+/// the new one), is refused — 429 naming the setting, the connection closed — while the
 /// server goes on serving another address (127.0.0.2), and serves the
 /// first again once one of its connections ends. Before, one address could
 /// take every one of the `max_connections`.
@@ -454,7 +474,15 @@ fn a_token_past_its_session_and_request_caps_is_refused_while_another_calls() {
 fn a_peer_address_past_its_cap_is_refused_while_the_server_serves_others() {
     let dir = serve_dir("max_connections_per_address = 2");
     let (_server, port) = serve(dir.path());
-    let mut held: Vec<TcpStream> = (0..2).map(|_| connect(port)).collect();
+    let mut held: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let s = connect(port);
+            write!(&s, "{}", list_request()).unwrap();
+            let (h, body) = response(&mut std::io::BufReader::new(&s));
+            assert_eq!(status_of(&h), 200, "{h}{body}");
+            s
+        })
+        .collect();
     let mut third = connect(port);
     let refused = until_closed(&mut third).expect("a third connection from one address was served");
     assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");

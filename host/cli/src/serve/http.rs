@@ -15,7 +15,10 @@
 //!
 //! What one client can hold of what every agent shares is bounded: a
 //! connection stays open only after a request with a valid token; at most
-//! `[serve] max_connections_per_address` connections per peer; per
+//! `[serve] max_connections_per_address` connections per peer (past it, the
+//! peer's oldest connection that has carried no valid token is closed for
+//! the new one: idle connections of anyone on an address never lock out its
+//! authenticated clients); per
 //! `[[serve.auth]]` entry at most `max_sessions_per_token` live sessions (a
 //! new one past it ends the entry's least recently used session with no
 //! request or stream open: clients commonly abandon sessions without a
@@ -719,6 +722,11 @@ async fn authenticate(State(auth): State<Arc<Auth>>, request: Request, next: Nex
         }
         return response;
     };
+    // Its connection is a client's now: never closed for another one from
+    // its address ([`PerAddress::admit`]).
+    if let Some(OnConnection(connection)) = request.extensions().get::<OnConnection>() {
+        connection.authenticated.store(true, Ordering::Relaxed);
+    }
     let mut response = authenticated(&auth, request, next, digest, agent, entry).await;
     // The token was valid: the connection may carry its next request.
     response.extensions_mut().insert(Authenticated);
@@ -1024,6 +1032,58 @@ fn peer_key(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// A connection being served: whether it has carried a request with a
+/// valid token, and how to close it.
+struct Served {
+    authenticated: AtomicBool,
+    close: CancellationToken,
+}
+
+/// Put on each request of a connection, for [`authenticate`] to mark it.
+#[derive(Clone)]
+struct OnConnection(Arc<Served>);
+
+/// The connections served per peer ([`peer_key`]), oldest first.
+#[derive(Default)]
+struct PerAddress {
+    open: Mutex<HashMap<IpAddr, Vec<Arc<Served>>>>,
+}
+
+impl PerAddress {
+    /// A place for a new connection from `key`, at most `max` at once. At
+    /// the cap, the oldest connection that has not carried a request with a
+    /// valid token (idle, or sending its first headers) is closed to make
+    /// room; `None` — refused — only when every one has. Otherwise anyone
+    /// on the address (on loopback, every local user) holding `max` idle
+    /// connections, each renewed within `header_timeout_ms`, had every
+    /// authenticated client of that address refused.
+    fn admit(&self, key: IpAddr, max: usize) -> Option<Arc<Served>> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let here = open.entry(key).or_default();
+        if here.len() >= max.max(1) {
+            let oldest = here.iter().position(|c| !c.authenticated.load(Ordering::Relaxed))?;
+            let closed = here.remove(oldest);
+            closed.close.cancel();
+            tracing::debug!(
+                "closed a connection from {key} that sent no authenticated request, for a new one: `[serve] max_connections_per_address` reached"
+            );
+        }
+        let served = Arc::new(Served { authenticated: AtomicBool::new(false), close: CancellationToken::new() });
+        here.push(served.clone());
+        Some(served)
+    }
+
+    fn forget(&self, key: IpAddr, served: &Arc<Served>) {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(here) = open.get_mut(&key) {
+            here.retain(|c| !Arc::ptr_eq(c, served));
+            if here.is_empty() {
+                open.remove(&key);
+            }
+        }
+    }
+}
+
 /// The answer to a connection past its address's cap, written before its
 /// request is read (the connection is closed at once).
 fn too_many_from_address() -> String {
@@ -1041,8 +1101,10 @@ fn too_many_from_address() -> String {
 /// a byte at a time, held a task and a descriptor for ever — before
 /// authentication, which needs the headers), at most `caps.max` connections
 /// at once (more wait in the listen backlog), and at most `caps.per_address`
-/// of them from one peer, so that one client cannot take them all (more are
-/// answered 429 and closed).
+/// of them from one peer, so that one client cannot take them all: past it
+/// the peer's oldest connection with no authenticated request is closed
+/// ([`PerAddress::admit`]), and when every one has had one the new
+/// connection is answered 429 and closed.
 async fn serve_connections(
     listener: tokio::net::TcpListener,
     app: Router,
@@ -1051,7 +1113,7 @@ async fn serve_connections(
 ) -> hyper_util::server::graceful::GracefulShutdown {
     use hyper_util::rt::{TokioIo, TokioTimer};
     let slots = Arc::new(tokio::sync::Semaphore::new(caps.max.max(1)));
-    let per_address = Counts::new();
+    let per_address = Arc::new(PerAddress::default());
     let refused = too_many_from_address();
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(shutdown);
@@ -1075,7 +1137,8 @@ async fn serve_connections(
                 }
             },
         };
-        let Some(address_slot) = per_address.take(peer_key(peer.ip()), caps.per_address, false) else {
+        let key = peer_key(peer.ip());
+        let Some(served) = per_address.admit(key, caps.per_address) else {
             // Its global slot goes back at once; the answer fits the socket
             // buffer, so it never waits on the client.
             drop(slot);
@@ -1084,16 +1147,26 @@ async fn serve_connections(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let inner = hyper_util::service::TowerToHyperService::new(app.clone());
+        let mark = OnConnection(served.clone());
+        let service = hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+            request.extensions_mut().insert(mark.clone());
+            hyper::service::Service::call(&inner, request)
+        });
         let connection = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(caps.header_timeout)
             .serve_connection(TokioIo::new(stream), service);
         let connection = graceful.watch(connection);
+        let per_address = per_address.clone();
         tokio::spawn(async move {
-            let _ = connection.await;
+            tokio::select! {
+                _ = connection => {}
+                // Closed for a newer connection of its address: dropped.
+                () = served.close.cancelled() => {}
+            }
             drop(slot);
-            drop(address_slot);
+            per_address.forget(key, &served);
         });
     }
     drop(listener);
