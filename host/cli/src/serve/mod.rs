@@ -413,7 +413,17 @@ impl McpServer {
                 continue;
             }
             last = now;
-            match self.reload() {
+            // Reloading reads every plugin file (up to 256 MiB each), hashes
+            // it and compiles its schemas: on the blocking pool, so the async
+            // worker this task runs on keeps serving calls and connections.
+            let server = self.clone();
+            let reloaded = match tokio::task::spawn_blocking(move || server.reload()).await {
+                Ok(reloaded) => reloaded,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                // The runtime is shutting down.
+                Err(_) => return,
+            };
+            match reloaded {
                 Ok(()) => self.announce_list_changed().await,
                 Err(e) => tracing::warn!("plugin directory changed but cannot be reloaded: {e:#}"),
             }
