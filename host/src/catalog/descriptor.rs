@@ -50,6 +50,20 @@ pub const MAX_PATTERN_BYTES: usize = 256 << 10;
 /// far below it: an RFC 5322 address pattern takes ~7 KiB, a date 3 KiB;
 /// about thirty patterns at the bound of one fill it.
 pub const MAX_PATTERNS_BYTES: usize = 8 << 20;
+/// Most transitions, in bytes, the `regex` engine's lazy DFA may cache for
+/// one compiled pattern on one thread matching it (the engine's default is
+/// 2 MiB). The cache grows with what is matched, not with the pattern: a
+/// Tool's own output (up to `limits.output_kib`) is matched against its
+/// output schema's patterns, and each pattern keeps its caches while the
+/// component is loaded. Past it the cache is cleared and refilled, or the
+/// engine falls back to its NFA simulation: slower, still linear.
+pub const MAX_PATTERN_CACHE_BYTES: usize = 64 << 10;
+/// Most distinct patterns one metadata document may hold, in all its
+/// schemas: with [`MAX_PATTERN_CACHE_BYTES`] it bounds what matching can
+/// make their caches hold (64 MiB per thread matching at once), where
+/// [`MAX_PATTERNS_BYTES`] bounds only what compiling them holds (1 KiB
+/// patterns fit it 8,192 times). Real components hold a handful.
+pub const MAX_PATTERNS: usize = 1024;
 /// Most evaluations of subschemas that validating one value against a
 /// schema may cost — one node of an argument or output (the whole value, a
 /// member, an item) or one member name — summed over every subschema that
@@ -434,7 +448,9 @@ fn compile_schema(
     // `"٣"` fails `^\d$` here as in the client). Except `\b` and `\B`, left
     // as Rust's Unicode word boundary: beside a non-ASCII letter or digit
     // they differ (`é\b` matches `"éa"` in the client, not here).
-    let linear = jsonschema::PatternOptions::regex().size_limit(MAX_PATTERN_BYTES);
+    // The lazy DFA's cache bounded too: see MAX_PATTERN_CACHE_BYTES.
+    let linear =
+        jsonschema::PatternOptions::regex().size_limit(MAX_PATTERN_BYTES).dfa_size_limit(MAX_PATTERN_CACHE_BYTES);
     // `format` asserted in every draft, as the clients that receive the
     // listed schemas check it (the MCP TypeScript SDK: Ajv with
     // ajv-formats): jsonschema's default makes it an annotation from 2019-09
@@ -553,7 +569,7 @@ mod patterns {
     use regex_automata::meta;
     use serde_json::Value;
 
-    use super::{MAX_PATTERN_BYTES, MAX_PATTERNS_BYTES};
+    use super::{MAX_PATTERN_BYTES, MAX_PATTERNS, MAX_PATTERNS_BYTES};
 
     /// The least one distinct pattern counts for.
     pub(super) const MIN_CHARGE: usize = 1 << 10;
@@ -561,6 +577,9 @@ mod patterns {
     /// What is left of one metadata document's budget.
     pub(super) struct Budget {
         left: usize,
+        /// Distinct patterns charged so far (per schema, as each schema
+        /// compiles its own), against [`MAX_PATTERNS`].
+        patterns: usize,
     }
 
     /// A step from a value to one of its members, to name where a pattern is.
@@ -572,7 +591,7 @@ mod patterns {
 
     impl Budget {
         pub(super) fn new() -> Budget {
-            Budget { left: MAX_PATTERNS_BYTES }
+            Budget { left: MAX_PATTERNS_BYTES, patterns: 0 }
         }
 
         /// Charge every distinct pattern of `schema`, refusing the first
@@ -599,7 +618,13 @@ mod patterns {
                                 if !charged.insert(pattern) {
                                     continue;
                                 }
-                                let size = compiled_size(pattern);
+                                // Counted before compiling: past the count,
+                                // nothing more is compiled.
+                                self.patterns += 1;
+                                let size = match self.patterns > MAX_PATTERNS {
+                                    true => usize::MAX,
+                                    false => compiled_size(pattern),
+                                };
                                 if size > self.left {
                                     self.left = 0;
                                     let mut pointer = pointer(&steps, at);
@@ -609,7 +634,10 @@ mod patterns {
                                         pointer.push('/');
                                         pointer.push_str(&escape(pattern));
                                     }
-                                    return Err(refusal(pattern, &pointer, size));
+                                    return Err(match self.patterns > MAX_PATTERNS {
+                                        true => too_many(pattern, &pointer),
+                                        false => refusal(pattern, &pointer, size),
+                                    });
                                 }
                                 self.left -= size;
                             }
@@ -668,6 +696,17 @@ mod patterns {
 
     fn escape(key: &str) -> String {
         key.replace('~', "~0").replace('/', "~1")
+    }
+
+    fn too_many(pattern: &str, at: &str) -> String {
+        format!(
+            "pattern `{}` at `{}` is past the {MAX_PATTERNS} distinct patterns this component may hold in all its \
+             schemas (each is compiled at every load and keeps a match cache while the component is loaded); use \
+             fewer distinct patterns (a pattern that only bounds the length is better written as \
+             `minLength`/`maxLength`, a list of words as an `enum`)",
+            super::shown(pattern),
+            super::shown(at),
+        )
     }
 
     fn refusal(pattern: &str, at: &str, size: usize) -> String {
@@ -2891,6 +2930,32 @@ mod tests {
     /// counts toward one budget of compiled size, charged before jsonschema
     /// compiles any: one over it is refused naming the Tool, the schema,
     /// where, the budget and what to do, without compiling the rest.
+    #[test]
+    fn more_distinct_patterns_than_the_cap_are_refused_at_load_however_small() {
+        // 1,100 tiny patterns: well inside the compiled budget.
+        let many = |n: usize| {
+            let properties: serde_json::Map<String, Value> =
+                (0..n).map(|i| (format!("p{i}"), json!({"type": "string", "pattern": format!("^x{i}$")}))).collect();
+            json!({"type": "object", "properties": properties})
+        };
+        let DescriptorError::BadTool { id, problem } = tool_error(|t| {
+            t["descriptor"]["input_schema"] = many(MAX_PATTERNS + 76);
+            t["descriptor"]["primary_argument"] = Value::Null;
+        }) else {
+            panic!("expected BadTool")
+        };
+        assert_eq!(id, "t.x");
+        for words in ["input schema", "past the 1024 distinct patterns", "fewer distinct patterns", "at `/properties/p"]
+        {
+            assert!(problem.contains(words), "{problem:?} lacks {words:?}");
+        }
+        // At the cap, it loads.
+        let mut t = tool("t.a");
+        t["descriptor"]["input_schema"] = many(MAX_PATTERNS);
+        t["descriptor"]["primary_argument"] = Value::Null;
+        assert!(read_doc(&doc(vec![t])).is_ok());
+    }
+
     #[test]
     fn many_patterns_in_one_document_are_refused_at_load_by_their_compiled_size() {
         // ~265 KB each compiled, under the 256 KiB bound of one pattern.
