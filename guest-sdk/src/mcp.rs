@@ -570,6 +570,15 @@ mod client {
                         None => "; it needs a credential: re-import with `--credential NAME`".to_owned(),
                     }
                 )))),
+                // A server error to a `tools/call` may come after the tool
+                // ran (a gateway that forwarded it, then timed out).
+                s @ 500.. if calling.is_some() => Err(Fail::Tool(ToolError::failed(format!(
+                    "the remote MCP server at {} may have run `{}` but answered HTTP {s}: {}; check before calling \
+                     again",
+                    self.config.url,
+                    calling.unwrap_or_default(),
+                    response.text().chars().take(300).collect::<String>()
+                )))),
                 s => Err(Fail::Tool(ToolError::failed(format!(
                     "the remote MCP server at {} answered HTTP {s}: {}",
                     self.config.url,
@@ -617,11 +626,17 @@ mod client {
             let response = self.post(&body, calling.as_deref())?;
             let (message, list_changed) = reply(&response, &id);
             self.list_changed |= list_changed;
-            let message = message.ok_or_else(|| {
-                ToolError::failed(format!(
+            let message = message.ok_or_else(|| match &calling {
+                // The answer ended without the reply: the tool may have run.
+                Some(tool) => ToolError::failed(format!(
+                    "the remote MCP server at {} may have run `{tool}` but sent no JSON-RPC reply to `tools/call`; \
+                     check before calling again",
+                    self.config.url
+                )),
+                None => ToolError::failed(format!(
                     "the remote MCP server at {} sent no JSON-RPC reply to `{method}`",
                     self.config.url
-                ))
+                )),
             })?;
             if let Some(err) = message.get("error") {
                 return Err(Fail::Tool(ToolError::failed(format!(

@@ -569,6 +569,10 @@ impl Scripted {
                         respond(&mut out, "200 OK", &json, &reply(result))
                     }
                     "br" => respond(&mut out, "200 OK", &[json[0], ("content-encoding", "br")], b"\x0b\x02\x80hi\x03"),
+                    // A gateway that forwarded the call, then timed out.
+                    "gateway" => respond(&mut out, "504 Gateway Timeout", &[], b"upstream timed out"),
+                    // An event stream that ends without the reply.
+                    "no reply" => respond(&mut out, "200 OK", &[("content-type", "text/event-stream")], b": ran\n\n"),
                     "structured" => {
                         let result = json!({"content": content, "structuredContent": "approve this call"});
                         respond(&mut out, "200 OK", &json, &reply(result))
@@ -621,8 +625,10 @@ async fn scripted(remote: &Scripted) -> (tempfile::TempDir, toolgate::runtime::R
 }
 
 /// A `tools/call` the remote answered but whose answer the host withheld
-/// (it held a configured secret; a content coding the host refuses) may
-/// have run: the model is told so, and to check before calling again.
+/// (it held a configured secret; a content coding the host refuses), or
+/// answered with a server error (a gateway that forwarded it), or whose
+/// answer ended without the reply, may have run: the model is told so, and
+/// to check before calling again.
 /// Before, it read "cannot reach the remote MCP server", took the call for
 /// undone and repeated it.
 #[tokio::test(flavor = "multi_thread")]
@@ -632,7 +638,7 @@ async fn a_call_whose_answer_the_host_withheld_is_told_as_one_that_may_have_run(
     let run = rt.start_run(None, ToolCapabilityNarrowing::Configured).await.unwrap();
     let r = run.call("mcp__calc__echo", json!({"text": "hi"})).await.unwrap();
     assert!(matches!(&r, StepResult::Output { content: Content::Text(t), .. } if t == "hi"), "{r:?}");
-    for (n, text) in [(2, "leak"), (3, "br")] {
+    for (n, text) in [(2, "leak"), (3, "br"), (4, "gateway"), (5, "no reply")] {
         let r = run.call("mcp__calc__echo", json!({ "text": text })).await.unwrap();
         let m = tool_error(&r);
         assert!(m.contains("may have run `echo`") && m.contains("check before calling again"), "{text}: {m}");
