@@ -322,7 +322,7 @@ impl ConfiguredSecrets {
 
     /// A scanner for every secret that was read (also what a Skill's pack
     /// checks its content against).
-    pub(crate) fn scanner(&self) -> toolgate::sandbox::scan::SecretScanner {
+    pub fn scanner(&self) -> toolgate::sandbox::scan::SecretScanner {
         toolgate::sandbox::scan::SecretScanner::new(&self.values)
     }
 }

@@ -14,6 +14,7 @@ use toolgate::store::StepStore;
 use toolgate::{Catalog, Config, ExecutableAgentSnapshot, Runtime, ToolCapabilityNarrowing};
 
 mod approve;
+mod log;
 mod serve;
 
 /// mimalloc, not the system allocator: compiling a component allocates per
@@ -250,10 +251,12 @@ fn main() -> ExitCode {
     if let Ok(quiet) = "rmcp::transport::streamable_http_client=off".parse() {
         filter = filter.add_directive(quiet);
     }
+    // Every record through one sink that escapes what it holds and withholds
+    // a configured secret (`log`); no colors, as their escapes would be escaped.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(log::Sink)
+        .with_ansi(false)
         .without_time()
         .with_target(false)
         .init();
@@ -361,8 +364,16 @@ struct Host {
     runtime: Runtime,
 }
 
+/// The config at `path`; from now on what is logged is checked for every
+/// secret it names (`log`).
+fn load_config(path: &Path) -> Result<Config, toolgate::config::ConfigError> {
+    let config = Config::load(path)?;
+    log::watch(&config);
+    Ok(config)
+}
+
 async fn open_host(cli: &Cli) -> Result<Host> {
-    open_host_with(Config::load(&cli.config)?, &cli.agent).await
+    open_host_with(load_config(&cli.config)?, &cli.agent).await
 }
 
 async fn open_host_with(config: Config, agent: &str) -> Result<Host> {
@@ -396,7 +407,7 @@ async fn dispatch(cli: Cli) -> Result<u8> {
         }
         Command::Build => {
             let (name, bytes) = toolgate_author::scaffold::build(Path::new("."))?;
-            let config = Config::load(&cli.config)?;
+            let config = load_config(&cli.config)?;
             std::fs::create_dir_all(&config.plugins)
                 .with_context(|| format!("cannot create {}", config.plugins.display()))?;
             let output = config.plugins.join(format!("{name}.wasm"));
@@ -411,7 +422,7 @@ async fn dispatch(cli: Cli) -> Result<u8> {
         Command::Inspect { file } => inspect(file, cli.json),
         Command::List { all } => {
             // Listing reads metadata only: no engine, no journal.
-            let config = Config::load(&cli.config)?;
+            let config = load_config(&cli.config)?;
             let catalog = Arc::new(toolgate::host::catalog(&config)?);
             let snapshot = ExecutableAgentSnapshot::build(&config, &cli.agent, catalog)?;
             list(&config, &snapshot, *all, cli.json)
@@ -422,7 +433,7 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             if let Some(id) = run.as_deref() {
                 check_run_id(id)?;
             }
-            let config = Config::load(&cli.config)?;
+            let config = load_config(&cli.config)?;
             let arguments = call_arguments(args, &config)?;
             let host = open_host_with(config, &cli.agent).await?;
             let narrowing =
@@ -525,7 +536,7 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             Ok(exit::OUTPUT)
         }
         Command::Lock => {
-            let config = Config::load(&cli.config)?;
+            let config = load_config(&cli.config)?;
             // Read without the old lock: the operator is accepting what is there now
             // (never a component a Tool could have changed).
             let writable = config.writable();
@@ -569,7 +580,7 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             Ok(exit::OUTPUT)
         }
         Command::Serve { http } => {
-            let config = Config::load(&cli.config)?;
+            let config = load_config(&cli.config)?;
             let settings = serve::ServeSettings::new(std::time::Duration::from_millis(config.serve.grace_ms));
             match http {
                 None => {
@@ -604,7 +615,7 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             Ok(exit::OUTPUT)
         }
         Command::Journal { run, awaiting: false, .. } => {
-            let config = Config::load(&cli.config)?;
+            let config = load_config(&cli.config)?;
             // Listing changes nothing: an SQLite journal is opened read-only
             // (never created, migrated or switched to WAL).
             let store: Arc<dyn StepStore> = match &config.store {
@@ -862,7 +873,7 @@ fn configured_secrets(
         );
         return Ok((None, ConfiguredSecrets::none()));
     }
-    let config = Config::load(path)?;
+    let config = load_config(path)?;
     // Every secret the config names (the host's own too: serve tokens,
     // state key, PostgreSQL password), as the host's checks watch them.
     let watched = config.watched();

@@ -1376,3 +1376,35 @@ fn a_missing_plugin_directory_is_a_configuration_error() {
         assert!(text(&out.stderr).contains("plugins"), "{}", text(&out.stderr));
     }
 }
+
+/// What the libraries toolgate runs log goes through the same check as
+/// toolgate's own words: rmcp logs a failed request with its URL, which for
+/// `mcp import` with a query credential holds the secret. Whatever
+/// `TOOLGATE_LOG` asks for, stderr never holds it.
+#[test]
+fn mcp_import_logs_never_hold_a_query_credential() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let secret = "qk-7Hd92mXq4Lp0Zt8Wv3Nc";
+    std::fs::write(d.join("remote.secret"), secret).unwrap();
+    std::fs::set_permissions(d.join("remote.secret"), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    std::fs::write(
+        d.join("toolgate.toml"),
+        "plugins = \"plugins\"\nstore = \"journal.db\"\ncache = \"cache\"\n[credentials.remote]\nsource = { file = \
+         \"remote.secret\" }\ndestinations = [\"http://127.0.0.1:1\"]\napply = { query = { param = \"api_key\" } }\n",
+    )
+    .unwrap();
+    for log in ["warn", "debug", "rmcp=trace"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+            .current_dir(d)
+            .env("TOOLGATE_LOG", log)
+            .args(["mcp", "import", "http://127.0.0.1:1/mcp", "--name", "s", "--credential", "remote", "-o", "x.wasm"])
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{log}: {err}");
+        assert!(err.contains("127.0.0.1:1"), "{log}: the failure is reported: {err}");
+        assert_no_secret(log, &out.stderr, secret);
+        assert_no_secret(log, &out.stderr, "qk%2D7Hd92mXq4Lp0Zt8Wv3Nc");
+    }
+}
