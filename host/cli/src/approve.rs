@@ -236,7 +236,7 @@ pub async fn decide(
 /// digest is still the stored call's).
 pub async fn list_pending(
     config: &Config,
-    runtime: &Runtime,
+    store: &dyn toolgate::store::StepStore,
     key: Option<&Path>,
     secrets: &crate::Withhold,
     as_json: bool,
@@ -251,7 +251,7 @@ pub async fn list_pending(
         }
         None => (config.approvers.is_empty() && on_terminal()).then_some(None),
     };
-    let pending = runtime.store().pending().await?;
+    let pending = store.pending().await?;
     for a in &pending {
         let ticket = approver.as_ref().filter(|p| asked_of(a, p.as_deref())).map(|_| a.ticket_id.as_str());
         let digest = a.call_digest().hex();

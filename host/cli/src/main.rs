@@ -609,33 +609,38 @@ async fn dispatch(cli: Cli) -> Result<u8> {
                     "`--run` and `--awaiting` do not go together; list pending requests with `--awaiting` alone"
                 );
             }
-            let host = open_host(&cli).await?;
-            let secrets = Withhold::configured(&host.config);
-            approve::list_pending(&host.config, &host.runtime, key.as_deref(), &secrets, cli.json).await?;
+            // A listing: the journal opened as `journal` opens it, no host started.
+            let config = load_config(&cli.config)?;
+            let store = journal_to_list(&config).await?;
+            let secrets = Withhold::configured(&config);
+            approve::list_pending(&config, store.as_ref(), key.as_deref(), &secrets, cli.json).await?;
             Ok(exit::OUTPUT)
         }
         Command::Journal { run, awaiting: false, .. } => {
             let config = load_config(&cli.config)?;
-            // Listing changes nothing: an SQLite journal is opened read-only
-            // (never created, migrated or switched to WAL).
-            let store: Arc<dyn StepStore> = match &config.store {
-                toolgate::config::StoreLocation::Sqlite(path) => {
-                    if !path.exists() {
-                        anyhow::bail!(
-                            "no journal at {}: nothing has been journaled with this config (a `toolgate call` or \
-                             `toolgate serve` writes it); pass the config of the host whose journal to show with \
-                             --config FILE",
-                            path.display()
-                        );
-                    }
-                    Arc::new(toolgate::SqliteJournal::open_read_only(path)?)
-                }
-                _ => toolgate::host::store(&config).await?,
-            };
+            let store = journal_to_list(&config).await?;
             let secrets = Withhold::configured(&config);
             journal(store.as_ref(), run.as_deref(), &secrets, cli.json).await
         }
     }
+}
+
+/// The journal of `config`, to list: listing changes nothing, so an SQLite
+/// journal is opened read-only (never created, migrated or switched to WAL).
+async fn journal_to_list(config: &Config) -> Result<Arc<dyn StepStore>> {
+    Ok(match &config.store {
+        toolgate::config::StoreLocation::Sqlite(path) => {
+            if !path.exists() {
+                anyhow::bail!(
+                    "no journal at {}: nothing has been journaled with this config (a `toolgate call` or `toolgate \
+                     serve` writes it); pass the config of the host whose journal to show with --config FILE",
+                    path.display()
+                );
+            }
+            Arc::new(toolgate::SqliteJournal::open_read_only(path)?)
+        }
+        _ => toolgate::host::store(config).await?,
+    })
 }
 
 /// How waiting for an approver ended.

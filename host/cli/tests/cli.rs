@@ -1408,3 +1408,50 @@ fn mcp_import_logs_never_hold_a_query_credential() {
         assert_no_secret(log, &out.stderr, "qk%2D7Hd92mXq4Lp0Zt8Wv3Nc");
     }
 }
+
+/// Listing the journal — all of it, or what awaits an approver — changes
+/// nothing: a journal that does not exist is not created (the command says
+/// so), and an existing one is opened read-only, no host started. Before,
+/// `journal --awaiting` opened the whole host, which created, migrated and
+/// wrote the journal.
+#[test]
+fn listing_the_journal_never_creates_or_writes_it() {
+    let dir = setup();
+    let d = dir.path();
+    for args in [&["journal"][..], &["journal", "--awaiting"]] {
+        let out = tg(d, args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains("no journal at") && err.contains("--config FILE"), "{args:?}: {err}");
+        assert!(!d.join("journal.db").exists(), "{args:?} created the journal");
+    }
+    let out = tg(d, &["call", "text.upper", "--args", r#"{"text":"hi"}"#]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let files = |d: &Path| {
+        let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(d)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("journal.db"))
+            .map(|n| (n.clone(), std::fs::read(d.join(&n)).unwrap()))
+            .collect();
+        v.sort();
+        v
+    };
+    let before = files(d);
+    for args in [&["journal"][..], &["journal", "--awaiting"]] {
+        let out = tg(d, args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", text(&out.stderr));
+        // SQLite's read-only reader of a WAL journal may leave its shared-memory
+        // index and an empty log beside it; the journal itself is unchanged.
+        let after = files(d);
+        let names = |v: &[(String, Vec<u8>)]| v.iter().map(|(n, b)| format!("{n} {}", b.len())).collect::<Vec<_>>();
+        let main = |v: &[(String, Vec<u8>)]| v.iter().find(|(n, _)| n == "journal.db").map(|(_, b)| b.clone());
+        assert!(main(&after) == main(&before), "{args:?} changed the journal: {:?}", names(&after));
+        assert!(
+            after.iter().all(|(n, b)| n != "journal.db-wal" || b.is_empty()),
+            "{args:?} wrote: {:?}",
+            names(&after)
+        );
+    }
+}
