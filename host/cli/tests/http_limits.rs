@@ -372,8 +372,11 @@ fn an_unauthenticated_client_cannot_hold_connections_past_its_address_cap() {
     // Its end seen by the server: the address holds none.
     std::thread::sleep(Duration::from_millis(300));
     // Three idle connections fill the address's cap; a client that
-    // authenticates is still served, the oldest idle connection closed for it.
+    // authenticates is still served, the oldest idle connection closed for it
+    // — once the idle ones had a second to send headers (a connection still
+    // sending its first is never closed for a newer one).
     let mut held: Vec<TcpStream> = (0..3).map(|_| connect(port)).collect();
+    std::thread::sleep(Duration::from_millis(1200));
     let fourth = connect(port);
     write!(&fourth, "{}", list_request()).unwrap();
     let (h, body) = response(&mut std::io::BufReader::new(&fourth));

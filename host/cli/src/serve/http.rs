@@ -1037,7 +1037,16 @@ fn peer_key(ip: IpAddr) -> IpAddr {
 struct Served {
     authenticated: AtomicBool,
     close: CancellationToken,
+    /// When it was accepted: a connection younger than [`EVICTABLE_AFTER`]
+    /// is never closed for a newer one.
+    opened: std::time::Instant,
 }
+
+/// How long a new connection has to send its first request's headers before
+/// a newer connection from its address may take its place at the cap:
+/// without it, a peer opening connections in a loop made each new one the
+/// oldest unauthenticated connection, closed before its headers were read.
+const EVICTABLE_AFTER: Duration = Duration::from_secs(1);
 
 /// Put on each request of a connection, for [`authenticate`] to mark it.
 #[derive(Clone)]
@@ -1057,18 +1066,25 @@ impl PerAddress {
     /// on the address (on loopback, every local user) holding `max` idle
     /// connections, each renewed within `header_timeout_ms`, had every
     /// authenticated client of that address refused.
-    fn admit(&self, key: IpAddr, max: usize) -> Option<Arc<Served>> {
+    ///
+    /// Only a connection open for [`EVICTABLE_AFTER`] is closed: a peer
+    /// opening connections in a loop gets its own newest ones refused, never
+    /// another client's still sending its headers.
+    fn admit(&self, key: IpAddr, max: usize, now: std::time::Instant) -> Option<Arc<Served>> {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         let here = open.entry(key).or_default();
         if here.len() >= max.max(1) {
-            let oldest = here.iter().position(|c| !c.authenticated.load(Ordering::Relaxed))?;
+            let oldest = here.iter().position(|c| {
+                !c.authenticated.load(Ordering::Relaxed) && now.saturating_duration_since(c.opened) >= EVICTABLE_AFTER
+            })?;
             let closed = here.remove(oldest);
             closed.close.cancel();
             tracing::debug!(
                 "closed a connection from {key} that sent no authenticated request, for a new one: `[serve] max_connections_per_address` reached"
             );
         }
-        let served = Arc::new(Served { authenticated: AtomicBool::new(false), close: CancellationToken::new() });
+        let served =
+            Arc::new(Served { authenticated: AtomicBool::new(false), close: CancellationToken::new(), opened: now });
         here.push(served.clone());
         Some(served)
     }
@@ -1081,6 +1097,20 @@ impl PerAddress {
                 open.remove(&key);
             }
         }
+    }
+}
+
+/// A connection's global slot and its place among its address's.
+struct Place {
+    per_address: Arc<PerAddress>,
+    key: IpAddr,
+    served: Arc<Served>,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.per_address.forget(self.key, &self.served);
     }
 }
 
@@ -1138,7 +1168,7 @@ async fn serve_connections(
             },
         };
         let key = peer_key(peer.ip());
-        let Some(served) = per_address.admit(key, caps.per_address) else {
+        let Some(served) = per_address.admit(key, caps.per_address, std::time::Instant::now()) else {
             // Its global slot goes back at once; the answer fits the socket
             // buffer, so it never waits on the client.
             drop(slot);
@@ -1158,15 +1188,15 @@ async fn serve_connections(
             .header_read_timeout(caps.header_timeout)
             .serve_connection(TokioIo::new(stream), service);
         let connection = graceful.watch(connection);
-        let per_address = per_address.clone();
+        // Its places go back however the task ends, a panic included.
+        let place = Place { per_address: per_address.clone(), key, served: served.clone(), _slot: slot };
         tokio::spawn(async move {
             tokio::select! {
                 _ = connection => {}
                 // Closed for a newer connection of its address: dropped.
                 () = served.close.cancelled() => {}
             }
-            drop(slot);
-            per_address.forget(key, &served);
+            drop(place);
         });
     }
     drop(listener);
@@ -1176,6 +1206,32 @@ async fn serve_connections(
 #[cfg(test)]
 mod tests {
     use super::{Duration, ProtocolVersion, SSE_RETRY, TokenSessions, WITHDRAWN_KEPT, bearer, not_offered, peer_key};
+
+    /// At its address's cap a new connection takes the place of the oldest
+    /// one that sent no authenticated request — only once that one had
+    /// [`super::EVICTABLE_AFTER`] to send its headers: a peer opening
+    /// connections in a loop is refused its newest, and cannot close a
+    /// client's connection before the client's first request is read.
+    #[test]
+    fn a_connection_still_sending_its_first_headers_is_never_closed_for_a_newer_one() {
+        use std::sync::atomic::Ordering;
+        let per_address = super::PerAddress::default();
+        let key: std::net::IpAddr = [127, 0, 0, 1].into();
+        let t0 = std::time::Instant::now();
+        let client = per_address.admit(key, 2, t0).unwrap();
+        let flood = per_address.admit(key, 2, t0).unwrap();
+        // Both just opened: the newcomer is refused, neither is closed.
+        assert!(per_address.admit(key, 2, t0 + Duration::from_millis(100)).is_none());
+        assert!(!client.close.is_cancelled() && !flood.close.is_cancelled());
+        // Later, the client has authenticated: the flood's old connection goes.
+        client.authenticated.store(true, Ordering::Relaxed);
+        let later = t0 + super::EVICTABLE_AFTER;
+        let newer = per_address.admit(key, 2, later).unwrap();
+        assert!(flood.close.is_cancelled() && !client.close.is_cancelled());
+        // The newer one is young and the client authenticated: refused.
+        assert!(per_address.admit(key, 2, later).is_none() && !newer.close.is_cancelled());
+        per_address.forget(key, &flood);
+    }
 
     /// rmcp keeps a withdrawn request's stream and its cached events for a
     /// late resume, 60 s by default and with no bound on how many: here
