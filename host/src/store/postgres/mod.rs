@@ -34,7 +34,16 @@
 //! mid-transaction or a dead server fails commits with an error naming the
 //! limit, not stalls them; waiting
 //! for a pooled connection, for the committer and for one group's commit are
-//! bounded too.
+//! bounded too. None of that ends a wait on a server that hangs while its
+//! TCP stack still answers (a stopped postmaster, a frozen VM whose kernel
+//! still acknowledges, a proxy that black-holes the stream): it runs no
+//! `statement_timeout`, and keepalives succeed. So every operation — a
+//! read, a page of a listing, a group commit with its attempts, a migration
+//! — is also bounded on this host's clock ([`DEADLINE`], [`Db::bounded`]):
+//! past it the operation fails naming the limit, and the connection it used
+//! is closed, never back in the pool ([`Conn`]); a write whose COMMIT was
+//! sent is reported unknown, never failed. Only an index build
+//! ([`build_indexes`]) runs as long as it takes.
 //!
 //! Times that decide between hosts — claims, heartbeats, take-over, expiry —
 //! are the server's: a host's clock reading (`now`) is translated by that
@@ -115,9 +124,14 @@ const TCP_USER_TIMEOUT: Duration = Duration::from_secs(30);
 /// Waiting for a free connection of the pool.
 const POOL_WAIT: Duration = Duration::from_secs(10);
 
-/// One group commit, every attempt included; past it the group's callers
-/// are answered with an error.
-const COMMIT_DEADLINE: Duration = Duration::from_secs(60);
+/// The journal's limit for one operation, on this host's clock, whatever
+/// the server's settings: a read (the pooled connection, its statements,
+/// its COMMIT), a page of a listing, one group commit with every attempt
+/// (past it the group's callers are answered with an error). Only this
+/// ends the wait on a server that hangs while its TCP stack still answers;
+/// comfortably above `statement_timeout` ([`SESSION_SETTINGS`]), which a
+/// role may raise for statements, not past this.
+const DEADLINE: Duration = Duration::from_secs(60);
 
 /// Waiting for the server process of a group's lost attempt to end (it is
 /// terminated first) before the group is committed again.
@@ -131,6 +145,11 @@ const PAGE: i64 = 5000;
 /// queue behind them while they wait); then the migration is tried again.
 const MIGRATION_LOCK_WAIT: &str = "2s";
 const MIGRATION_ATTEMPTS: u32 = 30;
+
+/// A host starting waits this long for another host's migration (its
+/// advisory lock) before it fails; one attempt at the migrations is
+/// bounded by this and [`DEADLINE`] together.
+const MIGRATION_TURN: Duration = Duration::from_secs(600);
 
 /// A write waiting in the queue for a committer; past it the write is
 /// taken out of the queue, not written, and its caller told so.
@@ -165,12 +184,44 @@ pub struct PostgresJournal {
     skew: i64,
 }
 
-/// The pool, and what each toolgate transaction on it runs first
-/// ([`setup_sql`]).
+/// The pool, what each toolgate transaction on it runs first
+/// ([`setup_sql`]), and the limit of one operation ([`DEADLINE`]; lower in
+/// tests).
 #[derive(Clone)]
 struct Db {
     pool: Pool,
     setup: Arc<str>,
+    deadline: Duration,
+}
+
+impl Db {
+    /// `op` — taking a connection, its statements, its COMMIT — within the
+    /// journal's limit for one operation ([`within`]).
+    async fn bounded<T, E: Into<Fail>>(&self, op: impl Future<Output = Result<T, E>>) -> R<T> {
+        within(self.deadline, "the journal's limit for one operation", op).await
+    }
+}
+
+/// `op` within `limit` (`what` names it in the error), on this host's
+/// clock. Past it `op` is dropped, and with it the connection it used,
+/// closed, never back in the pool ([`Conn`]): what it sent may still be
+/// pending on the server.
+async fn within<T, E: Into<Fail>>(limit: Duration, what: &str, op: impl Future<Output = Result<T, E>>) -> R<T> {
+    match tokio::time::timeout(limit, op).await {
+        Ok(r) => r.map_err(Into::into),
+        Err(_) => Err(no_answer(limit, what)),
+    }
+}
+
+/// No answer within `limit`: the server hangs (with its TCP stack still
+/// answering, or nothing would have noticed before) or the network drops
+/// what is sent.
+fn no_answer(limit: Duration, what: &str) -> Fail {
+    Fail::Timeout(format!(
+        "no answer from the PostgreSQL server within {} s ({what}): the server hangs or is overloaded, or \
+         the network to it drops what is sent — check the server; the connection was closed",
+        limit.as_secs_f64()
+    ))
 }
 
 /// Where a transaction ran, as `pg_stat_activity` shows it while it is
@@ -469,6 +520,18 @@ impl PostgresJournal {
         pool_size: usize,
         ca_file: Option<&std::path::Path>,
     ) -> Result<Self, CommitError> {
+        Self::open(dsn, password, pool_size, ca_file, DEADLINE).await
+    }
+
+    /// [`PostgresJournal::connect`] with `deadline` the limit of one
+    /// operation ([`DEADLINE`]; tests set it low).
+    async fn open(
+        dsn: &str,
+        password: Option<&str>,
+        pool_size: usize,
+        ca_file: Option<&std::path::Path>,
+        deadline: Duration,
+    ) -> Result<Self, CommitError> {
         let mut config = tokio_postgres::Config::from_str(dsn).map_err(|e| CommitError::Postgres {
             store: "postgres (unparsed)".into(),
             message: format!("`store` is not a PostgreSQL connection string: {e}"),
@@ -507,7 +570,7 @@ impl PostgresJournal {
                 store: shown.clone(),
                 message: format!("cannot build the connection pool: {e}"),
             })?;
-        let db = Db { pool, setup };
+        let db = Db { pool, setup, deadline };
         // Connects now (a wrong DSN or password fails here, not at the first call).
         migrate(&db, &own, &shown).await?;
 
@@ -540,9 +603,10 @@ impl PostgresJournal {
     }
 
     /// One read, in a transaction of its own (its settings made first, all
-    /// of it sent at once): `statement_timeout` bounds it, TCP keepalives
-    /// and the user timeout find a server that stopped answering; no fixed
-    /// limit of the client's cuts a long read short.
+    /// of it sent at once): `statement_timeout` bounds it on the server, TCP
+    /// keepalives and the user timeout find a server that stopped
+    /// answering, and the journal's limit for one operation ([`DEADLINE`])
+    /// ends it whatever the server does.
     async fn query(
         &self,
         sql: &str,
@@ -568,40 +632,48 @@ impl PostgresJournal {
             }
             Ok::<_, Fail>(r?)
         };
-        run.await.map_err(|f| self.err(f))
+        self.db.bounded(run).await.map_err(|f| self.err(f))
     }
 
     /// Every step (of `run_id`, if given) in order, read [`PAGE`] at a time
     /// in one read-only snapshot: each statement is bounded by
-    /// `statement_timeout`, not the whole listing.
+    /// `statement_timeout`, and each page (the first with the transaction's
+    /// start) by the journal's limit for one operation, not the whole
+    /// listing.
     async fn all_steps(&self, run_id: Option<&str>) -> Result<Vec<StepRecord>, CommitError> {
+        let db = &self.db;
         let run = async {
-            let mut client = Conn::get(&self.db.pool).await?;
-            let page = client
-                .prepare_cached(&format!(
-                    "SELECT {STEP_COLS} FROM steps WHERE ($1::TEXT IS NULL OR run_id = $1) AND seq > $2
-                     ORDER BY seq LIMIT $3"
-                ))
+            let mut client = db.bounded(Conn::get(&db.pool)).await?;
+            let (tx, page) = db
+                .bounded(async {
+                    let page = client
+                        .prepare_cached(&format!(
+                            "SELECT {STEP_COLS} FROM steps WHERE ($1::TEXT IS NULL OR run_id = $1) AND seq > $2
+                             ORDER BY seq LIMIT $3"
+                        ))
+                        .await?;
+                    let setup = client.prepare_cached(&db.setup).await?;
+                    let tx = client
+                        .build_transaction()
+                        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                        .read_only(true)
+                        .start()
+                        .await?;
+                    tx.query(&setup, &[&local_clock(self.skew)]).await?;
+                    Ok::<_, Fail>((tx, page))
+                })
                 .await?;
-            let setup = client.prepare_cached(&self.db.setup).await?;
-            let tx = client
-                .build_transaction()
-                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-                .read_only(true)
-                .start()
-                .await?;
-            tx.query(&setup, &[&local_clock(self.skew)]).await?;
             let mut steps = Vec::new();
             let mut after = 0i64;
             loop {
-                let rows = tx.query(&page, &[&run_id, &after, &PAGE]).await?;
+                let rows = db.bounded(tx.query(&page, &[&run_id, &after, &PAGE])).await?;
                 steps.extend(rows.iter().map(step_from_row));
                 match steps.last() {
                     Some(last) if rows.len() as i64 == PAGE => after = last.seq,
                     _ => break,
                 }
             }
-            tx.commit().await?;
+            db.bounded(tx.commit()).await?;
             client.finish();
             Ok::<_, Fail>(steps)
         };
@@ -700,12 +772,16 @@ const CONCURRENT_INDEXES: &[(&str, &str)] =
 /// then build the [`CONCURRENT_INDEXES`]. A statement of a migration waits
 /// at most [`MIGRATION_LOCK_WAIT`] for a table's lock (while it waits,
 /// other hosts' use of that table queues behind it); the migration is then
-/// rolled back and tried again, [`MIGRATION_ATTEMPTS`] times.
+/// rolled back and tried again, [`MIGRATION_ATTEMPTS`] times. Each attempt
+/// waits at most [`MIGRATION_TURN`] for another host's, and is bounded on
+/// this host's clock by that and [`DEADLINE`].
 async fn migrate(db: &Db, own: &OwnConnection, shown: &str) -> Result<(), CommitError> {
     let err = |f: Fail| CommitError::Postgres { store: shown.to_owned(), message: f.message() };
     let mut attempt = 0;
     loop {
-        match migrate_once(&db.pool).await {
+        let limit = MIGRATION_TURN + db.deadline;
+        let what = "the journal's limit for one attempt at the migrations, which waits for another host's";
+        match within(limit, what, migrate_once(&db.pool)).await {
             Ok(Ok(())) => break,
             Ok(Err(found)) => {
                 return Err(CommitError::NewerSchema { path: shown.to_owned(), found, known: SCHEMA_VERSION });
@@ -728,7 +804,7 @@ async fn migrate(db: &Db, own: &OwnConnection, shown: &str) -> Result<(), Commit
             Err(f) => return Err(err(f)),
         }
     }
-    build_indexes(&db.pool, own).await.map_err(|f| CommitError::Postgres {
+    build_indexes(db, own).await.map_err(|f| CommitError::Postgres {
         store: shown.to_owned(),
         message: format!(
             "building the index steps_write_key (CREATE UNIQUE INDEX CONCURRENTLY; the next start tries \
@@ -749,10 +825,11 @@ async fn migrate_once(pool: &Pool) -> R<Result<(), i64>> {
     let tx = client.transaction().await?;
     // Hosts starting together wait for the one migrating (its statements
     // are short: indexes over existing rows are built afterwards).
-    tx.batch_execute(
-        "SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = '10min';
+    tx.batch_execute(&format!(
+        "SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = '{}s';
          SET LOCAL idle_in_transaction_session_timeout = '30s'",
-    )
+        MIGRATION_TURN.as_secs()
+    ))
     .await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
     tx.batch_execute(&format!("SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}'")).await?;
@@ -800,26 +877,39 @@ const BUILD_LOCK: i64 = MIGRATION_LOCK + 1;
 /// duplicates) and builds it again — both `CONCURRENTLY`, waiting for the
 /// table's SHARE UPDATE EXCLUSIVE lock as long as it takes (autovacuum or
 /// ANALYZE holding it gives way); a host that finds the lock taken leaves
-/// the index to that build and works without it meanwhile.
-async fn build_indexes(pool: &Pool, own: &OwnConnection) -> R<()> {
+/// the index to that build and works without it meanwhile. Everything but
+/// the build itself (`DROP`/`CREATE … CONCURRENTLY`, as long as it takes)
+/// is bounded by the journal's limit for one operation.
+async fn build_indexes(db: &Db, own: &OwnConnection) -> R<()> {
     for (name, create) in CONCURRENT_INDEXES {
-        let pooled = Conn::get(pool).await?;
-        let found = valid(pooled.query_opt(INDEX_VALID, &[name]).await?);
-        pooled.finish();
+        let found = db
+            .bounded(async {
+                let pooled = Conn::get(&db.pool).await?;
+                let found = valid(pooled.query_opt(INDEX_VALID, &[name]).await?);
+                pooled.finish();
+                Ok::<_, Fail>(found)
+            })
+            .await?;
         if found == Some(true) {
             continue;
         }
         // Dropped at the end of this iteration, which closes it.
-        let (client, connection) = own.0.connect(own.1.clone()).await?;
-        tokio::spawn(connection);
-        client.batch_execute("SET statement_timeout = 0; SET lock_timeout = 0").await?;
-        let held: bool = client.query_one("SELECT pg_try_advisory_lock($1)", &[&BUILD_LOCK]).await?.get(0);
+        let (client, held, found) = db
+            .bounded(async {
+                let (client, connection) = own.0.connect(own.1.clone()).await?;
+                tokio::spawn(connection);
+                client.batch_execute("SET statement_timeout = 0; SET lock_timeout = 0").await?;
+                let held: bool = client.query_one("SELECT pg_try_advisory_lock($1)", &[&BUILD_LOCK]).await?.get(0);
+                let found = if held { valid(client.query_opt(INDEX_VALID, &[name]).await?) } else { None };
+                Ok::<_, Fail>((client, held, found))
+            })
+            .await?;
         if !held {
             tracing::warn!("the index {name} is being built by another host; this host does not wait for it");
             continue;
         }
         let built = async {
-            match valid(client.query_opt(INDEX_VALID, &[name]).await?) {
+            match found {
                 Some(true) => return Ok(()),
                 Some(false) => client.batch_execute(&format!("DROP INDEX CONCURRENTLY IF EXISTS {name}")).await?,
                 None => {}
@@ -829,10 +919,10 @@ async fn build_indexes(pool: &Pool, own: &OwnConnection) -> R<()> {
         }
         .await;
         // Undone before closing, should a pooler keep the server's session.
-        let _ = client
-            .batch_execute(&format!(
+        let _ = db
+            .bounded(client.batch_execute(&format!(
                 "SELECT pg_advisory_unlock({BUILD_LOCK}); RESET statement_timeout; RESET lock_timeout"
-            ))
+            )))
             .await;
         built?;
     }
@@ -901,7 +991,8 @@ impl Attempts {
 /// job. A transaction that lost a race, or whose connection was lost (its
 /// COMMIT may have been applied without the answer arriving), is retried
 /// whole on another connection, finding by their keys the writes an earlier
-/// attempt committed; all attempts within [`COMMIT_DEADLINE`].
+/// attempt committed; all attempts within the journal's limit for one
+/// operation ([`DEADLINE`]).
 async fn commit_group(db: &Db, batch: &[Job], shown: &str) -> Vec<Result<Written, CommitError>> {
     commit_group_after(db, batch, shown, Attempts::default(), false).await
 }
@@ -918,7 +1009,7 @@ async fn commit_group_after(
     attempts: Attempts,
     mut lost: bool,
 ) -> Vec<Result<Written, CommitError>> {
-    let deadline = tokio::time::Instant::now() + COMMIT_DEADLINE;
+    let deadline = tokio::time::Instant::now() + db.deadline;
     let mut attempt = 0;
     // An earlier attempt may have committed: look before writing.
     let mut retry = lost;
@@ -929,12 +1020,10 @@ async fn commit_group_after(
             }
             try_group(db, batch, retry, &attempts).await
         };
+        // Past the deadline the attempt is dropped, its connection closed ([`Conn`]).
         let outcome = match tokio::time::timeout_at(deadline, run).await {
             Ok(outcome) => outcome,
-            Err(_) => Err(Fail::Timeout(format!(
-                "no answer from the server within {} s (it stopped answering, or the network to it is down)",
-                COMMIT_DEADLINE.as_secs()
-            ))),
+            Err(_) => Err(no_answer(db.deadline, "the journal's limit for one group commit, every attempt included")),
         };
         let unanswered = attempts.unanswered.load(Ordering::Acquire);
         match outcome {
@@ -964,10 +1053,13 @@ async fn commit_group_after(
                 }
             }
             Err(f) => {
+                // An unanswered COMMIT (this attempt's, its answer cut off by
+                // the deadline; or an earlier one's, that no retry settled)
+                // may have been applied.
                 let message = if unanswered {
                     format!(
-                        "the group commit got no answer to its COMMIT, and retrying it failed: whether it was \
-                         written is unknown (look it up before doing it again): {}",
+                        "the group commit got no answer to its COMMIT, and no later attempt found out what it \
+                         did: whether it was written is unknown (look it up before doing it again): {}",
                         f.message()
                     )
                 } else {
@@ -1654,15 +1746,16 @@ impl Committer for PostgresJournal {
                 QUEUE_WAIT.as_secs()
             )));
         }
-        // Its group commit is bounded ([`COMMIT_DEADLINE`]); this bound only
+        // Its group commit is bounded ([`DEADLINE`]); this bound only
         // guards against a committer that never answers.
-        match tokio::time::timeout(COMMIT_DEADLINE + Duration::from_secs(5), answer).await {
+        let bound = self.db.deadline + Duration::from_secs(5);
+        match tokio::time::timeout(bound, answer).await {
             Ok(Ok(r)) => r,
             Ok(Err(_)) => Err(stopped(&place)),
             Err(_) => Err(fail(format!(
                 "no answer from the committer within {} s of taking this write: whether it was written is \
                  unknown (look it up before doing it again)",
-                COMMIT_DEADLINE.as_secs() + 5
+                bound.as_secs_f64()
             ))),
         }
     }
@@ -2178,6 +2271,119 @@ mod tests {
             }
         });
         port
+    }
+
+    /// What [`black_hole`]'s proxy does with what it reads.
+    const FORWARD: u8 = 0;
+    /// Forwards nothing either way, discards all it reads, keeps both
+    /// sockets open: a server that hangs while its TCP stack answers.
+    const SWALLOW: u8 = 1;
+    /// Forwards the client's messages; once a connection sent a COMMIT,
+    /// forwards none of the server's answers on it: a COMMIT applied and
+    /// its answer lost.
+    const SWALLOW_ANSWERS_AFTER_COMMIT: u8 = 2;
+
+    /// A TCP proxy on 127.0.0.1 to `socket`, doing what its mode says
+    /// ([`FORWARD`] at first); its port and its mode.
+    async fn black_hole(socket: String) -> (u16, Arc<AtomicU8>) {
+        use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+        /// Copy `from` to `to` while `pass` says so, discarding otherwise;
+        /// until either side closes.
+        async fn pump(mut from: impl AsyncRead + Unpin, mut to: impl AsyncWrite + Unpin, pass: impl Fn(&[u8]) -> bool) {
+            let mut buf = vec![0; 64 * 1024];
+            loop {
+                let n = match from.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                if pass(&buf[..n]) && to.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mode = Arc::new(AtomicU8::new(FORWARD));
+        let modes = mode.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::UnixStream::connect(&socket).await else { return };
+                let (mode, deaf) = (modes.clone(), Arc::new(AtomicBool::new(false)));
+                tokio::spawn(async move {
+                    let ((client_in, client_out), (server_in, server_out)) = (client.into_split(), server.into_split());
+                    let up = pump(client_in, server_out, |bytes| match mode.load(Ordering::Acquire) {
+                        FORWARD => true,
+                        SWALLOW_ANSWERS_AFTER_COMMIT => {
+                            if bytes.windows(7).any(|w| w == b"COMMIT\0") {
+                                deaf.store(true, Ordering::Release);
+                            }
+                            true
+                        }
+                        _ => false,
+                    });
+                    let down = pump(server_in, client_out, |_| {
+                        mode.load(Ordering::Acquire) != SWALLOW && !deaf.load(Ordering::Acquire)
+                    });
+                    // Both end when either side closes.
+                    futures_util::future::select(Box::pin(up), Box::pin(down)).await;
+                });
+            }
+        });
+        (port, mode)
+    }
+
+    /// A server that hangs while its TCP stack still answers (here a proxy
+    /// that black-holes the stream: keepalives are answered, no statement
+    /// ever is) fails a read, a listing and a write within the journal's
+    /// limit for one operation, naming it, instead of hanging the call; a
+    /// write whose COMMIT was applied but whose answer never came is
+    /// reported unknown, never failed; and once the server answers again
+    /// the journal works on fresh connections.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_server_that_hangs_with_its_tcp_up_fails_each_operation_within_the_limit() {
+        let Some((locator, _keep)) = toolgate_tests::conformance::Postgres::fresh_database().await else {
+            eprintln!("skipped: set TOOLGATE_TEST_PG (scripts/test does)");
+            return;
+        };
+        let (socket, db) = socket_and_db(&locator);
+        let (port, mode) = black_hole(socket).await;
+        let dsn = format!("host=127.0.0.1 port={port} user=postgres dbname={db} sslmode=disable");
+        let limit = Duration::from_secs(2);
+        let j = PostgresJournal::open(&dsn, None, 2, None, limit).await.unwrap();
+        j.commit_step(&step("c1", OutcomeKind::Output), &[set("n", "1")], None).await.unwrap();
+        // Fails within the limit (with some slack), naming it: never hangs.
+        async fn fails_in_time<T: std::fmt::Debug>(
+            limit: Duration,
+            op: impl Future<Output = Result<T, CommitError>>,
+        ) -> String {
+            let start = Instant::now();
+            let r = tokio::time::timeout(limit * 10, op).await.expect("hangs on a server that does not answer");
+            let e = r.expect_err("the server answers nothing").to_string();
+            assert!(start.elapsed() >= limit && start.elapsed() < limit * 3, "{:?}: {e}", start.elapsed());
+            assert!(e.contains("within 2 s") && e.contains("journal's limit") && e.contains("check the server"), "{e}");
+            e
+        }
+
+        mode.store(SWALLOW, Ordering::Release);
+        fails_in_time(limit, j.tool_state("main", "notes.add")).await;
+        fails_in_time(limit, j.steps(None)).await;
+        fails_in_time(limit, j.awaiting("t")).await;
+        let e = fails_in_time(limit, j.commit_step(&step("c2", OutcomeKind::Output), &[], None)).await;
+        assert!(e.contains("nothing in it was written"), "its COMMIT was never sent: {e}");
+
+        mode.store(FORWARD, Ordering::Release);
+        let state = j.tool_state("main", "notes.add").await.expect("a fresh connection answers");
+        assert_eq!(state.get("n").map(String::as_str), Some("1"));
+
+        mode.store(SWALLOW_ANSWERS_AFTER_COMMIT, Ordering::Release);
+        let e = fails_in_time(limit, j.commit_step(&step("c3", OutcomeKind::Output), &[set("n", "3")], None)).await;
+        assert!(e.contains("unknown") && !e.contains("nothing in it was written"), "its COMMIT was sent: {e}");
+
+        mode.store(FORWARD, Ordering::Release);
+        let calls: Vec<String> = j.steps(None).await.expect("answers again").into_iter().map(|s| s.call_id).collect();
+        assert_eq!(calls, ["c1", "c3"], "the write reported unknown was committed; the failed one was not");
+        assert_eq!(j.tool_state("main", "notes.add").await.unwrap().get("n").map(String::as_str), Some("3"));
+        j.commit_step(&step("c4", OutcomeKind::Output), &[], None).await.expect("commits again");
     }
 
     /// No startup `options` are sent (a pooler refusing them is connected
