@@ -5,10 +5,18 @@
 //! writer — the group committer thread — through which every write goes
 //! (steps, runs, ticket claims, resolutions, settlements). Writes that arrive
 //! while one commit is being made durable share the next transaction, a
-//! savepoint each, so a failing write rolls back alone; each caller is
-//! answered only once the transaction holding its write is durable. Reads use
-//! their own connection (WAL: never blocked by the writer). An in-memory
-//! journal (`store = ":memory:"`) has one connection and no durability.
+//! savepoint each, so a failing write rolls back alone (when its error rolls
+//! the whole transaction back — an I/O error, a full disk — the others are
+//! applied again in a new one, never outside it); each caller is answered
+//! only once the transaction holding its write is durable, and told written
+//! only if it is. Reads use their own connection (WAL: never blocked by the
+//! writer). An in-memory journal (`store = ":memory:"`) has one connection
+//! and no durability.
+//!
+//! A journal file that would be read as a new, empty journal while it is
+//! not one — empty (0 bytes), or without a schema while a `-wal` SQLite
+//! cannot apply lies beside it — is refused, never replaced; so is a listing
+//! that could not read the `-wal`.
 //!
 //! Architecture invariant: no connection but the writer's changes a durable
 //! journal, and every transaction that claims a ticket takes the database's
@@ -128,34 +136,116 @@ impl Drop for GroupCommitter {
     }
 }
 
-/// Write `batch` in one transaction, a savepoint per write; one result per job.
+/// Write `batch` in one IMMEDIATE transaction, a savepoint per write; one
+/// result per job.
+///
+/// A failing write usually rolls back only its savepoint. But SQLite rolls
+/// the whole transaction back on some errors — an I/O error always, a full
+/// disk usually (a quota arrives as an I/O error), `RAISE(ROLLBACK)` — and
+/// these can strike mid-statement, when the page cache spills to the WAL.
+/// Then nothing applied in the transaction is left: the failing write is
+/// answered with its error, and the others are applied again in a new
+/// IMMEDIATE transaction (one already rolled back once by another write's
+/// error is answered as not written, so a batch takes at most twice its
+/// writes' work). No savepoint is opened without the group's transaction:
+/// `SAVEPOINT` would start a transaction of its own and `RELEASE` commit it,
+/// outside the group and its write lock, while the caller is told the group
+/// failed.
 fn commit_group(conn: &mut Connection, batch: &[Job], path: &str) -> Vec<Result<Written, CommitError>> {
-    let all_failed = |message: String| -> Vec<Result<Written, CommitError>> {
-        batch.iter().map(|_| Err(CommitError::Group { path: path.to_owned(), message: message.clone() })).collect()
-    };
-    // IMMEDIATE: the write lock first, so claims from other processes serialize with ours.
+    let group_error = |message: String| CommitError::Group { path: path.to_owned(), message };
+    let mut results: Vec<Option<Result<Written, CommitError>>> = batch.iter().map(|_| None).collect();
+    // The jobs the next transaction applies, in order, and those already rolled back once.
+    let mut todo: Vec<usize> = (0..batch.len()).collect();
+    let mut rolled_back = vec![false; batch.len()];
+    while !todo.is_empty() {
+        match attempt_group(conn, batch, &todo, path) {
+            Attempt::Committed(written) => {
+                for (&i, r) in todo.iter().zip(written) {
+                    results[i] = Some(r);
+                }
+                break;
+            }
+            Attempt::Failed(message) => {
+                for &i in &todo {
+                    results[i] = Some(Err(group_error(message.clone())));
+                }
+                break;
+            }
+            Attempt::RolledBack { at, result } => {
+                // What was applied before it is gone with it, and a refusal of it was decided in
+                // that transaction: apply them again, unless they were rolled back once already.
+                let mut undone = todo[..at].to_vec();
+                match result {
+                    Err(e) => results[todo[at]] = Some(Err(e)),
+                    Ok(_) => undone.push(todo[at]),
+                }
+                let mut next = Vec::with_capacity(todo.len());
+                for i in undone {
+                    if rolled_back[i] {
+                        results[i] = Some(Err(group_error(
+                            "the group commit was rolled back twice by other writes' errors; nothing of this write \
+                             was written"
+                                .into(),
+                        )));
+                    } else {
+                        rolled_back[i] = true;
+                        next.push(i);
+                    }
+                }
+                next.extend_from_slice(&todo[at + 1..]);
+                todo = next;
+            }
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(group_error("the group commit did not reach this write".into()))))
+        .collect()
+}
+
+/// How one transaction of a group commit ended.
+enum Attempt {
+    /// Committed: one result per job applied.
+    Committed(Vec<Result<Written, CommitError>>),
+    /// It could not begin, or its COMMIT failed: nothing in it was written.
+    Failed(String),
+    /// SQLite rolled it back while the job at `at` was applied (which
+    /// returned `result`): nothing in it was written.
+    RolledBack { at: usize, result: Result<Written, CommitError> },
+}
+
+/// Apply the jobs `todo` of `batch` in one IMMEDIATE transaction (the write
+/// lock first, so claims from other processes serialize with ours), a
+/// savepoint each, and commit it.
+fn attempt_group(conn: &mut Connection, batch: &[Job], todo: &[usize], path: &str) -> Attempt {
     let mut tx = match conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate) {
         Ok(tx) => tx,
-        Err(e) => return all_failed(e.to_string()),
+        Err(e) => return Attempt::Failed(e.to_string()),
     };
-    let mut results = Vec::with_capacity(batch.len());
-    for job in batch {
+    let mut results = Vec::with_capacity(todo.len());
+    for (at, &i) in todo.iter().enumerate() {
         let r = (|| -> rusqlite::Result<Written> {
             let sp = tx.savepoint()?;
-            let written = apply(&job.write, &sp)?;
+            let written = apply(&batch[i].write, &sp)?;
             // A refused resolution or delivery wrote nothing; roll its savepoint back.
             if written.refused() {
                 return Ok(written);
             }
             sp.commit()?;
             Ok(written)
-        })();
-        results.push(r.map_err(|source| CommitError::Sqlite { path: path.to_owned(), source }));
+        })()
+        .map_err(|source| CommitError::Sqlite { path: path.to_owned(), source });
+        // Autocommit again: SQLite rolled the whole transaction back. Not one
+        // more statement in it (the next savepoint would begin another).
+        if tx.is_autocommit() {
+            return Attempt::RolledBack { at, result: r };
+        }
+        results.push(r);
     }
-    if let Err(e) = tx.commit() {
-        return all_failed(format!("the group commit failed, nothing in it was written: {e}"));
+    match tx.commit() {
+        Ok(()) => Attempt::Committed(results),
+        Err(e) => Attempt::Failed(format!("the group commit failed, nothing in it was written: {e}")),
     }
-    results
 }
 
 /// Version 1: the first released journal.
@@ -259,7 +349,9 @@ pub fn schema_at(version: i64) -> String {
 }
 
 /// Bring `conn`'s journal to [`SCHEMA_VERSION`], in one transaction.
-fn migrate(conn: &mut Connection, path: &str) -> Result<(), CommitError> {
+/// `wal_beside`: the length of the `-wal` file that was beside the journal
+/// before it was opened.
+fn migrate(conn: &mut Connection, path: &str, wal_beside: u64) -> Result<(), CommitError> {
     let err = |source| CommitError::Sqlite { path: path.to_owned(), source };
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(err)?;
     let mut version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(err)?;
@@ -274,6 +366,17 @@ fn migrate(conn: &mut Connection, path: &str) -> Result<(), CommitError> {
                 } else {
                     1
                 };
+        } else if wal_beside > 0 {
+            // A WAL SQLite did not apply (damaged, cut short, another database's): the
+            // journal is in it, and the first write here would start the WAL over.
+            return Err(CommitError::Unsupported {
+                store: path.to_owned(),
+                message: format!(
+                    "it holds no journal, while a {wal_beside}-byte `-wal` file beside it does, which SQLite cannot \
+                     apply (damaged or cut short, or another database's); opened, it would become a new, empty \
+                     journal in place of the steps and pending approvals in that file. {WHAT_TO_DO}"
+                ),
+            });
         }
     }
     if version > SCHEMA_VERSION {
@@ -309,9 +412,12 @@ impl SqliteJournal {
             std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
             builder.create(dir).map_err(|source| CommitError::Directory { path: shown.clone(), source })?;
         }
+        refuse_emptied(path, &shown)?;
+        // Measured before SQLite opens it: SQLite may remove it.
+        let wal_beside = wal_len(path);
         owner_only(path).map_err(|source| CommitError::Directory { path: shown.clone(), source })?;
         let open = || Connection::open(path).map_err(|source| CommitError::Sqlite { path: shown.clone(), source });
-        let mut journal = Self::init(open()?, shown.clone(), Some(synchronous))?;
+        let mut journal = Self::init(open()?, shown.clone(), Some(synchronous), wal_beside)?;
         // The committer writes on its own connection (WAL: readers are not blocked).
         let writer = open()?;
         let err = |source| CommitError::Sqlite { path: shown.clone(), source };
@@ -332,10 +438,15 @@ impl SqliteJournal {
     /// any writing command migrates it). When SQLite cannot open a WAL
     /// journal read-only (no `-shm` file, and none can be made beside it: a
     /// read-only directory), it is read as immutable: no process can be
-    /// writing it through such a directory's files.
+    /// writing it through such a directory's files. But an immutable
+    /// journal is read without its `-wal` file: when a non-empty one lies
+    /// beside it (the steps committed since the last checkpoint), the journal
+    /// is refused rather than listed without them. An empty journal file is
+    /// refused as [`SqliteJournal::open`] refuses it.
     pub fn open_read_only(path: &Path) -> Result<Self, CommitError> {
         use rusqlite::OpenFlags;
         let shown = path.display().to_string();
+        refuse_emptied(path, &shown)?;
         let err = |source| CommitError::Sqlite { path: shown.clone(), source };
         let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let version = |c: &Connection| c.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0));
@@ -343,6 +454,19 @@ impl SqliteJournal {
         let found = match version(&conn) {
             Ok(v) => v,
             Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::CannotOpen) => {
+                let wal = wal_len(path);
+                if wal > 0 {
+                    return Err(CommitError::Unsupported {
+                        store: shown,
+                        message: format!(
+                            "its {wal}-byte `-wal` file holds steps committed since the last checkpoint, which SQLite \
+                             reads only with a `-shm` file beside it, and there is none and this user cannot create \
+                             one ({e}); read without them, the listing would leave them out. List it as a user who \
+                             can write its directory (the host's), or once every host using it has stopped (the last \
+                             one moves the `-wal` into the journal as it closes it)"
+                        ),
+                    });
+                }
                 let mut uri = String::from("file:");
                 for b in path.as_os_str().as_encoded_bytes() {
                     if b.is_ascii_alphanumeric() || b"/-_.~".contains(b) {
@@ -378,11 +502,17 @@ impl SqliteJournal {
     pub fn in_memory() -> Result<Self, CommitError> {
         let conn =
             Connection::open_in_memory().map_err(|source| CommitError::Sqlite { path: IN_MEMORY.into(), source })?;
-        Self::init(conn, IN_MEMORY.into(), None)
+        Self::init(conn, IN_MEMORY.into(), None, 0)
     }
 
     /// `synchronous`: `None` in memory; else the file's WAL sync mode.
-    fn init(mut conn: Connection, path: String, synchronous: Option<&str>) -> Result<Self, CommitError> {
+    /// `wal_beside`: the length of the `-wal` file beside the journal before it was opened.
+    fn init(
+        mut conn: Connection,
+        path: String,
+        synchronous: Option<&str>,
+        wal_beside: u64,
+    ) -> Result<Self, CommitError> {
         let err = |source| CommitError::Sqlite { path: path.clone(), source };
         if let Some(synchronous) = synchronous {
             // WAL + FULL: a committed step survives a crash of the host or the
@@ -391,7 +521,14 @@ impl SqliteJournal {
             conn.pragma_update(None, "synchronous", synchronous).map_err(err)?;
         }
         conn.busy_timeout(std::time::Duration::from_secs(10)).map_err(err)?;
-        migrate(&mut conn, &path)?;
+        // Until the journal is migrated (or refused), closing this connection
+        // neither checkpoints nor deletes the `-wal` (as the last one open, it would).
+        let no_checkpoint_on_close = |conn: &Connection, on| {
+            conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, on).map_err(err)
+        };
+        no_checkpoint_on_close(&conn, true)?;
+        migrate(&mut conn, &path, wal_beside)?;
+        no_checkpoint_on_close(&conn, false)?;
         Ok(SqliteJournal { conn: Mutex::new(conn), path, group: None, pending_runs: PendingRuns::default() })
     }
 
@@ -430,6 +567,51 @@ fn owner_only(path: &Path) -> std::io::Result<()> {
     #[cfg(not(unix))]
     let _ = path;
     Ok(())
+}
+
+/// What to do with a journal that would be read as a new, empty one.
+const WHAT_TO_DO: &str = "Restore it from a backup (with its `-wal` file, if it had one); or, to start a new journal, \
+                          remove it and its `-wal` and `-shm` files";
+
+/// The length of the `-wal` file beside the journal at `path` (0 if there is none).
+fn wal_len(path: &Path) -> u64 {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    std::fs::metadata(wal).map_or(0, |m| m.len())
+}
+
+/// Refuse an existing journal file that is empty (0 bytes). SQLite would
+/// open it as a new database — deleting a `-wal` file beside it — and the
+/// journal be migrated to a new, empty one: every committed step and pending
+/// approval gone without a word (a restore or copy that ran out of space, a
+/// truncated file). A journal that does not exist is not refused (it is
+/// created), nor one another host is creating this moment: SQLite writes its
+/// first page as the journal is switched to WAL, so an empty file is watched
+/// for a second first (unless a `-wal` lies beside it: then it is no new journal).
+fn refuse_emptied(path: &Path, shown: &str) -> Result<(), CommitError> {
+    let empty = || std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == 0);
+    if !empty() {
+        return Ok(());
+    }
+    let wal = wal_len(path);
+    if wal == 0 {
+        for _ in 0..20 {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            if !empty() {
+                return Ok(());
+            }
+        }
+    }
+    let beside =
+        if wal > 0 { format!(", with a {wal}-byte `-wal` file beside it (left as it is)") } else { String::new() };
+    Err(CommitError::Unsupported {
+        store: shown.to_owned(),
+        message: format!(
+            "the journal file is empty (0 bytes){beside}; opened, it would become a new, empty journal in place of \
+             every step and pending approval it held (a restore or copy that ran out of space, or a truncated file). \
+             {WHAT_TO_DO}"
+        ),
+    })
 }
 
 // Statements run on every call are prepared once per connection
@@ -1038,6 +1220,216 @@ mod tests {
         let (groups, writes) = j.group_commits();
         assert_eq!(writes, 16 * 20 + 1);
         assert!(groups <= writes, "{groups} groups for {writes} writes");
+    }
+
+    /// The commit records in `path`'s WAL (frames of the current WAL
+    /// generation whose header gives the database size after a commit).
+    fn wal_commits(path: &Path) -> usize {
+        let mut wal_path = path.as_os_str().to_owned();
+        wal_path.push("-wal");
+        let wal = std::fs::read(wal_path).unwrap();
+        let be = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize;
+        if wal.len() < 32 {
+            return 0;
+        }
+        let page = be(&wal[8..12]);
+        let mut commits = 0;
+        let mut at = 32;
+        while at + 24 + page <= wal.len() && wal[at + 8..at + 16] == wal[16..24] {
+            commits += usize::from(be(&wal[at + 4..at + 8]) != 0);
+            at += 24 + page;
+        }
+        commits
+    }
+
+    /// Queue `calls` (steps, each setting the key of its call id; `claim` a
+    /// claim of ticket `t1`) as one group behind a first write, held while
+    /// another connection holds the write lock; assert that each answer is
+    /// what the journal holds and that the group was committed by one
+    /// transaction; return which were reported written.
+    async fn one_group(j: &SqliteJournal, path: &Path, first: &str, calls: &[&str]) -> BTreeMap<String, bool> {
+        let blocker = Connection::open(path).unwrap();
+        blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let group = j.group.as_ref().unwrap();
+        let send = |call: &str| {
+            let write = match call {
+                "claim" => Write::Claim { ticket_id: "t1".into(), now: now(), holder: "host-a".into() },
+                _ => Write::Step {
+                    step: super::super::write::OwnedStep::of(&step(call, OutcomeKind::Output)),
+                    changes: vec![set(call, "1")],
+                    awaiting: None,
+                    run: None,
+                },
+            };
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            group.jobs.as_ref().unwrap().send(Job { write, reply }).unwrap();
+            answer
+        };
+        let first = send(first);
+        // The committer takes the first write alone and waits for the lock; the others queue.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let (groups_before, _) = j.group_commits();
+        let commits_before = wal_commits(path);
+        let answers: Vec<_> = calls.iter().map(|c| send(c)).collect();
+        blocker.execute_batch("ROLLBACK").unwrap();
+        assert!(first.await.unwrap().is_ok());
+        let mut reported = BTreeMap::new();
+        for (call, answer) in calls.iter().zip(answers) {
+            let answer = answer.await.unwrap();
+            reported.insert(call.to_string(), matches!(answer, Ok(Written::Seq(_) | Written::Claim(Ok(_)))));
+        }
+        let steps: Vec<String> = j.steps(None).await.unwrap().into_iter().map(|s| s.call_id).collect();
+        let state = j.tool_state("main", "notes.add").await.unwrap();
+        let ticket = j.awaiting("t1").await.unwrap().unwrap().state;
+        for (call, &written) in &reported {
+            let in_journal = match call.as_str() {
+                "claim" => ticket == "claimed",
+                _ => steps.contains(call) && state.contains_key(call),
+            };
+            assert_eq!(written, in_journal, "{call}: reported written {written}, in the journal {in_journal}");
+        }
+        assert_eq!(j.group_commits().0 - groups_before, 2, "the writes queued behind the first form one group");
+        assert_eq!(wal_commits(path) - commits_before, 2, "one commit for the first write, one for the group");
+        reported
+    }
+
+    /// SQLite rolls a whole transaction back on some errors (an I/O error
+    /// always, a full disk usually), which can strike mid-statement when the
+    /// page cache spills: a `RAISE(ROLLBACK)` trigger does the same. No write
+    /// after it commits outside the group's transaction, the others are
+    /// written in a new one, and every caller's answer is what the journal
+    /// holds.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_that_rolls_the_group_back_fails_alone_and_nothing_commits_outside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let j = SqliteJournal::open(&path).unwrap();
+        j.commit_step(&step("ask", OutcomeKind::Awaiting), &[], Some(&awaiting("t1", "ask", i64::MAX))).await.unwrap();
+        j.read_raw(|c| {
+            c.execute_batch(
+                "CREATE TRIGGER poison BEFORE INSERT ON steps WHEN NEW.call_id LIKE 'poison%'
+                 BEGIN SELECT RAISE(ROLLBACK, 'injected: the transaction is rolled back'); END;",
+            )
+        })
+        .unwrap();
+        let got = one_group(&j, &path, "first", &["a1", "a2", "poison", "b1", "claim", "b2"]).await;
+        let expected = [("a1", true), ("a2", true), ("poison", false), ("b1", true), ("claim", true), ("b2", true)];
+        assert_eq!(got, expected.map(|(c, w)| (c.to_owned(), w)).into());
+        // Rolled back a second time by another write, a write is answered as not written.
+        let got = one_group(&j, &path, "second", &["c1", "poison-1", "c2", "poison-2", "c3"]).await;
+        let expected = [("c1", false), ("poison-1", false), ("c2", true), ("poison-2", false), ("c3", true)];
+        assert_eq!(got, expected.map(|(c, w)| (c.to_owned(), w)).into());
+    }
+
+    fn with_suffix(path: &Path, suffix: &str) -> std::path::PathBuf {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        p.into()
+    }
+
+    fn refusal(r: Result<SqliteJournal, CommitError>) -> String {
+        match r {
+            Ok(_) => panic!("the journal must be refused"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// A journal file cut to 0 bytes is not replaced by a new, empty journal
+    /// (nor its `-wal` deleted): opening it, to write or to list, is refused,
+    /// naming the file and what to do. A missing one is still created.
+    #[tokio::test]
+    async fn an_emptied_journal_is_refused_not_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.db");
+        let j = SqliteJournal::open(&path).unwrap();
+        j.commit_step(&step("c1", OutcomeKind::Output), &[], None).await.unwrap();
+        drop(j);
+        std::fs::File::create(&path).unwrap(); // `> journal.db`
+        for r in [SqliteJournal::open(&path), SqliteJournal::open_read_only(&path)] {
+            let s = refusal(r);
+            assert!(s.contains("journal.db") && s.contains("empty (0 bytes)") && s.contains("backup"), "{s}");
+        }
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0, "left as it was");
+
+        // With a WAL beside it (the journal's latest commits): the WAL is kept.
+        let other = dir.path().join("other.db");
+        let j = SqliteJournal::open(&other).unwrap();
+        j.commit_step(&step("c1", OutcomeKind::Output), &[], None).await.unwrap();
+        let wal = std::fs::read(with_suffix(&other, "-wal")).unwrap();
+        assert!(!wal.is_empty());
+        std::fs::write(with_suffix(&path, "-wal"), &wal).unwrap();
+        drop(j);
+        for r in [SqliteJournal::open_read_only(&path), SqliteJournal::open(&path)] {
+            let s = refusal(r);
+            assert!(s.contains("-wal") && s.contains("remove it and its `-wal` and `-shm` files"), "{s}");
+            assert_eq!(std::fs::read(with_suffix(&path, "-wal")).unwrap(), wal, "the WAL is left as it is");
+        }
+
+        // Removed, it is created anew.
+        for f in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(with_suffix(&path, f));
+        }
+        let j = SqliteJournal::open(&path).unwrap();
+        assert!(j.steps(None).await.unwrap().is_empty());
+    }
+
+    /// A journal whose WAL SQLite cannot apply (here: its first frame
+    /// damaged) reads as a database without tables; it is refused, not made
+    /// a new journal whose first write would start the WAL over.
+    #[tokio::test]
+    async fn a_journal_left_in_a_wal_sqlite_cannot_apply_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.db");
+        let j = SqliteJournal::open(&path).unwrap();
+        j.commit_step(&step("c1", OutcomeKind::Output), &[], None).await.unwrap();
+        // Copied while open: the schema and the step are in the WAL, not yet in the file.
+        let copy = dir.path().join("copy.db");
+        std::fs::copy(&path, &copy).unwrap();
+        let mut wal = std::fs::read(with_suffix(&path, "-wal")).unwrap();
+        drop(j);
+        wal[32 + 24 + 100] ^= 0xff;
+        std::fs::write(with_suffix(&copy, "-wal"), &wal).unwrap();
+        let s = refusal(SqliteJournal::open(&copy));
+        assert!(s.contains("copy.db") && s.contains("-wal") && s.contains("backup"), "{s}");
+        assert_eq!(std::fs::read(with_suffix(&copy, "-wal")).unwrap(), wal, "the WAL is left as it is");
+    }
+
+    /// When SQLite can read a WAL journal only as immutable (no `-shm` beside
+    /// it, and none can be created), its `-wal` is not read: with a non-empty
+    /// one the listing is refused, not given without the steps in it.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_listing_that_cannot_read_the_wal_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.db");
+        let j = SqliteJournal::open(&path).unwrap();
+        j.commit_step(&step("c1", OutcomeKind::Output), &[], None).await.unwrap();
+        j.read_raw(|c| c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))).unwrap();
+        j.commit_step(&step("c2", OutcomeKind::Output), &[], None).await.unwrap();
+        // A copy of the journal as the host left it, where no `-shm` can be made: SQLite
+        // opens it with O_NOFOLLOW, so a symbolic link in its place cannot be opened
+        // (a directory this user cannot write does the same, but not for root).
+        let ro = dir.path().join("ro");
+        std::fs::create_dir(&ro).unwrap();
+        let copy = ro.join("journal.db");
+        std::fs::copy(&path, &copy).unwrap();
+        std::fs::copy(with_suffix(&path, "-wal"), with_suffix(&copy, "-wal")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("nowhere"), with_suffix(&copy, "-shm")).unwrap();
+        drop(j);
+        let s = refusal(SqliteJournal::open_read_only(&copy));
+        assert!(s.contains("journal.db") && s.contains("-wal") && s.contains("-shm"), "{s}");
+        // Without a `-wal` (checkpointed), it is read as immutable, every step in the file.
+        std::fs::remove_file(with_suffix(&copy, "-wal")).unwrap();
+        std::fs::copy(&path, &copy).unwrap();
+        let listed: Vec<_> = SqliteJournal::open_read_only(&copy)
+            .unwrap()
+            .steps(None)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| s.call_id)
+            .collect();
+        assert_eq!(listed, ["c1", "c2"]);
     }
 
     #[test]
