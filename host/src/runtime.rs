@@ -153,15 +153,58 @@ pub enum CallError {
     /// The decision's proof was refused; the ticket is untouched.
     #[error(transparent)]
     Approval(#[from] ApprovalError),
-    /// The journal failed.
+    /// The journal failed before the Tool ran: nothing of the call ran
+    /// (or was recorded).
     #[error(transparent)]
     Commit(#[from] CommitError),
+    /// The Tool ran — its effects (requests, files) may have happened — but
+    /// the journal failed to commit its step: its result and Commands are
+    /// lost. Not "nothing ran": a caller that makes the call again repeats
+    /// its effects. The model reads [`CallError::model_text`] (no host
+    /// paths); the whole text, the journal's error with it, is the
+    /// operator's. An approved call's ticket is settled as interrupted (at
+    /// once, or by the model's next identical call), never left claimed.
+    #[error(
+        "`{tool}` ran (request {request}), but the journal failed before its result was recorded: {error} — its \
+         effects may have happened; check them before making the call again"
+    )]
+    RanUnrecorded {
+        /// The Tool.
+        tool: String,
+        /// The call's correlation id.
+        request: String,
+        /// The journal's error (it may name the journal's path or server).
+        error: CommitError,
+    },
     /// The stored call belongs to another agent than this runtime serves.
     #[error("ticket belongs to agent `{ticket_agent}`; run this with `--agent {ticket_agent}`")]
     WrongAgent {
         /// The ticket's agent.
         ticket_agent: String,
     },
+}
+
+impl CallError {
+    /// What the model reads of an error the runtime words for it:
+    /// [`CallError::RanUnrecorded`] (the call ran, its result could not be
+    /// recorded — check its effects before calling again), without the
+    /// journal's error. `None`: the front end words the error.
+    pub fn model_text(&self) -> Option<String> {
+        match self {
+            CallError::RanUnrecorded { tool, .. } => Some(ran_unrecorded_text(tool)),
+            _ => None,
+        }
+    }
+}
+
+/// The model's text for a call of `tool` that ran but whose result the
+/// journal could not record.
+fn ran_unrecorded_text(tool: &str) -> String {
+    format!(
+        "`{tool}` ran, but its result was not recorded: the host's journal failed (this is for the host's operator \
+         to fix; the host's log holds the cause). Its effects may have happened and its result is lost — check its \
+         effects before making the call again"
+    )
 }
 
 /// How a runtime handles approvals.
@@ -215,7 +258,50 @@ pub struct Runtime {
     holder: String,
     /// Skill activations committed by this runtime (and its reloads).
     skill_marks: Arc<SkillMarks>,
+    /// Claims this host holds and no longer works on: their resolving
+    /// commit failed (the journal failed), and so did settling them right
+    /// after. Settled by the next identical call that finds one
+    /// ([`Step::resume`]) or by [`Runtime::settle_interrupted`]; no other
+    /// host takes them over while this one beats its heartbeat.
+    unsettled: Arc<std::sync::Mutex<BTreeMap<String, Unsettled>>>,
 }
+
+/// A claim of this host whose result could not be recorded, and how it is
+/// settled: a call that was handed to the executor as interrupted (it may
+/// have run, and never runs again); one that ran nothing as what it was.
+struct Unsettled {
+    record: AwaitingRecord,
+    holder: String,
+    verdict: Verdict,
+    outcome: OutcomeKind,
+    /// What the model reads (no ticket: it names the request).
+    text: String,
+    approved_by: Option<ApprovedBy>,
+}
+
+impl Unsettled {
+    /// The settlement of `record`'s claim (held by `holder`) after the
+    /// commit of `ending` failed.
+    fn after(record: AwaitingRecord, holder: String, ending: &Ending<'_>, approved_by: Option<&ApprovedBy>) -> Self {
+        let (verdict, outcome, text) = if ending.verdict == Verdict::Allow {
+            // Handed to the executor: it may have run, and never runs again.
+            let text = format!(
+                "interrupted: the host that approved request {} could not record the result (its journal failed); \
+                 the call may have run and will not run again — check its effects, then make the call again if needed",
+                record.call_id
+            );
+            (Verdict::Allow, OutcomeKind::ExecutorError, text)
+        } else {
+            // Nothing ran: what it was (a denial, a block).
+            (ending.verdict, ending.outcome, ending.text.to_owned())
+        };
+        Unsettled { record, holder, verdict, outcome, text, approved_by: approved_by.cloned() }
+    }
+}
+
+/// How long to wait before each attempt to settle a claim whose resolving
+/// commit failed: bounded, so a call whose journal is down ends.
+const SETTLE_BACKOFF_MS: [u64; 3] = [0, 100, 500];
 
 /// Skill activations committed in this process, counted per bucket of run
 /// ids. A run's view records its bucket's count when it was last brought
@@ -337,20 +423,37 @@ impl Runtime {
         settings: RuntimeSettings,
     ) -> Self {
         let skill_marks = Arc::new(SkillMarks(std::array::from_fn(|_| AtomicU64::new(0))));
-        Runtime { snapshot, executor, store, settings, holder: new_id("host"), skill_marks }
+        let unsettled = Arc::default();
+        Runtime { snapshot, executor, store, settings, holder: new_id("host"), skill_marks, unsettled }
     }
 
     /// Settle claims whose holder stopped before committing the result (its
     /// heartbeat older than the claim lease): each is taken over and
     /// resolved through the Step commit with an `executor_error` step saying
     /// the call was interrupted — it may have run, so it never runs again.
-    /// Hosts call this at start. Returns the requests (call ids) settled —
-    /// never their tickets, which are the approver's alone: what a host
-    /// logs at start, an agent running `toolgate call` reads.
+    /// Hosts call this at start. Also settles this host's own claims whose
+    /// result the journal could not record (see [`CallError::RanUnrecorded`]),
+    /// which no other host takes over while this one is alive. Returns the
+    /// requests (call ids) settled — never their tickets, which are the
+    /// approver's alone: what a host logs at start, an agent running
+    /// `toolgate call` reads.
     pub async fn settle_interrupted(&self) -> Result<Vec<String>, CallError> {
+        let mut settled = Vec::new();
+        let mut left = std::mem::take(&mut *self.unsettled.lock().unwrap_or_else(|p| p.into_inner())).into_values();
+        while let Some(u) = left.next() {
+            match self.settle(&u).await {
+                Ok(_) => settled.push(u.record.call_id),
+                // Another host settled it, or it is resolved.
+                Err(CallError::Ticket(_)) => {}
+                Err(e) => {
+                    self.keep_unsettled(u);
+                    left.for_each(|u| self.keep_unsettled(u));
+                    return Err(e);
+                }
+            }
+        }
         let lease = self.settings.claim_lease_secs as i64;
         let taken = self.store.take_over_stale_claims(&self.holder, now(), lease).await?;
-        let mut settled = Vec::with_capacity(taken.len());
         for ticket in taken {
             let r = ticket.record().clone();
             let call = stored_call(&r);
@@ -375,6 +478,54 @@ impl Runtime {
         Ok(settled)
     }
 
+    /// Resolve `u`'s claim with its settlement — nothing captured, nothing
+    /// changed, not yet delivered (the model's identical call receives it).
+    async fn settle(&self, u: &Unsettled) -> Result<i64, CallError> {
+        let call = stored_call(&u.record);
+        let step = Step::new(&u.record.run_id, &u.record.agent, &call);
+        let ending = Ending { outcome: u.outcome, ..Ending::blocked(u.verdict, &u.text) };
+        let captured = captured_json(ending.captured, None);
+        let record = step.record(&ending, step.args(), &captured, Some(&u.record.ticket_id), u.approved_by.as_ref());
+        let ticket = ClaimedTicket::new(u.record.clone(), u.holder.clone());
+        Ok(self.store.resolve_ticket(ticket, &record, &[], false).await??)
+    }
+
+    /// A claim whose resolving commit failed: settled now, in a bounded few
+    /// attempts ([`SETTLE_BACKOFF_MS`]: a lock held for a moment, a disk
+    /// freed); otherwise kept for the next identical call of the run to
+    /// settle ([`Step::resume`]) — never left claimed by a live host with
+    /// nobody working on it.
+    async fn settle_or_keep(&self, u: Unsettled) {
+        for wait in SETTLE_BACKOFF_MS {
+            if wait > 0 {
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+            }
+            match self.settle(&u).await {
+                Ok(_) => {
+                    tracing::warn!("request {}: its result was not recorded; settled as: {}", u.record.call_id, u.text);
+                    return;
+                }
+                // Another host took it over (this one's heartbeat lapsed), or it is resolved.
+                Err(CallError::Ticket(_)) => return,
+                Err(e) => tracing::warn!("request {}: cannot settle its claim yet: {e}", u.record.call_id),
+            }
+        }
+        tracing::error!(
+            "request {}: its claim is left to settle when the run makes the call again (the journal failed)",
+            u.record.call_id
+        );
+        self.keep_unsettled(u);
+    }
+
+    fn keep_unsettled(&self, u: Unsettled) {
+        let mut held = self.unsettled.lock().unwrap_or_else(|p| p.into_inner());
+        held.insert(u.record.ticket_id.clone(), u);
+    }
+
+    fn take_unsettled(&self, ticket_id: &str) -> Option<Unsettled> {
+        self.unsettled.lock().unwrap_or_else(|p| p.into_inner()).remove(ticket_id)
+    }
+
     /// The same runtime over a new snapshot (a reload): same executor, store and host instance.
     pub fn with_snapshot(&self, snapshot: ExecutableAgentSnapshot) -> Runtime {
         Runtime {
@@ -384,6 +535,7 @@ impl Runtime {
             settings: self.settings.clone(),
             holder: self.holder.clone(),
             skill_marks: self.skill_marks.clone(),
+            unsettled: self.unsettled.clone(),
         }
     }
 
@@ -1319,10 +1471,19 @@ impl<'a> Step<'a> {
             ending
         };
         let record = self.record(&ending, self.args(), &captured, Some(&id), approved_by);
-        match rt.store.resolve_ticket(ticket, &record, ending.changes, delivered).await? {
-            Ok(seq) => Ok(seq),
-            Err(e) => {
+        let (claimed, holder) = (ticket.record().clone(), ticket.holder().to_owned());
+        match rt.store.resolve_ticket(ticket, &record, ending.changes, delivered).await {
+            Ok(Ok(seq)) => Ok(seq),
+            Ok(Err(e)) => {
                 tracing::error!("{e}");
+                Err(e.into())
+            }
+            // Refused without touching the claim: the caller resolves it with the error.
+            Err(e @ (CommitError::StateChanged { .. } | CommitError::StateTooLarge { .. })) => Err(e.into()),
+            // The journal failed: the claim is this host's, and nobody works on it any more.
+            Err(e) => {
+                tracing::error!("request {}: the journal failed to record its resolution: {e}", claimed.call_id);
+                rt.settle_or_keep(Unsettled::after(claimed, holder, &ending, approved_by)).await;
                 Err(e.into())
             }
         }
@@ -1347,7 +1508,41 @@ impl<'a> Step<'a> {
     /// answers with the same request (no new ticket); decided and not yet
     /// delivered, it hands over the decided result — once. Otherwise `None`:
     /// the call goes to the gate as usual.
-    async fn resume(&self, rt: &Runtime, prior: PriorAsk) -> Result<Option<StepResult>, CallError> {
+    async fn resume(&self, rt: &Runtime, mut prior: PriorAsk) -> Result<Option<StepResult>, CallError> {
+        // Claimed by this host, whose result could not be recorded: settled
+        // now, and this call receives the settlement.
+        if prior.record.state == "claimed"
+            && let Some(u) = rt.take_unsettled(&prior.record.ticket_id)
+        {
+            // Boxed: the rare path, kept out of every call's future.
+            match Box::pin(rt.settle(&u)).await {
+                Ok(seq) => {
+                    prior.record.state = "resolved".into();
+                    prior.delivered = false;
+                    prior.resolution = Some(StepRecord {
+                        seq,
+                        run_id: u.record.run_id.clone(),
+                        call_id: u.record.call_id.clone(),
+                        tool_id: u.record.tool_id.clone(),
+                        arguments: u.record.arguments.clone(),
+                        verdict: u.verdict.as_str().to_owned(),
+                        outcome: u.outcome,
+                        result: u.text,
+                        captured: captured_json(&NOTHING_CAPTURED, None).into_owned(),
+                        ticket_id: Some(u.record.ticket_id),
+                        structured: false,
+                        approved_by: u.approved_by,
+                    });
+                }
+                // Another host settled it meanwhile (this one's heartbeat lapsed).
+                Err(e @ CallError::Ticket(_)) => return Err(e),
+                // The journal still fails: kept, and nothing new is committed.
+                Err(e) => {
+                    rt.keep_unsettled(u);
+                    return Err(e);
+                }
+            }
+        }
         let r = &prior.record;
         let undecided = (r.state == "pending" && r.expires_at > now()) || r.state == "claimed";
         if undecided {
@@ -1384,8 +1579,33 @@ impl<'a> Step<'a> {
         Ok(Some(delivered_result(seq, decided)))
     }
 
-    /// Commit an execution: output with its Commands, or the failure.
+    /// Commit an execution: output with its Commands, or the failure. The
+    /// journal failing once the guest was handed the call (it may have run,
+    /// also when withdrawn or failed) is [`CallError::RanUnrecorded`], never
+    /// the "nothing ran" of [`CallError::Commit`]; a conflict on the Tool's
+    /// state is left to the caller as it was.
     async fn finish(
+        &self,
+        rt: &Runtime,
+        resolving: Resolving,
+        exec: Result<Execution, ExecutorError>,
+        read: &BTreeMap<String, String>,
+        retry_on_conflict: bool,
+    ) -> Result<StepResult, CallError> {
+        let ran = exec.is_ok();
+        match self.commit_execution(rt, resolving, exec, read, retry_on_conflict).await {
+            Err(CallError::Commit(error)) if ran && !matches!(error, CommitError::StateChanged { .. }) => {
+                Err(CallError::RanUnrecorded {
+                    tool: self.call.tool_id.clone(),
+                    request: self.call.call_id.clone(),
+                    error,
+                })
+            }
+            other => other,
+        }
+    }
+
+    async fn commit_execution(
         &self,
         rt: &Runtime,
         resolving: Resolving,

@@ -32,6 +32,7 @@ mod admission;
 mod approval;
 mod boundary;
 mod capabilities;
+mod journal_failure;
 mod loading;
 mod path;
 mod sandbox;

@@ -935,6 +935,12 @@ fn call_error(tool: &str, e: CallError, request: Option<&str>) -> ErrorData {
             e.model_text(tool)
         }
         CallError::Commit(c) => journal_failure(c).unwrap_or_else(|| c.to_string()),
+        // The call ran: never "nothing ran" — a retry would repeat its effects.
+        // The journal's error (its path or server) is the operator's: in the log.
+        CallError::RanUnrecorded { .. } => {
+            tracing::error!("{e}");
+            e.model_text().unwrap_or_default()
+        }
         other => other.to_string(),
     };
     ErrorData::internal_error(without_tickets(&message), None)
@@ -1889,6 +1895,24 @@ mod tests {
             "ticket `[ticket withheld]` and [ticket withheld], [ticket withheld]; é tkt"
         );
         assert!(scrubbed(ErrorData::internal_error("x", Some(json!(["tkt-1"])))).data.is_none());
+    }
+
+    /// The journal failing after the Tool ran is told as a call that ran,
+    /// whose result was not recorded — check its effects before calling
+    /// again — never as "nothing ran" (a model that believed it repeated the
+    /// effects); failing before it ran still says nothing ran. Neither names
+    /// the journal's path.
+    #[test]
+    fn a_call_that_ran_but_was_not_recorded_is_not_told_as_not_run() {
+        use toolgate::store::CommitError;
+        let full = || CommitError::Group { path: "/srv/secret/journal.db".into(), message: "disk is full".into() };
+        let ran = CallError::RanUnrecorded { tool: "notes".into(), request: "call-1".into(), error: full() };
+        let told = call_error("notes", ran, None).message;
+        assert!(told.contains("`notes` ran") && told.contains("not recorded"), "{told}");
+        assert!(told.contains("check its effects before making the call again"), "{told}");
+        assert!(!told.contains("nothing") && !told.contains("/srv/secret") && !told.contains("disk is full"), "{told}");
+        let before = call_error("notes", CallError::Commit(full()), None).message;
+        assert!(before.contains("nothing of this call was recorded (or run)") && !before.contains("/srv"), "{before}");
     }
 
     /// Tool names every client takes (`^[a-zA-Z0-9_-]{1,64}$`): Claude
