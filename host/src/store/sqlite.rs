@@ -13,10 +13,13 @@
 //! writer). An in-memory journal (`store = ":memory:"`) has one connection
 //! and no durability.
 //!
-//! A journal file that would be read as a new, empty journal while it is
-//! not one — empty (0 bytes), or without a schema while a `-wal` SQLite
-//! cannot apply lies beside it — is refused, never replaced; so is a listing
-//! that could not read the `-wal`.
+//! A new journal is built under a temporary name beside it, its schema
+//! committed, and renamed into place whole, so a start that dies creating it
+//! leaves nothing at the journal's name. A journal file that would be read
+//! as a new, empty journal while it is not one — empty (0 bytes), without a
+//! schema while a `-wal` SQLite cannot apply lies beside it, or missing
+//! while its `-wal` is not — is therefore always a damaged journal: refused,
+//! never replaced; so is a listing that could not read the `-wal`.
 //!
 //! Architecture invariant: no connection but the writer's changes a durable
 //! journal, and every transaction that claims a ticket takes the database's
@@ -386,6 +389,7 @@ fn migrate(conn: &mut Connection, path: &str, wal_beside: u64) -> Result<(), Com
         tx.execute_batch(sql).map_err(err)?;
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(err)?;
+    die_at("schema-uncommitted");
     tx.commit().map_err(err)
 }
 
@@ -412,11 +416,34 @@ impl SqliteJournal {
             std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
             builder.create(dir).map_err(|source| CommitError::Directory { path: shown.clone(), source })?;
         }
-        refuse_emptied(path, &shown)?;
-        // Measured before SQLite opens it: SQLite may remove it.
+        remove_stale_creations(path);
+        // Measured before the journal is looked for (a journal's name, once
+        // there, stays), and before SQLite opens it (SQLite may remove it).
         let wal_beside = wal_len(path);
+        if std::fs::metadata(path).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
+            if wal_beside > 0 {
+                return Err(CommitError::Unsupported {
+                    store: shown,
+                    message: format!(
+                        "the journal file is missing, while a {wal_beside}-byte `-wal` file beside its name holds \
+                         its latest commits (left as it is); a new journal created here would be read with that \
+                         file's pages. Restore the journal from a backup (with its `-wal` file); or, to start a new \
+                         journal, remove the `-wal` and `-shm` files"
+                    ),
+                });
+            }
+            create_journal(path, &shown)?;
+        }
+        refuse_emptied(path, &shown)?;
         owner_only(path).map_err(|source| CommitError::Directory { path: shown.clone(), source })?;
-        let open = || Connection::open(path).map_err(|source| CommitError::Sqlite { path: shown.clone(), source });
+        // Never created here: only [`create_journal`] gives a file the journal's name, whole.
+        let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE
+            | rusqlite::OpenFlags::SQLITE_OPEN_URI
+            | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let open = || {
+            Connection::open_with_flags(path, flags)
+                .map_err(|source| CommitError::Sqlite { path: shown.clone(), source })
+        };
         let mut journal = Self::init(open()?, shown.clone(), Some(synchronous), wal_beside)?;
         // The committer writes on its own connection (WAL: readers are not blocked).
         let writer = open()?;
@@ -514,13 +541,14 @@ impl SqliteJournal {
         wal_beside: u64,
     ) -> Result<Self, CommitError> {
         let err = |source| CommitError::Sqlite { path: path.clone(), source };
+        conn.busy_timeout(std::time::Duration::from_secs(10)).map_err(err)?;
         if let Some(synchronous) = synchronous {
             // WAL + FULL: a committed step survives a crash of the host or the
             // machine; WAL + NORMAL: of the host (the `durability` setting).
+            // (A journal is created in WAL mode: this is for one created before.)
             conn.pragma_update(None, "journal_mode", "WAL").map_err(err)?;
             conn.pragma_update(None, "synchronous", synchronous).map_err(err)?;
         }
-        conn.busy_timeout(std::time::Duration::from_secs(10)).map_err(err)?;
         // Until the journal is migrated (or refused), closing this connection
         // neither checkpoints nor deletes the `-wal` (as the last one open, it would).
         let no_checkpoint_on_close = |conn: &Connection, on| {
@@ -551,14 +579,14 @@ impl SqliteJournal {
     }
 }
 
-/// Create the journal file readable by its owner only (SQLite gives its WAL
-/// and shared-memory files the same mode), or tighten an existing one: it
-/// holds every call's arguments and results.
+/// Tighten an existing journal file open to others to its owner only (one is
+/// created so, [`create_temporary`]; SQLite gives its WAL and shared-memory
+/// files the same mode): it holds every call's arguments and results.
 fn owner_only(path: &Path) -> std::io::Result<()> {
     #[cfg(unix)]
     {
-        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).mode(0o600).open(path)?;
+        use std::os::unix::fs::PermissionsExt;
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
         let mode = file.metadata()?.permissions().mode();
         if mode & 0o077 != 0 {
             file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
@@ -575,33 +603,22 @@ const WHAT_TO_DO: &str = "Restore it from a backup (with its `-wal` file, if it 
 
 /// The length of the `-wal` file beside the journal at `path` (0 if there is none).
 fn wal_len(path: &Path) -> u64 {
-    let mut wal = path.as_os_str().to_owned();
-    wal.push("-wal");
-    std::fs::metadata(wal).map_or(0, |m| m.len())
+    std::fs::metadata(with_suffix(path, "-wal")).map_or(0, |m| m.len())
 }
 
 /// Refuse an existing journal file that is empty (0 bytes). SQLite would
 /// open it as a new database — deleting a `-wal` file beside it — and the
 /// journal be migrated to a new, empty one: every committed step and pending
 /// approval gone without a word (a restore or copy that ran out of space, a
-/// truncated file). A journal that does not exist is not refused (it is
-/// created), nor one another host is creating this moment: SQLite writes its
-/// first page as the journal is switched to WAL, so an empty file is watched
-/// for a second first (unless a `-wal` lies beside it: then it is no new journal).
+/// truncated file). No host leaves one while it creates a journal, nor when
+/// it dies doing so ([`create_journal`]): an empty file at the journal's name
+/// is always one emptied, refused at once. (One left by a toolgate before
+/// journals were created so is refused too: nothing tells the two apart.)
 fn refuse_emptied(path: &Path, shown: &str) -> Result<(), CommitError> {
-    let empty = || std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == 0);
-    if !empty() {
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == 0) {
         return Ok(());
     }
     let wal = wal_len(path);
-    if wal == 0 {
-        for _ in 0..20 {
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            if !empty() {
-                return Ok(());
-            }
-        }
-    }
     let beside =
         if wal > 0 { format!(", with a {wal}-byte `-wal` file beside it (left as it is)") } else { String::new() };
     Err(CommitError::Unsupported {
@@ -613,6 +630,185 @@ fn refuse_emptied(path: &Path, shown: &str) -> Result<(), CommitError> {
         ),
     })
 }
+
+/// The start of the temporary names a journal at `path` is created under:
+/// `journal.db.new-` for `journal.db`.
+fn creation_prefix(path: &Path) -> std::ffi::OsString {
+    let mut prefix = path.file_name().unwrap_or_default().to_owned();
+    prefix.push(".new-");
+    prefix
+}
+
+/// Create the journal at `path`, which does not exist, so that no file has
+/// its name before it is whole: the schema is made and committed in a file
+/// of a temporary name beside it (`journal.db.new-<pid>-<random>`, owner
+/// only), in rollback-journal mode — no `-wal` is ever left for it — then
+/// switched to WAL, closed, and given the journal's name by a rename that
+/// replaces nothing, and the directory synced. A host killed before (or
+/// short of space) leaves only its temporary files, which no start reads
+/// ([`remove_stale_creations`] removes them after an hour); so an empty
+/// journal file, or one without a schema beside a `-wal`, is always a
+/// damaged journal, never a first start that did not finish. Two hosts
+/// creating the journal at once each build one; the second to rename finds
+/// the first's in place, removes its own and opens that one (`Ok` both).
+fn create_journal(path: &Path, shown: &str) -> Result<(), CommitError> {
+    let io = |source: std::io::Error| CommitError::Directory { path: shown.to_owned(), source };
+    let temp = create_temporary(path).map_err(io)?;
+    die_at("temporary-created");
+    let placed = build_journal(&temp, shown).and_then(|()| {
+        die_at("before-placing");
+        place(&temp, path).map_err(|e| {
+            io(std::io::Error::new(e.kind(), format!("giving the journal built as {} its name: {e}", temp.display())))
+        })
+    });
+    // Its temporary name, and any file SQLite left beside it: gone, whatever
+    // happened (after a rename, nothing is left).
+    for suffix in ["", "-journal", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(with_suffix(&temp, suffix));
+    }
+    if placed? {
+        sync_directory(path).map_err(io)?;
+    }
+    Ok(())
+}
+
+/// `path` with `suffix` after its file name (`journal.db` and `-wal`: `journal.db-wal`).
+fn with_suffix(path: &Path, suffix: &str) -> std::path::PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(suffix);
+    p.into()
+}
+
+/// Create an empty file of a new temporary name beside `path`, readable by
+/// its owner only, and return its path.
+fn create_temporary(path: &Path) -> std::io::Result<std::path::PathBuf> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    loop {
+        let mut random = [0u8; 8];
+        if getrandom::fill(&mut random).is_err() {
+            // Unique enough with the pid: the name is taken exclusively below.
+            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            random = (nanos.as_nanos() as u64).to_le_bytes();
+        }
+        let mut name = creation_prefix(path);
+        name.push(format!("{}-{}", std::process::id(), hex::encode(random)));
+        let temp = path.with_file_name(name);
+        match options.open(&temp) {
+            Ok(_) => return Ok(temp),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                return Err(std::io::Error::new(e.kind(), format!("creating {}: {e}", temp.display())));
+            }
+        }
+    }
+}
+
+/// Make the journal's schema in the empty file `temp`, committed durably in
+/// rollback-journal mode, switch it to WAL, and close it.
+fn build_journal(temp: &Path, shown: &str) -> Result<(), CommitError> {
+    let err = |source| CommitError::Sqlite { path: shown.to_owned(), source };
+    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let mut conn = Connection::open_with_flags(temp, flags).map_err(err)?;
+    conn.pragma_update(None, "journal_mode", "DELETE").map_err(err)?;
+    // Whatever the `durability`: the file must be whole on disk before it is renamed.
+    conn.pragma_update(None, "synchronous", "FULL").map_err(err)?;
+    migrate(&mut conn, shown, 0)?;
+    // Written in a rollback-journal transaction too; closed, the connection
+    // checkpoints and removes the (empty) `-wal` the switch opened.
+    conn.pragma_update(None, "journal_mode", "WAL").map_err(err)?;
+    conn.close().map_err(|(_, source)| err(source))
+}
+
+/// Give the journal built at `temp` the name `path`, unless a file has it
+/// already: `Ok(false)` (another host created the journal first), `temp`
+/// left as it is. A rename that replaces nothing (Linux), else a hard link
+/// (the caller removes `temp`'s name); on a file system with neither, a
+/// rename after looking — there, two hosts creating the journal in the same
+/// instant could each rename theirs, the later replacing the earlier.
+fn place(temp: &Path, path: &Path) -> std::io::Result<bool> {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    {
+        use rustix::io::Errno;
+        match rustix::fs::renameat_with(
+            rustix::fs::CWD,
+            temp,
+            rustix::fs::CWD,
+            path,
+            rustix::fs::RenameFlags::NOREPLACE,
+        ) {
+            Ok(()) => return Ok(true),
+            Err(Errno::EXIST) => return Ok(false),
+            // Not supported by the file system or the kernel (or a seccomp filter).
+            Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP | Errno::PERM) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    match std::fs::hard_link(temp, path) {
+        Ok(()) => return Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
+        Err(_) => {}
+    }
+    if std::fs::symlink_metadata(path).is_ok() {
+        return Ok(false);
+    }
+    std::fs::rename(temp, path).map(|()| true)
+}
+
+/// Make the journal's new name durable: sync the directory holding `path`.
+fn sync_directory(path: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        match std::fs::File::open(dir).and_then(|d| d.sync_all()) {
+            // A file system that cannot sync a directory.
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => Ok(()),
+            r => r,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        Ok(())
+    }
+}
+
+/// Remove what a start killed while creating the journal at `path` left
+/// (`journal.db.new-…` and its `-journal`, `-wal` and `-shm` files), once an
+/// hour old: no start reads them, and none takes an hour to create one.
+fn remove_stale_creations(path: &Path) {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let prefix = creation_prefix(path);
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        if !entry.file_name().as_encoded_bytes().starts_with(prefix.as_encoded_bytes()) {
+            continue;
+        }
+        let old = entry
+            .metadata()
+            .ok()
+            .filter(|m| m.is_file())
+            .and_then(|m| m.modified().ok())
+            .is_some_and(|t| t.elapsed().is_ok_and(|age| age > std::time::Duration::from_secs(3600)));
+        if old {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Tests: end this process here, as a kill would (nothing closed, nothing
+/// removed), when `TOOLGATE_TEST_DIE_AT` names `point`.
+#[cfg(test)]
+fn die_at(point: &str) {
+    if std::env::var("TOOLGATE_TEST_DIE_AT").is_ok_and(|p| p == point) {
+        std::process::exit(86);
+    }
+}
+
+#[cfg(not(test))]
+fn die_at(_: &str) {}
 
 // Statements run on every call are prepared once per connection
 // (`prepare_cached`): re-parsing the SQL was about a third of an in-memory
@@ -1321,12 +1517,6 @@ mod tests {
         assert_eq!(got, expected.map(|(c, w)| (c.to_owned(), w)).into());
     }
 
-    fn with_suffix(path: &Path, suffix: &str) -> std::path::PathBuf {
-        let mut p = path.as_os_str().to_owned();
-        p.push(suffix);
-        p.into()
-    }
-
     fn refusal(r: Result<SqliteJournal, CommitError>) -> String {
         match r {
             Ok(_) => panic!("the journal must be refused"),
@@ -1349,6 +1539,10 @@ mod tests {
             let s = refusal(r);
             assert!(s.contains("journal.db") && s.contains("empty (0 bytes)") && s.contains("backup"), "{s}");
         }
+        // At once: no host leaves an empty file at the journal's name while creating it.
+        let started = std::time::Instant::now();
+        refusal(SqliteJournal::open(&path));
+        assert!(started.elapsed() < std::time::Duration::from_millis(500), "{:?}", started.elapsed());
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 0, "left as it was");
 
         // With a WAL beside it (the journal's latest commits): the WAL is kept.
@@ -1373,20 +1567,167 @@ mod tests {
         assert!(j.steps(None).await.unwrap().is_empty());
     }
 
+    /// Set by [`a_first_start_killed_while_creating_the_journal_leaves_nothing_at_its_name`]
+    /// for the child it starts: the journal the child opens.
+    const CHILD_JOURNAL: &str = "TOOLGATE_TEST_CHILD_JOURNAL";
+
+    /// A first start killed while it creates the journal — its temporary
+    /// file just created (0 bytes), its schema written but not committed, or
+    /// committed but not yet renamed — leaves nothing at the journal's name
+    /// (no empty file, no `-wal`), so the next start is not refused: it
+    /// creates the journal as if none had begun, the dead start's temporary
+    /// files ignored.
+    #[test]
+    fn a_first_start_killed_while_creating_the_journal_leaves_nothing_at_its_name() {
+        if let Ok(path) = std::env::var(CHILD_JOURNAL) {
+            // Dies in there (`die_at`), or says how it got out.
+            match SqliteJournal::open(Path::new(&path)) {
+                Ok(_) => println!("child: opened"),
+                Err(e) => println!("child: {e}"),
+            }
+            return;
+        }
+        let name =
+            concat!(module_path!(), "::a_first_start_killed_while_creating_the_journal_leaves_nothing_at_its_name");
+        let name = name.split_once("::").unwrap().1;
+        for point in ["temporary-created", "schema-uncommitted", "before-placing"] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("journal.db");
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([name, "--exact", "--nocapture", "--test-threads=1"])
+                .env(CHILD_JOURNAL, &path)
+                .env("TOOLGATE_TEST_DIE_AT", point)
+                .output()
+                .unwrap();
+            assert_eq!(
+                out.status.code(),
+                Some(86),
+                "{point}: the child must die there:\n{}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let names = || -> Vec<String> {
+                let mut v: Vec<_> = std::fs::read_dir(dir.path())
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect();
+                v.sort();
+                v
+            };
+            let left = names();
+            assert!(
+                left.iter().all(|n| n.starts_with("journal.db.new-")) && !left.is_empty(),
+                "{point}: only the dead start's temporary files: {left:?}"
+            );
+            let j = SqliteJournal::open(&path).unwrap_or_else(|e| panic!("{point}: the next start: {e}"));
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                j.commit_step(&step("c1", OutcomeKind::Output), &[], None).await.unwrap();
+                assert_eq!(j.steps(None).await.unwrap().len(), 1);
+            });
+            drop(j);
+            let now: Vec<_> = names().into_iter().filter(|n| n.starts_with("journal.db.new-")).collect();
+            assert_eq!(now, left, "{point}: an hour old only, what a dead start left is removed");
+        }
+    }
+
+    /// Several hosts creating one journal at once each build one; one is put
+    /// in place, and every host opens that one, writes and reads the same
+    /// steps; no temporary file is left.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hosts_creating_one_journal_at_once_open_the_same_one() {
+        for round in 0..5 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = Arc::new(dir.path().join("state/journal.db"));
+            let barrier = Arc::new(std::sync::Barrier::new(4));
+            let hosts: Vec<_> = (0..4)
+                .map(|_| {
+                    let (path, barrier) = (path.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        SqliteJournal::open(&path).unwrap()
+                    })
+                })
+                .collect();
+            let journals: Vec<_> = hosts.into_iter().map(|h| h.join().unwrap()).collect();
+            for (i, j) in journals.iter().enumerate() {
+                j.commit_step(&step(&format!("c{i}"), OutcomeKind::Output), &[], None).await.unwrap();
+            }
+            for j in &journals {
+                assert_eq!(j.steps(None).await.unwrap().len(), 4, "round {round}: one journal");
+            }
+            drop(journals);
+            let left: Vec<_> = std::fs::read_dir(dir.path().join("state"))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n.contains(".new-"))
+                .collect();
+            assert!(left.is_empty(), "round {round}: {left:?}");
+        }
+    }
+
+    /// What a start killed while creating the journal left is removed once
+    /// an hour old, nothing else; a journal file missing beside a non-empty
+    /// `-wal` (its latest commits) is refused, not created anew beside it.
+    #[tokio::test]
+    async fn stale_creations_are_removed_and_a_lone_wal_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.db");
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(2 * 3600);
+        let make = |name: &str, modified| {
+            let f = std::fs::File::create(dir.path().join(name)).unwrap();
+            f.set_modified(modified).unwrap();
+        };
+        make("journal.db.new-1-00", old);
+        make("journal.db.new-1-00-journal", old);
+        make("journal.db.new-2-00", std::time::SystemTime::now());
+        make("other.db.new-1-00", old);
+        make("journal.dbx.new-1-00", old);
+        drop(SqliteJournal::open(&path).unwrap());
+        let mut left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".new-"))
+            .collect();
+        left.sort();
+        assert_eq!(left, ["journal.db.new-2-00", "journal.dbx.new-1-00", "other.db.new-1-00"]);
+
+        // The journal removed (or lost), its `-wal` left: refused, the `-wal` kept.
+        let j = SqliteJournal::open(&path).unwrap();
+        j.commit_step(&step("c1", OutcomeKind::Output), &[], None).await.unwrap();
+        let wal = std::fs::read(with_suffix(&path, "-wal")).unwrap();
+        assert!(!wal.is_empty());
+        std::fs::remove_file(&path).unwrap();
+        drop(j);
+        std::fs::write(with_suffix(&path, "-wal"), &wal).unwrap();
+        let s = refusal(SqliteJournal::open(&path));
+        assert!(s.contains("journal.db") && s.contains("missing") && s.contains("-wal"), "{s}");
+        assert!(!path.exists(), "nothing created");
+        assert_eq!(std::fs::read(with_suffix(&path, "-wal")).unwrap(), wal, "the WAL is left as it is");
+        std::fs::remove_file(with_suffix(&path, "-wal")).unwrap();
+        let _ = std::fs::remove_file(with_suffix(&path, "-shm"));
+        let j = SqliteJournal::open(&path).unwrap();
+        assert!(j.steps(None).await.unwrap().is_empty());
+    }
+
     /// A journal whose WAL SQLite cannot apply (here: its first frame
-    /// damaged) reads as a database without tables; it is refused, not made
-    /// a new journal whose first write would start the WAL over.
+    /// damaged) reads as a database without tables when its schema is in
+    /// that WAL too (a journal created in WAL mode, as toolgate did before
+    /// it built journals under a temporary name); it is refused, not made a
+    /// new journal whose first write would start the WAL over.
     #[tokio::test]
     async fn a_journal_left_in_a_wal_sqlite_cannot_apply_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("journal.db");
-        let j = SqliteJournal::open(&path).unwrap();
-        j.commit_step(&step("c1", OutcomeKind::Output), &[], None).await.unwrap();
-        // Copied while open: the schema and the step are in the WAL, not yet in the file.
+        let c = Connection::open(&path).unwrap();
+        c.pragma_update(None, "journal_mode", "WAL").unwrap();
+        c.execute_batch(&schema_at(SCHEMA_VERSION)).unwrap();
+        c.pragma_update(None, "user_version", SCHEMA_VERSION).unwrap();
+        // Copied while open: the schema is in the WAL, not yet in the file.
         let copy = dir.path().join("copy.db");
         std::fs::copy(&path, &copy).unwrap();
         let mut wal = std::fs::read(with_suffix(&path, "-wal")).unwrap();
-        drop(j);
+        drop(c);
         wal[32 + 24 + 100] ^= 0xff;
         std::fs::write(with_suffix(&copy, "-wal"), &wal).unwrap();
         let s = refusal(SqliteJournal::open(&copy));
