@@ -162,8 +162,10 @@ pub enum CallError {
     /// lost. Not "nothing ran": a caller that makes the call again repeats
     /// its effects. The model reads [`CallError::model_text`] (no host
     /// paths); the whole text, the journal's error with it, is the
-    /// operator's. An approved call's ticket is settled as interrupted (at
-    /// once, or by the model's next identical call), never left claimed.
+    /// operator's. An approved call's ticket is settled as interrupted: at
+    /// once, or — the journal still failing — once its claim's lease lapsed,
+    /// by the model's next identical call (any process's) or the next host
+    /// to start.
     #[error(
         "`{tool}` ran (request {request}), but the journal failed before its result was recorded: {error} — its \
          effects may have happened; check them before making the call again"
@@ -258,50 +260,55 @@ pub struct Runtime {
     holder: String,
     /// Skill activations committed by this runtime (and its reloads).
     skill_marks: Arc<SkillMarks>,
-    /// Claims this host holds and no longer works on: their resolving
-    /// commit failed (the journal failed), and so did settling them right
-    /// after. Settled by the next identical call that finds one
-    /// ([`Step::resume`]) or by [`Runtime::settle_interrupted`]; no other
-    /// host takes them over while this one beats its heartbeat.
-    unsettled: Arc<std::sync::Mutex<BTreeMap<String, Unsettled>>>,
 }
 
-/// A claim of this host whose result could not be recorded, and how it is
-/// settled: a call that was handed to the executor as interrupted (it may
-/// have run, and never runs again); one that ran nothing as what it was.
-struct Unsettled {
-    record: AwaitingRecord,
-    holder: String,
+/// What a claim nobody works on any more is settled as (a step resolving
+/// its ticket: nothing captured, nothing changed).
+struct Settlement {
     verdict: Verdict,
     outcome: OutcomeKind,
     /// What the model reads (no ticket: it names the request).
     text: String,
-    approved_by: Option<ApprovedBy>,
 }
 
-impl Unsettled {
-    /// The settlement of `record`'s claim (held by `holder`) after the
-    /// commit of `ending` failed.
-    fn after(record: AwaitingRecord, holder: String, ending: &Ending<'_>, approved_by: Option<&ApprovedBy>) -> Self {
-        let (verdict, outcome, text) = if ending.verdict == Verdict::Allow {
-            // Handed to the executor: it may have run, and never runs again.
-            let text = format!(
-                "interrupted: the host that approved request {} could not record the result (its journal failed); \
-                 the call may have run and will not run again — check its effects, then make the call again if needed",
-                record.call_id
-            );
-            (Verdict::Allow, OutcomeKind::ExecutorError, text)
-        } else {
-            // Nothing ran: what it was (a denial, a block).
-            (ending.verdict, ending.outcome, ending.text.to_owned())
-        };
-        Unsettled { record, holder, verdict, outcome, text, approved_by: approved_by.cloned() }
+impl Settlement {
+    /// The approved call was handed to its guest (it may have run), and its
+    /// result was not recorded: it never runs again.
+    fn interrupted(why: &str, call_id: &str) -> Self {
+        let text = format!(
+            "interrupted: the host that approved request {call_id} {why}; the call may have run and will not run \
+             again — check its effects, then make the call again if needed"
+        );
+        Settlement { verdict: Verdict::Allow, outcome: OutcomeKind::ExecutorError, text }
+    }
+
+    /// The claim was made (or may have been) and the journal failed before
+    /// the call was handed to its guest: nothing ran.
+    fn not_run(call_id: &str) -> Self {
+        let text = format!(
+            "request {call_id} was decided, but the host's journal failed before the call ran (this is for the \
+             host's operator to fix; the host's log holds the cause); nothing ran — make the call again to ask again"
+        );
+        Settlement { verdict: Verdict::None, outcome: OutcomeKind::Blocked, text }
+    }
+
+    /// What a step that ran nothing said (a denial, a block, a Tool that
+    /// could not be loaded), kept when its commit failed.
+    fn as_ending(ending: &Ending<'_>) -> Self {
+        Settlement { verdict: ending.verdict, outcome: ending.outcome, text: ending.text.to_owned() }
     }
 }
 
-/// How long to wait before each attempt to settle a claim whose resolving
-/// commit failed: bounded, so a call whose journal is down ends.
+/// How long to wait before each attempt to settle a claim nobody works on
+/// any more (its call's step could not be committed, a read after the
+/// claim failed): a lock held for a moment, a disk freed.
 const SETTLE_BACKOFF_MS: [u64; 3] = [0, 100, 500];
+
+/// How long settling such a claim may take in all, each attempt waiting on
+/// the journal included (a PostgreSQL operation's own deadline is far
+/// longer): then the claim is left to lapse, and is settled by the run's
+/// next identical call or the next host to start.
+const SETTLE_WITHIN: Duration = Duration::from_secs(5);
 
 /// Skill activations committed in this process, counted per bucket of run
 /// ids. A run's view records its bucket's count when it was last brought
@@ -423,107 +430,113 @@ impl Runtime {
         settings: RuntimeSettings,
     ) -> Self {
         let skill_marks = Arc::new(SkillMarks(std::array::from_fn(|_| AtomicU64::new(0))));
-        let unsettled = Arc::default();
-        Runtime { snapshot, executor, store, settings, holder: new_id("host"), skill_marks, unsettled }
+        Runtime { snapshot, executor, store, settings, holder: new_id("host"), skill_marks }
     }
 
     /// Settle claims whose holder stopped before committing the result (its
     /// heartbeat older than the claim lease): each is taken over and
     /// resolved through the Step commit with an `executor_error` step saying
     /// the call was interrupted — it may have run, so it never runs again.
-    /// Hosts call this at start. Also settles this host's own claims whose
-    /// result the journal could not record (see [`CallError::RanUnrecorded`]),
-    /// which no other host takes over while this one is alive. Returns the
-    /// requests (call ids) settled — never their tickets, which are the
-    /// approver's alone: what a host logs at start, an agent running
+    /// Hosts call this at start; a call that finds its earlier ask claimed
+    /// settles them too ([`Step::resume`]), so a claim whose holder exited or
+    /// whose journal failed is settled without waiting for a restart.
+    /// Returns the requests (call ids) settled — never their tickets, which
+    /// are the approver's alone: what a host logs at start, an agent running
     /// `toolgate call` reads.
     pub async fn settle_interrupted(&self) -> Result<Vec<String>, CallError> {
-        let mut settled = Vec::new();
-        let mut left = std::mem::take(&mut *self.unsettled.lock().unwrap_or_else(|p| p.into_inner())).into_values();
-        while let Some(u) = left.next() {
-            match self.settle(&u).await {
-                Ok(_) => settled.push(u.record.call_id),
-                // Another host settled it, or it is resolved.
-                Err(CallError::Ticket(_)) => {}
-                Err(e) => {
-                    self.keep_unsettled(u);
-                    left.for_each(|u| self.keep_unsettled(u));
-                    return Err(e);
-                }
-            }
-        }
+        let (settled, _) = self.settle_lapsed(&self.holder, None).await?;
+        Ok(settled)
+    }
+
+    /// Take over, for `taker`, every claim whose holder's heartbeat is older
+    /// than the lease, and settle each as interrupted. Also the settling
+    /// step of the ticket `wanted`, if it was among them.
+    async fn settle_lapsed(
+        &self,
+        taker: &str,
+        wanted: Option<&str>,
+    ) -> Result<(Vec<String>, Option<StepRecord>), CallError> {
         let lease = self.settings.claim_lease_secs as i64;
-        let taken = self.store.take_over_stale_claims(&self.holder, now(), lease).await?;
+        let taken = self.store.take_over_stale_claims(taker, now(), lease).await?;
+        let (mut settled, mut found) = (Vec::with_capacity(taken.len()), None);
         for ticket in taken {
             let r = ticket.record().clone();
             let call = stored_call(&r);
             let step = Step::new(&r.run_id, &r.agent, &call);
-            let text = format!(
-                "interrupted: the host that approved request {} stopped before committing the result; the call \
-                 may have run and will not run again — check its effects, then make the call again if needed",
-                r.call_id
-            );
-            let ending = Ending {
-                verdict: Verdict::Allow,
-                outcome: OutcomeKind::ExecutorError,
-                ..Ending::blocked(Verdict::Allow, &text)
-            };
+            let s = Settlement::interrupted("stopped before committing the result", &r.call_id);
+            let ending = Ending { outcome: s.outcome, ..Ending::blocked(s.verdict, &s.text) };
             match step.resolve(self, ticket, ending, None, false).await {
-                Ok(_) => settled.push(r.call_id),
+                Ok(seq) => {
+                    if wanted == Some(r.ticket_id.as_str()) {
+                        found = Some(StepRecord {
+                            seq,
+                            run_id: r.run_id.clone(),
+                            call_id: r.call_id.clone(),
+                            tool_id: r.tool_id.clone(),
+                            arguments: r.arguments.clone(),
+                            verdict: s.verdict.as_str().to_owned(),
+                            outcome: s.outcome,
+                            result: s.text,
+                            captured: captured_json(&NOTHING_CAPTURED, None).into_owned(),
+                            ticket_id: Some(r.ticket_id.clone()),
+                            structured: false,
+                            approved_by: None,
+                        });
+                    }
+                    settled.push(r.call_id);
+                }
                 // Another host settled it first.
                 Err(CallError::Ticket(TicketError::Settled(_))) => {}
+                // The rest stay claimed by `taker`, which does not beat: they
+                // lapse again, for the next call or host to settle.
                 Err(e) => return Err(e),
             }
         }
-        Ok(settled)
+        Ok((settled, found))
     }
 
-    /// Resolve `u`'s claim with its settlement — nothing captured, nothing
-    /// changed, not yet delivered (the model's identical call receives it).
-    async fn settle(&self, u: &Unsettled) -> Result<i64, CallError> {
-        let call = stored_call(&u.record);
-        let step = Step::new(&u.record.run_id, &u.record.agent, &call);
-        let ending = Ending { outcome: u.outcome, ..Ending::blocked(u.verdict, &u.text) };
-        let captured = captured_json(ending.captured, None);
-        let record = step.record(&ending, step.args(), &captured, Some(&u.record.ticket_id), u.approved_by.as_ref());
-        let ticket = ClaimedTicket::new(u.record.clone(), u.holder.clone());
-        Ok(self.store.resolve_ticket(ticket, &record, &[], false).await??)
-    }
-
-    /// A claim whose resolving commit failed: settled now, in a bounded few
-    /// attempts ([`SETTLE_BACKOFF_MS`]: a lock held for a moment, a disk
-    /// freed); otherwise kept for the next identical call of the run to
-    /// settle ([`Step::resume`]) — never left claimed by a live host with
-    /// nobody working on it.
-    async fn settle_or_keep(&self, u: Unsettled) {
-        for wait in SETTLE_BACKOFF_MS {
-            if wait > 0 {
-                tokio::time::sleep(Duration::from_millis(wait)).await;
-            }
-            match self.settle(&u).await {
-                Ok(_) => {
-                    tracing::warn!("request {}: its result was not recorded; settled as: {}", u.record.call_id, u.text);
-                    return;
+    /// Settle a claim of this host that nobody works on any more (the
+    /// approval's call failed to commit, or failed before it ran) as `s`:
+    /// a few attempts ([`SETTLE_BACKOFF_MS`]) within [`SETTLE_WITHIN`] in
+    /// all. A claim still unsettled then is left to lapse (no heartbeat is
+    /// beaten for it): the run's next identical call takes it over and
+    /// settles it as interrupted ([`Step::resume`]), as does the next host
+    /// to start.
+    async fn settle(
+        &self,
+        step: &Step<'_>,
+        claim: (&AwaitingRecord, &str),
+        s: &Settlement,
+        approved_by: Option<&ApprovedBy>,
+    ) {
+        let (record, holder) = claim;
+        let attempts = async {
+            for wait in SETTLE_BACKOFF_MS {
+                if wait > 0 {
+                    tokio::time::sleep(Duration::from_millis(wait)).await;
                 }
-                // Another host took it over (this one's heartbeat lapsed), or it is resolved.
-                Err(CallError::Ticket(_)) => return,
-                Err(e) => tracing::warn!("request {}: cannot settle its claim yet: {e}", u.record.call_id),
+                let ticket = ClaimedTicket::new(record.clone(), holder.to_owned());
+                let ending = Ending { outcome: s.outcome, ..Ending::blocked(s.verdict, &s.text) };
+                match step.resolve(self, ticket, ending, approved_by, false).await {
+                    Ok(_) => {
+                        tracing::warn!("request {}: settled as: {}", record.call_id, s.text);
+                        return true;
+                    }
+                    // Resolved after all (the failed commit was made), or
+                    // taken over by another host: nothing is left to settle.
+                    Err(CallError::Ticket(_)) => return true,
+                    Err(e) => tracing::warn!("request {}: cannot settle its claim yet: {e}", record.call_id),
+                }
             }
+            false
+        };
+        if !tokio::time::timeout(SETTLE_WITHIN, attempts).await.unwrap_or(false) {
+            tracing::error!(
+                "request {}: its claim is left to lapse (the journal failed); the run's next identical call, or \
+                 the next host to start, settles it as interrupted once the claim lease passed",
+                record.call_id
+            );
         }
-        tracing::error!(
-            "request {}: its claim is left to settle when the run makes the call again (the journal failed)",
-            u.record.call_id
-        );
-        self.keep_unsettled(u);
-    }
-
-    fn keep_unsettled(&self, u: Unsettled) {
-        let mut held = self.unsettled.lock().unwrap_or_else(|p| p.into_inner());
-        held.insert(u.record.ticket_id.clone(), u);
-    }
-
-    fn take_unsettled(&self, ticket_id: &str) -> Option<Unsettled> {
-        self.unsettled.lock().unwrap_or_else(|p| p.into_inner()).remove(ticket_id)
     }
 
     /// The same runtime over a new snapshot (a reload): same executor, store and host instance.
@@ -535,7 +548,6 @@ impl Runtime {
             settings: self.settings.clone(),
             holder: self.holder.clone(),
             skill_marks: self.skill_marks.clone(),
-            unsettled: self.unsettled.clone(),
         }
     }
 
@@ -716,17 +728,77 @@ impl Runtime {
         // Read again: the checks above waited on the journal and the
         // credentials' sources, and the claim holds the ticket's expiry and
         // this host's heartbeat to the time it is made.
-        let ticket = self.store.claim_ticket(ticket_id, now(), &self.holder).await??;
+        let ticket = match self.store.claim_ticket(ticket_id, now(), &self.holder).await {
+            Ok(claimed) => claimed?,
+            // Not known to be made, nor not (PostgreSQL: its answer was
+            // lost): if it was, this host holds it and nothing ran.
+            Err(e) => {
+                let call = stored_call(&record);
+                let step = Step::new(&record.run_id, &record.agent, &call);
+                let s = Settlement::not_run(&record.call_id);
+                Box::pin(self.settle(&step, (&record, &self.holder), &s, Some(&approved_by))).await;
+                return Err(e.into());
+            }
+        };
         let _alive = self.heartbeat_while_held();
         let r = ticket.record().clone();
+        let holder = ticket.holder().to_owned();
         let call = stored_call(&r);
         let step = Step::new(&r.run_id, &r.agent, &call);
+        // Every way out of the claimed call ends here: a step that resolves
+        // the ticket was committed, or the claim is settled now — never left
+        // held with nobody working on it. Also when the journal failed
+        // before the call was handed to its guest (a read of the run or of
+        // the Tool's state), not only when its commit did.
+        let by = approved_by.clone();
+        let result = self.decide_claimed(&step, &record, ticket, &decision, approved_by, in_conversation).await;
+        let settlement = match &result {
+            // The guest was handed the call: it may have run.
+            Err(CallError::RanUnrecorded { .. }) => {
+                Some(Settlement::interrupted("could not record the result (its journal failed)", &r.call_id))
+            }
+            // Nothing ran: what the step that failed to commit said (a
+            // denial, a block), or, failed before any, that nothing ran.
+            Err(CallError::Commit(_)) => Some(
+                step.unrecorded
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
+                    .map_or_else(|| Settlement::not_run(&r.call_id), |s| *s),
+            ),
+            // Resolved, or settled by another host.
+            _ => None,
+        };
+        if let Some(s) = settlement {
+            // Boxed: the rare path, kept out of every approval's future.
+            Box::pin(self.settle(&step, (&r, &holder), &s, Some(&by))).await;
+        }
+        result
+    }
+
+    /// [`Runtime::decide`] once `ticket` is claimed: each way it ends
+    /// resolves the ticket, or returns an error after which the caller
+    /// settles the claim ([`CallError::Commit`]: nothing ran;
+    /// [`CallError::RanUnrecorded`]: it may have run).
+    async fn decide_claimed(
+        &self,
+        step: &Step<'_>,
+        record: &AwaitingRecord,
+        ticket: ClaimedTicket,
+        decision: &Decision,
+        approved_by: ApprovedBy,
+        in_conversation: bool,
+    ) -> Result<StepResult, CallError> {
+        let ticket_id = ticket.ticket_id().to_owned();
+        let ticket_id = ticket_id.as_str();
+        let r = ticket.record().clone();
+        let call = step.call;
         let by = Some(&approved_by);
         // `verify` held the approval to the record read above (the one the
         // approver was shown); what runs is the record the claim read.
         // Anything that changed in between (a journal writer rewrote the
         // call) is not what was approved.
-        if approval::call_digest(&r) != approval::call_digest(&record) {
+        if approval::call_digest(&r) != approval::call_digest(record) {
             let reason = format!(
                 "request `{}`: the call changed while it was being approved; nothing ran, make the call again",
                 r.call_id
@@ -734,7 +806,7 @@ impl Runtime {
             step.resolve(self, ticket, Ending::blocked(Verdict::None, &reason), by, in_conversation).await?;
             return Err(TicketError::Changed(ticket_id.to_owned()).into());
         }
-        if let Decision::Deny { reason } = &decision {
+        if let Decision::Deny { reason } = decision {
             let reason = format!("a human denied `{}`: {reason}", call.tool_id);
             let seq = step.resolve(self, ticket, Ending::blocked(Verdict::Deny, &reason), by, in_conversation).await?;
             return Ok(StepResult::Blocked { seq, reason });
@@ -781,12 +853,14 @@ impl Runtime {
                 // As a fresh call: a slot first, then the state as it is
                 // then, the slot held to the commit. Nothing withdraws it.
                 let admitted = self.executor.admit(&allowed, std::future::pending()).await;
+                // Failing, the slot goes with it, before the claim is settled.
                 let state = Arc::new(self.store.tool_state(&r.agent, &call.tool_id).await?);
                 let (exec, slot) = match admitted {
                     Ok(Some(slot)) => (slot.run(state.clone(), std::future::pending(), None).await, Some(slot)),
                     other => (other.map(|_| Execution::cancelled()), None),
                 };
-                let result = step.finish(self, Some((ticket, approved_by, in_conversation)), exec, &state, false).await;
+                let resolving = Some((ticket, approved_by, in_conversation));
+                let result = step.finish(self, resolving, exec, slot.is_some(), &state, false).await;
                 drop(slot);
                 // An approved Skill narrows its run: every `Run` of it looks again.
                 if let Ok(StepResult::Output { .. }) = &result
@@ -1078,7 +1152,7 @@ impl Run<'_> {
                     // Withdrawn while it waited, or its code cannot be loaded.
                     other => {
                         let exec = other.map(|_| Execution::cancelled());
-                        return step.finish(rt, None, exec, &BTreeMap::new(), false).await;
+                        return step.finish(rt, None, exec, false, &BTreeMap::new(), false).await;
                     }
                 };
                 let (mut attempt, mut left) = (1, None);
@@ -1095,7 +1169,7 @@ impl Run<'_> {
                     // Tool that spins to its deadline held a slot 16 times as long.
                     left = exec.as_ref().ok().and_then(|e| e.ends).map(|e| e.saturating_duration_since(Instant::now()));
                     let again = pure && attempt < STATE_ATTEMPTS && left.is_some_and(|l| !l.is_zero());
-                    match step.finish(rt, None, exec, &state, again).await {
+                    match step.finish(rt, None, exec, true, &state, again).await {
                         Err(CallError::Commit(CommitError::StateChanged { .. })) if again => attempt += 1,
                         other => break other?,
                     }
@@ -1322,6 +1396,9 @@ struct Step<'a> {
     /// The call's arguments as JSON text, serialized once (the executor's
     /// when the call ran).
     args: std::sync::OnceLock<Arc<str>>,
+    /// A resolving step that ran nothing and whose commit the journal
+    /// failed: what the claim is settled as ([`Runtime::decide`]).
+    unrecorded: std::sync::Mutex<Option<Box<Settlement>>>,
 }
 
 /// What a step ended as: the plain data the Step commit writes.
@@ -1400,7 +1477,7 @@ type Resolving = Option<(ClaimedTicket, ApprovedBy, bool)>;
 
 impl<'a> Step<'a> {
     fn new(run_id: &'a str, agent: &'a str, call: &'a ToolCall) -> Self {
-        Step { run_id, agent, call, args: std::sync::OnceLock::new() }
+        Step { run_id, agent, call, args: std::sync::OnceLock::new(), unrecorded: std::sync::Mutex::new(None) }
     }
 
     fn args(&self) -> &str {
@@ -1471,7 +1548,7 @@ impl<'a> Step<'a> {
             ending
         };
         let record = self.record(&ending, self.args(), &captured, Some(&id), approved_by);
-        let (claimed, holder) = (ticket.record().clone(), ticket.holder().to_owned());
+        let call_id = &self.call.call_id;
         match rt.store.resolve_ticket(ticket, &record, ending.changes, delivered).await {
             Ok(Ok(seq)) => Ok(seq),
             Ok(Err(e)) => {
@@ -1480,10 +1557,14 @@ impl<'a> Step<'a> {
             }
             // Refused without touching the claim: the caller resolves it with the error.
             Err(e @ (CommitError::StateChanged { .. } | CommitError::StateTooLarge { .. })) => Err(e.into()),
-            // The journal failed: the claim is this host's, and nobody works on it any more.
+            // The journal failed: the claim is still held (or the step was
+            // committed after all). Kept for the claim's owner to settle as
+            // — a step that ran something is settled as interrupted instead
+            // ([`CallError::RanUnrecorded`]).
             Err(e) => {
-                tracing::error!("request {}: the journal failed to record its resolution: {e}", claimed.call_id);
-                rt.settle_or_keep(Unsettled::after(claimed, holder, &ending, approved_by)).await;
+                tracing::error!("request {call_id}: the journal failed to record its resolution: {e}");
+                let kept = Box::new(Settlement::as_ending(&ending));
+                *self.unrecorded.lock().unwrap_or_else(|p| p.into_inner()) = Some(kept);
                 Err(e.into())
             }
         }
@@ -1509,38 +1590,21 @@ impl<'a> Step<'a> {
     /// delivered, it hands over the decided result — once. Otherwise `None`:
     /// the call goes to the gate as usual.
     async fn resume(&self, rt: &Runtime, mut prior: PriorAsk) -> Result<Option<StepResult>, CallError> {
-        // Claimed by this host, whose result could not be recorded: settled
-        // now, and this call receives the settlement.
-        if prior.record.state == "claimed"
-            && let Some(u) = rt.take_unsettled(&prior.record.ticket_id)
-        {
+        // Claimed, and its holder's heartbeat older than the lease (it
+        // exited — `toolgate approve` is short-lived —, or its journal failed
+        // and settling failed too): nobody works on it. Taken over and
+        // settled as interrupted now, and this call receives that — not
+        // "awaiting approval" until some host starts. Taken by an id of its
+        // own: a claim this process holds is never taken by its own id, and
+        // one left by a failed journal in this process must be.
+        if prior.record.state == "claimed" {
+            let taker = new_id("host");
             // Boxed: the rare path, kept out of every call's future.
-            match Box::pin(rt.settle(&u)).await {
-                Ok(seq) => {
-                    prior.record.state = "resolved".into();
-                    prior.delivered = false;
-                    prior.resolution = Some(StepRecord {
-                        seq,
-                        run_id: u.record.run_id.clone(),
-                        call_id: u.record.call_id.clone(),
-                        tool_id: u.record.tool_id.clone(),
-                        arguments: u.record.arguments.clone(),
-                        verdict: u.verdict.as_str().to_owned(),
-                        outcome: u.outcome,
-                        result: u.text,
-                        captured: captured_json(&NOTHING_CAPTURED, None).into_owned(),
-                        ticket_id: Some(u.record.ticket_id),
-                        structured: false,
-                        approved_by: u.approved_by,
-                    });
-                }
-                // Another host settled it meanwhile (this one's heartbeat lapsed).
-                Err(e @ CallError::Ticket(_)) => return Err(e),
-                // The journal still fails: kept, and nothing new is committed.
-                Err(e) => {
-                    rt.keep_unsettled(u);
-                    return Err(e);
-                }
+            let (_, found) = Box::pin(rt.settle_lapsed(&taker, Some(&prior.record.ticket_id))).await?;
+            if let Some(settled) = found {
+                prior.record.state = "resolved".into();
+                prior.delivered = false;
+                prior.resolution = Some(settled);
             }
         }
         let r = &prior.record;
@@ -1580,19 +1644,24 @@ impl<'a> Step<'a> {
     }
 
     /// Commit an execution: output with its Commands, or the failure. The
-    /// journal failing once the guest was handed the call (it may have run,
-    /// also when withdrawn or failed) is [`CallError::RanUnrecorded`], never
-    /// the "nothing ran" of [`CallError::Commit`]; a conflict on the Tool's
-    /// state is left to the caller as it was.
+    /// journal failing once the guest was handed the call (`started`: it
+    /// may have run, also when withdrawn or failed) is
+    /// [`CallError::RanUnrecorded`], never the "nothing ran" of
+    /// [`CallError::Commit`] — which is what a call that never started (its
+    /// code could not be loaded, withdrawn while it waited for a slot) is
+    /// told; a conflict on the Tool's state is left to the caller as it was.
     async fn finish(
         &self,
         rt: &Runtime,
         resolving: Resolving,
         exec: Result<Execution, ExecutorError>,
+        started: bool,
         read: &BTreeMap<String, String>,
         retry_on_conflict: bool,
     ) -> Result<StepResult, CallError> {
-        let ran = exec.is_ok();
+        // The executor fails only before the guest's code (it could not be
+        // loaded or instantiated).
+        let ran = started && exec.is_ok();
         match self.commit_execution(rt, resolving, exec, read, retry_on_conflict).await {
             Err(CallError::Commit(error)) if ran && !matches!(error, CommitError::StateChanged { .. }) => {
                 Err(CallError::RanUnrecorded {

@@ -1,7 +1,10 @@
 //! When the journal fails: a call that ran is never told as one that did
-//! not (its effects may have happened), and an approved call whose result
-//! could not be recorded does not leave its ticket claimed by a live
-//! process — the model's identical retry gets the settled outcome.
+//! not (its effects may have happened), nor one that never started as one
+//! that ran; and an approval whose call could not be recorded — or whose
+//! journal failed after the claim, before the call ran — does not leave its
+//! ticket claimed with nobody working on it: the claim is settled at once,
+//! or, once its holder's heartbeat lapsed, by the model's identical retry
+//! in any process, which gets the settled outcome.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -17,11 +20,17 @@ use toolgate::{CallError, StepResult};
 use super::text_and_notes;
 
 /// A journal whose disk is full for the next `outputs` commits of an
-/// Output step and the next `resolves` resolutions of a ticket.
+/// Output step, the next `cancels` of a Cancelled one, the next `resolves`
+/// resolutions of a ticket and the next `states` reads of a Tool's state;
+/// and whose answer is lost for the next `lost_claims` claims (made, but
+/// reported failed: PostgreSQL's connection dropped before the answer).
 struct FullJournal {
     inner: toolgate::MemoryJournal,
     outputs: AtomicU32,
+    cancels: AtomicU32,
     resolves: AtomicU32,
+    states: AtomicU32,
+    lost_claims: AtomicU32,
 }
 
 impl FullJournal {
@@ -29,7 +38,10 @@ impl FullJournal {
         Arc::new(FullJournal {
             inner: toolgate::MemoryJournal::new(),
             outputs: AtomicU32::new(outputs),
+            cancels: AtomicU32::new(0),
             resolves: AtomicU32::new(resolves),
+            states: AtomicU32::new(0),
+            lost_claims: AtomicU32::new(0),
         })
     }
 }
@@ -60,6 +72,9 @@ impl StepStore for FullJournal {
         if step.outcome == OutcomeKind::Output && fails(&self.outputs) {
             return Err(full());
         }
+        if step.outcome == OutcomeKind::Cancelled && fails(&self.cancels) {
+            return Err(full());
+        }
         self.inner.commit_step(step, changes, awaiting).await
     }
     async fn claim_ticket(
@@ -68,7 +83,11 @@ impl StepStore for FullJournal {
         now: i64,
         holder: &str,
     ) -> Result<Result<ClaimedTicket, TicketError>, CommitError> {
-        self.inner.claim_ticket(ticket_id, now, holder).await
+        let claimed = self.inner.claim_ticket(ticket_id, now, holder).await;
+        if fails(&self.lost_claims) {
+            return Err(CommitError::Group { path: "db.example:5432".into(), message: "connection reset".into() });
+        }
+        claimed
     }
     async fn heartbeat(&self, holder: &str, now: i64) -> Result<(), CommitError> {
         self.inner.heartbeat(holder, now).await
@@ -105,6 +124,9 @@ impl StepStore for FullJournal {
         self.inner.deliver(ticket_id, step).await
     }
     async fn tool_state(&self, agent: &str, tool_id: &str) -> Result<BTreeMap<String, String>, CommitError> {
+        if fails(&self.states) {
+            return Err(full());
+        }
         self.inner.tool_state(agent, tool_id).await
     }
     async fn steps(&self, run_id: Option<&str>) -> Result<Vec<StepRecord>, CommitError> {
@@ -120,12 +142,15 @@ impl StepStore for FullJournal {
 
 /// The text-and-notes host's runtime over `store`.
 fn over(host: &toolgate_tests::TestHost, store: Arc<FullJournal>) -> toolgate::Runtime {
-    toolgate::Runtime::new(
-        host.runtime.snapshot().clone(),
-        host.runtime.executor().clone(),
-        store,
-        toolgate::RuntimeSettings::of(&host.config),
-    )
+    over_with(host, store, toolgate::RuntimeSettings::of(&host.config))
+}
+
+fn over_with(
+    host: &toolgate_tests::TestHost,
+    store: Arc<FullJournal>,
+    settings: toolgate::RuntimeSettings,
+) -> toolgate::Runtime {
+    toolgate::Runtime::new(host.runtime.snapshot().clone(), host.runtime.executor().clone(), store, settings)
 }
 
 async fn approver(rt: &toolgate::Runtime, ticket: &str) -> toolgate::Approval {
@@ -183,34 +208,150 @@ async fn an_approved_call_whose_resolve_failed_is_settled_not_left_claimed() {
     assert!(matches!(again, StepResult::Awaiting { .. }), "{again:?}");
 }
 
-/// The journal stays failing past the immediate settlement: the claim is
-/// this process's, no longer worked on — the model's first retry once the
-/// journal works again settles it as interrupted and gets that outcome.
+/// The journal stays failing past the immediate settlement, and the
+/// process that approved exits (`toolgate approve` is short-lived): no
+/// process remembers the claim. Once its heartbeat lapsed, the model's
+/// retry in another process takes it over and settles it as interrupted —
+/// no host restart; a takeover whose settling fails lapses in turn, and a
+/// later retry settles it.
 #[tokio::test]
-async fn a_claim_left_by_a_failed_journal_is_settled_by_the_next_retry() {
+async fn a_claim_left_by_a_failed_journal_is_settled_by_a_retry_once_it_lapsed() {
     let host = text_and_notes("");
     let store = FullJournal::new(0, 100);
+    let lease = toolgate::RuntimeSettings { claim_lease_secs: 1, ..toolgate::RuntimeSettings::of(&host.config) };
+    let rt = over_with(&host, store.clone(), lease.clone());
+    let run = rt.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+    let args = json!({"op": "add", "note": "buy milk"});
+    let StepResult::Awaiting { ticket, .. } = run.call("notes", args.clone()).await.unwrap() else {
+        panic!("notes add asks")
+    };
+    {
+        let approving = over_with(&host, store.clone(), lease);
+        let e = approving.approve(&ticket, &approver(&approving, &ticket).await).await.unwrap_err();
+        assert!(matches!(&e, CallError::RanUnrecorded { .. }), "{e:?}");
+    }
+    assert_eq!(store.awaiting(&ticket).await.unwrap().unwrap().state, "claimed");
+
+    // Lapsed, the journal still failing: taken over, not settled — the
+    // retry says the journal failed, and commits no new ask.
+    tokio::time::sleep(std::time::Duration::from_millis(2200)).await;
+    let steps_before = store.steps(None).await.unwrap().len();
+    let still = run.call("notes", args.clone()).await;
+    assert!(matches!(&still, Err(CallError::Commit(_))), "{still:?}");
+    assert_eq!(store.steps(None).await.unwrap().len(), steps_before);
+    assert_eq!(store.awaiting(&ticket).await.unwrap().unwrap().state, "claimed");
+
+    store.resolves.store(0, Ordering::SeqCst);
+    tokio::time::sleep(std::time::Duration::from_millis(2200)).await;
+    let r = run.call("notes", args).await.unwrap();
+    let StepResult::ToolError { message, .. } = &r else { panic!("the retry got {r:?}") };
+    assert!(message.starts_with("interrupted:") && message.contains("may have run"), "{message}");
+    assert_eq!(store.awaiting(&ticket).await.unwrap().unwrap().state, "resolved");
+}
+
+/// A read of the journal after the claim fails (the Tool's state, before
+/// the approved call runs): nothing ran, and the claim is settled at once
+/// as that — not left claimed, the retry receiving "awaiting approval" for
+/// as long as some host did not restart. The next identical call asks anew.
+#[tokio::test]
+async fn a_read_failing_after_the_claim_settles_it_as_not_run() {
+    let host = text_and_notes("");
+    let store = FullJournal::new(0, 0);
+    let rt = over(&host, store.clone());
+    let run = rt.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+    let args = json!({"op": "add", "note": "buy milk"});
+    let StepResult::Awaiting { ticket, correlation, .. } = run.call("notes", args.clone()).await.unwrap() else {
+        panic!("notes add asks")
+    };
+    let approval = approver(&rt, &ticket).await;
+    store.states.store(1, Ordering::SeqCst);
+    let e = rt.approve(&ticket, &approval).await.unwrap_err();
+    assert!(matches!(&e, CallError::Commit(_)), "nothing ran: {e:?}");
+    assert_eq!(host.instantiations(), 0);
+    assert_eq!(store.awaiting(&ticket).await.unwrap().unwrap().state, "resolved", "not left claimed");
+
+    let r = run.call("notes", args.clone()).await.unwrap();
+    let StepResult::Blocked { reason, .. } = &r else { panic!("the retry got {r:?}") };
+    assert!(reason.contains("nothing ran") && reason.contains(&correlation), "{reason}");
+    assert!(!reason.contains(&ticket) && !reason.contains("/srv/secret"), "{reason}");
+    let again = run.call("notes", args).await.unwrap();
+    assert!(matches!(again, StepResult::Awaiting { .. }), "{again:?}");
+}
+
+/// The claim was made but its answer lost (PostgreSQL: the connection
+/// dropped before it): the approval fails, and the claim this host may hold
+/// is settled as not run — not left claimed by a live host.
+#[tokio::test]
+async fn a_claim_whose_answer_was_lost_is_settled_as_not_run() {
+    let host = text_and_notes("");
+    let store = FullJournal::new(0, 0);
     let rt = over(&host, store.clone());
     let run = rt.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
     let args = json!({"op": "add", "note": "buy milk"});
     let StepResult::Awaiting { ticket, .. } = run.call("notes", args.clone()).await.unwrap() else {
         panic!("notes add asks")
     };
+    store.lost_claims.store(1, Ordering::SeqCst);
     let e = rt.approve(&ticket, &approver(&rt, &ticket).await).await.unwrap_err();
-    assert!(matches!(&e, CallError::RanUnrecorded { .. }), "{e:?}");
-    assert_eq!(store.awaiting(&ticket).await.unwrap().unwrap().state, "claimed");
-
-    // Still failing: the retry says the journal failed, and commits no new ask.
-    let steps_before = store.steps(None).await.unwrap().len();
-    let still = run.call("notes", args.clone()).await;
-    assert!(matches!(&still, Err(CallError::Commit(_))), "{still:?}");
-    assert_eq!(store.steps(None).await.unwrap().len(), steps_before);
-
-    store.resolves.store(0, Ordering::SeqCst);
+    assert!(matches!(&e, CallError::Commit(_)), "{e:?}");
+    assert_eq!(host.instantiations(), 0);
+    assert_eq!(store.awaiting(&ticket).await.unwrap().unwrap().state, "resolved", "not left claimed");
     let r = run.call("notes", args).await.unwrap();
+    assert!(matches!(&r, StepResult::Blocked { reason, .. } if reason.contains("nothing ran")), "{r:?}");
+}
+
+/// A claim whose holder died (its heartbeat older than the lease) is taken
+/// over and settled by the model's identical retry — no host restart — and
+/// the retry receives that: interrupted, it may have run. A claim whose
+/// holder is alive is not: the retry is told the request still awaits.
+#[tokio::test]
+async fn a_claim_of_a_dead_holder_is_settled_by_the_retry() {
+    let host = text_and_notes("");
+    let store = FullJournal::new(0, 0);
+    let rt = over(&host, store.clone());
+    let run = rt.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+    let (dead_args, live_args) = (json!({"op": "add", "note": "a"}), json!({"op": "add", "note": "b"}));
+    let StepResult::Awaiting { ticket: dead, correlation, .. } = run.call("notes", dead_args.clone()).await.unwrap()
+    else {
+        panic!("notes add asks")
+    };
+    let StepResult::Awaiting { ticket: live, correlation: live_request, .. } =
+        run.call("notes", live_args.clone()).await.unwrap()
+    else {
+        panic!("notes add asks")
+    };
+    let t = toolgate::store::now();
+    store.claim_ticket(&dead, t - 3600, "host-dead").await.unwrap().unwrap();
+    store.claim_ticket(&live, t, "host-alive").await.unwrap().unwrap();
+
+    let r = run.call("notes", dead_args.clone()).await.unwrap();
     let StepResult::ToolError { message, .. } = &r else { panic!("the retry got {r:?}") };
     assert!(message.starts_with("interrupted:") && message.contains("may have run"), "{message}");
-    assert_eq!(store.awaiting(&ticket).await.unwrap().unwrap().state, "resolved");
+    assert!(message.contains(&correlation) && !message.contains(&dead), "{message}");
+    assert_eq!(store.awaiting(&dead).await.unwrap().unwrap().state, "resolved");
+    assert_eq!(host.instantiations(), 0, "never run again");
+    let again = run.call("notes", dead_args).await.unwrap();
+    assert!(matches!(again, StepResult::Awaiting { .. }), "delivered once: {again:?}");
+
+    let r = run.call("notes", live_args).await.unwrap();
+    assert!(matches!(&r, StepResult::Awaiting { correlation, .. } if *correlation == live_request), "{r:?}");
+    assert_eq!(store.awaiting(&live).await.unwrap().unwrap().state, "claimed");
+}
+
+/// A call withdrawn before it started (before its slot) whose step the
+/// journal could not commit ran nothing: it is told the journal failed, not
+/// that it ran and to check its effects.
+#[tokio::test]
+async fn a_call_withdrawn_before_it_started_is_not_told_it_ran() {
+    let host = text_and_notes("");
+    let store = FullJournal::new(0, 0);
+    store.cancels.store(1, Ordering::SeqCst);
+    let rt = over(&host, store.clone());
+    let run = rt.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+    let e = run.call_until("text.upper", json!({"text": "hi"}), std::future::ready(())).await.unwrap_err();
+    assert!(matches!(&e, CallError::Commit(_)), "{e:?}");
+    assert!(e.model_text().is_none(), "{e:?}");
+    assert_eq!(host.instantiations(), 0);
 }
 
 /// A denial whose resolve failed once ran nothing: its error is the
