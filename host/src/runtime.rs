@@ -94,9 +94,9 @@ impl StepResult {
         match self {
             // A JSON string too (an adapter's remote may send one as its
             // structured content): quoted, it still reads as the host's words.
-            StepResult::Output { content: Content::Json(v), .. } => tools_own(&v.to_string()),
-            StepResult::Output { content: Content::Text(t), .. } => tools_own(t),
-            StepResult::ToolError { message, .. } => tools_own(message),
+            StepResult::Output { content: Content::Json(v), .. } => tools_own(v.to_string()),
+            StepResult::Output { content: Content::Text(t), .. } => tools_own(t.clone()),
+            StepResult::ToolError { message, .. } => tools_own(message.clone()),
             StepResult::Blocked { reason, .. } => format!("blocked: {reason}"),
             StepResult::Cancelled { .. } => ToolFailure::Cancelled.to_string(),
             StepResult::Awaiting { correlation, .. } => awaiting_text(correlation),
@@ -113,7 +113,7 @@ const HOST_OPENINGS: [&str; 2] = ["blocked:", "awaiting human approval"];
 /// a remote server behind an adapter — cannot pass its result off as the
 /// host blocking the call or asking an approver (and send the user to
 /// approve a request that does not exist).
-fn tools_own(text: &str) -> String {
+fn tools_own(text: String) -> String {
     use unicode_general_category::{GeneralCategory, get_general_category};
     // What a reader does not see or a renderer strips before the words:
     // spaces, invisible format characters (U+200B, U+FEFF, bidi marks),
@@ -125,7 +125,8 @@ fn tools_own(text: &str) -> String {
     if HOST_OPENINGS.iter().any(|h| opening.get(..h.len()).is_some_and(|o| o.eq_ignore_ascii_case(h))) {
         format!("(the Tool's own text) {text}")
     } else {
-        text.to_owned()
+        // Handed back as it came: a JSON output is serialized once, not copied again.
+        text
     }
 }
 
