@@ -439,8 +439,9 @@ impl Runtime {
     /// resolved through the Step commit with an `executor_error` step saying
     /// the call was interrupted — it may have run, so it never runs again.
     /// Hosts call this at start; a call that finds its earlier ask claimed
-    /// settles them too ([`Step::resume`]), so a claim whose holder exited or
-    /// whose journal failed is settled without waiting for a restart.
+    /// so settles that claim alone ([`Step::resume`]), so a claim whose
+    /// holder exited or whose journal failed is settled without waiting for
+    /// a restart.
     /// Returns the requests (call ids) settled — never their tickets, which
     /// are the approver's alone: what a host logs at start, an agent running
     /// `toolgate call` reads.
@@ -450,15 +451,16 @@ impl Runtime {
     }
 
     /// Take over, for `taker`, every claim whose holder's heartbeat is older
-    /// than the lease, and settle each as interrupted. Also the settling
-    /// step of the ticket `wanted`, if it was among them.
+    /// than the lease — with `wanted`, only that ticket's claim — and settle
+    /// each as interrupted. Also the settling step of the ticket `wanted`,
+    /// if it was taken.
     async fn settle_lapsed(
         &self,
         taker: &str,
         wanted: Option<&str>,
     ) -> Result<(Vec<String>, Option<StepRecord>), CallError> {
         let lease = self.settings.claim_lease_secs as i64;
-        let taken = self.store.take_over_stale_claims(taker, now(), lease).await?;
+        let taken = self.store.take_over_stale_claims(taker, now(), lease, wanted).await?;
         let (mut settled, mut found) = (Vec::with_capacity(taken.len()), None);
         for ticket in taken {
             let r = ticket.record().clone();

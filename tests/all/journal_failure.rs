@@ -109,8 +109,9 @@ impl StepStore for FullJournal {
         holder: &str,
         now: i64,
         lease_secs: i64,
+        only: Option<&str>,
     ) -> Result<Vec<ClaimedTicket>, CommitError> {
-        self.inner.take_over_stale_claims(holder, now, lease_secs).await
+        self.inner.take_over_stale_claims(holder, now, lease_secs, only).await
     }
     async fn prior_ask(
         &self,
@@ -225,10 +226,19 @@ async fn a_claim_left_by_a_failed_journal_is_settled_by_a_retry_once_it_lapsed()
     let StepResult::Awaiting { ticket, .. } = run.call("notes", args.clone()).await.unwrap() else {
         panic!("notes add asks")
     };
+    // Another conversation's ask, approved and left claimed the same way.
+    let other_run = rt.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+    let StepResult::Awaiting { ticket: other, .. } =
+        other_run.call("notes", json!({"op": "add", "note": "buy eggs"})).await.unwrap()
+    else {
+        panic!("notes add asks")
+    };
     {
         let approving = over_with(&host, store.clone(), lease);
-        let e = approving.approve(&ticket, &approver(&approving, &ticket).await).await.unwrap_err();
-        assert!(matches!(&e, CallError::RanUnrecorded { .. }), "{e:?}");
+        for t in [&ticket, &other] {
+            let e = approving.approve(t, &approver(&approving, t).await).await.unwrap_err();
+            assert!(matches!(&e, CallError::RanUnrecorded { .. }), "{e:?}");
+        }
     }
     assert_eq!(store.awaiting(&ticket).await.unwrap().unwrap().state, "claimed");
 
@@ -247,6 +257,10 @@ async fn a_claim_left_by_a_failed_journal_is_settled_by_a_retry_once_it_lapsed()
     let StepResult::ToolError { message, .. } = &r else { panic!("the retry got {r:?}") };
     assert!(message.starts_with("interrupted:") && message.contains("may have run"), "{message}");
     assert_eq!(store.awaiting(&ticket).await.unwrap().unwrap().state, "resolved");
+    // A retry settles its own ask only: the other conversation's lapsed
+    // claim is left to its own retry (or the next host's start), not
+    // written — or failed on — by this one's call.
+    assert_eq!(store.awaiting(&other).await.unwrap().unwrap().state, "claimed");
 }
 
 /// A read of the journal after the claim fails (the Tool's state, before

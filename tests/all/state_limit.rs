@@ -70,8 +70,9 @@ impl StepStore for RacedJournal {
         holder: &str,
         now: i64,
         lease_secs: i64,
+        only: Option<&str>,
     ) -> Result<Vec<ClaimedTicket>, CommitError> {
-        self.inner.take_over_stale_claims(holder, now, lease_secs).await
+        self.inner.take_over_stale_claims(holder, now, lease_secs, only).await
     }
     async fn prior_ask(
         &self,

@@ -277,21 +277,28 @@ pub async fn claims_are_taken_over_only_from_a_holder_whose_heartbeat_lapsed(b: 
     let lease = 60;
     s.commit_step(&step("c1", OutcomeKind::Awaiting), &[], Some(&awaiting("t1", "c1", t0 + 6000))).await.unwrap();
     s.commit_step(&step("c2", OutcomeKind::Awaiting), &[], Some(&awaiting("t2", "c2", t0 + 6000))).await.unwrap();
+    s.commit_step(&step("c3", OutcomeKind::Awaiting), &[], Some(&awaiting("t3", "c3", t0 + 6000))).await.unwrap();
     let old = s.claim_ticket("t1", t0, "host-old").await.unwrap().unwrap();
+    s.claim_ticket("t3", t0, "host-old").await.unwrap().unwrap();
     // Within the lease: nothing to take.
-    assert!(s.take_over_stale_claims(ME, t0 + lease - 1, lease).await.unwrap().is_empty());
+    assert!(s.take_over_stale_claims(ME, t0 + lease - 1, lease, None).await.unwrap().is_empty());
     // The holder keeps beating: alive long after its claim.
     s.heartbeat("host-old", t0 + 500).await.unwrap();
-    assert!(s.take_over_stale_claims(ME, t0 + 500 + lease - 1, lease).await.unwrap().is_empty());
+    assert!(s.take_over_stale_claims(ME, t0 + 500 + lease - 1, lease, None).await.unwrap().is_empty());
     assert_eq!(state_of(s, "t1").await.as_deref(), Some("claimed"));
     // A holder never takes over its own claims.
-    assert!(s.take_over_stale_claims("host-old", t0 + 10_000, lease).await.unwrap().is_empty());
-    // Silent past the lease: taken over once, by one host.
-    let taken = s.take_over_stale_claims(ME, t0 + 500 + lease + 1, lease).await.unwrap();
+    assert!(s.take_over_stale_claims("host-old", t0 + 10_000, lease, None).await.unwrap().is_empty());
+    // Silent past the lease: taken over once, by one host — and a take-over
+    // of one ticket (a retry settling its own ask) takes only that one.
+    let taken = s.take_over_stale_claims(ME, t0 + 500 + lease + 1, lease, Some("t1")).await.unwrap();
     assert_eq!(taken.iter().map(|t| t.ticket_id()).collect::<Vec<_>>(), ["t1"]);
     assert_eq!(taken[0].holder(), ME);
-    let again = s.take_over_stale_claims("host-third", t0 + 500 + lease + 2, lease).await.unwrap();
-    assert!(again.is_empty(), "the new holder's claim is fresh");
+    let again = s.take_over_stale_claims("host-third", t0 + 500 + lease + 2, lease, None).await.unwrap();
+    assert_eq!(
+        again.iter().map(|t| t.ticket_id()).collect::<Vec<_>>(),
+        ["t3"],
+        "the new holder's claim is fresh; the other lapsed claim was left to this take-over"
+    );
     assert_eq!(state_of(s, "t2").await.as_deref(), Some("pending"), "pending tickets are not claims");
     let mut interrupted = step("c1", OutcomeKind::ExecutorError);
     interrupted.result = "interrupted";

@@ -393,6 +393,7 @@ impl StepStore for MemoryJournal {
         holder: &str,
         now: i64,
         lease_secs: i64,
+        only: Option<&str>,
     ) -> Result<Vec<ClaimedTicket>, CommitError> {
         let cutoff = now.saturating_sub(lease_secs);
         let mut j = self.lock();
@@ -402,6 +403,7 @@ impl StepStore for MemoryJournal {
             .iter()
             .enumerate()
             .filter(|(_, a)| a.record.state == "claimed" && a.holder.as_deref() != Some(holder))
+            .filter(|(_, a)| only.is_none_or(|t| a.record.ticket_id == t))
             .filter(|(_, a)| {
                 let seen = a.holder.as_ref().and_then(|h| hosts.get(h).copied()).or(a.claimed_at).unwrap_or(0);
                 seen < cutoff

@@ -600,14 +600,17 @@ pub trait StepStore: Send + Sync {
         delivered: bool,
     ) -> Result<Result<i64, TicketError>, CommitError>;
     /// Take over, for `holder`, every claim whose holder's heartbeat (or, if
-    /// it never beat, whose claim) is older than `now - lease_secs`. The
-    /// caller settles each through the Step commit; a late result of the old
-    /// holder is then refused.
+    /// it never beat, whose claim) is older than `now - lease_secs` — with
+    /// `only`, just that ticket's (a call settling its own ask leaves every
+    /// other to its own retry or the next host's start). The caller settles
+    /// each through the Step commit; a late result of the old holder is then
+    /// refused.
     async fn take_over_stale_claims(
         &self,
         holder: &str,
         now: i64,
         lease_secs: i64,
+        only: Option<&str>,
     ) -> Result<Vec<ClaimedTicket>, CommitError>;
     /// The latest ask in `scope` for Tool `tool_id` with arguments of
     /// `argument_digest`, with its resolution once decided.

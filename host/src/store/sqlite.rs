@@ -97,7 +97,9 @@ fn apply(write: &Write, c: &Connection) -> rusqlite::Result<Written> {
             }
             resolve(c, ticket_id, holder, &step, changes, *delivered).map(Written::Resolved)
         }
-        Write::TakeOver { holder, now, lease_secs } => take_over(c, holder, *now, *lease_secs).map(Written::TakenOver),
+        Write::TakeOver { holder, now, lease_secs, only } => {
+            take_over(c, holder, *now, *lease_secs, only.as_deref()).map(Written::TakenOver)
+        }
         Write::Deliver { ticket_id, step } => deliver(c, ticket_id, &step.borrow()).map(Written::Delivered),
     }
 }
@@ -973,18 +975,26 @@ fn resolve(
     Ok(Ok(seq))
 }
 
-/// Move to `holder` every claim whose holder's heartbeat (or the claim
-/// itself, for a holder that never beat) is older than the lease.
-fn take_over(c: &Connection, holder: &str, now: i64, lease_secs: i64) -> rusqlite::Result<Vec<AwaitingRecord>> {
+/// Move to `holder` every claim (`only` that ticket's) whose holder's
+/// heartbeat (or the claim itself, for a holder that never beat) is older
+/// than the lease.
+fn take_over(
+    c: &Connection,
+    holder: &str,
+    now: i64,
+    lease_secs: i64,
+    only: Option<&str>,
+) -> rusqlite::Result<Vec<AwaitingRecord>> {
     let cutoff = now.saturating_sub(lease_secs);
     let stale: Vec<AwaitingRecord> = c
         .prepare_cached(&format!(
             "SELECT {AWAITING_COLS} FROM awaiting a
              WHERE a.state = 'claimed' AND (a.holder IS NULL OR a.holder != ?1)
                AND COALESCE((SELECT h.heartbeat_at FROM hosts h WHERE h.instance_id = a.holder), a.claimed_at, 0) < ?2
+               AND (?3 IS NULL OR a.ticket_id = ?3)
              ORDER BY a.ticket_id"
         ))?
-        .query_map(params![holder, cutoff], awaiting_from_row)?
+        .query_map(params![holder, cutoff, only], awaiting_from_row)?
         .collect::<rusqlite::Result<_>>()?;
     for r in &stale {
         c.execute(
@@ -1179,6 +1189,7 @@ impl StepStore for SqliteJournal {
         holder: &str,
         now: i64,
         lease_secs: i64,
+        only: Option<&str>,
     ) -> Result<Vec<ClaimedTicket>, CommitError> {
         // A cheap read first: almost always nothing is claimed.
         let any: i64 = self.with(|c| {
@@ -1187,7 +1198,7 @@ impl StepStore for SqliteJournal {
         if any == 0 {
             return Ok(Vec::new());
         }
-        self.queue_take_over(holder, now, lease_secs).await
+        self.queue_take_over(holder, now, lease_secs, only).await
     }
 
     async fn prior_ask(

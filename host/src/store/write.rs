@@ -26,8 +26,8 @@ pub(crate) enum Write {
     Heartbeat { holder: String, now: i64 },
     /// The step that resolves a claimed ticket, if the claim is still the holder's.
     Resolve { ticket_id: String, holder: String, step: OwnedStep, changes: Vec<StateChange>, delivered: bool },
-    /// Take over claims whose holder's heartbeat lapsed.
-    TakeOver { holder: String, now: i64, lease_secs: i64 },
+    /// Take over claims whose holder's heartbeat lapsed (`only` that ticket's).
+    TakeOver { holder: String, now: i64, lease_secs: i64, only: Option<String> },
     /// A retry's step receiving a decided result, once.
     Deliver { ticket_id: String, step: OwnedStep },
 }
@@ -341,8 +341,10 @@ pub(crate) trait Committer: Send + Sync {
         holder: &str,
         now: i64,
         lease_secs: i64,
+        only: Option<&str>,
     ) -> Result<Vec<super::ClaimedTicket>, super::CommitError> {
-        match self.write(Write::TakeOver { holder: holder.to_owned(), now, lease_secs }).await? {
+        let only = only.map(str::to_owned);
+        match self.write(Write::TakeOver { holder: holder.to_owned(), now, lease_secs, only }).await? {
             Written::TakenOver(records) => {
                 Ok(records.into_iter().map(|r| super::ClaimedTicket::new(r, holder.to_owned())).collect())
             }

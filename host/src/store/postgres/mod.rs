@@ -1395,8 +1395,8 @@ async fn apply(c: &Tx<'_>, job: &Job, retry: bool) -> R<Written> {
             }
             resolve(c, ticket_id, holder, step, changes, *delivered, key).await.map(Written::Resolved)
         }
-        Write::TakeOver { holder, now, lease_secs } => {
-            take_over(c, holder, *now, *lease_secs, key).await.map(Written::TakenOver)
+        Write::TakeOver { holder, now, lease_secs, only } => {
+            take_over(c, holder, (*now, *lease_secs), only.as_deref(), key).await.map(Written::TakenOver)
         }
         Write::Deliver { ticket_id, step } => deliver(c, ticket_id, step, key).await.map(Written::Delivered),
     }
@@ -1598,12 +1598,19 @@ async fn resolve(
     Ok(Ok(seq))
 }
 
-/// Move to `holder` every claim whose holder's heartbeat (or the claim
-/// itself, for a holder that never beat) is older than the lease, on the
-/// server's clock. Claims another host is taking over right now are
-/// skipped, not waited for. What an earlier attempt of this take-over
-/// (`key`) moved is returned with the rest.
-async fn take_over(c: &Tx<'_>, holder: &str, now: i64, lease_secs: i64, key: &str) -> R<Vec<AwaitingRecord>> {
+/// Move to `holder` every claim (`only` that ticket's) whose holder's
+/// heartbeat (or the claim itself, for a holder that never beat) is older
+/// than the lease (`(now, lease_secs)`), on the server's clock. Claims
+/// another host is taking over right now are skipped, not waited for. What
+/// an earlier attempt of this take-over (`key`) moved is returned with the
+/// rest.
+async fn take_over(
+    c: &Tx<'_>,
+    holder: &str,
+    (now, lease_secs): (i64, i64),
+    only: Option<&str>,
+    key: &str,
+) -> R<Vec<AwaitingRecord>> {
     let at = on_server_clock("$2");
     let stmt = c
         .prepare_cached(&format!(
@@ -1611,11 +1618,12 @@ async fn take_over(c: &Tx<'_>, holder: &str, now: i64, lease_secs: i64, key: &st
              WHERE a.state = 'claimed' AND (a.holder IS NULL OR a.holder <> $1)
                AND COALESCE((SELECT h.heartbeat_at FROM hosts h WHERE h.instance_id = a.holder), a.claimed_at, 0)
                    < {at} - $3::BIGINT
+               AND ($4::TEXT IS NULL OR a.ticket_id = $4)
              ORDER BY a.ticket_id FOR UPDATE SKIP LOCKED"
         ))
         .await?;
     let stale: Vec<AwaitingRecord> =
-        c.query(&stmt, &[&holder, &now, &lease_secs]).await?.iter().map(awaiting_from_row).collect();
+        c.query(&stmt, &[&holder, &now, &lease_secs, &only]).await?.iter().map(awaiting_from_row).collect();
     let update = c
         .prepare_cached(&format!(
             "UPDATE awaiting SET holder = $2, claimed_at = {}, claim_key = $4 WHERE ticket_id = $1 AND state = 'claimed'",
@@ -1823,13 +1831,14 @@ impl StepStore for PostgresJournal {
         holder: &str,
         now: i64,
         lease_secs: i64,
+        only: Option<&str>,
     ) -> Result<Vec<ClaimedTicket>, CommitError> {
         // A cheap read first: almost always nothing is claimed.
         let any = self.query("SELECT 1 FROM awaiting WHERE state = 'claimed' LIMIT 1", &[]).await?;
         if any.is_empty() {
             return Ok(Vec::new());
         }
-        self.queue_take_over(holder, now, lease_secs).await
+        self.queue_take_over(holder, now, lease_secs, only).await
     }
 
     async fn prior_ask(
@@ -2012,13 +2021,13 @@ mod tests {
         }
         b.claim_ticket("t1", now(), "host-b").await.unwrap().expect("b claims its ticket");
         b.heartbeat("host-b", now()).await.unwrap();
-        let taken = a.take_over_stale_claims("host-a", ahead(), 60).await.unwrap();
+        let taken = a.take_over_stale_claims("host-a", ahead(), 60, None).await.unwrap();
         assert!(taken.is_empty(), "a live claim taken over by a host whose clock is ahead");
         let claimed = a.claim_ticket("t2", ahead(), "host-a").await.unwrap();
         assert!(claimed.is_ok(), "a ticket with ten minutes left is not expired: {claimed:?}");
         // b stops beating: past a (short) lease, on the server's clock, its claim is taken over.
         tokio::time::sleep(Duration::from_millis(2500)).await;
-        let taken = a.take_over_stale_claims("host-a", ahead(), 1).await.unwrap();
+        let taken = a.take_over_stale_claims("host-a", ahead(), 1, None).await.unwrap();
         assert_eq!(taken.iter().map(|t| t.ticket_id().to_owned()).collect::<Vec<_>>(), ["t1"]);
     }
 
@@ -2432,7 +2441,7 @@ mod tests {
         // host-b claimed it long ago and stopped beating.
         j.claim_ticket("t1", now() - 1000, "host-b").await.unwrap().expect("claimed");
         let batch = [
-            job(Write::TakeOver { holder: "host-a".into(), now: now(), lease_secs: 60 }),
+            job(Write::TakeOver { holder: "host-a".into(), now: now(), lease_secs: 60, only: None }),
             job(Write::Step {
                 step: OwnedStep::of(&step("c2", OutcomeKind::Output)),
                 changes: vec![],
@@ -2668,7 +2677,7 @@ mod tests {
         let Some((j, dsn, _keep)) = journal("").await else { return };
         j.commit_step(&step("c1", OutcomeKind::Awaiting), &[], Some(&awaiting("t1", "c1", now() + 600))).await.unwrap();
         j.claim_ticket("t1", now() - 1000, "host-b").await.unwrap().expect("claimed");
-        let batch = [job(Write::TakeOver { holder: "host-a".into(), now: now(), lease_secs: 60 })];
+        let batch = [job(Write::TakeOver { holder: "host-a".into(), now: now(), lease_secs: 60, only: None })];
         let other = PostgresJournal::connect(&dsn, None, 2, None).await.unwrap();
         let mut c = other.db.pool.get().await.unwrap();
         c.batch_execute("SET track_activities = off").await.unwrap();
