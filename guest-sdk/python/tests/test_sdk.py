@@ -3,8 +3,11 @@ the same type hints that decode the arguments, and the raw adapter keeps the
 error model. Run: `python -m unittest discover -s guest-sdk/python/tests`."""
 
 import enum
+import functools
 import json
+import math
 import sys
+import types
 import typing
 import unittest
 from dataclasses import dataclass, field
@@ -25,6 +28,7 @@ from toolgate_sdk import (  # noqa: E402
     Tool,
     describe,
     dispatch,
+    export_tools,
 )
 from toolgate_sdk.schema import DecodeError, decode, schema_of  # noqa: E402
 
@@ -396,6 +400,205 @@ class PythonEdgesTest(unittest.TestCase):
                     decode(Literal[1, 2], wrong)
         with self.assertRaises(DecodeError):
             decode(Literal[True], 1)
+
+
+def future_module(name, source):
+    """A module of ``source`` under ``from __future__ import annotations``
+    (every hint a string), importable as ``name`` so its hints resolve."""
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    exec(compile("from __future__ import annotations\n" + source, name, "exec"), module.__dict__)
+    return module
+
+
+def strict_json(text):
+    """``text`` parsed, refusing NaN and infinities as the host does."""
+    return json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(f"not JSON: {c}")))
+
+
+class Pair(enum.Enum):
+    ORIGIN = (0, 0)
+    UNIT = (1, 1)
+
+
+class Flag(enum.Enum):
+    ON = 1
+
+
+class Digit(enum.IntEnum):
+    ONE = 1
+    TWO = 2
+
+
+class Word(str, enum.Enum):
+    W = "w"
+
+
+class ReviewedEdgesTest(unittest.TestCase):
+    """The schema says it, decode accepts exactly it, and the metadata is JSON."""
+
+    def test_not_required_and_required_hold_under_future_annotations(self):
+        m = future_module(
+            "tg_future_hints",
+            """
+from typing import NotRequired, Required, TypedDict, Annotated
+from toolgate_sdk import Context, Tool
+
+class Keys(TypedDict):
+    must: int
+    may: NotRequired[int]
+    said: Annotated[NotRequired[str], "Described."]
+
+class Loose(TypedDict, total=False):
+    need: Required[str]
+    opt: int
+
+class Count(Tool):
+    ID = "t.future"
+    DESCRIPTION = "Count."
+
+    def call(self, args: Loose, cx: Context) -> Keys:
+        return {"must": len(args["need"])}
+""",
+        )
+        self.assertEqual(schema_of(m.Keys)["required"], ["must"])
+        self.assertEqual(schema_of(m.Keys)["properties"]["said"], {"type": "string", "description": "Described."})
+        self.assertEqual(schema_of(m.Loose)["required"], ["need"])
+        self.assertEqual(decode(m.Keys, {"must": 1}), {"must": 1})
+        with self.assertRaisesRegex(DecodeError, "missing field `need`"):
+            decode(m.Loose, {"opt": 1})
+        d = json.loads(describe([m.Count]))["tools"][0]["descriptor"]
+        self.assertEqual((d["input_schema"]["required"], d["output_schema"]["required"]), (["need"], ["must"]))
+        out = dispatch("t.future", '{"need": "ab"}', MemoryState(), tools=[m.Count])
+        self.assertEqual(json.loads(out.json), {"must": 2})
+
+    def test_metadata_that_is_not_json_is_refused_naming_the_tool_and_field(self):
+        @dataclass
+        class Bounded:
+            n: Annotated[float, Field(maximum=math.inf)]
+
+        class Unbounded(Tool):
+            ID = "t.unbounded"
+            DESCRIPTION = "Has a bound that is not JSON."
+
+            def call(self, args: Bounded, cx: Context) -> None:
+                return None
+
+        for refuse in (export_tools, describe):
+            with self.subTest(refuse=refuse.__name__):
+                with self.assertRaisesRegex(
+                    SchemaError, r"`.*Unbounded` \(t\.unbounded\).*`descriptor\.input_schema\.properties\.n\.maximum`"
+                ):
+                    refuse([Unbounded]) if refuse is describe else refuse(Unbounded)
+
+    def test_a_default_with_no_json_form_is_left_out_not_emitted(self):
+        @dataclass
+        class Limits:
+            limit: float = math.inf
+            floor: float = -math.inf
+            ratio: float = math.nan
+            pairs: tuple[float, ...] = (1.0, math.inf)
+
+        class Limited(Tool):
+            ID = "t.limited"
+            DESCRIPTION = "Defaults that are not JSON."
+
+            def call(self, args: Limits, cx: Context) -> float:
+                return 0.0
+
+        doc = strict_json(describe([Limited]))
+        props = doc["tools"][0]["descriptor"]["input_schema"]["properties"]
+        for name in ("limit", "floor", "ratio", "pairs"):
+            with self.subTest(name=name):
+                self.assertNotIn("default", props[name])
+        self.assertNotIn("required", schema_of(Limits))
+        self.assertEqual(decode(Limits, {}).limit, math.inf)
+
+    def test_an_enum_member_in_a_literal_is_its_value(self):
+        @dataclass
+        class Pick:
+            color: Literal[Color.RED]
+            pair: Literal[Pair.UNIT, "none"]
+
+        class Picker(Tool):
+            ID = "t.pick"
+            DESCRIPTION = "Pick."
+
+            def call(self, args: Pick, cx: Context) -> Literal[Color.BLUE]:
+                return Color.BLUE
+
+        d = strict_json(describe([Picker]))["tools"][0]["descriptor"]
+        props = d["input_schema"]["properties"]
+        self.assertEqual(props["color"], {"enum": ["red"], "type": "string"})
+        self.assertEqual(props["pair"], {"enum": [[1, 1], "none"]})
+        self.assertEqual(d["output_schema"]["enum"], ["blue"])
+        self.assertIs(decode(Literal[Color.RED], "red"), Color.RED)
+        self.assertIs(decode(Literal[Pair.UNIT, "none"], [1, 1]), Pair.UNIT)
+        with self.assertRaisesRegex(DecodeError, "expected one of"):
+            decode(Literal[Color.RED], "blue")
+        out = dispatch("t.pick", '{"color": "red", "pair": "none"}', MemoryState(), tools=[Picker])
+        self.assertEqual(json.loads(out.json), "blue")
+        with self.assertRaisesRegex(SchemaError, "no JSON form"):
+            schema_of(Literal[b"raw"])
+
+    def test_a_decorated_call_keeps_its_typed_arguments(self):
+        def logged(f):
+            @functools.wraps(f)
+            def wrapper(*args, **kwargs):
+                return f(*args, **kwargs)
+
+            return wrapper
+
+        class Wrapped(Tool):
+            ID = "t.wrapped"
+            DESCRIPTION = "A decorated call."
+
+            @logged
+            def call(self, args: EchoArgs, cx: Context) -> EchoOut:
+                return EchoOut(args.text, 1)
+
+        d = json.loads(describe([Wrapped]))["tools"][0]["descriptor"]
+        self.assertEqual(d["input_schema"]["required"], ["text"])
+        self.assertEqual(d["output_schema"]["required"], ["text", "count"])
+        out = dispatch("t.wrapped", '{"text": "hi"}', MemoryState(), tools=[Wrapped])
+        self.assertEqual(json.loads(out.json), {"text": "hi", "count": 1})
+
+    def test_decode_returns_the_type_the_schema_names(self):
+        two = decode(Literal[1, 2], 2.0)
+        self.assertEqual((two, type(two)), (2, int))
+        for tp, value, want in [
+            (typing.Union[float, int], 3, int),
+            (typing.Union[float, int], 3.0, float),
+            (typing.Union[int, float], 3.0, float),
+            (typing.Union[float, str], 3, float),
+            (typing.Optional[typing.Union[float, int]], 3, int),
+        ]:
+            with self.subTest(tp=tp, value=value):
+                got = decode(tp, value)
+                self.assertEqual((got, type(got)), (value, want))
+        self.assertEqual([type(x) for x in decode(typing.Union[list[float], list[int]], [1, 2])], [int, int])
+        self.assertEqual(decode(typing.Union[Literal[1], float], 1.0), 1.0)
+        self.assertIsInstance(decode(typing.Union[Literal[1], float], 1.0), float)
+
+    def test_an_empty_tuple_is_the_empty_array(self):
+        self.assertEqual(schema_of(tuple[()]), {"type": "array", "maxItems": 0})
+        self.assertEqual(decode(tuple[()], []), ())
+        with self.assertRaisesRegex(DecodeError, "expected 0 items, got 2"):
+            decode(tuple[()], [1, 2])
+        self.assertEqual(schema_of(typing.Tuple), {"type": "array"})
+
+    def test_an_enum_decodes_from_the_json_form_its_schema_lists(self):
+        self.assertIs(decode(Pair, [1, 1]), Pair.UNIT)
+        self.assertEqual(schema_of(Pair)["enum"], [[0, 0], [1, 1]])
+        self.assertIs(decode(Flag, 1.0), Flag.ON)
+        self.assertEqual(schema_of(Digit), {"enum": [1, 2], "type": "integer"})
+        self.assertEqual(schema_of(Word), {"enum": ["w"], "type": "string"})
+        self.assertIs(decode(Digit, 2), Digit.TWO)
+        self.assertIs(decode(Literal[Word.W], "w"), Word.W)
+        for wrong in [[1, 1, 1], [1], True, "1"]:
+            with self.subTest(wrong=wrong):
+                with self.assertRaises(DecodeError):
+                    decode(Pair if isinstance(wrong, list) else Flag, wrong)
 
 
 class WitTest(unittest.TestCase):

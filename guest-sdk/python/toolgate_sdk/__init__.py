@@ -34,7 +34,9 @@ authority: a Tool only *declares* what it needs; the host decides.
 
 from __future__ import annotations
 
+import inspect
 import json
+import math
 import traceback
 import typing
 from dataclasses import dataclass, field
@@ -275,11 +277,16 @@ def _entry(tool: type[Tool]) -> _Entry:
             raise SchemaError(f"`{name}` needs a non-empty string `{attr}`")
     if tool.call is Tool.call:
         raise SchemaError(f"`{name}` does not define `call(self, args, cx)`")
+    # Through decorators (`functools.wraps` sets `__wrapped__`): the
+    # signature `inspect` follows, the hints of the function it reaches (whose
+    # module resolves their names).
     try:
-        hints = typing.get_type_hints(tool.call, include_extras=True)
+        hints = typing.get_type_hints(inspect.unwrap(tool.call), include_extras=True)
+        signature = inspect.signature(tool.call)
     except Exception as e:
         raise SchemaError(f"cannot read the type hints of `{name}.call`: {e}") from e
-    params = [p for p in tool.call.__code__.co_varnames[1 : tool.call.__code__.co_argcount]]
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    params = [p.name for p in signature.parameters.values() if p.kind in positional][1:]
     if not params or params[0] not in hints:
         raise SchemaError(
             f"`{name}.call` needs a typed first argument, e.g. `def call(self, args: MyArgs, cx: Context)`; "
@@ -306,7 +313,40 @@ def _metadata(entry: _Entry) -> dict[str, Any]:
     descriptor["annotations"] = tool.ANNOTATIONS.to_json()
     if tool.PRIMARY_ARGUMENT is not None:
         descriptor["primary_argument"] = tool.PRIMARY_ARGUMENT
-    return {"descriptor": descriptor, "capabilities": tool.CAPABILITIES.to_json()}
+    metadata = {"descriptor": descriptor, "capabilities": tool.CAPABILITIES.to_json()}
+    # What `toolgate pack` embeds must be JSON: refused here, naming the Tool
+    # and the field, not later by the host with no word of where.
+    bad = _not_json(metadata, "")
+    if bad is not None:
+        where, value = bad
+        raise SchemaError(
+            f"`{getattr(tool, '__qualname__', tool.ID)}` ({tool.ID}): metadata `{where}` is `{value!r}`, "
+            "which has no JSON form (NaN and infinities included)"
+        )
+    return metadata
+
+
+def _not_json(value: Any, where: str) -> tuple[str, Any] | None:
+    """The first place in ``value`` (as ``a.b[0]``) holding what ``json.dumps(..., allow_nan=False)`` refuses."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (where, value)
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            bad = _not_json(v, f"{where}[{i}]")
+            if bad is not None:
+                return bad
+        return None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                return (f"{where}.{k!r}" if where else repr(k)), k
+            bad = _not_json(v, f"{where}.{k}" if where else k)
+            if bad is not None:
+                return bad
+        return None
+    return where, value
 
 
 _REGISTRY: list[_Entry] = []
@@ -339,7 +379,7 @@ def describe(tools: Iterable[type[Tool]] | None = None) -> str:
         "sdk": f"python-{__version__}",
         "tools": [_metadata(e) for e in entries],
     }
-    return json.dumps(doc, ensure_ascii=False)
+    return json.dumps(doc, ensure_ascii=False, allow_nan=False)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import inspect
+import json
 import types
 import typing
 from typing import Any
@@ -121,14 +122,42 @@ def _hints(cls: type) -> dict[str, Any]:
         raise SchemaError(f"cannot read the type hints of `{cls.__qualname__}`: {e}") from e
 
 
-# PEP 655's key marks (Python 3.11+), where the interpreter has them.
-_KEY_MARKS = tuple(m for m in (getattr(typing, "Required", None), getattr(typing, "NotRequired", None)) if m)
+# PEP 655's key marks (Python 3.11+, or typing_extensions), where there are any.
+def _marks(name: str) -> tuple[Any, ...]:
+    found = [getattr(typing, name, None)]
+    try:
+        import typing_extensions
+
+        found.append(getattr(typing_extensions, name, None))
+    except ImportError:
+        pass
+    return tuple({id(m): m for m in found if m is not None}.values())
+
+
+_REQUIRED = _marks("Required")
+_NOT_REQUIRED = _marks("NotRequired")
+_KEY_MARKS = _REQUIRED + _NOT_REQUIRED
+
+
+def _key_mark(hint: Any) -> bool | None:
+    """A TypedDict key's PEP 655 mark, read from its resolved hint (also under
+    ``Annotated``): True for ``Required``, False for ``NotRequired``, else None."""
+    while True:
+        origin = typing.get_origin(hint)
+        if origin in _REQUIRED:
+            return True
+        if origin in _NOT_REQUIRED:
+            return False
+        if origin is typing.Annotated:
+            hint = typing.get_args(hint)[0]
+        else:
+            return None
 
 
 def _unwrap(tp: Any) -> tuple[Any, list[Any]]:
     """``Annotated[T, m...]`` -> (T, [m...]); ``Required[T]`` and
-    ``NotRequired[T]`` (a TypedDict's keys, PEP 655: which keys are required
-    is read from the TypedDict itself) -> T; anything else -> (tp, [])."""
+    ``NotRequired[T]`` (a TypedDict's keys, PEP 655: `_fields` reads which
+    keys are required, through `_key_mark`) -> T; anything else -> (tp, [])."""
     if typing.get_origin(tp) in _KEY_MARKS:
         return _unwrap(typing.get_args(tp)[0])
     if typing.get_origin(tp) is typing.Annotated:
@@ -149,8 +178,39 @@ def _apply(schema: dict[str, Any], meta: list[Any]) -> dict[str, Any]:
     return schema
 
 
-def _json_default(value: Any) -> Any:
-    return encode(value)
+def _json_form(value: Any) -> Any:
+    """``value`` as JSON data (an Enum member as its value, a tuple as a
+    list); TypeError or ValueError if it has none (NaN and infinities included)."""
+    data = encode(value)
+    json.dumps(data, allow_nan=False)
+    return data
+
+
+def _json_eq(a: Any, b: Any, strict: bool = False) -> bool:
+    """Equality of two JSON values as JSON Schema's ``enum`` compares them:
+    numbers by value (1.0 is 1; ``strict``: an integer is not a float), a
+    boolean never a number, arrays and objects item by item."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b and (not strict or type(a) is type(b))
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_eq(x, y, strict) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_eq(a[k], b[k], strict) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def _enum_schema(values: list[Any]) -> dict[str, Any]:
+    schema: dict[str, Any] = {"enum": values}
+    kinds = {type(v) for v in values}
+    if kinds == {str}:
+        schema["type"] = "string"
+    elif kinds == {int}:
+        schema["type"] = "integer"
+    elif kinds == {bool}:
+        schema["type"] = "boolean"
+    return schema
 
 
 def schema_of(tp: Any, where: str = "") -> dict[str, Any]:
@@ -181,13 +241,8 @@ def _bare_schema(tp: Any, where: str, seen: tuple[type, ...]) -> dict[str, Any]:
     if tp is str:
         return {"type": "string"}
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        values = [m.value for m in tp]
-        schema: dict[str, Any] = {"enum": values}
-        kinds = {type(v) for v in values}
-        if kinds == {str}:
-            schema["type"] = "string"
-        elif kinds == {int}:
-            schema["type"] = "integer"
+        # The JSON form of each value (a tuple is an array): what decode compares.
+        schema = _enum_schema([_literal_json(m, where) for m in tp])
         summary, _ = _split_doc(tp)
         if summary:
             schema["description"] = summary
@@ -197,15 +252,8 @@ def _bare_schema(tp: Any, where: str, seen: tuple[type, ...]) -> dict[str, Any]:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin is typing.Literal:
-        schema = {"enum": list(args)}
-        kinds = {type(a) for a in args}
-        if kinds == {str}:
-            schema["type"] = "string"
-        elif kinds == {int}:
-            schema["type"] = "integer"
-        elif kinds == {bool}:
-            schema["type"] = "boolean"
-        return schema
+        # An Enum member is listed as its value; decode hands back the member.
+        return _enum_schema([_literal_json(a, where) for a in args])
     if origin in (list, typing.List, set, frozenset) or tp in (list,):
         if origin in (set, frozenset):
             raise SchemaError(f"{where}: a set has no JSON form; use list[...]")
@@ -214,8 +262,10 @@ def _bare_schema(tp: Any, where: str, seen: tuple[type, ...]) -> dict[str, Any]:
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
             return {"type": "array", "items": _schema(args[0], where + "[]", seen)}
-        if not args:
+        if tp is typing.Tuple:  # bare: any array
             return {"type": "array"}
+        if not args or args == ((),):  # tuple[()] (`Tuple[()]` is `((),)` on 3.10): the empty array only
+            return {"type": "array", "maxItems": 0}
         items = [_schema(a, f"{where}[{i}]", seen) for i, a in enumerate(args)]
         return {"type": "array", "prefixItems": items, "items": False, "minItems": len(items)}
     if origin is dict or tp is dict:
@@ -247,6 +297,14 @@ def _bare_schema(tp: Any, where: str, seen: tuple[type, ...]) -> dict[str, Any]:
     )
 
 
+def _literal_json(value: Any, where: str) -> Any:
+    """The JSON form of a ``Literal`` value or an Enum member, or a SchemaError naming ``where``."""
+    try:
+        return _json_form(value)
+    except (TypeError, ValueError) as e:
+        raise SchemaError(f"{where}: `{value!r}` has no JSON form ({e})") from None
+
+
 def _fields(tp: type) -> list[tuple[str, Any, bool, Any]]:
     """(name, type hint, required, default) of a dataclass or TypedDict."""
     hints = _hints(tp)
@@ -263,9 +321,13 @@ def _fields(tp: type) -> list[tuple[str, Any, bool, Any]]:
                 hint = typing.Annotated[hint, str(desc)]
             out.append((f.name, hint, not has_default, default))
     else:
+        # The key's own mark first: under `from __future__ import annotations`
+        # `__required_keys__` misses `NotRequired`/`Required` written as
+        # strings (python/cpython#97727), the resolved hint keeps them.
         required = tp.__required_keys__
         for name, hint in hints.items():
-            out.append((name, hint, name in required, dataclasses.MISSING))
+            mark = _key_mark(hint)
+            out.append((name, hint, name in required if mark is None else mark, dataclasses.MISSING))
     return out
 
 
@@ -284,9 +346,14 @@ def _record_schema(tp: type, where: str, seen: tuple[type, ...]) -> dict[str, An
         if name in docs and not annotated:
             prop["description"] = docs[name]
         if default is not dataclasses.MISSING:
+            # A default with no JSON form (an object, NaN, an infinity) is left
+            # out of the schema, not refused: `default` only informs the model,
+            # the field stays optional, and the Python default still applies
+            # when the key is absent. `limit: float = math.inf` is ordinary
+            # Python an author should not have to rewrite.
             try:
-                prop["default"] = _json_default(default)
-            except TypeError:
+                prop["default"] = _json_form(default)
+            except (TypeError, ValueError):
                 pass
         properties[name] = prop
         if is_required:
@@ -304,6 +371,12 @@ def _record_schema(tp: type, where: str, seen: tuple[type, ...]) -> dict[str, An
 
 def decode(tp: Any, value: Any, path: str = "") -> Any:
     """``value`` (parsed JSON) as an instance of ``tp``; raises ``DecodeError``."""
+    return _decode(tp, value, path, False)
+
+
+def _decode(tp: Any, value: Any, path: str, strict: bool) -> Any:
+    """``decode``; ``strict``: no number changes kind (an integer is not a
+    float, nor 2.0 an integer), how a union first looks for its exact member."""
     tp, _ = _unwrap(tp)
     if tp is Any:
         return value
@@ -317,12 +390,12 @@ def decode(tp: Any, value: Any, path: str = "") -> Any:
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
+            if isinstance(value, float) and value.is_integer() and not strict:
                 return int(value)
             raise DecodeError(path, f"expected an integer, got {_kind(value)}")
         return value
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (strict and isinstance(value, int)):
             raise DecodeError(path, f"expected a number, got {_kind(value)}")
         return float(value)
     if tp is str:
@@ -330,10 +403,7 @@ def decode(tp: Any, value: Any, path: str = "") -> Any:
             raise DecodeError(path, f"expected a string, got {_kind(value)}")
         return value
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        try:
-            return tp(value)
-        except ValueError:
-            raise DecodeError(path, f"expected one of {[m.value for m in tp]}, got {value!r}") from None
+        return _one_of(list(tp), value, path, strict)
     if _is_record(tp):
         if not isinstance(value, dict):
             raise DecodeError(path, f"expected an object, got {_kind(value)}")
@@ -346,64 +416,78 @@ def decode(tp: Any, value: Any, path: str = "") -> Any:
         for name, hint, is_required, _ in fields:
             sub = f"{path}.{name}" if path else name
             if name in value:
-                kwargs[name] = decode(hint, value[name], sub)
+                kwargs[name] = _decode(hint, value[name], sub, strict)
             elif is_required:
                 raise DecodeError(path, f"missing field `{name}`")
         return tp(**kwargs)
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin is typing.Literal:
-        # As JSON Schema compares: numbers by value (1.0 is 1), a boolean is
-        # never a number, a string only a string.
-        def same(a: Any) -> bool:
-            if isinstance(a, bool) or isinstance(value, bool):
-                return type(value) is type(a) and value == a
-            if isinstance(a, (int, float)) and isinstance(value, (int, float)):
-                return value == a
-            return type(value) is type(a) and value == a
-
-        if not any(same(a) for a in args):
-            raise DecodeError(path, f"expected one of {list(args)}, got {value!r}")
-        return value
+        return _one_of(list(args), value, path, strict)
     if origin in (list, typing.List) or tp is list:
         if not isinstance(value, list):
             raise DecodeError(path, f"expected an array, got {_kind(value)}")
         item = args[0] if args else Any
-        return [decode(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return [_decode(item, v, f"{path}[{i}]", strict) for i, v in enumerate(value)]
     if origin is tuple:
         if not isinstance(value, list):
             raise DecodeError(path, f"expected an array, got {_kind(value)}")
         if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(decode(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
-        if args and len(value) != len(args):
+            return tuple(_decode(args[0], v, f"{path}[{i}]", strict) for i, v in enumerate(value))
+        if tp is typing.Tuple:  # bare: any array, as its schema says
+            return tuple(value)
+        if args == ((),):  # `Tuple[()]` on 3.10
+            args = ()
+        if len(value) != len(args):
             raise DecodeError(path, f"expected {len(args)} items, got {len(value)}")
-        return tuple(decode(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, value))) if args else tuple(value)
+        return tuple(_decode(a, v, f"{path}[{i}]", strict) for i, (a, v) in enumerate(zip(args, value)))
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise DecodeError(path, f"expected an object, got {_kind(value)}")
         item = args[1] if len(args) == 2 else Any
-        return {k: decode(item, v, f"{path}.{k}" if path else k) for k, v in value.items()}
+        return {k: _decode(item, v, f"{path}.{k}" if path else k, strict) for k, v in value.items()}
     if origin in (typing.Union, types.UnionType):
         if value is None and _NONE in args:
             return None
-        errors = []
-        for member in args:
-            if member is _NONE:
-                continue
-            try:
-                return decode(member, value, path)
-            except DecodeError as e:
-                errors.append(str(e))
+        # A member the value fits exactly first (`float | int` given 3 is 3,
+        # not 3.0), then the first it fits by JSON Schema's number rules.
+        members = [m for m in args if m is not _NONE]
+        errors: list[str] = []
+        for exact in (True,) if strict else (True, False):
+            errors = []
+            for member in members:
+                try:
+                    return _decode(member, value, path, exact)
+                except DecodeError as e:
+                    errors.append(str(e))
         raise DecodeError(path, f"fits none of the allowed types ({'; '.join(errors)})")
     raise DecodeError(path, f"type `{tp!r}` cannot be decoded")
 
 
+def _one_of(options: list[Any], value: Any, path: str, strict: bool) -> Any:
+    """The option (a Literal value or an Enum member) whose JSON form is
+    ``value``, as the schema's ``enum`` compares them; the option itself is
+    returned (``Literal[1]`` given 1.0 is 1, an Enum's value its member)."""
+    forms = []
+    for option in options:
+        try:
+            form = encode(option)
+        except TypeError:
+            continue  # no JSON form: schema_of refuses it, and no value matches it
+        if _json_eq(form, value, strict):
+            return option
+        forms.append(form)
+    raise DecodeError(path, f"expected one of {forms}, got {value!r}")
+
+
 def encode(value: Any) -> Any:
     """A Tool's return value as plain JSON data (dataclasses, enums, tuples)."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
+    # An Enum first: an IntEnum or a `str` Enum member is also an int or a
+    # str, and its JSON form is the plain value.
     if isinstance(value, enum.Enum):
         return encode(value.value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         # The fields its schema lists (`_fields`: those `__init__` takes).
         return {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
