@@ -237,8 +237,25 @@ fn requirements_txt(sdk: &Path) -> String {
          {COMPONENTIZE_PY}\n\
          # The toolgate SDK (`toolgate new --sdk` or TOOLGATE_SDK chose this path).\n\
          toolgate-sdk @ file://{}\n",
-        sdk.display()
+        percent_encode_path(sdk)
     )
+}
+
+/// `path` as the path of a `file://` URL: every byte but RFC 3986's
+/// unreserved characters and `/` percent-encoded, so a space, `#`, `;` or
+/// `%` in it neither ends the requirement nor changes what pip (or
+/// `local_sources`) decodes.
+fn percent_encode_path(path: &Path) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    for &b in path.as_os_str().as_encoded_bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
 }
 
 const PYPROJECT_TOML: &str = r#"[project]
@@ -795,5 +812,20 @@ mod tests {
         let want: Vec<PathBuf> = vec!["/opt/guest-sdk/python".into(), "/a b".into()];
         assert_eq!(local_sources(&text), want);
         assert_eq!(local_sources(&requirements_txt(Path::new("/x/python"))), vec![PathBuf::from("/x/python")]);
+    }
+
+    /// The SDK's path survives requirements.txt whatever it holds: written
+    /// percent-encoded (no space for pip to split the line on), read back
+    /// as the same path.
+    #[test]
+    fn an_sdk_path_with_spaces_and_url_characters_round_trips() {
+        for path in ["/home/a user/guest-sdk/python", "/x/100% #1;v=2/é", "/plain/guest-sdk/python"] {
+            let text = requirements_txt(Path::new(path));
+            let line = text.lines().find(|l| l.starts_with("toolgate-sdk @ ")).unwrap();
+            let url = line.strip_prefix("toolgate-sdk @ ").unwrap();
+            assert!(!url.contains([' ', '#', ';']) && url.starts_with("file:///"), "{line}");
+            assert_eq!(local_sources(&text), vec![PathBuf::from(path)], "{line}");
+        }
+        assert!(requirements_txt(Path::new("/a b")).contains("toolgate-sdk @ file:///a%20b\n"));
     }
 }
