@@ -78,9 +78,12 @@ rules = [
     let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
     let token = format!("tg-default-{nonce:x}-{}", std::process::id());
     let reader = format!("tg-reader-{nonce:x}-{}", std::process::id());
+    // `TOOLGATE_PYTEST_K=EXPR` runs only the tests pytest's `-k EXPR` selects.
+    let only: Vec<String> = std::env::var("TOOLGATE_PYTEST_K").map(|k| vec!["-k".into(), k]).unwrap_or_default();
     let out = Command::new(&python)
         .current_dir(&root)
         .args(["-m", "pytest", "-v", "-p", "no:cacheprovider", "tests/mcp/test_serve.py"])
+        .args(&only)
         .env("TOOLGATE_BIN", env!("CARGO_BIN_EXE_toolgate"))
         .env("TOOLGATE_CONFIG", &config)
         .env("TOOLGATE_EXTRA", &extra)

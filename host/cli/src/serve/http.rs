@@ -799,7 +799,16 @@ async fn authenticated(
     // that hand-over — the client got "no response message received from
     // handler" instead of its result.
     let token = posting.then(|| auth.responses.token());
-    let response = OPENER.scope(opener, next.run(request)).await;
+    let mut response = OPENER.scope(opener, next.run(request)).await;
+    // A session ended: 204 No Content, not rmcp's 202 Accepted — nothing is
+    // left to process, and a client that takes only 200 and 204 for a
+    // DELETE (the Python SDK 2.x) warns of a failed termination at every
+    // clean disconnect otherwise.
+    if deleting && response.status() == StatusCode::ACCEPTED {
+        *response.status_mut() = StatusCode::NO_CONTENT;
+        response.headers_mut().remove(header::CONTENT_LENGTH);
+        *response.body_mut() = axum::body::Body::empty();
+    }
     if refused.load(Ordering::Relaxed) {
         let max = auth.sessions.max;
         return refusal(
