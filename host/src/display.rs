@@ -124,7 +124,9 @@ fn first_strong_is_right_to_left(shown: &str) -> bool {
 }
 
 /// Whether `c` acts on the display or is not seen (see [`escape_unseen`]).
-fn unseen(c: char) -> bool {
+/// Also what the policy's URL reading counts as characters some parser
+/// drops (`policy::url`).
+pub(crate) fn unseen(c: char) -> bool {
     c.is_control()
         || matches!(
             get_general_category(c),

@@ -1263,6 +1263,12 @@ mod tests {
                 "https://%69nternal.tracker.example/",
                 "https://internal.tracker.example\\x",
                 "https://ínternal.tracker.example/",
+                // Spellings a Tool's or a library's strip reads as the
+                // destination (`requests` strips Unicode whitespace).
+                "\u{a0}https://internal.tracker.example/x",
+                "\u{3000}https://internal.tracker.example/x",
+                "\u{feff}https://internal.tracker.example/x",
+                "https://internal.tracker.example/x\u{2009}",
             ] {
                 assert_eq!(
                     tracker(rules, Deny, url),

@@ -23,10 +23,15 @@
 //! A URL-shaped argument that is not in a form every common client reads
 //! the same way — user information (`user@`), a host that is not a plain
 //! name or address (percent-encoding, non-ASCII, a number the WHATWG parser
-//! reads as IPv4 like `2130706433` or `0x7f.1`), whitespace or control
+//! reads as IPv4 like `2130706433` or `0x7f.1`, an IPv6 literal that embeds
+//! an IPv4 address like `[::ffff:169.254.169.254]`), whitespace (any
+//! Unicode whitespace: Python's `str.strip` and `requests` strip NBSP or
+//! U+3000 as they strip a space), control, format or default-ignorable
 //! characters anywhere, a backslash before the query, `https:host` without
 //! `//` — has no known destination: [`UrlReading::Unknown`]. Such a value
 //! satisfies every deny or ask condition on it and no allow condition.
+//! Whether a value is URL-shaped at all is judged with all of those
+//! characters set aside, so `"\u{a0}http://…"` is a URL, never a path.
 
 use std::borrow::Cow;
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -59,34 +64,48 @@ fn default_port(scheme: &str) -> Option<u16> {
     }
 }
 
+/// A character some common parser or Tool drops from a URL before reading
+/// it, beside the ASCII ones WHATWG trims or removes: Unicode whitespace
+/// (`str.strip`, `requests`' `lstrip`), controls, format characters and
+/// default-ignorables.
+fn dropped(c: char) -> bool {
+    c.is_whitespace() || crate::display::unseen(c)
+}
+
 /// Whether `s` would be read as a URL by some common client: after the
 /// WHATWG clean-up (leading C0 controls and spaces trimmed, tabs and
-/// newlines removed anywhere) it starts with a scheme of two or more
+/// newlines removed anywhere) — and with every other control and every
+/// character some parser drops ([`dropped`]: NBSP, U+3000, zero-width
+/// characters…) set aside, leading or anywhere — it starts with a scheme of two or more
 /// characters and `:/` or `:\` — or with a special scheme and `:` and
 /// anything visible (`https:host` is `https://host` to a WHATWG parser).
 /// One-letter schemes are left to paths (`c:/x` is a drive).
 pub(super) fn url_shaped(s: &str) -> bool {
     // The common case, a path: the first byte that cannot be in a scheme is
-    // not `:` (nor whitespace or a control, which WHATWG trims or removes).
+    // ASCII and not `:` (nor whitespace or a control, which WHATWG trims or
+    // removes). A non-ASCII one may be a character some parser drops.
     let first_other = s.bytes().find(|&b| !(b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.')));
     match first_other {
         None => return false,
-        Some(b) if b != b':' && b > b' ' => return false,
+        Some(b) if b != b':' && b > b' ' && b != 0x7f && b.is_ascii() => return false,
         Some(_) => {}
     }
-    let mut bytes = s.bytes().skip_while(|&b| b <= b' ').filter(|&b| !matches!(b, b'\t' | b'\n' | b'\r'));
+    let mut chars = s
+        .chars()
+        .skip_while(|&c| c <= ' ' || dropped(c))
+        .filter(|&c| !c.is_ascii_control() && (c.is_ascii() || !dropped(c)));
     let mut scheme = [0u8; 5];
-    match bytes.next() {
-        Some(b) if b.is_ascii_alphabetic() => scheme[0] = b.to_ascii_lowercase(),
+    match chars.next() {
+        Some(c) if c.is_ascii_alphabetic() => scheme[0] = c.to_ascii_lowercase() as u8,
         _ => return false,
     }
     let mut len = 1usize;
     loop {
-        match bytes.next() {
-            Some(b':') => break,
-            Some(b) if b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.') => {
+        match chars.next() {
+            Some(':') => break,
+            Some(c) if c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.') => {
                 if let Some(slot) = scheme.get_mut(len) {
-                    *slot = b.to_ascii_lowercase();
+                    *slot = c.to_ascii_lowercase() as u8;
                 }
                 len += 1;
             }
@@ -97,9 +116,9 @@ pub(super) fn url_shaped(s: &str) -> bool {
         return false;
     }
     let special = scheme.get(..len).is_some_and(|s| SPECIAL.iter().any(|sp| sp.as_bytes() == s));
-    match bytes.next() {
-        Some(b'/' | b'\\') => true,
-        Some(b) => special && b > b' ',
+    match chars.next() {
+        Some('/' | '\\') => true,
+        Some(c) => special && c > ' ',
         None => special,
     }
 }
@@ -137,8 +156,9 @@ fn has_glob_meta(s: &str) -> bool {
 /// The standard form of an argument URL (see the module documentation) and
 /// its merged-slashes reading if different; `None` when it is not plain.
 fn standard(s: &str, side: Side) -> Option<(Cow<'_, str>, Option<String>)> {
-    // Whitespace and controls are trimmed, removed or refused differently by each parser.
-    if s.bytes().any(|b| b <= b' ' || b == 0x7f) {
+    // Whitespace and controls are trimmed, removed or refused differently
+    // by each parser; so are Unicode whitespace and invisible characters.
+    if s.bytes().any(|b| b <= b' ' || b == 0x7f) || (!s.is_ascii() && s.chars().any(dropped)) {
         return None;
     }
     // The fragment stays in the client: `https://h/x#/../y` requests `/x`.
@@ -297,6 +317,11 @@ fn standard_host<'a>(host: &'a str, scheme: &str, side: Side) -> Option<Cow<'a, 
     if let Some(inner) = host.strip_prefix('[') {
         let inner = inner.strip_suffix(']')?;
         return match inner.parse::<Ipv6Addr>() {
+            // A second spelling of an IPv4 destination (a dual-stack socket
+            // connects to `::ffff:a.b.c.d` over IPv4; NAT64, 6to4 and Teredo
+            // gateways forward to the address inside): no rule on the IPv4
+            // address would see it.
+            Ok(addr) if side == Side::Argument && embeds_ipv4(addr) => None,
             Ok(addr) => {
                 let canonical = format!("[{addr}]");
                 Some(if canonical == host { Cow::Borrowed(host) } else { Cow::Owned(canonical) })
@@ -342,6 +367,20 @@ fn standard_host<'a>(host: &'a str, scheme: &str, side: Side) -> Option<Cow<'a, 
         Cow::Borrowed(t) if t.len() == host.len() => Cow::Borrowed(host),
         lower => Cow::Owned(lower.into_owned()),
     })
+}
+
+/// Whether `addr` is one of the IPv6 forms that carry an IPv4 address:
+/// IPv4-mapped (`::ffff:0:0/96`), IPv4-compatible (`::/96`, but `::` and
+/// `::1`), SIIT's IPv4-translated (`::ffff:0:0:0/96`), NAT64 (`64:ff9b::/96`,
+/// local-use `64:ff9b:1::/48`), 6to4 (`2002::/16`) and Teredo (`2001::/32`).
+fn embeds_ipv4(addr: Ipv6Addr) -> bool {
+    let s = addr.segments();
+    (s[..5] == [0; 5] && (s[5] == 0xffff || (s[5] == 0 && !(addr.is_loopback() || addr.is_unspecified()))))
+        || s[..6] == [0, 0, 0, 0, 0xffff, 0]
+        || s[..6] == [0x64, 0xff9b, 0, 0, 0, 0]
+        || s[..3] == [0x64, 0xff9b, 1]
+        || s[0] == 0x2002
+        || s[..2] == [0x2001, 0]
 }
 
 fn is_unreserved(b: u8) -> bool {
@@ -705,6 +744,68 @@ mod tests {
             "https:",
         ] {
             assert_eq!(read(input), UrlReading::Unknown, "{input:?}");
+        }
+    }
+
+    /// Every character some parser or Tool drops before it reads a URL —
+    /// Unicode whitespace (`requests` strips it from the front, `str.strip`
+    /// from both ends), zero-width and other invisible characters —
+    /// leading, inside the scheme or anywhere after it, makes a URL of
+    /// unknown destination, never a path nor a reading that keeps it. Fails
+    /// on the previous code (`"\u{a0}http://…"` was a path; a trailing NBSP
+    /// was percent-encoded into a path no rule named).
+    #[test]
+    fn a_url_spelled_with_characters_some_parser_drops_has_no_known_destination() {
+        let dropped = [
+            '\u{a0}', '\u{85}', '\u{1680}', '\u{2000}', '\u{2007}', '\u{200a}', '\u{2028}', '\u{2029}', '\u{202f}',
+            '\u{205f}', '\u{3000}', '\u{200b}', '\u{200d}', '\u{2060}', '\u{feff}', '\u{ad}', '\u{180e}', '\u{1}',
+            '\u{7f}', '\u{9f}',
+        ];
+        let url = "http://169.254.169.254/latest/meta-data/";
+        for c in dropped {
+            for input in [
+                format!("{c}{url}"),
+                format!("{c}{c} {url}"),
+                format!("ht{c}tp://169.254.169.254/"),
+                format!("http:{c}//169.254.169.254/"),
+                format!("http://169.254.169.254{c}/latest/"),
+                format!("{url}{c}"),
+                format!("https://h/a{c}b"),
+            ] {
+                assert_eq!(read(&input), UrlReading::Unknown, "{input:?}");
+            }
+        }
+        // Visible non-ASCII text stays what it was.
+        assert_eq!(read("héllo: wörld"), UrlReading::NotUrl);
+        assert_eq!(read("données/x.csv"), UrlReading::NotUrl);
+        assert_eq!(std_form("https://h/é").as_deref(), Some("https://h/%C3%A9"));
+    }
+
+    /// An IPv6 literal that carries an IPv4 address is a second spelling of
+    /// that destination: no known one. Fails on the previous code
+    /// (`[::ffff:169.254.169.254]` read as its own IPv6 destination).
+    #[test]
+    fn an_ipv6_literal_holding_an_ipv4_address_has_no_known_destination() {
+        for input in [
+            "http://[::ffff:169.254.169.254]/latest/meta-data/",
+            "http://[::ffff:a9fe:a9fe]/",
+            "http://[0:0:0:0:0:FFFF:7F00:1]:8080/",
+            "http://[::169.254.169.254]/",
+            "http://[::ffff:0:a9fe:a9fe]/",
+            "http://[64:ff9b::a9fe:a9fe]/",
+            "http://[64:ff9b:1::a9fe:a9fe]/",
+            "http://[2002:a9fe:a9fe::1]/",
+            "http://[2001:0:4136:e378:8000:63bf:3fff:fdd2]/",
+        ] {
+            assert_eq!(read(input), UrlReading::Unknown, "{input:?}");
+        }
+        for (input, want) in [
+            ("http://[::1]/", "http://[::1]/"),
+            ("http://[::]/", "http://[::]/"),
+            ("http://[2001:db8::1]/", "http://[2001:db8::1]/"),
+            ("http://[2606:4700::1111]/", "http://[2606:4700::1111]/"),
+        ] {
+            assert_eq!(std_form(input).as_deref(), Some(want), "{input}");
         }
     }
 
