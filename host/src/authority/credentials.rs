@@ -424,12 +424,24 @@ impl CredentialSpec {
             Source::File(path) => read_owner_only(path).map_err(unavailable)?,
         };
         let value = without_bom(value.trim_end_matches(['\n', '\r'])).to_owned();
-        if value.len() < MIN_SECRET {
+        // Counted without the blanks around it: a server reads a header or
+        // form value without them (`\t\tabc1234` is 7 bytes to it), and
+        // a blank is nothing a response could be checked for.
+        let real = value.trim_ascii().len();
+        if real < MIN_SECRET {
             // Too short to tell apart from ordinary response text: it could not be checked.
+            let blanks = if real < value.len() {
+                format!(" without the blanks around it ({} with them)", value.len())
+            } else {
+                String::new()
+            };
             return Err(unavailable(format!(
-                "the secret is {} bytes; at least {} are needed so responses can be checked for it",
-                value.len(),
-                MIN_SECRET
+                "the secret is {real} bytes{blanks}; at least {MIN_SECRET} are needed so responses can be \
+                 checked for it: put the whole secret the service issued in {}",
+                match &self.source {
+                    Source::Env(var) => shown_var(var),
+                    Source::File(path) => path.display().to_string(),
+                }
             )));
         }
         Ok(Secret(value))
@@ -600,6 +612,44 @@ mod tests {
         assert!(e.contains("not a regular file"), "{e}");
         let e = c.read_to_check().unwrap_err().to_string();
         assert!(e.contains("not a regular file"), "not read to be watched either: {e}");
+    }
+
+    /// A secret is long enough by its bytes besides the blanks around it:
+    /// `\t\tabc1234` is 7 bytes to a server that reads the header without
+    /// them, and is refused, naming the credential, both lengths and what
+    /// to do (before, its 9 bytes passed and it was sent).
+    #[cfg(unix)]
+    #[test]
+    fn blanks_around_a_secret_do_not_make_it_long_enough() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("s");
+        let c =
+            spec(Apply::Header { name: "Authorization".into(), format: "Bearer {}".into() }, Source::File(f.clone()));
+        for content in ["\t\tabc1234", "abc1234   \n", " \x0cabc1234\r\n", "\u{feff} abc1234 "] {
+            std::fs::write(&f, content).unwrap();
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+            let e = c.materialize("http", "127.0.0.1", 8080).unwrap_err().to_string();
+            assert!(
+                e.starts_with("credential `tracker`")
+                    && e.contains("7 bytes without the blanks around it")
+                    && e.contains("at least 8")
+                    && e.contains("put the whole secret")
+                    && e.contains(&f.display().to_string())
+                    && !e.contains("abc1234"),
+                "{content:?}: {e}"
+            );
+            assert!(c.read_to_check().is_ok(), "{content:?}: still watched");
+        }
+        let var = format!("TOOLGATE_CREDENTIALS_TEST_BLANKS_{}", std::process::id());
+        let c = spec(Apply::Query { param: "k".into() }, Source::Env(var.clone()));
+        // SAFETY (edition 2024): the variable is this test's own.
+        unsafe { std::env::set_var(&var, "\t\tabc1234") };
+        let e = c.materialize("http", "127.0.0.1", 8080).unwrap_err().to_string();
+        assert!(e.contains("7 bytes without the blanks around it (9 with them)") && e.contains(&var), "{e}");
+        // Eight bytes besides the blanks: applied as it is, blanks and all.
+        unsafe { std::env::set_var(&var, "\tabc12345") };
+        assert_eq!(c.materialize("http", "127.0.0.1", 8080).unwrap().expose(), "\tabc12345");
     }
 
     /// What the host refuses to apply it still reads to watch for: a file
