@@ -603,6 +603,107 @@ def test_an_ask_answered_after_it_expired_names_the_request_never_the_ticket():
         assert server.stop() == 0, "".join(server.stderr)
 
 
+# The bound serve holds every message it sends to (`MAX_MESSAGE_BYTES` in
+# host/cli/src/serve/mod.rs), under the 1 MiB the SDK's HTTP transport takes
+# in one SSE event by default.
+MAX_MESSAGE_BYTES = 1_000_000
+
+
+def large_config():
+    """CONFIG with outputs and state up to 4 MiB, its own journal (the notes
+    grow large), `notes` allowed and `text.repeat` asked."""
+    with open(CONFIG) as f:
+        conf = f.read()
+    conf = conf.replace('store = "journal.db"', 'store = "large.db"', 1)
+    conf = conf.replace("[limits]\n", "[limits]\noutput_kib = 4096\nstate_kib = 4096\n", 1)
+    conf = conf.replace("""{ pattern = 'notes(op = "add")', behavior = "ask" }""",
+                        '{ pattern = "notes", behavior = "allow" }', 1)
+    conf = conf.replace('{ pattern = "text.repeat", behavior = "deny" }',
+                        '{ pattern = "text.repeat", behavior = "ask" }', 1)
+    path = os.path.join(os.path.dirname(CONFIG), "large.toml")
+    with open(path, "w") as f:
+        f.write(conf)
+    return path
+
+
+def test_a_result_too_large_for_one_message_arrives_as_a_result_the_client_parses():
+    """With the SDK's default transport (`max_sse_event_size` 1 MiB): an
+    object output of 600 KiB went out twice (its JSON as text, escaped again,
+    and as `structuredContent`), over 1 MiB — the call ran and was committed,
+    the client got "SSE stream failed" and the model retried. Now it arrives
+    without the text copy; one that does not fit even so arrives as an
+    `isError` result saying the call ran, where its result is recorded and
+    both sizes; an approval prompt too large to send is not sent, and the
+    request stays pending for an approver. The same on stdio."""
+    config = large_config()
+    db = os.path.join(os.path.dirname(CONFIG), "large.db")
+    server = HttpServer(config)
+    stdio = StdioServerParameters(command=BIN, args=["--config", config, "serve"], env=ENV)
+    asked = []
+
+    async def elicit(context, params):
+        asked.append(params)
+        return types.ElicitResult(action="accept", content={"confirm": True})
+
+    def client(transport, mode):
+        if transport == "stdio":
+            return Client(stdio, mode=mode, elicitation_callback=elicit)
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+        return Client(streamable_http_client(server.url, http_client=http), mode=mode, elicitation_callback=elicit)
+
+    def last_notes_step():
+        with sqlite3.connect(db) as j:
+            return j.execute("SELECT seq, outcome, length(result) FROM steps WHERE tool_id = 'notes' "
+                             "ORDER BY seq DESC LIMIT 1").fetchone()
+
+    async def body(transport, mode):
+        async with client(transport, mode) as c:
+            assert not (await c.call_tool("notes", {"op": "clear"})).is_error
+            first = "a" * (600 * 1024)
+            r = await c.call_tool("notes", {"op": "add", "note": first})
+            assert not r.is_error, text(r)[:500]
+            assert r.structured_content == {"notes": [first]}
+            assert "structuredContent" in text(r) and len(text(r)) < 1000, text(r)[:500]
+            # 1.2 MB: too large for one message, however sent.
+            r = await c.call_tool("notes", {"op": "add", "note": "b" * (600 * 1024)})
+            message = text(r)
+            assert r.is_error and r.structured_content is None, message[:500]
+            seq, outcome, length = last_notes_step()
+            assert outcome == "output" and length > MAX_MESSAGE_BYTES, (seq, outcome, length)
+            assert f"`notes` ran and its result was recorded in the host's journal as step #{seq}" in message, message
+            assert "too large for one MCP message" in message and f"over the {MAX_MESSAGE_BYTES} bytes" in message
+            assert re.search(r"\b1\d{6} bytes", message), message
+            assert "toolgate journal --json" in message and "do not make the same call again" in message, message
+            # A plain text output of 1.1 MB, escaped nowhere: the same.
+            r = await c.call_tool("text_upper", {"text": "c" * 1_100_000})
+            assert r.is_error and "`text.upper` ran and its result was recorded" in text(r), text(r)[:500]
+            # An ask whose prompt (the arguments whole) cannot be one message:
+            # not asked, pending for an approver, named by its request.
+            note = f"{transport}-{mode}-" + "d" * 1_050_000
+            r = await c.call_tool("text.repeat", {"text": note, "times": 1})
+            message = text(r)
+            assert r.is_error and not asked, message[:500]
+            with sqlite3.connect(db) as j:
+                (request,) = j.execute("SELECT call_id FROM awaiting WHERE state = 'pending' AND arguments LIKE ?",
+                                       (f'%"{transport}-{mode}-d%',)).fetchone()
+            assert "cannot be asked in this client" in message and "approval prompt" in message, message
+            assert f"over the {MAX_MESSAGE_BYTES} bytes" in message and request in message, message
+            assert "tkt-" not in message, message
+            # The session goes on.
+            assert not (await c.call_tool("notes", {"op": "clear"})).is_error
+
+    try:
+        for transport, mode in [("http", "auto"), ("http", "legacy"), ("stdio", "legacy")]:
+            run(body(transport, mode))
+        # The operator reads the result the message could not carry.
+        listed = subprocess.run([BIN, "--config", config, "--json", "journal"], capture_output=True, text=True)
+        assert listed.returncode == 0, listed.stderr
+        results = [json.loads(line)["result"] for line in listed.stdout.splitlines()]
+        assert any(len(r) > MAX_MESSAGE_BYTES and "b" * 1000 in r for r in results)
+    finally:
+        assert server.stop() == 0, "".join(server.stderr)
+
+
 def test_guest_output_never_enters_the_protocol_stream(conn):
     async def body():
         async with conn() as c:

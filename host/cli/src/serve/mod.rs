@@ -31,7 +31,8 @@
 //! end, whether or not their request is still open, and refused past
 //! `[serve] max_requests_per_token` ([`McpServer::call_place`]). Each session — a stdio
 //! connection, an HTTP session, or on stateless 2026-07-28 HTTP each request
-//! (and the retries it asks for) — is its own run.
+//! (and the retries it asks for) — is its own run. No message sent exceeds
+//! [`MAX_MESSAGE_BYTES`], on either transport.
 //!
 //! Architecture invariant: this is the only module that knows MCP server
 //! types, and it makes no decision of its own — no side channel for
@@ -87,6 +88,24 @@ const VERSIONS: &[ProtocolVersion] = &[
 /// How long a stopping stdio server waits for rmcp to write what its
 /// handlers answered and close.
 const STDIO_CLOSE: Duration = Duration::from_secs(10);
+
+/// The most bytes one JSON-RPC message this server sends may take, as
+/// serialized: under the 1 MiB (1,048,576 bytes) the Python SDK 2.x client
+/// takes in one SSE event by default (`max_sse_event_size`), leaving room
+/// for the SSE framing (its `event:` and `id:` lines). rmcp answers every
+/// POST of a session as SSE; a message past the client's limit failed its
+/// transport after the call had run and been committed, and the model
+/// retried it. Held on every transport alike, so what the model reads does
+/// not depend on it: a result over it is sent without the text copy of a
+/// JSON output, or else as an `isError` result saying the call ran and where
+/// its result is recorded ([`bounded_result`]); an approval prompt over it
+/// is not sent ([`McpServer::ask`]); a `tools/list` over it is paged.
+pub const MAX_MESSAGE_BYTES: usize = 1_000_000;
+
+/// What the JSON-RPC envelope of a result may add to it
+/// (`{"jsonrpc":"2.0","id":…,"result":…}`, an id up to ~990 bytes): a
+/// result is held to [`MAX_MESSAGE_BYTES`] less this.
+const ENVELOPE_BYTES: usize = 1_024;
 
 /// The key of the one input request an ask makes.
 const CONFIRM: &str = "confirm";
@@ -557,7 +576,7 @@ impl McpServer {
                 let (ticket, correlation) = (ticket.clone(), correlation.clone());
                 self.ask(&runtime, &name, &arguments, &ticket, &correlation, result, context).await
             }
-            other => Ok(to_mcp_result(&other, structured).into()),
+            other => Ok(to_mcp_result(&name, &other, structured).into()),
         }
     }
 
@@ -642,7 +661,19 @@ impl McpServer {
                 .map_err(|e| ErrorData::internal_error(format!("cannot seal the request state: {e}"), None))?;
             let mut requests = InputRequests::new();
             requests.insert(CONFIRM.into(), InputRequest::Elicitation(ElicitRequest::new(question)));
-            return Ok(InputRequiredResult::new(Some(requests), Some(sealed)).into());
+            let asking = InputRequiredResult::new(Some(requests), Some(sealed));
+            let size = json_len(&asking).saturating_add(ENVELOPE_BYTES);
+            if size > MAX_MESSAGE_BYTES {
+                return Ok(prompt_too_large(name, &record.arguments, size, &awaiting));
+            }
+            return Ok(asking.into());
+        }
+        // Too large to send, the prompt is not sent: the request stays
+        // pending for an approver, as for a client that cannot ask.
+        let size = json_len(&ServerRequest::ElicitRequest(ElicitRequest::new(question.clone())))
+            .saturating_add(ENVELOPE_BYTES);
+        if size > MAX_MESSAGE_BYTES {
+            return Ok(prompt_too_large(name, &record.arguments, size, &awaiting));
         }
         // Only the human's answer decides. A call withdrawn while the human
         // reads (the client cancelled it, e.g. at its request timeout, or the
@@ -691,7 +722,7 @@ impl McpServer {
             Decision::Undecided(why) => return still_pending(why),
         };
         let step = step.map_err(|e| call_error(name, e, Some(correlation)))?;
-        Ok(to_mcp_result(&step, structured_output(runtime, name)).into())
+        Ok(to_mcp_result(name, &step, structured_output(runtime, name)).into())
     }
 
     /// Ask `question` in the client's UI and wait for the answer, no longer
@@ -815,7 +846,7 @@ impl McpServer {
             Decision::Undecided(why) => return Ok(still_pending(name, &prior.record.call_id, why)),
         };
         let step = step.map_err(|e| call_error(name, e, Some(&prior.record.call_id)))?;
-        Ok(to_mcp_result(&step, structured_output(runtime, name)).into())
+        Ok(to_mcp_result(name, &step, structured_output(runtime, name)).into())
     }
 }
 
@@ -1254,8 +1285,10 @@ fn object_schema(d: &ToolDescriptor) -> Option<serde_json::Map<String, serde_jso
     has_object_schema(d).then(|| d.output_schema.as_ref().and_then(|out| out.as_object().cloned())).flatten()
 }
 
-fn to_mcp_result(result: &StepResult, structured: bool) -> CallToolResult {
-    match result {
+/// `result` of the tool `name` as the client reads it, held to
+/// [`MAX_MESSAGE_BYTES`] ([`bounded_result`]).
+fn to_mcp_result(name: &str, result: &StepResult, structured: bool) -> CallToolResult {
+    let r = match result {
         StepResult::Output { content, .. } => {
             let text = result.model_text();
             let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
@@ -1265,6 +1298,84 @@ fn to_mcp_result(result: &StepResult, structured: bool) -> CallToolResult {
             r
         }
         other => CallToolResult::error(vec![ContentBlock::text(other.model_text())]),
+    };
+    bounded_result(name, result, r)
+}
+
+/// `r`, the result of `step`, if it fits in one message of
+/// [`MAX_MESSAGE_BYTES`] (measured as serialized, with its envelope). Else
+/// without the text copy of a JSON output that also goes out as
+/// `structuredContent` (a short note in its place); else an `isError`
+/// result saying that the call ran, that its result is recorded (the step
+/// named) and too large for one message, with both sizes — never a
+/// transport failure, and never "nothing ran": a retry would run it again.
+fn bounded_result(name: &str, step: &StepResult, mut r: CallToolResult) -> CallToolResult {
+    let size = |r: &CallToolResult| json_len(r).saturating_add(ENVELOPE_BYTES);
+    let whole = size(&r);
+    if whole <= MAX_MESSAGE_BYTES {
+        return r;
+    }
+    if r.structured_content.is_some() && r.is_error != Some(true) {
+        let note = "(the output is the JSON object in `structuredContent`: its text copy was left out, as both \
+                    would not fit in one MCP message)";
+        r.content = vec![ContentBlock::text(note)];
+        if size(&r) <= MAX_MESSAGE_BYTES {
+            return r;
+        }
+    }
+    let seq = match step {
+        StepResult::Output { seq, .. }
+        | StepResult::ToolError { seq, .. }
+        | StepResult::Blocked { seq, .. }
+        | StepResult::Cancelled { seq }
+        | StepResult::Awaiting { seq, .. } => *seq,
+    };
+    let what = match step {
+        StepResult::Output { .. } => "ran and its result was recorded",
+        StepResult::ToolError { .. } => "ran and failed, and its error was recorded",
+        _ => "was recorded",
+    };
+    let message = format!(
+        "`{name}` {what} in the host's journal as step #{seq}, but the result is too large for one MCP message: \
+         {whole} bytes, over the {MAX_MESSAGE_BYTES} bytes this server sends in one. It is not shown here; do \
+         not make the same call again to get it (it would run again). The host's operator can read it with \
+         `toolgate journal --json` (step #{seq}); a smaller request (less output) fits."
+    );
+    tracing::warn!("`{name}`: step #{seq}'s result is {whole} bytes, over MAX_MESSAGE_BYTES; sent as an error");
+    CallToolResult::error(vec![ContentBlock::text(without_tickets(&message))])
+}
+
+/// The result of an ask whose approval prompt (`size` bytes as a message,
+/// the arguments `json` whole) is too large to send: not asked, the request
+/// stays pending for an approver, as for a client that cannot ask.
+fn prompt_too_large(name: &str, json: &str, size: usize, awaiting: &StepResult) -> CallToolResponse {
+    let message = format!(
+        "`{name}` needs human approval and cannot be asked in this client: the approval prompt, which shows the \
+         call's {} bytes of arguments whole, would be a {size}-byte message, over the {MAX_MESSAGE_BYTES} bytes \
+         this server sends in one; {}",
+        json.len(),
+        awaiting.model_text()
+    );
+    CallToolResult::error(vec![ContentBlock::text(without_tickets(&message))]).into()
+}
+
+/// The length of `value` serialized as JSON, counted without building it.
+fn json_len<T: Serialize + ?Sized>(value: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 = self.0.saturating_add(buf.len());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // A value that cannot be serialized cannot be sent either: over any bound.
+    match serde_json::to_writer(&mut count, value) {
+        Ok(()) => count.0,
+        Err(_) => usize::MAX,
     }
 }
 
@@ -1841,6 +1952,43 @@ mod inproc_tests;
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Every result fits in one message of [`MAX_MESSAGE_BYTES`], as
+    /// serialized: an object output of 600 KB went out twice (its JSON
+    /// escaped again as text), over the Python client's 1 MiB SSE event.
+    #[test]
+    fn a_result_is_held_to_one_message_and_one_too_large_says_it_ran() {
+        let output = |v: serde_json::Value| StepResult::Output { seq: 7, content: Content::Json(v) };
+        let sent = |r: &CallToolResult| json_len(r) + ENVELOPE_BYTES;
+        // Small: as it was, text and structured content.
+        let small = output(json!({"n": 1}));
+        let r = to_mcp_result("t", &small, true);
+        assert_eq!((r.structured_content.clone(), r.is_error), (Some(json!({"n": 1})), Some(false)));
+        assert_eq!(json_len(&r.content), json_len(&vec![ContentBlock::text("{\"n\":1}")]));
+        // 400 KB of quotes: 2.4 MB as sent before (each `"` 4 bytes in the text
+        // copy, 2 in the structured content); now the structured content alone.
+        let quotes = json!({"q": "\"".repeat(400_000)});
+        let r = to_mcp_result("t", &output(quotes.clone()), true);
+        assert!(sent(&r) <= MAX_MESSAGE_BYTES, "{}", sent(&r));
+        assert!(r.structured_content.as_ref() == Some(&quotes) && r.is_error == Some(false));
+        // The same as plain text (no object schema): too large, an error that it ran.
+        let r = to_mcp_result("t", &output(quotes), false);
+        let text = serde_json::to_string(&r.content).unwrap();
+        assert!(r.structured_content.is_none() && r.is_error == Some(true));
+        assert!(text.contains("`t` ran and its result was recorded in the host's journal as step #7"), "{text}");
+        assert!(
+            text.contains(&format!("over the {MAX_MESSAGE_BYTES} bytes")) && text.contains("toolgate journal --json"),
+            "{text}"
+        );
+        assert!(sent(&r) < 2_000, "{}", sent(&r));
+        // A text output just under the bound passes whole; one byte more does not.
+        let fitting =
+            |n: usize| to_mcp_result("t", &StepResult::Output { seq: 1, content: Content::Text("a".repeat(n)) }, false);
+        let base = sent(&fitting(0));
+        assert_eq!(sent(&fitting(MAX_MESSAGE_BYTES - base)), MAX_MESSAGE_BYTES);
+        assert_eq!(fitting(MAX_MESSAGE_BYTES - base).is_error, Some(false));
+        assert_eq!(fitting(MAX_MESSAGE_BYTES - base + 1).is_error, Some(true));
+    }
 
     #[test]
     fn only_an_explicit_confirmation_approves_and_only_an_explicit_no_denies() {
