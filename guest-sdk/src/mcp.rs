@@ -39,6 +39,14 @@
 //! one the remote *may have run* unless the host says the request was never
 //! sent ([`crate::http::HttpError::may_have_reached_server`]): the model
 //! must not take it for a call that did not happen and repeat it.
+//!
+//! A request answered with an event stream that ends without the reply but
+//! gave an event id (a 2025-11-25 server may close it after a priming event
+//! and deliver the reply later) is resumed: an HTTP GET to the same URL with
+//! `Last-Event-ID`, the session, the revision and the credential, after the
+//! stream's `retry:` (at most 2 s), again while each resumed stream ends with
+//! a new event id and no reply, at most 8 times. A remote that answers the
+//! GET otherwise than 2xx (405: no resumption) leaves the request unanswered.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -280,6 +288,17 @@ mod client {
 
     /// Most `tools/list` pages read while looking for a tool.
     const MAX_PAGES: usize = 64;
+
+    /// Most times one request's event stream is resumed (HTTP GET with
+    /// `Last-Event-ID`) when it ended without the reply.
+    const MAX_RESUMES: usize = 8;
+
+    /// Longest wait before resuming a stream that asked for a longer
+    /// `retry:` (ms): the call's deadline runs while it waits.
+    const MAX_RETRY_MS: u64 = 2_000;
+
+    /// Longest SSE event id sent back as `Last-Event-ID`.
+    const MAX_EVENT_ID_LEN: usize = 256;
 
     /// Call the pinned tool `tool_id` with `arguments` (JSON) on the remote,
     /// in the session `state` caches (or a new one); the output carries the
@@ -523,11 +542,16 @@ mod client {
 
         /// `req` to the remote as every request of the session goes: the
         /// credential by reference, the session id, the negotiated revision.
-        fn prepare(&self, mut req: Request) -> Request {
+        fn prepare(&self, req: Request) -> Request {
+            self.prepare_in(req, self.id.as_deref())
+        }
+
+        /// [`Self::prepare`], naming the session `session`.
+        fn prepare_in(&self, mut req: Request, session: Option<&str>) -> Request {
             if let Some(c) = &self.config.credential {
                 req = req.credential(c);
             }
-            if let Some(id) = &self.id {
+            if let Some(id) = session {
                 req = req.header("mcp-session-id", id);
             }
             // After `initialize` every request names the negotiated revision.
@@ -624,9 +648,31 @@ mod client {
             };
             let body = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
             let response = self.post(&body, calling.as_deref())?;
-            let (message, list_changed) = reply(&response, &id);
-            self.list_changed |= list_changed;
-            let message = message.ok_or_else(|| match &calling {
+            let mut answer = reply(&response, &id);
+            self.list_changed |= answer.list_changed;
+            // The stream ended without the reply but named its last event
+            // (2025-11-25: a server may close it after a priming event and
+            // deliver the reply to a client that resumes it): resumed with a
+            // GET, after the `retry:` it asked for, while each resumed stream
+            // ends with a new event id and no reply. `initialize` is answered
+            // before the session is kept: its own session id goes with it.
+            let session = match method {
+                "initialize" => response.header("mcp-session-id").filter(|s| valid_session_id(s)),
+                _ => self.id.as_deref(),
+            };
+            let mut retry_ms = answer.retry_ms;
+            for _ in 0..MAX_RESUMES {
+                let Some(last) = answer.last_id.take().filter(|_| answer.reply.is_none()) else { break };
+                wait(retry_ms.unwrap_or(0).min(MAX_RETRY_MS));
+                let Some(resumed) = self.resume_stream(&last, session) else { break };
+                answer = reply(&resumed, &id);
+                self.list_changed |= answer.list_changed;
+                retry_ms = answer.retry_ms.or(retry_ms);
+                if answer.last_id.as_deref() == Some(last.as_str()) {
+                    answer.last_id = None;
+                }
+            }
+            let message = answer.reply.ok_or_else(|| match &calling {
                 // The answer ended without the reply: the tool may have run.
                 Some(tool) => ToolError::failed(format!(
                     "the remote MCP server at {} may have run `{tool}` but sent no JSON-RPC reply to `tools/call`; \
@@ -650,14 +696,41 @@ mod client {
             Ok((response, result))
         }
 
+        /// Resume the event stream of a request after the event `last`
+        /// (HTTP GET to the same URL, as every request of the session goes).
+        /// `None` when the remote offers no resumption (HTTP 405) or the
+        /// request failed any other way: the caller says the reply never came.
+        fn resume_stream(&self, last: &str, session: Option<&str>) -> Option<Response> {
+            let req =
+                Request::get(&self.config.url).header("accept", "text/event-stream").header("last-event-id", last);
+            let response = self.prepare_in(req, session).send().ok()?;
+            (200..=299).contains(&response.status).then_some(response)
+        }
+
         fn notify(&self, method: &str) -> Result<(), Fail> {
             self.post(&json!({ "jsonrpc": "2.0", "method": method }), None).map(|_| ())
         }
     }
 
+    /// What one response said in answer to the request with `id`.
+    #[derive(Debug, Default)]
+    struct Answer {
+        /// The JSON-RPC reply with the request's id.
+        reply: Option<Value>,
+        /// The stream also said the remote's tool list changed.
+        list_changed: bool,
+        /// The last event id the stream gave (its `id:` field), for
+        /// `Last-Event-ID`; `None` when it gave none, an empty one, or one
+        /// that is not 1 to [`MAX_EVENT_ID_LEN`] visible ASCII characters.
+        last_id: Option<String>,
+        /// The reconnection time the stream asked for (its last `retry:`), in ms.
+        retry_ms: Option<u64>,
+    }
+
     /// The JSON-RPC reply with `id`, from a JSON body or a server-sent-event
-    /// stream, and whether the stream also said the remote's tool list changed.
-    fn reply(response: &Response, id: &str) -> (Option<Value>, bool) {
+    /// stream, whether the stream also said the remote's tool list changed,
+    /// and where to resume the stream from when it ended without the reply.
+    fn reply(response: &Response, id: &str) -> Answer {
         let is_sse = response.header("content-type").is_some_and(|c| c.starts_with("text/event-stream"));
         // A response, not a request of the server's own that happens to
         // carry the same id (its ids are a sequence of its own).
@@ -666,29 +739,59 @@ mod client {
                 && v.get("method").is_none()
                 && (v.get("result").is_some() || v.get("error").is_some())
         };
+        let mut answer = Answer::default();
         if !is_sse {
-            return (serde_json::from_slice::<Value>(&response.body).ok().filter(matches), false);
+            answer.reply = serde_json::from_slice::<Value>(&response.body).ok().filter(matches);
+            return answer;
         }
         let text = response.text();
         let mut data = String::new();
-        let mut list_changed = false;
+        // The SSE "last event ID buffer": kept from event to event, taken at each dispatch.
+        let mut id_buffer = String::new();
         for line in text.lines().chain(std::iter::once("")) {
             if line.is_empty() {
+                answer.last_id = Some(id_buffer.clone()).filter(|i| valid_event_id(i));
                 if let Ok(v) = serde_json::from_str::<Value>(&data) {
                     if matches(&v) {
-                        return (Some(v), list_changed);
+                        answer.reply = Some(v);
+                        return answer;
                     }
-                    list_changed |= v.get("method").and_then(Value::as_str) == Some("notifications/tools/list_changed");
+                    answer.list_changed |=
+                        v.get("method").and_then(Value::as_str) == Some("notifications/tools/list_changed");
                 }
                 data.clear();
-            } else if let Some(d) = line.strip_prefix("data:") {
-                if !data.is_empty() {
-                    data.push('\n');
+                continue;
+            }
+            let (field, value) = line.split_once(':').unwrap_or((line, ""));
+            let value = value.strip_prefix(' ').unwrap_or(value);
+            match field {
+                "data" => {
+                    if !data.is_empty() {
+                        data.push('\n');
+                    }
+                    data.push_str(value);
                 }
-                data.push_str(d.strip_prefix(' ').unwrap_or(d));
+                "id" if !value.contains('\0') => id_buffer = value.to_owned(),
+                "retry" if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) => {
+                    answer.retry_ms = Some(value.parse().unwrap_or(u64::MAX));
+                }
+                _ => {}
             }
         }
-        (None, list_changed)
+        answer
+    }
+
+    /// Whether `id` is an SSE event id the adapter sends back as
+    /// `Last-Event-ID`: 1 to [`MAX_EVENT_ID_LEN`] visible ASCII characters.
+    fn valid_event_id(id: &str) -> bool {
+        (1..=MAX_EVENT_ID_LEN).contains(&id.len()) && id.bytes().all(|b| (0x21..=0x7e).contains(&b))
+    }
+
+    /// Wait `ms` milliseconds (the host's monotonic clock).
+    fn wait(ms: u64) {
+        if ms > 0 {
+            wasip2::clocks::monotonic_clock::subscribe_duration(ms.saturating_mul(1_000_000)).block();
+        }
     }
 
     /// A `tools/call` result as Tool output: `isError` is a Tool error;
@@ -786,8 +889,42 @@ mod client {
             let ping = json!({"jsonrpc": "2.0", "id": id, "method": "ping"});
             let other = json!({"jsonrpc": "2.0", "id": 1, "result": {"content": []}});
             let ours = json!({"jsonrpc": "2.0", "id": id, "result": {"content": [{"type": "text", "text": "x"}]}});
-            assert_eq!(reply(&sse(&[ping.clone(), other.clone(), ours.clone()]), id).0, Some(ours));
-            assert_eq!(reply(&sse(&[ping, other]), id).0, None);
+            assert_eq!(reply(&sse(&[ping.clone(), other.clone(), ours.clone()]), id).reply, Some(ours));
+            assert_eq!(reply(&sse(&[ping, other]), id).reply, None);
+        }
+
+        fn raw_sse(body: &str) -> Response {
+            Response {
+                status: 200,
+                headers: vec![("content-type".into(), "text/event-stream".into())],
+                body: body.as_bytes().to_vec(),
+            }
+        }
+
+        /// A stream that ends without the reply names where to resume it:
+        /// the last event id it gave (a priming event's, whose data is
+        /// empty, included) and its `retry:`. Before, `id:` and `retry:`
+        /// were ignored and such a `tools/call` was reported as one that
+        /// sent no reply.
+        #[test]
+        fn a_stream_that_ends_without_the_reply_says_where_to_resume() {
+            let primed = reply(&raw_sse("id: ev-1\r\nretry: 1500\r\ndata: \r\n\r\n: keep-alive\n\n"), "r-1");
+            assert_eq!((primed.reply, primed.last_id.as_deref(), primed.retry_ms), (None, Some("ev-1"), Some(1500)));
+            // The id holds from event to event until another is given; an empty one clears it.
+            let later = reply(&raw_sse("id: a\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"x\"}\n\ndata: \n\n"), "r-1");
+            assert_eq!(later.last_id.as_deref(), Some("a"));
+            assert_eq!(reply(&raw_sse("id: a\ndata:\n\nid\ndata:\n\n"), "r-1").last_id, None);
+            // Not sent back: an id with a space or over the length; nor is a `retry:` that is not digits.
+            let odd = reply(&raw_sse("id: two words\nretry: 5s\ndata:\n\n"), "r-1");
+            assert_eq!((odd.last_id, odd.retry_ms), (None, None));
+            let long = format!("id: {}\ndata:\n\n", "e".repeat(MAX_EVENT_ID_LEN + 1));
+            assert_eq!(reply(&raw_sse(&long), "r-1").last_id, None);
+            // The reply on a resumed stream is found after its events.
+            let resumed = "id: ev-2\ndata: {\"jsonrpc\":\"2.0\",\"id\":\"r-1\",\"result\":{}}\n\n";
+            assert_eq!(
+                reply(&raw_sse(resumed), "r-1").reply,
+                Some(json!({"jsonrpc": "2.0", "id": "r-1", "result": {}}))
+            );
         }
     }
 }

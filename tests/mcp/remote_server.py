@@ -12,6 +12,16 @@ sessions the SDK's session manager holds, `deletes` how many DELETEs came).
 hold with 400 "Bad Request: No valid session ID provided" instead of the
 SDK's 404, as servers routed like the TypeScript SDK's README example do.
 
+`--resumable` is a 2025-11-25 server that closes a `tools/call`'s event stream
+early (SEP-1699): it answers `initialize` with 2025-11-25 whatever revision
+was asked for, starts each request's stream with a priming event (an id, empty
+data, `retry: 300`), and `add` closes its stream before it returns, so the
+reply is delivered only on a GET with `Last-Event-ID` (a GET without one is
+answered 405). `/admin/stats` lists the GETs under `resumes`. With
+`--resumable=405` every GET is answered 405 (no resumption offered); with
+`--resumable=never` every GET is answered with a new event id and never the
+reply.
+
 Hostile remotes for `toolgate mcp import`, at `/hostile/<mode>` (plain
 JSON-RPC, no token asked): `leak` lists a tool whose description holds the
 base64 of $REMOTE_TOKEN (a server that learned the credential), `pages-forever`
@@ -27,10 +37,13 @@ import os
 import socket
 import sys
 
+import time
+
 import uvicorn
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from starlette.requests import Request
+from mcp.server.streamable_http import EventMessage, EventStore
 from starlette.responses import JSONResponse, Response
 
 TOKEN = os.environ["REMOTE_TOKEN"]
@@ -39,11 +52,17 @@ stats = {"authorized": 0, "unauthorized": 0, "tool_calls": [], "credential_refer
 mcp = MCPServer("calc")
 JSON = "--json" in sys.argv
 UNKNOWN_SESSION_400 = "--unknown-session-400" in sys.argv
+RESUMABLE = next((a.partition("=")[2] or "yes" for a in sys.argv if a.startswith("--resumable")), None)
+stats["resumes"] = []
 
 
 @mcp.tool(description="Add two integers.")
-def add(a: int, b: int) -> int:
+async def add(a: int, b: int, ctx: Context) -> int:
     stats["tool_calls"].append("add")
+    if RESUMABLE:
+        # The reply is stored, not sent: the client must resume the stream to read it.
+        await ctx.close_sse_stream()
+        stats["closed_at"] = time.monotonic()
     return a + b
 
 
@@ -112,6 +131,76 @@ async def hostile(request: Request) -> Response:
     return JSONResponse({"jsonrpc": "2.0", "id": body["id"], "result": result}, headers={"mcp-session-id": "hostile"})
 
 
+class Events(EventStore):
+    """Every stream's events, in order, ids `ev-<n>`. A replay ends the resumed
+    stream after the stored events (it names no stream to go on with): the
+    SDK's own transport would keep it open for more after the reply, and the
+    toolgate host reads a whole response before its Tool sees any."""
+
+    def __init__(self):
+        self.events = []
+
+    async def store_event(self, stream_id, message):
+        self.events.append((stream_id, message))
+        return f"ev-{len(self.events)}"
+
+    async def replay_events_after(self, last_event_id, send_callback):
+        try:
+            last = int(last_event_id.removeprefix("ev-"))
+            stream = self.events[last - 1][0]
+        except (ValueError, IndexError):
+            return None
+        for n, (s, message) in enumerate(self.events, start=1):
+            if n > last and s == stream and message is not None:
+                await send_callback(EventMessage(message, f"ev-{n}"))
+        return None
+
+
+async def resume_stream(scope, receive, send, headers) -> bool:
+    """The `--resumable` modes' answer to a GET, or False to leave it to the SDK."""
+    last = headers.get("last-event-id")
+    closed_at = stats.get("closed_at")
+    waited = round((time.monotonic() - closed_at) * 1000) if closed_at is not None else None
+    stats["resumes"].append(
+        {
+            "last_event_id": last,
+            "session": headers.get("mcp-session-id"),
+            "protocol": headers.get("mcp-protocol-version"),
+            "waited_ms": waited,
+        }
+    )
+    if last is None or RESUMABLE == "405":
+        await Response(status_code=405)(scope, receive, send)
+        return True
+    if RESUMABLE == "never":
+        body = f"id: never-{len(stats['resumes'])}\nretry: 10\ndata: \n\n"
+        await Response(body, media_type="text/event-stream")(scope, receive, send)
+        return True
+    return False
+
+
+async def asking_for_2025_11_25(receive):
+    """`receive` with an `initialize` asking for 2025-11-25 (same length as what it replaces)."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    if b'"initialize"' in body:
+        body = body.replace(b'"2025-06-18"', b'"2025-11-25"').replace(b'"2025-03-26"', b'"2025-11-25"')
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
 class RequireToken:
     """401 for MCP requests without the bearer token; admin and hostile routes are open."""
 
@@ -137,6 +226,10 @@ class RequireToken:
                 response = JSONResponse({"jsonrpc": "2.0", "error": error, "id": None}, status_code=400)
                 await response(scope, receive, send)
                 return
+            if RESUMABLE and scope["method"] == "GET" and await resume_stream(scope, receive, send, headers):
+                return
+            if RESUMABLE and scope["method"] == "POST":
+                receive = await asking_for_2025_11_25(receive)
         await self.app(scope, receive, send)
 
 
@@ -150,7 +243,9 @@ def main() -> None:
     # Listening before the port is announced: early connections queue instead of being refused.
     sock.listen(128)
     print(f"PORT {sock.getsockname()[1]}", flush=True)
-    config = uvicorn.Config(RequireToken(mcp.streamable_http_app(json_response=JSON)), log_level="warning", lifespan="on")
+    resumable = {"event_store": Events(), "retry_interval": 300} if RESUMABLE else {}
+    app = mcp.streamable_http_app(json_response=JSON, **resumable)
+    config = uvicorn.Config(RequireToken(app), log_level="warning", lifespan="on")
     uvicorn.Server(config).run(sockets=[sock])
 
 

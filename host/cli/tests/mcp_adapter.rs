@@ -696,3 +696,50 @@ async fn an_unsupported_revision_or_a_malformed_session_id_is_refused_before_the
         assert!(!state.contains_key("cache/mcp"), "nothing cached: {state:?}");
     }
 }
+
+/// The GETs that resumed a stream (the import's own client also opens one without `Last-Event-ID`).
+fn resumed(stats: &Value) -> Vec<Value> {
+    let gets = stats["resumes"].as_array().cloned().unwrap_or_default();
+    gets.into_iter().filter(|g| g["last_event_id"].is_string()).collect()
+}
+
+/// A 2025-11-25 remote may close a request's event stream after a priming
+/// event (an id, no data) and deliver the reply to a client that resumes
+/// it (SEP-1699): the adapter resumes with a GET carrying `Last-Event-ID`,
+/// the session, the revision and the credential, after the `retry:` the
+/// stream asked for, and reads the result. A remote that offers no
+/// resumption (405), or whose resumed streams never hold the reply (given
+/// up after 8), leaves the call one that may have run. Before, every such
+/// `tools/call` was reported as one that sent no reply.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reply_on_a_stream_the_remote_closed_early_is_read_by_resuming_it() {
+    unsafe { std::env::set_var(TOKEN_VAR, TOKEN) };
+    let remote = Remote::start_with(&root(), &["--resumable"]);
+    let (_dir, rt) = imported(&remote);
+    let run = rt.start_run(None, ToolCapabilityNarrowing::Configured).await.unwrap();
+    for (n, a) in [(1, 2), (2, 40)] {
+        let r = run.call("mcp__calc__add", json!({"a": a, "b": 3})).await.unwrap();
+        assert!(matches!(&r, StepResult::Output { content: Content::Json(v), .. } if v["result"] == a + 3), "{r:?}");
+        let stats = remote.stats();
+        let resumes = resumed(&stats);
+        assert_eq!(resumes.len(), n, "one resumption per call: {stats}");
+        let get = &resumes[n - 1];
+        assert!(get["last_event_id"].as_str().is_some_and(|i| i.starts_with("ev-")), "{stats}");
+        assert!(get["session"].is_string() && get["protocol"] == "2025-11-25", "{stats}");
+        assert!(get["waited_ms"].as_u64().is_some_and(|w| w >= 250), "waited for `retry: 300`: {stats}");
+        assert_eq!(stats["unauthorized"], json!(0), "the GET carried the credential: {stats}");
+        assert_eq!(stats["tool_calls"].as_array().map(Vec::len), Some(n), "run once each: {stats}");
+    }
+
+    for (mode, gets) in [("--resumable=405", 1), ("--resumable=never", 8)] {
+        let remote = Remote::start_with(&root(), &[mode]);
+        let (_dir, rt) = imported(&remote);
+        let run = rt.start_run(None, ToolCapabilityNarrowing::Configured).await.unwrap();
+        let r = run.call("mcp__calc__add", json!({"a": 1, "b": 1})).await.unwrap();
+        let m = tool_error(&r);
+        assert!(m.contains("may have run `add`") && m.contains("check before calling again"), "{mode}: {m}");
+        let stats = remote.stats();
+        assert_eq!(stats["tool_calls"], json!(["add"]), "{mode}: {stats}");
+        assert_eq!(resumed(&stats).len(), gets, "{mode}: {stats}");
+    }
+}
