@@ -261,6 +261,8 @@ pub struct Runtime {
     holder: String,
     /// Skill activations committed by this runtime (and its reloads).
     skill_marks: Arc<SkillMarks>,
+    /// Asks for a narrowing Skill this runtime raised, not yet seen decided.
+    skill_asks: Arc<SkillAsks>,
 }
 
 /// What a claim nobody works on any more is settled as (a step resolving
@@ -320,6 +322,60 @@ const SETTLE_WITHIN: Duration = Duration::from_secs(5);
 /// narrows every later call of the run, and a run with no Skill activated
 /// in its bucket pays one atomic load per call.
 struct SkillMarks([AtomicU64; SKILL_BUCKETS]);
+
+/// Asks for a narrowing Skill raised in this process and not yet seen
+/// decided, by run. Another process may approve one (`toolgate approve`,
+/// another host on a shared journal) and commit the Skill's output there,
+/// where [`SkillMarks`] cannot see it: the run is narrowed from that commit
+/// on, not from when its retry collects the output here. While a run has
+/// such an ask, each of its calls first reads the ticket (by key); once it
+/// is decided, the run's view is read again from the journal. With none
+/// outstanding anywhere, a call pays one atomic load.
+#[derive(Default)]
+struct SkillAsks {
+    outstanding: std::sync::atomic::AtomicUsize,
+    /// Run → (ticket, expiry) of each outstanding ask.
+    by_run: std::sync::Mutex<std::collections::HashMap<String, Vec<(String, i64)>>>,
+}
+
+impl SkillAsks {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Vec<(String, i64)>>> {
+        self.by_run.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn note(&self, run_id: &str, ticket: &str, expires_at: i64) {
+        let mut by_run = self.lock();
+        // Asks of runs that stopped calling are dropped once they expire.
+        let at = now();
+        by_run.retain(|_, asks| {
+            asks.retain(|(_, expires)| *expires > at);
+            !asks.is_empty()
+        });
+        let asks = by_run.entry(run_id.to_owned()).or_default();
+        if !asks.iter().any(|(t, _)| t == ticket) {
+            asks.push((ticket.to_owned(), expires_at));
+        }
+        self.outstanding.store(by_run.values().map(Vec::len).sum(), Ordering::Release);
+    }
+
+    fn of(&self, run_id: &str) -> Vec<String> {
+        if self.outstanding.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
+        self.lock().get(run_id).map(|asks| asks.iter().map(|(t, _)| t.clone()).collect()).unwrap_or_default()
+    }
+
+    fn forget(&self, run_id: &str, tickets: &[String]) {
+        let mut by_run = self.lock();
+        if let Some(asks) = by_run.get_mut(run_id) {
+            asks.retain(|(t, _)| !tickets.contains(t));
+            if asks.is_empty() {
+                by_run.remove(run_id);
+            }
+        }
+        self.outstanding.store(by_run.values().map(Vec::len).sum(), Ordering::Release);
+    }
+}
 
 const SKILL_BUCKETS: usize = 64;
 
@@ -431,7 +487,8 @@ impl Runtime {
         settings: RuntimeSettings,
     ) -> Self {
         let skill_marks = Arc::new(SkillMarks(std::array::from_fn(|_| AtomicU64::new(0))));
-        Runtime { snapshot, executor, store, settings, holder: new_id("host"), skill_marks }
+        let skill_asks = Arc::default();
+        Runtime { snapshot, executor, store, settings, holder: new_id("host"), skill_marks, skill_asks }
     }
 
     /// Settle claims whose holder stopped before committing the result (its
@@ -551,6 +608,7 @@ impl Runtime {
             settings: self.settings.clone(),
             holder: self.holder.clone(),
             skill_marks: self.skill_marks.clone(),
+            skill_asks: self.skill_asks.clone(),
         }
     }
 
@@ -1037,10 +1095,14 @@ impl Run<'_> {
     ) -> Result<StepResult, CallError> {
         let view = self.view().await?;
         let result = self.call_on(&view, tool_id, arguments, cancel).await;
-        if let Ok(StepResult::Output { .. }) = &result
-            && let Some(allowed) = view.catalog().narrowing_skills().get(tool_id)
-        {
-            self.activate(&view, tool_id, allowed);
+        if let Some(allowed) = view.catalog().narrowing_skills().get(tool_id) {
+            match &result {
+                Ok(StepResult::Output { .. }) => self.activate(&view, tool_id, allowed),
+                Ok(StepResult::Awaiting { ticket, expires_at, .. }) => {
+                    self.runtime.skill_asks.note(&self.id, ticket, *expires_at);
+                }
+                _ => {}
+            }
         }
         result
     }
@@ -1050,6 +1112,10 @@ impl Run<'_> {
     /// (by an approval, or by another `Run` of the same run).
     async fn view(&self) -> Result<Arc<ExecutableAgentSnapshot>, CommitError> {
         let rt = self.runtime;
+        let asks = rt.skill_asks.of(&self.id);
+        if !asks.is_empty() {
+            self.look_for_skills_decided_elsewhere(asks).await?;
+        }
         let view = self.snapshot();
         let mark = rt.skill_marks.of(&self.id).load(Ordering::Acquire);
         if view.skills_as_of() == mark {
@@ -1065,6 +1131,28 @@ impl Run<'_> {
         // `mark` was read before the journal: an activation after it is looked for again.
         *current = Arc::new(next.skills_checked_at(mark));
         Ok(current.clone())
+    }
+
+    /// The run's outstanding Skill asks ([`SkillAsks`]) read by ticket:
+    /// those decided (here or in another process) or expired are forgotten,
+    /// and a decided one makes every `Run` of the run read its Skills from
+    /// the journal before its next call.
+    async fn look_for_skills_decided_elsewhere(&self, asks: Vec<String>) -> Result<(), CommitError> {
+        let rt = self.runtime;
+        let (mut done, mut decided) = (Vec::new(), false);
+        for ticket in asks {
+            match rt.store.awaiting(&ticket).await? {
+                Some(r) if r.state == "claimed" || (r.state == "pending" && r.expires_at > now()) => continue,
+                Some(r) => decided |= r.state != "pending",
+                None => {}
+            }
+            done.push(ticket);
+        }
+        if decided {
+            rt.skill_marks.of(&self.id).fetch_add(1, Ordering::AcqRel);
+        }
+        rt.skill_asks.forget(&self.id, &done);
+        Ok(())
     }
 
     async fn call_on(

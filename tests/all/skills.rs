@@ -197,6 +197,47 @@ rules = [{ pattern = "skill.*", behavior = "ask" }]
     assert!(matches!(other.call("hostile.big", json!({"bytes": 1})).await.unwrap(), StepResult::Output { .. }));
 }
 
+/// A Skill approved in another process (`toolgate approve` in a shell, or
+/// another host on a shared journal) narrows the run from the commit of its
+/// output — before the agent's retry collects it here, as an approval in
+/// this process does. Fails on the previous code (the run's next call of a
+/// Tool outside the Skill's allowed-tools ran: only approvals in this
+/// process were seen).
+#[tokio::test]
+async fn a_skill_approved_in_another_process_narrows_the_run_at_once() {
+    let host = TestHost::new(
+        r#"
+[agents.default]
+visible = ["*"]
+default = "allow"
+rules = [{ pattern = "skill.*", behavior = "ask" }]
+"#,
+        &with_text_and_hostile(),
+    );
+    let narrowed = |r: &StepResult| matches!(r, StepResult::Blocked { reason, .. } if reason.contains("allowed-tools of skill `skill.release-notes`"));
+    let run = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+    let StepResult::Awaiting { ticket, .. } = run.call("skill.release-notes", json!({})).await.unwrap() else {
+        panic!("the Skill asks")
+    };
+    // Still pending: nothing narrows yet.
+    assert!(matches!(run.call("hostile.big", json!({"bytes": 1})).await.unwrap(), StepResult::Output { .. }));
+
+    let elsewhere = toolgate_tests::runtime_for(&host.config, "default");
+    let shown = elsewhere.store().awaiting(&ticket).await.unwrap().unwrap().call_digest();
+    let approved = elsewhere.approve(&ticket, &toolgate::Approval::on_terminal("operator", shown)).await.unwrap();
+    assert!(text(&approved).contains("Group the items"));
+
+    let r = run.call("hostile.big", json!({"bytes": 1})).await.unwrap();
+    assert!(narrowed(&r), "the run, before its retry collected the Skill's output: {r:?}");
+    // A server session's other `Run` of the run, on the view it kept.
+    let session = host.runtime.continue_run(run.id(), run.snapshot());
+    assert!(narrowed(&session.call("hostile.big", json!({"bytes": 1})).await.unwrap()));
+    assert!(matches!(run.call("text.count", json!({"text": "a"})).await.unwrap(), StepResult::Output { .. }));
+    // Another run is not narrowed.
+    let other = host.runtime.start_run(None, toolgate::ToolCapabilityNarrowing::Configured).await.unwrap();
+    assert!(matches!(other.call("hostile.big", json!({"bytes": 1})).await.unwrap(), StepResult::Output { .. }));
+}
+
 /// A run that activated a Skill stays narrowed when another plugin later
 /// claims the Skill's id (it is ambiguous, so neither claimant's
 /// allowed-tools can be trusted as the Skill's): narrowed to nothing rather
