@@ -14,7 +14,10 @@
 //! write it: raw (in any ASCII letter case, for secrets of
 //! [`MIN_SECRET`] bytes or more: servers normalize ids; its letters beyond
 //! ASCII lower-, upper-cased and mixed, [`case_variants`]), and in Latin-1
-//! and Windows-1252 when every character fits a byte there;
+//! and Windows-1252 when every character fits a byte there; for a value
+//! with escape-like sequences of its own (`%41`, `\$`, `&lt;`, `+`, `=`),
+//! raw as the views over-decode it under two layers of escaping and
+//! quoted-printable ([`over_decoded`]);
 //! base64 and base64url at each of the three byte alignments (so a secret
 //! inside a larger value encoded whole, like `user:pass` or `Bearer …`, is
 //! found; padding does not matter), and base64 of that base64; base32; hex
@@ -165,7 +168,8 @@ pub struct Finding {
     /// The credential's name.
     pub credential: String,
     /// How the secret was encoded: `raw`, `raw, blanks removed`, `raw,
-    /// letters in another case`, `Latin-1`, `Windows-1252`, `base64`,
+    /// letters in another case`, `raw, its own escapes decoded`,
+    /// `quoted-printable`, `Latin-1`, `Windows-1252`, `base64`,
     /// `base64url`, `base64 twice`, `base32`, `hex`, `hex with separators`,
     /// `byte list`, `UTF-16`, and `base64 of UTF-16` (and so on for
     /// base64url, base32, hex, hex with separators).
@@ -727,6 +731,12 @@ fn add_needles(secret: &[u8], i: usize, exact: &mut Needles, folded: &mut Needle
     if unblanked.len() < secret.len() && unblanked.len() >= MIN_SECRET {
         folded.add(unblanked.to_ascii_lowercase(), i, "raw, blanks removed");
     }
+    // A secret with escape-like sequences of its own, escaped twice: as
+    // the views over-decode it ([`over_decoded`]), and quoted-printable
+    // (no view decodes that after another kind).
+    for (value, form) in over_decoded(secret) {
+        folded.add(value.to_ascii_lowercase(), i, form);
+    }
     exact.add_base64(secret, i, &UTF8);
     // Escaped forms inside base64 (a query credential in a base64 cursor)
     // have no needles: the base64 view decodes them and every view reads
@@ -764,6 +774,103 @@ fn add_needles(secret: &[u8], i: usize, exact: &mut Needles, folded: &mut Needle
             exact.add(wide, i, "UTF-16");
         }
     }
+}
+
+/// Most values [`over_decoded`] gives for one watched value: a secret
+/// dense with escape-like sequences of several kinds has more ways to be
+/// over-decoded than are worth a needle each (SECURITY.md, Known limits).
+const MAX_OVER_DECODED: usize = 64;
+
+/// The sets of kinds a view undoes in one pass over a secret's own
+/// sequences, as they can show in a view of data escaped in layers: each
+/// layer leaves some of the secret's escape characters bare (JSON escapes
+/// `\` but not `%` or `&`; HTML `&` alone; percent-encoding all of them),
+/// so a pass may decode any of the kinds the repeated views undo
+/// ([`ALL`], with `+` only beside `%`: whatever escapes `%` escapes `+`).
+const OVER_DECODING: [Kinds; 11] = [
+    Kinds { backslash: true, ..NONE },
+    Kinds { html: true, ..NONE },
+    Kinds { percent: true, ..NONE },
+    Kinds { backslash: true, html: true, ..NONE },
+    Kinds { backslash: true, percent: true, ..NONE },
+    Kinds { html: true, percent: true, ..NONE },
+    ALL,
+    Kinds { percent: true, plus: true, ..NONE },
+    Kinds { backslash: true, percent: true, plus: true, ..NONE },
+    Kinds { html: true, percent: true, plus: true, ..NONE },
+    Kinds { plus: true, ..ALL },
+];
+
+/// `value` as a view may hold it when it has escape-like sequences of its
+/// own (`%41`, `\$`, `&lt;`, `+`) and reached the data under two layers
+/// of escaping or more: the pass that removes an inner layer decodes the
+/// secret's own sequences too, so the secret is never whole in any view
+/// (`ab/cd%41ef`, JSON-escaped as PHP writes it and then percent-encoded,
+/// is `ab\/cd%41ef` after one pass and `ab/cdAef` after two). Each value
+/// is `value` with its own sequences undone by up to [`MAX_PASSES`]
+/// passes, each of any of the [`OVER_DECODING`] kinds; and the same from
+/// `value` lower-cased with names read in any case (the view of escapes
+/// whose case changed, [`SecretScanner::find_case_changed`]). Also
+/// `value` quoted-printable, and that over-decoded: the views undo
+/// quoted-printable only in the data as sent, never after another kind
+/// (a secret holding `=` or bytes beyond ASCII, quoted-printable and then
+/// percent-encoded, is whole only so). Values shorter than [`MIN_SECRET`]
+/// are left out; at most [`MAX_OVER_DECODED`]. Nothing for a value with
+/// none of `\ % & + =` and only printable ASCII: an ordinary token gets
+/// no more needles.
+fn over_decoded(value: &[u8]) -> Vec<(Vec<u8>, &'static str)> {
+    let qp = quoted_printable(value);
+    if qp == value && !value.iter().any(|b| matches!(b, b'\\' | b'%' | b'&' | b'+')) {
+        return Vec::new();
+    }
+    let mut seen: Vec<Vec<u8>> = vec![value.to_vec()];
+    let mut out = Vec::new();
+    let mut keep = |v: Vec<u8>, form: &'static str, seen: &mut Vec<Vec<u8>>| {
+        if v.len() < MIN_SECRET || seen.contains(&v) || out.len() >= MAX_OVER_DECODED {
+            return false;
+        }
+        seen.push(v.clone());
+        out.push((v, form));
+        true
+    };
+    let mut roots = vec![(value.to_vec(), false)];
+    if keep(qp.clone(), "quoted-printable", &mut seen) {
+        roots.push((qp, false));
+    }
+    let lowered: Vec<(Vec<u8>, bool)> = roots.iter().map(|(v, _)| (v.to_ascii_lowercase(), true)).collect();
+    roots.extend(lowered);
+    for (root, any_case) in roots {
+        let mut frontier = vec![root];
+        for _ in 0..MAX_PASSES {
+            let mut next = Vec::new();
+            for node in &frontier {
+                for kinds in OVER_DECODING.iter().filter(|k| !(any_case && k.plus)) {
+                    let Some(v) = unescape(node, Kinds { any_case, ..*kinds }) else {
+                        continue;
+                    };
+                    if keep(v.clone(), "raw, its own escapes decoded", &mut seen) {
+                        next.push(v);
+                    }
+                }
+            }
+            frontier = next;
+        }
+    }
+    out
+}
+
+/// `value` quoted-printable: `=` and the bytes that are not printable
+/// ASCII (those beyond ASCII: a secret's letters in UTF-8) as `=XX`.
+fn quoted_printable(value: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(value.len());
+    for &b in value {
+        if b == b'=' || !(b' '..=b'~').contains(&b) {
+            out.extend_from_slice(format!("={b:02X}").as_bytes());
+        } else {
+            out.push(b);
+        }
+    }
+    out
 }
 
 /// `text` (first) and its spellings with the letters beyond ASCII in
@@ -4429,5 +4536,172 @@ mod decoded_secret_tests {
             pem_work <= plain_work + plain_work / 10,
             "a PEM key's scanner searched {pem_work}, a token's {plain_work}"
         );
+    }
+}
+
+/// A secret holding escape-like bytes of its own (`%41`, `\$`, `&lt;`,
+/// `=41`, `+`) under two layers of escaping: the pass that removes the
+/// inner layer decodes the secret's own sequences too.
+#[cfg(test)]
+mod layered_escape_tests {
+    use super::*;
+
+    fn json(s: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for &b in s {
+            match b {
+                b'\\' => out.extend_from_slice(b"\\\\"),
+                b'"' => out.extend_from_slice(b"\\\""),
+                // PHP's `json_encode`.
+                b'/' => out.extend_from_slice(b"\\/"),
+                0..0x20 => out.extend_from_slice(format!("\\u{b:04x}").as_bytes()),
+                _ => out.push(b),
+            }
+        }
+        out
+    }
+
+    fn html(s: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for &b in s {
+            match b {
+                b'&' => out.extend_from_slice(b"&amp;"),
+                b'<' => out.extend_from_slice(b"&lt;"),
+                b'>' => out.extend_from_slice(b"&gt;"),
+                b'"' => out.extend_from_slice(b"&quot;"),
+                b'\'' => out.extend_from_slice(b"&#039;"),
+                _ => out.push(b),
+            }
+        }
+        out
+    }
+
+    /// `encodeURIComponent`.
+    fn percent(s: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for &b in s {
+            if b.is_ascii_alphanumeric() || b"-_.!~*'()".contains(&b) {
+                out.push(b);
+            } else {
+                out.extend_from_slice(format!("%{b:02X}").as_bytes());
+            }
+        }
+        out
+    }
+
+    /// `application/x-www-form-urlencoded`.
+    fn form(s: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for &b in s {
+            if b.is_ascii_alphanumeric() || b"*-._".contains(&b) {
+                out.push(b);
+            } else if b == b' ' {
+                out.push(b'+');
+            } else {
+                out.extend_from_slice(format!("%{b:02X}").as_bytes());
+            }
+        }
+        out
+    }
+
+    fn quoted_printable(s: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for &b in s {
+            if b == b'=' || !(b' '..=b'~').contains(&b) {
+                out.extend_from_slice(format!("={b:02X}").as_bytes());
+            } else {
+                out.push(b);
+            }
+        }
+        out
+    }
+
+    type Encoder = (&'static str, fn(&[u8]) -> Vec<u8>);
+
+    const ENCODERS: [Encoder; 5] =
+        [("JSON", json), ("HTML", html), ("percent", percent), ("form", form), ("quoted-printable", quoted_printable)];
+
+    /// Secrets holding each escape-like sequence the views decode.
+    const SECRETS: &[&str] = &[
+        "ab/cd%41ef1234",
+        "Ld8%e3Qx\\w9Rv2Tn",
+        "Pa\\$sw0rd<Q7x!Zk",
+        "Qx7\\/Rv2Tn9Wm",
+        "Qx7\\nRv2Tn9Wm",
+        "Qx7\\u0041Rv2Tn9",
+        "Qx7\\x41Rv2Tn9",
+        "Qx7\\101Rv2Tn9",
+        "Qx7&lt;Rv2Tn9Wm",
+        "Qx7&#65;Rv2Tn9Wm",
+        "Qx7&#x41;Rv2Tn9",
+        "Qx7&ampRv2Tn9Wm",
+        "Qx7=41Rv2Tn9Wm",
+        "Qx7=3DRv2Tn9Wm",
+        "Qx7%2541Rv2Tn9",
+        "Qx7%u0041Rv2Tn9",
+        "Qx7+Rv2 Tn9Wm5",
+        "Qx7+Rv2%41Tn9Wm",
+        "a%41b\\$c&lt;d=41e+f9",
+    ];
+
+    #[test]
+    fn the_three_traced_inputs_are_found() {
+        for (secret, data) in [
+            ("ab/cd%41ef1234", "ab%5C%2Fcd%2541ef1234"),
+            ("Ld8%e3Qx\\w9Rv2Tn", "Ld8%25e3Qx%5C%5Cw9Rv2Tn"),
+            ("Pa\\$sw0rd<Q7x!Zk", "Pa%5C%24sw0rd%26lt%3BQ7x%21Zk"),
+        ] {
+            let s = SecretScanner::new(&[("t".into(), secret.as_bytes().to_vec())]);
+            assert!(s.find(format!("{{\"v\":\"{data}\"}}").as_bytes()).is_some(), "{secret} as {data}");
+        }
+    }
+
+    #[test]
+    fn a_secret_with_escapes_of_its_own_is_found_under_any_two_layers() {
+        let mut missed = Vec::new();
+        for secret in SECRETS {
+            let s = SecretScanner::new(&[("t".into(), secret.as_bytes().to_vec())]);
+            for (inner_name, inner) in ENCODERS {
+                for (outer_name, outer) in ENCODERS {
+                    if inner_name == outer_name {
+                        continue;
+                    }
+                    let data = outer(&inner(secret.as_bytes()));
+                    let wrapped = [&b"{\"v\":\""[..], &data, b"\"}"].concat();
+                    if s.find(&wrapped).is_none() {
+                        missed.push(format!(
+                            "{secret} {inner_name} then {outer_name}: {}",
+                            String::from_utf8_lossy(&data)
+                        ));
+                    }
+                }
+            }
+        }
+        assert!(missed.is_empty(), "{} missed:\n{}", missed.len(), missed.join("\n"));
+    }
+
+    /// Pieces of secrets: plain ones, and escape-like sequences of every
+    /// kind the views undo, and the characters the encoders escape.
+    const PIECES: [&str; 20] = [
+        "Qx7", "Rv2T", "n9Wm", "%41", "%e3", "%u0041", "\\$", "\\w", "\\/", "\\u0041", "&lt;", "&#65;", "&amp", "=41",
+        "+", " ", "<", "/", "\"", "\u{e9}",
+    ];
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        #[test]
+        fn any_secret_with_escapes_of_its_own_is_found_under_two_layers(
+            pieces in proptest::collection::vec(0..PIECES.len(), 2..7),
+            inner in 0..ENCODERS.len(),
+            outer in 0..ENCODERS.len(),
+        ) {
+            let secret: String = ["Zk8", &pieces.iter().map(|&p| PIECES[p]).collect::<String>(), "Tn5"].concat();
+            let s = SecretScanner::new(&[("t".into(), secret.clone().into_bytes())]);
+            let data = ENCODERS[outer].1(&ENCODERS[inner].1(secret.as_bytes()));
+            proptest::prop_assert!(
+                s.find(&[&b"{\"v\":\""[..], &data, b"\"}"].concat()).is_some(),
+                "{secret:?} {} then {}: {}", ENCODERS[inner].0, ENCODERS[outer].0, String::from_utf8_lossy(&data)
+            );
+        }
     }
 }
