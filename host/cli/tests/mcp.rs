@@ -1260,3 +1260,125 @@ fn sigterm_over_http_lets_calls_in_flight_finish_within_the_grace() {
     assert!(exited(&mut server.0).success());
     assert_eq!(outcomes(dir.path(), "tracker.issues"), ["output", "output"]);
 }
+
+// ---- No message over `serve::MAX_MESSAGE_BYTES`: a large catalog is listed in pages.
+
+/// The bound on one message serve sends (`serve::MAX_MESSAGE_BYTES`).
+const MAX_MESSAGE_BYTES: usize = 1_000_000;
+
+/// A directory whose catalog lists past one message: two imported MCP
+/// servers of 100 tools each, every description 7,000 bytes (1.4 MB listed).
+fn large_catalog_dir() -> tempfile::TempDir {
+    use toolgate_sdk::mcp::{AdapterConfig, PinnedTool, tool_id};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("plugins")).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    for server in ["bigone", "bigtwo"] {
+        let tools = (0..100)
+            .map(|i| PinnedTool {
+                name: format!("t{i:03}"),
+                id: tool_id(server, &format!("t{i:03}")),
+                description: Some(format!("{server} {i}: {}", "x".repeat(7_000))),
+                input_schema: serde_json::json!({"type": "object"}),
+                output_schema: None,
+                annotations: Default::default(),
+            })
+            .collect();
+        let pinned = AdapterConfig {
+            url: "http://127.0.0.1:9/mcp".into(),
+            server: server.into(),
+            credential: None,
+            tools,
+            verify_every_secs: 60,
+        };
+        let (packed, _) = rt.block_on(toolgate_author::mcp_import::assemble(&pinned)).unwrap();
+        std::fs::write(dir.path().join(format!("plugins/{server}.wasm")), packed).unwrap();
+    }
+    std::fs::write(
+        dir.path().join("toolgate.toml"),
+        r#"
+plugins = "plugins"
+store = "journal.db"
+cache = "cache"
+[serve]
+auth = [{ agent = "default", token = { env = "TOOLGATE_TEST_TOKEN" } }]
+[[grants]]
+tools = "mcp__*"
+hosts = ["http://127.0.0.1:9"]
+[agents.default]
+visible = ["mcp__*"]
+default = "deny"
+"#,
+    )
+    .unwrap();
+    dir
+}
+
+/// A `tools/list` that would be 1.4 MB — past the 1 MiB the Python SDK's
+/// HTTP client takes in one SSE event by default — is paged by size: every
+/// page (as sent over stdio, and as an SSE event over HTTP) within the
+/// bound, together the whole list in order; a cursor the server did not
+/// make, or one from before a reload, is refused with -32602. Before, the
+/// list went out whole, in one message of 1.4 MB, with no cursor.
+#[test]
+fn a_tool_list_past_one_message_is_paged_by_size() {
+    let dir = large_catalog_dir();
+    let mut s = Stdio::start(dir.path());
+    s.send(serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "pager", "version": "1"}}}));
+    assert_eq!(s.receive()["id"], 1);
+    s.send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let (mut names, mut cursor, mut pages) = (Vec::new(), None::<String>, 0);
+    loop {
+        let mut request = serde_json::json!({"jsonrpc": "2.0", "id": 10 + pages, "method": "tools/list"});
+        if let Some(c) = &cursor {
+            request["params"] = serde_json::json!({"cursor": c});
+        }
+        s.send(request);
+        let line = s.lines.recv_timeout(std::time::Duration::from_secs(60)).expect("the server answers");
+        assert!(line.len() <= MAX_MESSAGE_BYTES, "a page of {} bytes", line.len());
+        let page: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let tools = page["result"]["tools"].as_array().unwrap_or_else(|| panic!("{}", &line[..line.len().min(500)]));
+        names.extend(tools.iter().map(|t| t["name"].as_str().unwrap_or_default().to_owned()));
+        pages += 1;
+        match page["result"]["nextCursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+        assert!(pages < 10, "pages without end");
+    }
+    let mut expected: Vec<String> =
+        ["bigone", "bigtwo"].iter().flat_map(|s| (0..100).map(move |i| format!("mcp__{s}__t{i:03}"))).collect();
+    expected.sort();
+    assert!(pages >= 2, "one message of the whole list: {} tools", names.len());
+    assert_eq!(names, expected);
+    // A cursor this server did not make.
+    s.send(serde_json::json!({"jsonrpc": "2.0", "id": 30, "method": "tools/list", "params": {"cursor": "tools.0.x"}}));
+    let refused = s.receive();
+    assert_eq!(refused["error"]["code"], -32602, "{refused}");
+    // The first page's cursor, after a reload (a plugin removed).
+    s.send(serde_json::json!({"jsonrpc": "2.0", "id": 31, "method": "tools/list"}));
+    let first = s.receive();
+    let next = first["result"]["nextCursor"].as_str().unwrap().to_owned();
+    std::fs::remove_file(dir.path().join("plugins/bigtwo.wasm")).unwrap();
+    let changed = s.receive();
+    assert_eq!(changed["method"], "notifications/tools/list_changed", "{changed}");
+    s.send(serde_json::json!({"jsonrpc": "2.0", "id": 32, "method": "tools/list", "params": {"cursor": next}}));
+    let stale = s.receive();
+    assert_eq!(stale["error"]["code"], -32602, "{stale}");
+    assert!(stale["error"]["message"].as_str().unwrap_or_default().contains("from the start"), "{stale}");
+    s.finish();
+    // Over HTTP: the first page is one SSE event within the bound.
+    let dir = large_catalog_dir();
+    let (_server, port) = http_server(dir.path());
+    let (status, session) = open_session(port, TEST_TOKEN);
+    let session = session.unwrap_or_else(|e| panic!("{status} {e}"));
+    let list = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    let (status, _, body) = post_raw(port, TEST_TOKEN, &in_session(&session), &list);
+    assert_eq!(status, 200);
+    let data: Vec<&str> =
+        body.lines().filter_map(|l| l.strip_prefix("data:")).filter(|d| !d.trim().is_empty()).collect();
+    assert_eq!(data.len(), 1, "one event");
+    assert!(data[0].len() <= MAX_MESSAGE_BYTES, "an event of {} bytes", data[0].len());
+    assert!(data[0].contains("\"nextCursor\""));
+}

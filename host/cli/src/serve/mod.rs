@@ -1345,6 +1345,85 @@ fn bounded_result(name: &str, step: &StepResult, mut r: CallToolResult) -> CallT
     CallToolResult::error(vec![ContentBlock::text(without_tickets(&message))])
 }
 
+/// The page of `tools` (the agent's whole list, of catalog `generation`)
+/// that `cursor` names, held to `max` bytes as a message: the whole list,
+/// without a cursor, when it fits — else as many tools from the cursor's
+/// place as fit, with a cursor to the next page (`tools.GENERATION.INDEX`,
+/// opaque to clients). A tool too large for any page is left out (warned
+/// of), as an ambiguous name is. A cursor of another generation — the
+/// catalog was reloaded since, so its place may name another tool — or one
+/// this server did not make is refused (-32602), never served from the
+/// wrong place.
+fn tools_page(
+    mut tools: Vec<Tool>,
+    generation: u64,
+    cursor: Option<&str>,
+    max: usize,
+) -> Result<ListToolsResult, ErrorData> {
+    let cursor_at = |index: usize| format!("tools.{generation}.{index}");
+    let budget = max.saturating_sub(ENVELOPE_BYTES);
+    let start = match cursor {
+        None => 0,
+        Some(c) => c
+            .strip_prefix("tools.")
+            .and_then(|c| c.split_once('.'))
+            .filter(|(g, _)| g.parse::<u64>().is_ok_and(|g| g == generation))
+            .and_then(|(_, i)| i.parse::<usize>().ok())
+            .ok_or_else(|| {
+                ErrorData::invalid_params(
+                    "the cursor names no page of the current tool list (the catalog was reloaded since it was \
+                     given, or this server did not make it); list the tools again from the start, without a cursor",
+                    None,
+                )
+            })?,
+    };
+    let sizes: Vec<usize> = tools.iter().map(json_len).collect();
+    let empty = |next: Option<String>| {
+        let mut r = ListToolsResult::with_all_items(Vec::new());
+        r.next_cursor = next;
+        json_len(&r)
+    };
+    // `{"tools":[a,b]}`: the empty list's bytes, each tool's, a comma between.
+    let whole = empty(None).saturating_add(sizes.iter().map(|s| s.saturating_add(1)).sum::<usize>());
+    if start == 0 && whole <= budget {
+        return Ok(ListToolsResult::with_all_items(tools));
+    }
+    // The most a page takes besides its tools: the longest cursor it can carry.
+    let base = empty(Some(cursor_at(usize::MAX)));
+    let mut kept = Vec::with_capacity(tools.len());
+    for (tool, size) in tools.drain(..).zip(sizes) {
+        if base.saturating_add(size) > budget {
+            tracing::warn!(
+                "tool `{}` is left out of tools/list: its definition is {size} bytes, more than one MCP message of \
+                 {MAX_MESSAGE_BYTES} bytes can carry",
+                toolgate::display::escape_unseen(&tool.name, toolgate::display::Lines::Escape)
+            );
+        } else {
+            kept.push((tool, size));
+        }
+    }
+    if start > kept.len() {
+        return Err(ErrorData::invalid_params(
+            "the cursor names no page of the current tool list; list the tools again from the start, without a cursor",
+            None,
+        ));
+    }
+    let total = kept.len();
+    let mut used = base;
+    let mut page = Vec::new();
+    for (tool, size) in kept.drain(..).skip(start) {
+        if used.saturating_add(size).saturating_add(1) > budget {
+            break;
+        }
+        used = used.saturating_add(size).saturating_add(1);
+        page.push(tool);
+    }
+    let end = start + page.len();
+    let mut r = ListToolsResult::with_all_items(page);
+    r.next_cursor = (end < total).then(|| cursor_at(end));
+    Ok(r)
+}
+
 /// The result of an ask whose approval prompt (`size` bytes as a message,
 /// the arguments `json` whole) is too large to send: not asked, the request
 /// stays pending for an approver, as for a client that cannot ask.
@@ -1526,7 +1605,7 @@ impl ServerHandler for McpServer {
 
     async fn list_tools(
         &self,
-        _request: Option<PaginatedRequestParams>,
+        request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let agent = self.agent(&context.extensions).map_err(scrubbed)?;
@@ -1536,7 +1615,8 @@ impl ServerHandler for McpServer {
         // A tool whose name is ambiguous is left out (warned of when the
         // names were made); it is still called by its id.
         let tools = runtime.list().iter().filter_map(|d| Some(to_mcp_tool(d, names.listed(&d.id)?))).collect();
-        Ok(ListToolsResult::with_all_items(tools))
+        let cursor = request.and_then(|r| r.cursor);
+        tools_page(tools, generation, cursor.as_deref(), MAX_MESSAGE_BYTES)
     }
 
     async fn call_tool(
@@ -1988,6 +2068,58 @@ mod tests {
         assert_eq!(sent(&fitting(MAX_MESSAGE_BYTES - base)), MAX_MESSAGE_BYTES);
         assert_eq!(fitting(MAX_MESSAGE_BYTES - base).is_error, Some(false));
         assert_eq!(fitting(MAX_MESSAGE_BYTES - base + 1).is_error, Some(true));
+    }
+
+    /// A `tools/list` over the bound is paged by size, every page within it
+    /// and together the whole list in order; a cursor from before a reload,
+    /// or one this server did not make, is refused (-32602).
+    #[test]
+    fn a_tool_list_over_one_message_is_paged_and_a_stale_cursor_is_refused() {
+        let tool = |i: usize, description: usize| {
+            let mut t = Tool::new(format!("t{i:03}"), "d".repeat(description), Arc::new(Default::default()));
+            t.title = Some(format!("t.{i:03}"));
+            t
+        };
+        let tools: Vec<Tool> = (0..50).map(|i| tool(i, 1_000)).collect();
+        let sent = |r: &ListToolsResult| json_len(r) + ENVELOPE_BYTES;
+        // Under the bound: the whole list, no cursor (as before).
+        let whole = tools_page(tools.clone(), 3, None, MAX_MESSAGE_BYTES).unwrap();
+        assert_eq!((whole.tools.len(), whole.next_cursor.as_deref()), (50, None));
+        // Over a bound of 12,000 bytes: pages of it, in order, each within it.
+        let (max, mut cursor, mut listed) = (12_000, None, Vec::new());
+        loop {
+            let page = tools_page(tools.clone(), 3, cursor.as_deref(), max).unwrap();
+            assert!(sent(&page) <= max && !page.tools.is_empty(), "{}", sent(&page));
+            listed.extend(page.tools.iter().map(|t| t.name.to_string()));
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => break,
+            }
+            assert!(listed.len() < 50, "a page past the end");
+        }
+        assert_eq!(listed, tools.iter().map(|t| t.name.to_string()).collect::<Vec<_>>());
+        // The second page's cursor, after a reload (generation 4), and forged ones.
+        let second = tools_page(tools.clone(), 3, None, max).unwrap().next_cursor.unwrap();
+        for stale in [second.as_str(), "tools.3.51", "tools.x.1", "1", ""] {
+            let generation = if stale == second { 4 } else { 3 };
+            let e = tools_page(tools.clone(), generation, Some(stale), max).unwrap_err();
+            assert_eq!(e.code, rmcp::model::ErrorCode::INVALID_PARAMS, "{stale}");
+            assert!(e.message.contains("list the tools again from the start"), "{}", e.message);
+        }
+        // A tool too large for any page is left out; the others are listed.
+        let mut with_huge = tools.clone();
+        with_huge.insert(7, tool(999, 20_000));
+        let (mut cursor, mut listed) = (None, 0);
+        loop {
+            let page = tools_page(with_huge.clone(), 3, cursor.as_deref(), max).unwrap();
+            assert!(page.tools.iter().all(|t| t.name != "t999"));
+            listed += page.tools.len();
+            cursor = page.next_cursor;
+            if cursor.is_none() {
+                break;
+            }
+        }
+        assert_eq!(listed, 50);
     }
 
     #[test]
