@@ -873,8 +873,9 @@ def test_a_stateless_client_that_closes_stdin_gets_its_answers_and_the_server_ex
 
 def test_malformed_input_is_answered_or_ignored_and_never_ends_the_session():
     raw = Raw()
-    # A notification before anything else, garbage, a batch (not in these revisions),
-    # a request with a wrong shape: none of them ends the session.
+    # A notification before anything else, garbage, a batch (not in these revisions:
+    # each request in it is answered with an error of its own), a request with a
+    # wrong shape: none of them ends the session.
     raw.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
     raw.send(b"this is not json")
     raw.send(b'{"jsonrpc": "2.0", "id": 7, "method": ')
@@ -886,11 +887,12 @@ def test_malformed_input_is_answered_or_ignored_and_never_ends_the_session():
     raw.send({"jsonrpc": "2.0", "id": 12, "method": "tools/list"})
     seen = {}
     # Requests are handled concurrently: answers come in any order.
-    while not {10, 11, 12} <= seen.keys():
+    while not {8, 10, 11, 12} <= seen.keys():
         m = raw.receive()
         seen[m.get("id")] = m
         if "error" in m:
             assert isinstance(m["error"]["code"], int) and m["error"]["message"], m
+    assert seen[8]["error"]["code"] == -32600 and "batch" in seen[8]["error"]["message"], seen[8]
     assert seen[11]["error"]["code"] == -32601, seen
     assert "error" in seen[10], seen[10]
     assert any(t["name"] == "text_upper" for t in seen[12]["result"]["tools"])

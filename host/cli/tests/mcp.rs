@@ -1382,3 +1382,39 @@ fn a_tool_list_past_one_message_is_paged_by_size() {
     assert!(data[0].len() <= MAX_MESSAGE_BYTES, "an event of {} bytes", data[0].len());
     assert!(data[0].contains("\"nextCursor\""));
 }
+
+/// A JSON-RPC batch over stdio — which 2025-03-26 clients may send — is
+/// answered request by request: each id in it gets an error of its own
+/// saying batches are not taken and to send each request on its own, and
+/// the session goes on. Before, rmcp answered the whole array with one
+/// error of id `null`: no request in it was answered, and its client
+/// waited for ever.
+#[test]
+fn a_batch_over_stdio_gets_an_error_for_each_request_in_it() {
+    let dir = serve_dir();
+    let mut s = Stdio::start(dir.path());
+    s.send(serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-03-26", "capabilities": {}, "clientInfo": {"name": "batcher", "version": "1"}}}));
+    assert_eq!(s.receive()["result"]["protocolVersion"], "2025-03-26");
+    s.send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    s.send(serde_json::json!([
+        {"jsonrpc": "2.0", "id": 5, "method": "tools/list"},
+        {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 4}},
+        {"jsonrpc": "2.0", "id": "six", "method": "tools/call", "params": {"name": "notes", "arguments": {"op": "list"}}},
+    ]));
+    let mut answered = Vec::new();
+    for _ in 0..2 {
+        let e = s.receive();
+        assert_eq!(e["error"]["code"], -32600, "{e}");
+        let message = e["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("batch") && message.contains("each request as a message of its own"), "{e}");
+        answered.push(e["id"].clone());
+    }
+    assert_eq!(answered, [serde_json::json!(5), serde_json::json!("six")]);
+    // Nothing of the batch ran; the session goes on.
+    s.send(serde_json::json!({"jsonrpc": "2.0", "id": 7, "method": "tools/list"}));
+    let listed = s.receive();
+    assert_eq!((listed["id"].clone(), listed["result"]["tools"][0]["name"].clone()), (7.into(), "notes".into()));
+    s.finish();
+    assert_eq!(outcomes(dir.path(), "notes"), Vec::<String>::new());
+}

@@ -1760,6 +1760,18 @@ where
                 tokio::spawn(self.inner.send(answer));
                 continue;
             }
+            if let Some(answers) = batch_answers(&message) {
+                let mut sends = Vec::with_capacity(answers.len());
+                for answer in answers {
+                    sends.push(self.inner.send(answer));
+                }
+                tokio::spawn(async move {
+                    for send in sends {
+                        let _ = send.await;
+                    }
+                });
+                continue;
+            }
             if let (rmcp::model::JsonRpcMessage::Request(r), Some(tracker)) = (&mut message, &self.tracker)
                 && matches!(r.request, rmcp::model::ClientRequest::CallToolRequest(_))
                 && !tracker.is_closed()
@@ -1815,6 +1827,13 @@ where
 /// was too long; [`RequestsFirst`] answers it and rmcp never sees it.
 const OVERSIZED: &str = "notifications/toolgate/oversized";
 
+/// The method of the notification [`Bounded`] puts in place of a JSON-RPC
+/// batch (a line holding an array); [`RequestsFirst`] answers each request
+/// id it names with an error of its own, and rmcp never sees it. rmcp takes
+/// no batch: it answered the whole array with one error of id `null`, so
+/// no request in it was ever answered and its client waited for ever.
+const BATCH: &str = "notifications/toolgate/batch";
+
 /// How much of a line's start is kept to read its id from.
 const HEAD: usize = 4096;
 
@@ -1837,11 +1856,48 @@ pub(crate) struct Bounded<R> {
     /// Bytes to hand on before reading more.
     out: Vec<u8>,
     at: usize,
+    /// The line so far is white space only (a batch's `[` may come next).
+    blank: bool,
+    /// The current line, held whole: it opened with `[`, a batch.
+    batch: Option<Vec<u8>>,
 }
 
 impl<R> Bounded<R> {
     fn new(inner: R, max: usize) -> Self {
-        Bounded { inner, max: max.max(2), line: 0, head: Vec::new(), discarding: false, out: Vec::new(), at: 0 }
+        Bounded {
+            inner,
+            max: max.max(2),
+            line: 0,
+            head: Vec::new(),
+            discarding: false,
+            out: Vec::new(),
+            at: 0,
+            blank: true,
+            batch: None,
+        }
+    }
+
+    /// The line in place of a batch (`line`, whole): a [`BATCH`]
+    /// notification naming the id of each request in it. A line that is not
+    /// a JSON array, or an empty one, goes on as it is, for rmcp to answer.
+    fn batch_line(line: Vec<u8>) -> Vec<u8> {
+        let Ok(serde_json::Value::Array(items)) = serde_json::from_slice::<serde_json::Value>(&line) else {
+            return line;
+        };
+        if items.is_empty() {
+            return line;
+        }
+        let ids: Vec<serde_json::Value> = items
+            .iter()
+            .filter(|m| m.get("method").is_some_and(|m| m.is_string()))
+            .filter_map(|m| m.get("id").filter(|id| id.is_string() || id.is_i64()).cloned())
+            .collect();
+        let mut marker = serde_json::json!({"jsonrpc": "2.0", "method": BATCH,
+            "params": {"ids": ids, "messages": items.len()}})
+        .to_string()
+        .into_bytes();
+        marker.push(b'\n');
+        marker
     }
 
     /// Take `data`, as read, into what is handed on.
@@ -1862,9 +1918,12 @@ impl<R> Bounded<R> {
                 self.head.extend_from_slice(&segment[..more]);
             }
             if self.line + segment.len() > self.max {
-                if self.line > 0 {
+                // A batch held so far is dropped: it was never handed on.
+                let held = self.batch.take().is_some();
+                if self.line > 0 && !held {
                     self.out.extend_from_slice(b"\0\n");
                 }
+                self.blank = true;
                 let id = id_at_start(&self.head);
                 let marker = serde_json::json!({"jsonrpc": "2.0", "method": OVERSIZED,
                     "params": {"id": id, "max": self.max}});
@@ -1875,10 +1934,36 @@ impl<R> Bounded<R> {
                 self.head.clear();
                 continue;
             }
-            self.out.extend_from_slice(segment);
             self.line += segment.len();
+            // A line whose first character past white space is `[`: a batch,
+            // held whole (within `max`) to be answered request by request.
+            let segment = if self.batch.is_none() && self.blank {
+                let text = segment.iter().position(|b| !b.is_ascii_whitespace());
+                match text {
+                    Some(i) if segment[i] == b'[' => {
+                        self.out.extend_from_slice(&segment[..i]);
+                        self.batch = Some(Vec::new());
+                        &segment[i..]
+                    }
+                    Some(_) => {
+                        self.blank = false;
+                        segment
+                    }
+                    None => segment,
+                }
+            } else {
+                segment
+            };
+            match self.batch.as_mut() {
+                Some(batch) => batch.extend_from_slice(segment),
+                None => self.out.extend_from_slice(segment),
+            }
             if newline.is_some() {
+                if let Some(batch) = self.batch.take() {
+                    self.out.extend_from_slice(&Self::batch_line(batch));
+                }
                 self.line = 0;
+                self.blank = true;
                 self.head.clear();
             }
         }
@@ -2025,6 +2110,40 @@ fn oversized_answer(
     Some(rmcp::model::JsonRpcMessage::error(ErrorData::invalid_request(message, None), id))
 }
 
+/// The answers to a [`BATCH`] notification: an error for each request id
+/// the batch held, saying batches are not taken and to send each request
+/// on its own. Nothing in the batch ran (its notifications and responses
+/// were not taken either).
+fn batch_answers(
+    message: &rmcp::service::RxJsonRpcMessage<RoleServer>,
+) -> Option<Vec<rmcp::model::ServerJsonRpcMessage>> {
+    let rmcp::model::JsonRpcMessage::Notification(n) = message else { return None };
+    let rmcp::model::ClientNotification::CustomNotification(c) = &n.notification else { return None };
+    if c.method != BATCH {
+        return None;
+    }
+    let params = c.params.clone().unwrap_or_default();
+    let count = params["messages"].as_u64().unwrap_or(0);
+    tracing::warn!("a JSON-RPC batch of {count} messages was refused: this server takes one message per line");
+    let ids = params["ids"].as_array().cloned().unwrap_or_default();
+    let answers = ids
+        .iter()
+        .filter_map(|id| match id {
+            serde_json::Value::Number(n) => n.as_i64().map(rmcp::model::NumberOrString::Number),
+            serde_json::Value::String(s) => Some(rmcp::model::NumberOrString::String(s.as_str().into())),
+            _ => None,
+        })
+        .map(|id| {
+            let message = format!(
+                "this server does not take JSON-RPC batches (an array of {count} messages); nothing in the batch was \
+                 run or read — send each request as a message of its own, one per line"
+            );
+            rmcp::model::JsonRpcMessage::error(ErrorData::invalid_request(message, None), Some(id))
+        })
+        .collect();
+    Some(answers)
+}
+
 #[cfg(test)]
 mod inproc_tests;
 
@@ -2120,6 +2239,39 @@ mod tests {
             }
         }
         assert_eq!(listed, 50);
+    }
+
+    /// A batch (a line holding an array), however its bytes arrive, is
+    /// handed on as one [`BATCH`] notification naming its requests' ids;
+    /// other lines pass as they are, and a batch past the line limit is
+    /// answered as any line too long.
+    #[test]
+    fn a_batch_line_is_replaced_by_the_ids_of_its_requests() {
+        let batch = r#"[{"jsonrpc":"2.0","id":5,"method":"ping"},{"jsonrpc":"2.0","method":"notifications/x"},{"jsonrpc":"2.0","id":"six","method":"tools/list"}]"#;
+        let line = format!("  {batch}\n{{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"ping\"}}\n");
+        for cut in [1, 2, 3, 10, line.len() - 1] {
+            let mut b = Bounded::new(tokio::io::empty(), 1 << 20);
+            b.take(&line.as_bytes()[..cut]);
+            b.take(&line.as_bytes()[cut..]);
+            let out = String::from_utf8(b.out.clone()).unwrap();
+            let lines: Vec<&str> = out.lines().collect();
+            assert_eq!(lines.len(), 2, "{out}");
+            let marker: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+            assert_eq!(marker["method"], BATCH, "cut at {cut}: {out}");
+            assert_eq!(marker["params"]["ids"], json!([5, "six"]), "{out}");
+            assert_eq!(lines[1], r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#);
+        }
+        // Not JSON, or an empty array: as it is (rmcp answers or ignores it).
+        for same in ["[1, 2\n", "[]\n"] {
+            let mut b = Bounded::new(tokio::io::empty(), 1 << 20);
+            b.take(same.as_bytes());
+            assert_eq!(b.out, same.as_bytes());
+        }
+        // Past the limit: the oversized notice, the batch never handed on.
+        let mut b = Bounded::new(tokio::io::empty(), 64);
+        b.take(format!("{batch}\n").as_bytes());
+        let out = String::from_utf8(b.out.clone()).unwrap();
+        assert!(out.contains(OVERSIZED) && !out.contains("tools/list"), "{out}");
     }
 
     #[test]
