@@ -597,10 +597,9 @@ pub struct Executor {
     optimizing: Arc<tokio::sync::Semaphore>,
     /// Those compiles, until [`Executor::settle`] awaits them.
     behind: Mutex<Vec<tokio::task::JoinHandle<()>>>,
-    /// Outbound requests in flight in the whole host.
-    http_slots: Arc<tokio::sync::Semaphore>,
-    /// Name lookups of outbound requests, bounded in the whole host.
-    resolver: outbound::Resolver,
+    /// Outbound requests in flight and name lookups in the whole host,
+    /// each Tool drawing at most its share of each.
+    http_slots: outbound::HostPools,
     /// Why the cache directory is not used, if it is not trusted (said once).
     cache_distrust: std::sync::OnceLock<Option<String>>,
     /// Each component's pinned data, checked for secrets with a complete
@@ -768,8 +767,12 @@ impl Executor {
             compiles: Arc::new(tokio::sync::Semaphore::new(COMPILES_AT_ONCE)),
             optimizing: Arc::new(tokio::sync::Semaphore::new(OPTIMIZING_AT_ONCE)),
             behind: Mutex::new(Vec::new()),
-            http_slots: Arc::new(tokio::sync::Semaphore::new(http_in_flight)),
-            resolver: outbound::Resolver::system(outbound::LOOKUPS_AT_ONCE),
+            http_slots: outbound::HostPools::new(
+                http_in_flight,
+                outbound::Resolver::system(outbound::LOOKUPS_AT_ONCE),
+                per_tool,
+                n as usize,
+            ),
             cache_distrust: std::sync::OnceLock::new(),
             pinned_checked: Arc::default(),
         })
@@ -1004,8 +1007,7 @@ impl Executor {
             grant.credentials.clone(),
             self.http_limits(),
             grant.watched.clone(),
-            self.http_slots.clone(),
-            self.resolver.clone(),
+            self.http_slots.for_tool(&call.call().tool_id),
         );
         let state = CallState {
             wasi,
@@ -1084,42 +1086,67 @@ impl Executor {
         let (mut host, mut host_dropped) = outbound.take_quoting_records();
         host.extend(held.records().map(Record::host));
         host.extend(http_held.record().map(Record::host));
-        let mut kept = captured.take_all();
-        let mut result = match raw {
-            Ok(Ok(out)) => self.convert(out, &call.candidate().installed.tool).await,
-            Ok(Err(wit_types::ToolError::InvalidArguments(m))) => Err(ToolFailure::InvalidArguments(m)),
-            Ok(Err(wit_types::ToolError::Failed(m))) => Err(ToolFailure::Failed(m)),
-            Err(e) => Err(classify(&e, limits, &kept.stderr)),
-        };
+        let kept = captured.take_all();
         let output_limit = (limits.output_kib as usize) << 10;
-        if let Some(secrets) = secrets {
-            if !grant.env.is_empty() {
-                secrets.received("the values of its `env` grant");
-            }
-            // CPU in proportion to what the guest wrote: on the blocking pool.
-            let checked = tokio::task::spawn_blocking(move || {
-                let dropped = withhold_secrets(&secrets, &mut result, &mut kept, &mut host, output_limit, capture);
-                (result, kept, host, dropped)
-            })
-            .await;
-            (result, kept, host) = match checked {
-                Ok((r, k, h, dropped)) => {
-                    host_dropped += dropped;
-                    (r, k, h)
+        // What the host does with the output once the guest returned — its
+        // schema, the secret check — is work the Tool chose the size of:
+        // it counts toward the call's deadline (`CHECK_GRACE` past it), so
+        // output slow to check, returned just before the deadline, cannot
+        // keep the call (its slot, a blocking thread) past it.
+        let checks = async {
+            let (mut result, mut kept, mut host) = (
+                match raw {
+                    Ok(Ok(out)) => self.convert(out, &call.candidate().installed.tool).await,
+                    Ok(Err(wit_types::ToolError::InvalidArguments(m))) => Err(ToolFailure::InvalidArguments(m)),
+                    Ok(Err(wit_types::ToolError::Failed(m))) => Err(ToolFailure::Failed(m)),
+                    Err(e) => Err(classify(&e, limits, &kept.stderr)),
+                },
+                kept,
+                host,
+            );
+            let mut dropped = 0;
+            if let Some(secrets) = secrets {
+                if !grant.env.is_empty() {
+                    secrets.received("the values of its `env` grant");
                 }
-                // The host cannot vouch for what it did not check: nothing of it is kept.
-                Err(_) => (
-                    Err(ToolFailure::Withheld(
+                // Stopped between its parts once the deadline dropped it.
+                let stop = Arc::new(AtomicBool::new(false));
+                let _stop = withhold::CancelOnDrop(stop.clone());
+                // CPU in proportion to what the guest wrote: on the blocking pool.
+                let checked = tokio::task::spawn_blocking(move || {
+                    let dropped =
+                        withhold_secrets(&secrets, &mut result, &mut kept, &mut host, (output_limit, capture), &stop);
+                    (result, kept, host, dropped)
+                })
+                .await;
+                (result, kept, host) = match checked {
+                    Ok((r, k, h, d)) => {
+                        dropped = d;
+                        (r, k, h)
+                    }
+                    // The host cannot vouch for what it did not check: nothing of it is kept.
+                    Err(_) => unchecked(
                         "the host could not check the Tool's output for secrets; nothing it returned was kept".into(),
-                    )),
-                    Kept::default(),
-                    vec![Record::host(
-                        "the check of the call's output for secrets failed; its output and captures were withheld"
-                            .into(),
-                    )],
+                        "the check of the call's output for secrets failed; its output and captures were withheld",
+                    ),
+                };
+            }
+            (result, kept, host, dropped)
+        };
+        let (result, kept, host, dropped) = within_deadline(ends + CHECK_GRACE, checks).await.unwrap_or_else(|| {
+            let budget = ends.saturating_duration_since(started).as_millis();
+            let (r, k, h) = unchecked(
+                format!(
+                    "the host could not finish checking the Tool's output within the call's {budget} ms deadline \
+                     (and {} ms past it); nothing it returned was kept",
+                    CHECK_GRACE.as_millis()
                 ),
-            };
-        }
+                "the checks of the call's output did not finish by its deadline; its output and captures were \
+                 withheld",
+            );
+            (r, k, h, 0)
+        });
+        host_dropped += dropped;
         let kept = kept.cut_to(capture);
         let result = result.map_err(|failure| failure.bounded(output_limit).shortened());
         Ok(Execution {
@@ -1447,8 +1474,7 @@ impl Executor {
                 Arc::default(),
                 no_http,
                 Arc::default(),
-                self.http_slots.clone(),
-                self.resolver.clone(),
+                self.http_slots.no_network(),
             ),
             table: self.resource_table(),
             limits: StoreLimitsBuilder::new()
@@ -1837,6 +1863,27 @@ fn write_cache(path: &Path, component: &Component) {
 
 /// Withhold every part of a call's result and captures that holds a
 /// configured secret, before the Step commit: the content and Commands
+/// How long past a call's deadline the host's checks of its output (schema,
+/// secrets) may run before nothing of the output is kept.
+const CHECK_GRACE: Duration = Duration::from_secs(1);
+
+/// `checks` if they finish by `by`; `None` otherwise (dropped then). Most
+/// finish at their first poll and need no timer.
+async fn within_deadline<T>(by: Instant, checks: impl Future<Output = T>) -> Option<T> {
+    let mut checks = std::pin::pin!(checks);
+    let first = std::future::poll_fn(|cx| Poll::Ready(checks.as_mut().poll(cx))).await;
+    match first {
+        Poll::Ready(done) => Some(done),
+        Poll::Pending => tokio::time::timeout_at(by.into(), checks).await.ok(),
+    }
+}
+
+/// A call's output, error text and captures withheld because the host could
+/// not check them (`why`, for the model), recorded as `record`.
+fn unchecked(why: String, record: &str) -> (Result<ToolOutput, ToolFailure>, Kept, Vec<Record>) {
+    (Err(ToolFailure::Withheld(why)), Kept::default(), vec![Record::host(record.to_owned())])
+}
+
 /// together (the output becomes [`ToolFailure::Withheld`], so nothing it
 /// returned or changed is kept — a changed value would break its declared
 /// output schema, a dropped Command half its changes), the guest's text in
@@ -1850,9 +1897,11 @@ fn withhold_secrets(
     result: &mut Result<ToolOutput, ToolFailure>,
     kept: &mut Kept,
     host: &mut Vec<Record>,
-    limit: usize,
-    capture: usize,
+    (limit, capture): (usize, usize),
+    stop: &AtomicBool,
 ) -> u64 {
+    // Once set, the caller has dropped what this returns: each part after is skipped.
+    let stopped = || stop.load(Ordering::Relaxed);
     let mut unvouched_guest = false;
     let scanner = match secrets.scanner() {
         Watched::Complete(scanner) => scanner,
@@ -1895,7 +1944,9 @@ fn withhold_secrets(
     let note = |f: &crate::sandbox::scan::Finding, what: &str| {
         format!("[withheld by the host: {what} held {}]", withhold::named(f))
     };
-    if let Ok(out) = &*result {
+    if let Ok(out) = &*result
+        && !stopped()
+    {
         let content = match &out.content {
             Content::Json(v) => scanner.find(&serde_json::to_vec(v).unwrap_or_default()),
             Content::Text(t) => scanner.find(t.as_bytes()),
@@ -1924,6 +1975,9 @@ fn withhold_secrets(
         *text = note(&f, "the Tool's error text");
     }
     for (name, text) in [("stdout", &mut kept.stdout), ("stderr", &mut kept.stderr), ("log", &mut kept.log)] {
+        if stopped() {
+            return 0;
+        }
         if let Some(f) = withhold::find_in_kept(&scanner, text, capture) {
             secrets.record(format!("the guest's {name} was withheld: it held {}", withhold::named(&f)));
             *text = note(&f, &format!("the guest's {name}"));
@@ -2072,6 +2126,32 @@ fn truncate(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The host's checks of a call's output end at the call's deadline
+    /// (plus `CHECK_GRACE`): checks still running then — the secret check
+    /// of large output on the blocking pool — are dropped, told to stop,
+    /// and yield nothing, however long they would have run. Checks done at
+    /// their first poll need no timer.
+    #[tokio::test]
+    async fn checks_of_the_output_end_at_the_deadline() {
+        let past = Instant::now();
+        let stop = Arc::new(AtomicBool::new(false));
+        let slow = {
+            let stop = stop.clone();
+            async move {
+                let _stop = withhold::CancelOnDrop(stop);
+                tokio::task::spawn_blocking(|| std::thread::sleep(Duration::from_secs(3))).await.ok();
+                "checked"
+            }
+        };
+        let waited = Instant::now();
+        assert_eq!(within_deadline(past, slow).await, None);
+        assert!(waited.elapsed() < Duration::from_secs(2), "ended at the deadline, not when the check did");
+        assert!(stop.load(Ordering::Relaxed), "the check was told to stop");
+        assert_eq!(within_deadline(past, async { "at once" }).await, Some("at once"));
+        let in_time = async { tokio::task::spawn_blocking(|| "on the pool").await.unwrap_or("failed") };
+        assert_eq!(within_deadline(Instant::now() + Duration::from_secs(30), in_time).await, Some("on the pool"));
+    }
 
     /// A declared output schema holds whatever kind of content the Tool
     /// answers with: text is checked as a JSON string.
