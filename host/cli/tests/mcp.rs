@@ -1268,6 +1268,80 @@ const MAX_MESSAGE_BYTES: usize = 1_000_000;
 
 /// A directory whose catalog lists past one message: two imported MCP
 /// servers of 100 tools each, every description 7,000 bytes (1.4 MB listed).
+/// A tool whose schema mirrors an argument into a header (`x-mcp-header`,
+/// MCP 2026-07-28): a request whose `Mcp-Param-*` header says otherwise than
+/// its arguments is refused before anything runs — a gateway in front of the
+/// server routes or authorizes on that header. Fails on the previous code
+/// (rmcp skipped the check: serve gave it no tool schemas, and the call
+/// went to the gate with other values than the header named).
+#[test]
+fn a_param_header_that_differs_from_the_arguments_is_refused() {
+    use toolgate_sdk::mcp::{AdapterConfig, PinnedTool, tool_id};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("plugins")).unwrap();
+    let pinned = AdapterConfig {
+        url: "http://127.0.0.1:9/mcp".into(),
+        server: "geo".into(),
+        credential: None,
+        tools: vec![PinnedTool {
+            name: "route".into(),
+            id: tool_id("geo", "route"),
+            description: Some("Route a request to a region.".into()),
+            input_schema: serde_json::json!({"type": "object",
+                "properties": {"region": {"type": "string", "x-mcp-header": "Region"}}}),
+            output_schema: None,
+            annotations: Default::default(),
+        }],
+        verify_every_secs: 60,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (packed, _) = rt.block_on(toolgate_author::mcp_import::assemble(&pinned)).unwrap();
+    std::fs::write(dir.path().join("plugins/geo.wasm"), packed).unwrap();
+    std::fs::write(
+        dir.path().join("toolgate.toml"),
+        "plugins = \"plugins\"\nstore = \"journal.db\"\ncache = \"cache\"\n[serve]\n\
+         auth = [{ agent = \"default\", token = { env = \"TOOLGATE_TEST_TOKEN\" } }]\n\
+         [[grants]]\ntools = \"mcp__*\"\nhosts = [\"http://127.0.0.1:9\"]\n\
+         [agents.default]\nvisible = [\"mcp__*\"]\ndefault = \"deny\"\n",
+    )
+    .unwrap();
+    let (_server, port) = http_server(dir.path());
+    let meta = serde_json::json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "client", "version": "1"},
+    });
+    let call = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "mcp__geo__route", "arguments": {"region": "us"}, "_meta": meta}});
+    let headers = |region: &str| {
+        format!(
+            "MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: mcp__geo__route\r\n\
+             Mcp-Param-Region: {region}\r\n"
+        )
+    };
+    let (status, _, refused) = post_with(port, TEST_TOKEN, &headers("eu"), &call);
+    assert_eq!(status, 400, "{refused}");
+    let why = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(why.contains("Mcp-Param-Region") || why.contains("Region"), "{refused}");
+    assert_eq!(journal_steps(dir.path()), 0, "nothing reached the gate");
+    // The header as the arguments say: the call goes on (to the gate, which denies it).
+    let (status, _, r) = post_with(port, TEST_TOKEN, &headers("us"), &call);
+    assert_eq!(status, 200, "{r}");
+    assert!(r["result"].is_object(), "{r}");
+    assert_eq!(journal_steps(dir.path()), 1);
+}
+
+/// Steps in the journal of a serve directory (`toolgate journal --json`).
+fn journal_steps(dir: &std::path::Path) -> usize {
+    let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .current_dir(dir)
+        .args(["--config", "toolgate.toml", "--json", "journal"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines().filter(|l| l.trim_start().starts_with('{')).count()
+}
+
 fn large_catalog_dir() -> tempfile::TempDir {
     use toolgate_sdk::mcp::{AdapterConfig, PinnedTool, tool_id};
     let dir = tempfile::tempdir().unwrap();

@@ -354,6 +354,7 @@ pub fn check_document(doc: ComponentMetadata) -> Result<Vec<Arc<CheckedTool>>, D
         }
         let validator = compile_schema(&d.input_schema, &mut steps, &mut patterns)
             .map_err(|e| bad(format!("input schema: {e}")))?;
+        check_mcp_headers(&d.input_schema).map_err(|e| bad(format!("input schema: {e}")))?;
         let output_validator = match &d.output_schema {
             Some(out_schema) => Some(
                 compile_schema(out_schema, &mut steps, &mut patterns)
@@ -402,6 +403,94 @@ pub fn check_id(id: &str) -> Result<(), String> {
     } else {
         Ok(())
     }
+}
+
+/// The MCP annotation that mirrors a primitive argument into an HTTP header
+/// (`Mcp-Param-<token>`, MCP 2026-07-28), which clients and gateways read.
+const MCP_HEADER: &str = "x-mcp-header";
+
+/// The `x-mcp-header` annotations of an input schema held to MCP's rules, as
+/// clients hold them (the Python SDK silently drops a tool whose annotation
+/// breaks one, so the model would never see it): only on a property reached
+/// from the root through `properties` alone, an RFC 9110 token, on an
+/// `integer`, `string` or `boolean` property, unique in any letter case.
+fn check_mcp_headers(schema: &serde_json::Value) -> Result<(), String> {
+    use serde_json::Value;
+    /// Every schema position under `schema`; `path`: the property names from
+    /// the root when it is reached through `properties` alone.
+    fn walk<'a>(schema: &'a Value, path: Option<Vec<&'a str>>, found: &mut Vec<(Option<Vec<&'a str>>, &'a Value)>) {
+        let Value::Object(m) = schema else { return };
+        if m.contains_key(MCP_HEADER) {
+            found.push((path.clone(), schema));
+        }
+        for (key, sub) in m {
+            match (key.as_str(), sub) {
+                ("properties", Value::Object(props)) => {
+                    for (name, s) in props {
+                        let at = path.as_ref().map(|p| p.iter().copied().chain([name.as_str()]).collect());
+                        walk(s, at, found);
+                    }
+                }
+                ("patternProperties" | "$defs" | "definitions" | "dependentSchemas", Value::Object(subs)) => {
+                    subs.values().for_each(|s| walk(s, None, found));
+                }
+                ("prefixItems" | "allOf" | "anyOf" | "oneOf" | "items", Value::Array(subs)) => {
+                    subs.iter().for_each(|s| walk(s, None, found));
+                }
+                (
+                    "items"
+                    | "additionalProperties"
+                    | "unevaluatedProperties"
+                    | "unevaluatedItems"
+                    | "contains"
+                    | "propertyNames"
+                    | "if"
+                    | "then"
+                    | "else"
+                    | "not"
+                    | "contentSchema"
+                    | "additionalItems",
+                    s,
+                ) => walk(s, None, found),
+                _ => {}
+            }
+        }
+    }
+    let mut found = Vec::new();
+    walk(schema, Some(Vec::new()), &mut found);
+    let mut seen: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new();
+    for (path, at) in found {
+        let Some(path) = path.filter(|p| !p.is_empty()) else {
+            return Err(format!(
+                "`{MCP_HEADER}` outside a property reached from the root through `properties` alone; put it on a \
+                 top-level or nested object property, or remove it"
+            ));
+        };
+        let where_ = path.join(".");
+        let token = match at.get(MCP_HEADER) {
+            Some(Value::String(t)) => t,
+            _ => return Err(format!("property `{where_}`: `{MCP_HEADER}` must be a string")),
+        };
+        // RFC 9110 `token`: tchar = "!" / "#" / "$" / "%" / "&" / "'" / "*" / "+" / "-" / "." / "^" / "_" / "`" / "|" / "~" / DIGIT / ALPHA
+        let tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+        if token.is_empty() || !token.bytes().all(tchar) {
+            return Err(format!(
+                "property `{where_}`: `{MCP_HEADER}` {} is not an HTTP header token (RFC 9110)",
+                crate::display::quoted(token, 64)
+            ));
+        }
+        if !matches!(at.get("type").and_then(Value::as_str), Some("integer" | "string" | "boolean")) {
+            return Err(format!(
+                "property `{where_}`: `{MCP_HEADER}` is only allowed on an `integer`, `string` or `boolean` property"
+            ));
+        }
+        if let Some(other) = seen.insert(token.to_ascii_lowercase(), where_.clone()) {
+            return Err(format!(
+                "property `{where_}`: `{MCP_HEADER}` `{token}` is also on property `{other}` (header names ignore case)"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Compile `schema`, refusing one that is invalid, names a draft this host
@@ -2047,6 +2136,50 @@ mod tests {
     fn valid_component() -> Vec<u8> {
         let meta = serde_json::to_vec(&doc(vec![tool("text.upper")])).unwrap();
         component_with(&[&meta], Some(TOOL_EXPORT))
+    }
+
+    /// An `x-mcp-header` annotation (MCP 2026-07-28) is held at load to the
+    /// rules clients hold it to — the Python SDK drops a tool that breaks
+    /// one from the list without a word, so the model would never see it:
+    /// refused naming the tool and property. Valid ones load. Fails on the
+    /// previous code (every one loaded).
+    #[test]
+    fn an_mcp_header_annotation_is_held_to_the_rules_clients_hold_it_to() {
+        let with = |props: Value| {
+            let mut t = tool("t.x");
+            t["descriptor"]["input_schema"] = json!({ "type": "object", "properties": props });
+            t["descriptor"]["primary_argument"] = Value::Null;
+            check_document(serde_json::from_value(doc(vec![t])).unwrap())
+        };
+        let ok = json!({
+            "region": { "type": "string", "x-mcp-header": "Region" },
+            "opts": { "type": "object", "properties": { "dry": { "type": "boolean", "x-mcp-header": "Dry-Run" } } },
+            "note": { "type": "string", "description": "mentions x-mcp-header", "examples": [{ "x-mcp-header": 1 }] }
+        });
+        assert!(with(ok).is_ok());
+        for (props, words) in [
+            (json!({ "a": { "type": "string", "x-mcp-header": "two words" } }), "not an HTTP header token"),
+            (json!({ "a": { "type": "string", "x-mcp-header": "" } }), "not an HTTP header token"),
+            (json!({ "a": { "type": "string", "x-mcp-header": 7 } }), "must be a string"),
+            (json!({ "a": { "type": "array", "x-mcp-header": "A" } }), "only allowed on"),
+            (json!({ "a": { "type": ["string", "null"], "x-mcp-header": "A" } }), "only allowed on"),
+            (
+                json!({ "a": { "type": "string", "x-mcp-header": "Tag" }, "b": { "type": "string", "x-mcp-header": "tag" } }),
+                "also on property",
+            ),
+            (
+                json!({ "a": { "type": "array", "items": { "type": "string", "x-mcp-header": "A" } } }),
+                "outside a property",
+            ),
+            (json!({ "a": { "anyOf": [{ "type": "string", "x-mcp-header": "A" }] } }), "outside a property"),
+        ] {
+            let e = with(props.clone()).unwrap_err().to_string();
+            assert!(e.contains("t.x") && e.contains(words), "{props}: {e}");
+        }
+        let mut root = tool("t.x");
+        root["descriptor"]["input_schema"]["x-mcp-header"] = json!("Root");
+        let e = check_document(serde_json::from_value(doc(vec![root])).unwrap()).unwrap_err().to_string();
+        assert!(e.contains("outside a property"), "{e}");
     }
 
     /// Pinned data is the component's own top-level section only: a nested

@@ -1603,6 +1603,25 @@ impl ServerHandler for McpServer {
         std::borrow::Cow::Borrowed(VERSIONS)
     }
 
+    /// A tool as the requesting agent lists it, for rmcp's check that an
+    /// HTTP request's `Mcp-Param-*` headers (MCP 2026-07-28, from the
+    /// schema's `x-mcp-header`) match its arguments — without it rmcp skips
+    /// the check, and a gateway routing or authorizing on the headers would
+    /// see other values than the call runs with. The agent is the request's
+    /// `[[serve.auth]]` entry's (rmcp asks inside the request's own task);
+    /// a tool the agent does not see is `None`, as it is unlisted.
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        let entry = http::OPENER.try_with(|o| o.entry).ok()?;
+        let agent = self.shared.config.serve.auth.get(entry)?.agent.clone();
+        let (generation, runtime) = self.runtime(&agent).ok()?;
+        let names = self.names(generation, &agent, &runtime);
+        let id = names.id(name).ok()??;
+        let Some(toolgate::catalog::Availability::Installed(t)) = runtime.snapshot().catalog().get(id) else {
+            return None;
+        };
+        Some(to_mcp_tool(&t.tool.metadata.descriptor, names.listed(id).unwrap_or(name)))
+    }
+
     async fn list_tools(
         &self,
         request: Option<PaginatedRequestParams>,
