@@ -192,6 +192,9 @@ pub struct CheckedTool {
     pub metadata: ToolMetadata,
     validator: jsonschema::Validator,
     output_validator: Option<jsonschema::Validator>,
+    /// The input schema, shared, when it mirrors arguments into headers
+    /// (`x-mcp-header`): what a front end checks such headers against.
+    mcp_headers: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
 }
 
 impl std::fmt::Debug for CheckedTool {
@@ -204,6 +207,12 @@ impl CheckedTool {
     /// The Tool's id.
     pub fn id(&self) -> &str {
         &self.metadata.descriptor.id
+    }
+
+    /// The input schema when it has `x-mcp-header` annotations (checked at
+    /// load); `None` for every other Tool, at no cost.
+    pub fn mcp_header_schema(&self) -> Option<&Arc<serde_json::Map<String, serde_json::Value>>> {
+        self.mcp_headers.as_ref()
     }
 
     /// Validate JSON output against the declared output schema, if any: a
@@ -354,7 +363,9 @@ pub fn check_document(doc: ComponentMetadata) -> Result<Vec<Arc<CheckedTool>>, D
         }
         let validator = compile_schema(&d.input_schema, &mut steps, &mut patterns)
             .map_err(|e| bad(format!("input schema: {e}")))?;
-        check_mcp_headers(&d.input_schema).map_err(|e| bad(format!("input schema: {e}")))?;
+        let mcp_headers = check_mcp_headers(&d.input_schema)
+            .map_err(|e| bad(format!("input schema: {e}")))?
+            .then(|| Arc::new(d.input_schema.as_object().cloned().unwrap_or_default()));
         let output_validator = match &d.output_schema {
             Some(out_schema) => Some(
                 compile_schema(out_schema, &mut steps, &mut patterns)
@@ -386,7 +397,7 @@ pub fn check_document(doc: ComponentMetadata) -> Result<Vec<Arc<CheckedTool>>, D
                 )));
             }
         }
-        out.push(Arc::new(CheckedTool { metadata: tool, validator, output_validator }));
+        out.push(Arc::new(CheckedTool { metadata: tool, validator, output_validator, mcp_headers }));
     }
     Ok(out)
 }
@@ -414,7 +425,8 @@ const MCP_HEADER: &str = "x-mcp-header";
 /// breaks one, so the model would never see it): only on a property reached
 /// from the root through `properties` alone, an RFC 9110 token, on an
 /// `integer`, `string` or `boolean` property, unique in any letter case.
-fn check_mcp_headers(schema: &serde_json::Value) -> Result<(), String> {
+/// Whether it has any.
+fn check_mcp_headers(schema: &serde_json::Value) -> Result<bool, String> {
     use serde_json::Value;
     /// Every schema position under `schema`; `path`: the property names from
     /// the root when it is reached through `properties` alone.
@@ -458,12 +470,14 @@ fn check_mcp_headers(schema: &serde_json::Value) -> Result<(), String> {
     }
     let mut found = Vec::new();
     walk(schema, Some(Vec::new()), &mut found);
+    let any = !found.is_empty();
     let mut seen: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new();
     for (path, at) in found {
         let Some(path) = path.filter(|p| !p.is_empty()) else {
             return Err(format!(
-                "`{MCP_HEADER}` outside a property reached from the root through `properties` alone; put it on a \
-                 top-level or nested object property, or remove it"
+                "`{MCP_HEADER}` outside a property reached from the root through `properties` alone; MCP clients \
+                 drop such a tool — its author (or the remote server it was imported from) must put it on a \
+                 property reached that way, or remove it"
             ));
         };
         let where_ = path.join(".");
@@ -490,7 +504,7 @@ fn check_mcp_headers(schema: &serde_json::Value) -> Result<(), String> {
             ));
         }
     }
-    Ok(())
+    Ok(any)
 }
 
 /// Compile `schema`, refusing one that is invalid, names a draft this host

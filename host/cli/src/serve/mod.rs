@@ -1412,13 +1412,19 @@ fn tools_page(
     let mut used = base;
     let mut page = Vec::new();
     for (tool, size) in kept.drain(..).skip(start) {
-        if used.saturating_add(size).saturating_add(1) > budget {
+        // A comma before every tool but the first: a tool kept above always
+        // fits on a page of its own, so every page moves the cursor on.
+        let cost = size.saturating_add(usize::from(!page.is_empty()));
+        if used.saturating_add(cost) > budget {
             break;
         }
-        used = used.saturating_add(size).saturating_add(1);
+        used = used.saturating_add(cost);
         page.push(tool);
     }
     let end = start + page.len();
+    if page.is_empty() && end < total {
+        return Err(ErrorData::internal_error("a page of the tool list came out empty; list the tools again", None));
+    }
     let mut r = ListToolsResult::with_all_items(page);
     r.next_cursor = (end < total).then(|| cursor_at(end));
     Ok(r)
@@ -1619,7 +1625,10 @@ impl ServerHandler for McpServer {
         let Some(toolgate::catalog::Availability::Installed(t)) = runtime.snapshot().catalog().get(id) else {
             return None;
         };
-        Some(to_mcp_tool(&t.tool.metadata.descriptor, names.listed(id).unwrap_or(name)))
+        // rmcp reads only the input schema; a tool without annotations has
+        // no header to check (`None` skips just that).
+        let schema = t.tool.mcp_header_schema()?.clone();
+        Some(Tool::new(name.to_owned(), String::new(), schema))
     }
 
     async fn list_tools(
@@ -2258,6 +2267,32 @@ mod tests {
             }
         }
         assert_eq!(listed, 50);
+        // A tool that exactly fills a page alone is listed on its own page:
+        // before, it was kept but fit no page (charged a comma it does not
+        // have), and the page came back empty with its own cursor — a
+        // client following it looped forever.
+        let base = {
+            let mut r = ListToolsResult::with_all_items(Vec::new());
+            r.next_cursor = Some(format!("tools.3.{}", usize::MAX));
+            json_len(&r)
+        };
+        let room = max - ENVELOPE_BYTES - base;
+        let n = (0..room).find(|&n| json_len(&tool(998, n)) == room).expect("a description that fills a page");
+        let mut with_full = tools.clone();
+        with_full.insert(20, tool(998, n));
+        let (mut cursor, mut names, mut pages) = (None, Vec::new(), 0);
+        loop {
+            let page = tools_page(with_full.clone(), 3, cursor.as_deref(), max).unwrap();
+            assert!(!page.tools.is_empty() && sent(&page) <= max, "page {pages}");
+            names.extend(page.tools.iter().map(|t| t.name.to_string()));
+            pages += 1;
+            assert!(pages < 60, "pages without end");
+            cursor = page.next_cursor;
+            if cursor.is_none() {
+                break;
+            }
+        }
+        assert_eq!(names, with_full.iter().map(|t| t.name.to_string()).collect::<Vec<_>>());
     }
 
     /// A batch (a line holding an array), however its bytes arrive, is
