@@ -328,14 +328,18 @@ struct SkillMarks([AtomicU64; SKILL_BUCKETS]);
 /// another host on a shared journal) and commit the Skill's output there,
 /// where [`SkillMarks`] cannot see it: the run is narrowed from that commit
 /// on, not from when its retry collects the output here. While a run has
-/// such an ask, each of its calls first reads the ticket (by key); once it
-/// is decided, the run's view is read again from the journal. With none
-/// outstanding anywhere, a call pays one atomic load.
+/// such an ask, each of its calls first reads the ticket (by key: one read
+/// of the journal per call while a Skill waits for its approver); once it
+/// is decided, the run's view is read again from the journal. Asks past
+/// their expiry are forgotten. With none outstanding, a call pays one
+/// atomic load.
 #[derive(Default)]
 struct SkillAsks {
     outstanding: std::sync::atomic::AtomicUsize,
     /// Run → (ticket, expiry) of each outstanding ask.
     by_run: std::sync::Mutex<std::collections::HashMap<String, Vec<(String, i64)>>>,
+    /// When asks past their expiry were last forgotten (Unix seconds).
+    swept_at: std::sync::atomic::AtomicI64,
 }
 
 impl SkillAsks {
@@ -345,12 +349,7 @@ impl SkillAsks {
 
     fn note(&self, run_id: &str, ticket: &str, expires_at: i64) {
         let mut by_run = self.lock();
-        // Asks of runs that stopped calling are dropped once they expire.
-        let at = now();
-        by_run.retain(|_, asks| {
-            asks.retain(|(_, expires)| *expires > at);
-            !asks.is_empty()
-        });
+        Self::sweep(&mut by_run, now());
         let asks = by_run.entry(run_id.to_owned()).or_default();
         if !asks.iter().any(|(t, _)| t == ticket) {
             asks.push((ticket.to_owned(), expires_at));
@@ -358,11 +357,26 @@ impl SkillAsks {
         self.outstanding.store(by_run.values().map(Vec::len).sum(), Ordering::Release);
     }
 
+    /// Forget asks past their expiry: those of runs that stopped calling too.
+    fn sweep(by_run: &mut std::collections::HashMap<String, Vec<(String, i64)>>, at: i64) {
+        by_run.retain(|_, asks| {
+            asks.retain(|(_, expires)| *expires > at);
+            !asks.is_empty()
+        });
+    }
+
     fn of(&self, run_id: &str) -> Vec<String> {
         if self.outstanding.load(Ordering::Acquire) == 0 {
             return Vec::new();
         }
-        self.lock().get(run_id).map(|asks| asks.iter().map(|(t, _)| t.clone()).collect()).unwrap_or_default()
+        let mut by_run = self.lock();
+        let at = now();
+        // At most once a second, whichever run calls.
+        if self.swept_at.swap(at, Ordering::AcqRel) != at {
+            Self::sweep(&mut by_run, at);
+            self.outstanding.store(by_run.values().map(Vec::len).sum(), Ordering::Release);
+        }
+        by_run.get(run_id).map(|asks| asks.iter().map(|(t, _)| t.clone()).collect()).unwrap_or_default()
     }
 
     fn forget(&self, run_id: &str, tickets: &[String]) {
@@ -1114,7 +1128,7 @@ impl Run<'_> {
         let rt = self.runtime;
         let asks = rt.skill_asks.of(&self.id);
         if !asks.is_empty() {
-            self.look_for_skills_decided_elsewhere(asks).await?;
+            self.look_for_skills_decided_elsewhere(asks).await;
         }
         let view = self.snapshot();
         let mark = rt.skill_marks.of(&self.id).load(Ordering::Acquire);
@@ -1137,14 +1151,16 @@ impl Run<'_> {
     /// those decided (here or in another process) or expired are forgotten,
     /// and a decided one makes every `Run` of the run read its Skills from
     /// the journal before its next call.
-    async fn look_for_skills_decided_elsewhere(&self, asks: Vec<String>) -> Result<(), CommitError> {
+    async fn look_for_skills_decided_elsewhere(&self, asks: Vec<String>) {
         let rt = self.runtime;
         let (mut done, mut decided) = (Vec::new(), false);
         for ticket in asks {
-            match rt.store.awaiting(&ticket).await? {
-                Some(r) if r.state == "claimed" || (r.state == "pending" && r.expires_at > now()) => continue,
-                Some(r) => decided |= r.state != "pending",
-                None => {}
+            match rt.store.awaiting(&ticket).await {
+                // Undecided; or not read now (the journal failing): looked at again by the next call.
+                Ok(Some(r)) if r.state == "claimed" || (r.state == "pending" && r.expires_at > now()) => continue,
+                Err(_) => continue,
+                Ok(Some(r)) => decided |= r.state != "pending",
+                Ok(None) => {}
             }
             done.push(ticket);
         }
@@ -1152,7 +1168,6 @@ impl Run<'_> {
             rt.skill_marks.of(&self.id).fetch_add(1, Ordering::AcqRel);
         }
         rt.skill_asks.forget(&self.id, &done);
-        Ok(())
     }
 
     async fn call_on(
