@@ -34,6 +34,7 @@ mod boundary;
 mod capabilities;
 mod journal_failure;
 mod loading;
+mod outbound_share;
 mod path;
 mod sandbox;
 mod skills;

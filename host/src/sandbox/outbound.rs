@@ -8,8 +8,8 @@
 //! the credential is granted to this call and bound to this destination,
 //! and only then reads the secret and writes it into the request. A granted
 //! *name* is resolved by the host, never by the HTTP client, through a
-//! bounded [`Resolver`] (a lookup cannot be stopped, so it holds its call's
-//! and the host's slot until it returns), and the request goes to the
+//! bounded [`Resolver`] (a lookup cannot be stopped, so it holds its call's,
+//! its Tool's and the host's slot until it returns), and the request goes to the
 //! addresses that were resolved ([`checked_addresses`], [`send_to`]; over
 //! HTTPS the TLS handshake names the host and checks its certificate). Over
 //! plain HTTP they must be public: nothing but a certificate binds a name
@@ -20,7 +20,8 @@
 //! cannot negotiate what the host could not check: `Accept-Encoding` is
 //! pinned to `identity`, `TE` is dropped and `Range` requests are refused.
 //! On the way back, the response is buffered (bounded per request, per call
-//! and in number in flight); its head is checked first; the codings it
+//! and in number in flight: per call, per Tool — its share of the host's,
+//! [`HostPools`] — and per host); its head is checked first; the codings it
 //! declares on every `Content-Encoding` line and in `Transfer-Encoding` are
 //! undone if the host can (gzip, deflate; at most three), any other is
 //! refused; the body is checked, and so is every gzip or zlib stream in it
@@ -431,6 +432,9 @@ struct CallTraffic {
     /// Name lookups of this call still running ([`Resolver`]), whether or
     /// not a request still waits for them.
     lookups: Arc<Semaphore>,
+    /// Which full pools a request of this call was recorded waiting on
+    /// ([`Pool`] bits): once a call each.
+    waited: std::sync::atomic::AtomicU8,
 }
 
 /// The outbound authority of one call.
@@ -438,10 +442,9 @@ pub struct OutboundPolicy {
     hosts: Arc<[Destination]>,
     credentials: Arc<[Arc<CredentialSpec>]>,
     limits: HttpLimits,
-    /// Requests in flight in the whole host.
-    host_slots: Arc<Semaphore>,
-    /// Name lookups, bounded in the whole host.
-    resolver: Resolver,
+    /// Requests in flight and name lookups in the whole host, and the
+    /// call's Tool's share of each.
+    pools: ToolPools,
     watched: Arc<[Arc<CredentialSpec>]>,
     call: OnceLock<Arc<CallTraffic>>,
 }
@@ -467,17 +470,16 @@ struct Target {
 
 impl OutboundPolicy {
     /// Exactly `hosts` and `credentials`; responses checked for the secrets
-    /// of `watched`; at most `host_slots` requests in flight in the host;
-    /// names resolved by `resolver` (shared by the host's calls).
+    /// of `watched`; requests in flight and name lookups drawn from `pools`
+    /// (the host's, as the call's Tool draws from them).
     pub fn new(
         hosts: Arc<[Destination]>,
         credentials: Arc<[Arc<CredentialSpec>]>,
         limits: HttpLimits,
         watched: Arc<[Arc<CredentialSpec>]>,
-        host_slots: Arc<Semaphore>,
-        resolver: Resolver,
+        pools: ToolPools,
     ) -> Self {
-        OutboundPolicy { hosts, credentials, limits, host_slots, resolver, watched, call: OnceLock::new() }
+        OutboundPolicy { hosts, credentials, limits, pools, watched, call: OnceLock::new() }
     }
 
     /// The call's traffic, made at its first request.
@@ -490,6 +492,7 @@ impl OutboundPolicy {
                 slots: Semaphore::new(self.limits.in_flight_per_call.max(1)),
                 buffered: Default::default(),
                 lookups: Arc::new(Semaphore::new(LOOKUPS_PER_CALL)),
+                waited: Default::default(),
             })
         })
     }
@@ -613,11 +616,13 @@ pub type Lookup = dyn Fn(&str, u16) -> std::io::Result<Vec<std::net::SocketAddr>
 /// blocking pool until the system's resolver answers, and nothing can stop
 /// it: a request that gives up on it (its timeout, its call's deadline)
 /// leaves it running. So a lookup holds one of the host's
-/// [`LOOKUPS_AT_ONCE`] slots and one of its call's [`LOOKUPS_PER_CALL`] for
-/// its whole life — both are moved into the blocking job and freed when the
-/// resolver returns, not when the request stops waiting. A name whose DNS
-/// answers slowly costs its call at most that many threads, and the host at
-/// most [`LOOKUPS_AT_ONCE`], whatever the call retries; before, a Tool
+/// [`LOOKUPS_AT_ONCE`] slots, one of its Tool's share of them
+/// ([`HostPools`]) and one of its call's [`LOOKUPS_PER_CALL`] for its whole
+/// life — all are moved into the blocking job and freed when the resolver
+/// returns, not when the request stops waiting. A name whose DNS answers
+/// slowly costs its call at most that many threads, its Tool at most its
+/// share (so other Tools' lookups still start), and the host at most
+/// [`LOOKUPS_AT_ONCE`], whatever the call retries; before, a Tool
 /// looping request-and-timeout queued lookups without bound on the pool
 /// every call's file opens, output check and compile wait on. A request
 /// that cannot get a slot before its timeout fails, naming the host.
@@ -647,32 +652,40 @@ impl Resolver {
     }
 
     /// The addresses of `name`, looked up holding a slot of `call` (one of
-    /// its [`LOOKUPS_PER_CALL`]) and one of the host's, both held until the
-    /// lookup returns; given up (the lookup left running) after `within`.
+    /// its [`LOOKUPS_PER_CALL`]), one of its Tool's share `tool` and one of
+    /// the host's, all held until the lookup returns; given up (the lookup
+    /// left running) after `within`.
     async fn resolve(
         &self,
         call: &Arc<Semaphore>,
+        tool: &Share,
         name: &str,
         port: u16,
         within: Duration,
     ) -> Result<Vec<std::net::SocketAddr>, String> {
         let deadline = tokio::time::Instant::now() + within;
-        // The call's slot first: a call waiting for the host's holds none of them.
+        // The call's slot first, then its Tool's: a call waiting for the
+        // host's holds none of them, and one Tool holds at most its share.
         let slots = tokio::time::timeout_at(deadline, async {
             let mine = call.clone().acquire_owned().await?;
+            let tools = tool.slots.clone().acquire_owned().await?;
             let host = self.slots.clone().acquire_owned().await?;
-            Ok::<_, tokio::sync::AcquireError>((mine, host))
+            Ok::<_, tokio::sync::AcquireError>((mine, tools, host))
         })
         .await;
         let slots = match slots {
             Ok(Ok(slots)) => slots,
             Ok(Err(_)) => return Err(format!("cannot resolve {name}: the host is shutting down")),
             Err(_) => {
-                let (theirs, all) = (call.available_permits() == 0, self.slots.available_permits() == 0);
-                let whose = match (theirs, all) {
-                    (true, _) => format!("this call's {LOOKUPS_PER_CALL}"),
-                    (false, true) => format!("the host's {}", self.at_once),
-                    (false, false) => "the lookups".into(),
+                let full = |s: &Semaphore| s.available_permits() == 0;
+                let whose = if full(call) {
+                    format!("this call's {LOOKUPS_PER_CALL}")
+                } else if full(&tool.slots) {
+                    format!("this Tool's {} (its share of the host's {})", tool.size, self.at_once)
+                } else if full(&self.slots) {
+                    format!("the host's {}", self.at_once)
+                } else {
+                    "the lookups".into()
                 };
                 return Err(format!(
                     "no lookup of {name} could start within {within:?}: {whose} name lookups at once are taken by \
@@ -696,6 +709,167 @@ impl Resolver {
     }
 }
 
+/// One Tool's share of a host-wide pool: at most `size` of its slots.
+#[derive(Clone)]
+pub(super) struct Share {
+    slots: Arc<Semaphore>,
+    size: usize,
+}
+
+impl Share {
+    fn new(size: usize) -> Self {
+        Share { slots: Arc::new(Semaphore::new(size)), size }
+    }
+
+    /// A slot: at once if one is free, else `full` is told (before the
+    /// wait) and the slot awaited. `None`: the host is shutting down.
+    async fn take(&self, full: impl FnOnce()) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        if let Ok(slot) = self.slots.clone().try_acquire_owned() {
+            return Some(slot);
+        }
+        full();
+        self.slots.clone().acquire_owned().await.ok()
+    }
+}
+
+/// The part of a host-wide pool of `pool` slots one Tool may hold: the
+/// part of the host's instances (`limits.max_instances`) its calls may
+/// hold (`limits.max_instances_per_tool`), at least 1, and less than the
+/// whole pool when it has more than one slot — so no Tool holds all of it,
+/// whatever the limits say.
+pub fn tool_share(pool: usize, per_tool: usize, instances: usize) -> usize {
+    let part = (pool as u128).saturating_mul(per_tool as u128) / (instances.max(1) as u128);
+    usize::try_from(part).unwrap_or(usize::MAX).clamp(1, pool.saturating_sub(1).max(1))
+}
+
+/// The host-wide pools outbound requests draw from: requests in flight
+/// (`limits.http_requests_in_flight_host`: a request holds its slot while
+/// its credential is read, it is sent, and its response read and checked)
+/// and name lookups ([`LOOKUPS_AT_ONCE`]). A request takes its call's slot,
+/// then its Tool's, then the host's: each Tool holds at most its share of
+/// each pool ([`tool_share`]). Before, one Tool whose granted server
+/// accepts connections and never answers, called 8 times at once, held
+/// all 64 requests in flight, and every other Tool's request waited until
+/// its own call's deadline. A request that has to wait because its Tool's
+/// share or the host's pool is full records so (once a call), naming the
+/// setting; the wait is bounded by its call's deadline.
+#[derive(Clone)]
+pub struct HostPools(Arc<Pools>);
+
+struct Pools {
+    http: Arc<Semaphore>,
+    http_at_once: usize,
+    http_share: usize,
+    resolver: Resolver,
+    lookup_share: usize,
+    /// Keys are installed Tool ids, one entry per Tool, as admission's.
+    tools: std::sync::RwLock<std::collections::HashMap<String, ToolShares>>,
+}
+
+/// One Tool's shares of the host's pools.
+#[derive(Clone)]
+struct ToolShares {
+    http: Share,
+    lookups: Share,
+}
+
+/// The host's pools as the calls of one Tool draw from them.
+#[derive(Clone)]
+pub struct ToolPools {
+    pools: Arc<Pools>,
+    tool: ToolShares,
+}
+
+impl HostPools {
+    /// `http_at_once` requests in flight and the lookups of `resolver`, a
+    /// Tool allowed `per_tool` of the host's `instances` instances getting
+    /// that part of each ([`tool_share`]).
+    pub fn new(http_at_once: usize, resolver: Resolver, per_tool: usize, instances: usize) -> Self {
+        let http_at_once = http_at_once.max(1);
+        HostPools(Arc::new(Pools {
+            http: Arc::new(Semaphore::new(http_at_once)),
+            http_at_once,
+            http_share: tool_share(http_at_once, per_tool, instances),
+            lookup_share: tool_share(resolver.at_once, per_tool, instances),
+            resolver,
+            tools: Default::default(),
+        }))
+    }
+
+    /// The pools as the calls of `tool` (its id) draw from them.
+    pub fn for_tool(&self, tool: &str) -> ToolPools {
+        let found = self.0.tools.read().unwrap_or_else(|p| p.into_inner()).get(tool).cloned();
+        let shares = found.unwrap_or_else(|| {
+            let mut tools = self.0.tools.write().unwrap_or_else(|p| p.into_inner());
+            let made = || ToolShares { http: Share::new(self.0.http_share), lookups: Share::new(self.0.lookup_share) };
+            tools.entry(tool.to_owned()).or_insert_with(made).clone()
+        });
+        ToolPools { pools: self.0.clone(), tool: shares }
+    }
+
+    /// The pools for a call granted no destination (its requests are all
+    /// denied before they take a slot): no share of anything.
+    pub fn no_network(&self) -> ToolPools {
+        ToolPools { pools: self.0.clone(), tool: ToolShares { http: Share::new(0), lookups: Share::new(0) } }
+    }
+}
+
+/// Which full pool a call's request was recorded waiting on ([`CallTraffic::waited`]).
+const WAITED_TOOL: u8 = 1;
+const WAITED_HOST: u8 = 2;
+
+impl ToolPools {
+    /// Slots for one request to `dest` of `call`: its Tool's, then the
+    /// host's. A wait on either, because it is full, is recorded in the
+    /// call's host records, once a call each, naming the setting; the wait
+    /// itself ends with the call.
+    async fn http_slots(
+        &self,
+        call: &CallTraffic,
+        dest: &str,
+    ) -> Option<(tokio::sync::OwnedSemaphorePermit, tokio::sync::OwnedSemaphorePermit)> {
+        let pools = &self.pools;
+        let once = |bit: u8| call.waited.fetch_or(bit, std::sync::atomic::Ordering::Relaxed) & bit == 0;
+        let tool = self
+            .tool
+            .http
+            .take(|| {
+                if once(WAITED_TOOL) {
+                    call.records.quoting(|q| {
+                        format!(
+                            "outbound request to {} waits for a slot: this Tool's {} requests in flight — its share \
+                             of `limits.http_requests_in_flight_host` ({}), as `limits.max_instances_per_tool` is of \
+                             `limits.max_instances` — are all held by its calls' requests; it waits until one ends or \
+                             its call's deadline (raise those limits, or have the Tool send fewer requests at once)",
+                            q(dest),
+                            self.tool.http.size,
+                            pools.http_at_once
+                        )
+                    });
+                }
+            })
+            .await?;
+        let http = Share { slots: pools.http.clone(), size: pools.http_at_once };
+        let host = http
+            .take(|| {
+                if once(WAITED_HOST) {
+                    call.records.quoting(|q| {
+                        format!(
+                            "outbound request to {} waits for a slot: all {} requests in flight of the host \
+                             (`limits.http_requests_in_flight_host`) are held by calls of several Tools; it waits \
+                             until one ends or its call's deadline (raise `limits.http_requests_in_flight_host` if \
+                             this is the host's ordinary load)",
+                            q(dest),
+                            pools.http_at_once
+                        )
+                    });
+                }
+            })
+            .await?;
+        Some((tool, host))
+    }
+}
+
 /// The addresses a request to `target` may connect to, in the order to try
 /// them: the address the URL names, or the name resolved once by the host
 /// ([`Resolver`]). Over plain HTTP every address of a name is checked — a
@@ -705,6 +879,7 @@ impl Resolver {
 async fn checked_addresses(
     resolver: &Resolver,
     lookups: &Arc<Semaphore>,
+    tool: &Share,
     target: &Target,
     within: Duration,
 ) -> Result<Vec<std::net::SocketAddr>, Unreachable> {
@@ -712,7 +887,7 @@ async fn checked_addresses(
     if let Some(ip) = target.literal {
         return Ok(vec![std::net::SocketAddr::new(ip, target.port)]);
     }
-    let resolved = resolver.resolve(lookups, name, target.port, within).await.map_err(Unreachable::Dns)?;
+    let resolved = resolver.resolve(lookups, tool, name, target.port, within).await.map_err(Unreachable::Dns)?;
     let local = name == "localhost" || name.ends_with(".localhost");
     for a in resolved.iter().filter(|_| !target.tls) {
         let ip = a.ip().to_canonical();
@@ -1534,7 +1709,7 @@ impl WasiHttpHooks for OutboundPolicy {
     ) -> Box<dyn Future<Output = Sent> + Send> {
         let decided = self.authorize(&mut request);
         let limits = self.limits;
-        let (call, host_slots, resolver) = (self.traffic().clone(), self.host_slots.clone(), self.resolver.clone());
+        let (call, pools) = (self.traffic().clone(), self.pools.clone());
         Box::new(async move {
             let records = &call.records;
             let Decided { dest, credential, target } = decided?;
@@ -1543,12 +1718,13 @@ impl WasiHttpHooks for OutboundPolicy {
             // DELETE or an adapter's `tools/call` take effect while the
             // model is told it failed — and retries it. (Read on the
             // blocking pool: a source may be a file.)
-            // In flight: at most so many of this call, and of the host; more
-            // wait their turn. Taken first: the read below is a blocking job
-            // that outlives a request the guest drops, and holds them to its end.
+            // In flight: at most so many of this call, of its Tool's share
+            // and of the host; more wait their turn ([`HostPools`]). Taken
+            // first: the read below is a blocking job that outlives a request
+            // the guest drops, and holds them to its end.
             let closed = || HttpError::InternalError(Some(format!("{NOT_SENT}: the host is shutting down")));
             let call_slot = CallSlot::acquire(&call).await.map_err(|_| closed())?;
-            let host_slot = host_slots.clone().acquire_owned().await.map_err(|_| closed())?;
+            let host_slot = pools.http_slots(&call, &dest).await.ok_or_else(closed)?;
             let watch = call.clone();
             let (watched, (call_slot, host_slot)) = if call.watch.specs.is_empty() {
                 (None, (call_slot, host_slot))
@@ -1610,7 +1786,8 @@ impl WasiHttpHooks for OutboundPolicy {
             let deadline = tokio::time::Instant::now() + within;
             // Resolved by the host (bounded: [`Resolver`]), holding the
             // request's slots; the client connects to what was checked.
-            let lookup = checked_addresses(&resolver, &call.lookups, &target, connect_timeout);
+            let lookup =
+                checked_addresses(&pools.pools.resolver, &call.lookups, &pools.tool.lookups, &target, connect_timeout);
             let mut lookup_ran_out = false;
             let looked_up = tokio::time::timeout_at(deadline, lookup).await.unwrap_or_else(|_| {
                 lookup_ran_out = true;
@@ -2229,9 +2406,10 @@ mod tests {
     async fn a_name_over_http_leads_only_where_it_was_checked() {
         let resolver = Resolver::system(4);
         let lookups = Arc::new(Semaphore::new(LOOKUPS_PER_CALL));
+        let tool = Share::new(4);
         let checked = |target: Target| {
-            let (resolver, lookups) = (resolver.clone(), lookups.clone());
-            async move { checked_addresses(&resolver, &lookups, &target, Duration::from_secs(5)).await }
+            let (resolver, lookups, tool) = (resolver.clone(), lookups.clone(), tool.clone());
+            async move { checked_addresses(&resolver, &lookups, &tool, &target, Duration::from_secs(5)).await }
         };
         // A numeric name (not an address literal) that the resolver reads as 127.0.0.1.
         for name in ["2130706433", "127.1", "0x7f000001"] {
@@ -2300,24 +2478,27 @@ mod tests {
         let dns = Arc::new(SlowDns::default());
         let resolver = dns.resolver(3);
         let short = Duration::from_millis(50);
+        let tool = Share::new(3);
         let call_a = Arc::new(Semaphore::new(2));
         for _ in 0..2 {
-            let e = resolver.resolve(&call_a, "slow.example", 443, short).await.unwrap_err();
+            let e = resolver.resolve(&call_a, &tool, "slow.example", 443, short).await.unwrap_err();
             assert!(e.contains("resolving slow.example took longer than"), "{e}");
         }
         // Both requests gave up; their lookups still run, holding the call's share.
         let began = std::time::Instant::now();
         for within in [Duration::ZERO, short] {
-            let e = resolver.resolve(&call_a, "slow.example", 443, within).await.unwrap_err();
+            let e = resolver.resolve(&call_a, &tool, "slow.example", 443, within).await.unwrap_err();
             assert!(e.contains("no lookup of slow.example could start") && e.contains("this call's"), "{e}");
         }
         assert!(began.elapsed() < Duration::from_secs(2), "refused within the request's timeout");
         assert_eq!(dns.started(), 2, "a call starts no more lookups than its share");
         // Another call gets the host's last slot, and a third none.
         let call_b = Arc::new(Semaphore::new(2));
-        assert!(resolver.resolve(&call_b, "slow.example", 443, short).await.unwrap_err().contains("took longer"));
+        assert!(
+            resolver.resolve(&call_b, &tool, "slow.example", 443, short).await.unwrap_err().contains("took longer")
+        );
         let call_c = Arc::new(Semaphore::new(2));
-        let e = resolver.resolve(&call_c, "other.example", 80, short).await.unwrap_err();
+        let e = resolver.resolve(&call_c, &Share::new(3), "other.example", 80, short).await.unwrap_err();
         assert!(e.contains("no lookup of other.example could start") && e.contains("the host's 3"), "{e}");
         assert_eq!(dns.started(), 3, "the host starts no more lookups than its bound");
         // The calls are over; their lookups are not, and hold their slots.
@@ -2330,9 +2511,106 @@ mod tests {
             assert!(freed.elapsed() < Duration::from_secs(10), "slots come back when the lookups return");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let found = resolver.resolve(&call_c, "other.example", 80, Duration::from_secs(5)).await.unwrap();
+        let found = resolver.resolve(&call_c, &tool, "other.example", 80, Duration::from_secs(5)).await.unwrap();
         assert_eq!(found, ["203.0.113.7:80".parse().unwrap()]);
         assert_eq!(call_c.available_permits(), 2);
+    }
+
+    #[test]
+    fn a_tools_share_mirrors_its_share_of_the_instances_and_is_never_the_whole_pool() {
+        // (pool, max_instances_per_tool, max_instances) → share
+        for (pool, per_tool, instances, share) in [
+            (64, 16, 64, 16),
+            (LOOKUPS_AT_ONCE, 16, 64, 8),
+            (4, 2, 4, 2),
+            (64, 64, 64, 63),
+            (64, 10_000, 1, 63),
+            (1, 16, 64, 1),
+            (2, 1, 64, 1),
+            (65_536, 10_000, 10_000, 65_535),
+        ] {
+            assert_eq!(tool_share(pool, per_tool, instances), share, "{pool} × {per_tool} / {instances}");
+        }
+    }
+
+    fn policy_of(pools: &HostPools, tool: &str) -> OutboundPolicy {
+        let limits = HttpLimits {
+            request_bytes: 0,
+            response_bytes: 0,
+            timeout: Duration::from_secs(1),
+            in_flight_per_call: 8,
+            response_bytes_per_call: 0,
+        };
+        OutboundPolicy::new(Arc::default(), Arc::default(), limits, Arc::default(), pools.for_tool(tool))
+    }
+
+    fn lines(policy: &OutboundPolicy) -> Vec<String> {
+        policy.take_records().0
+    }
+
+    /// Invariant 14, requests in flight: a Tool holds at most its share of
+    /// the host's (here 2 of 4, as 2 of 4 instances), so another Tool's
+    /// request still gets a slot; a request that has to wait says which
+    /// limit is full, once a call, and gets its slot when one is freed.
+    /// (Before, one Tool's calls could hold every slot, and others' requests
+    /// waited until their calls' deadlines with nothing recorded.)
+    #[tokio::test]
+    async fn one_tool_holds_at_most_its_share_of_the_hosts_requests_in_flight() {
+        let pools = HostPools::new(4, Resolver::system(1), 2, 4);
+        let (a, b, c) = (policy_of(&pools, "a"), policy_of(&pools, "b"), policy_of(&pools, "c"));
+        let a_again = policy_of(&pools, "a");
+        let dest = "http://127.0.0.1:9";
+        let slots = |p: &OutboundPolicy| {
+            let (pools, call) = (p.pools.clone(), p.traffic().clone());
+            async move { pools.http_slots(&call, dest).await.unwrap() }
+        };
+        let short = Duration::from_millis(50);
+        let held_a = (slots(&a).await, slots(&a_again).await);
+        // The Tool's share is held (by two of its calls): its next request waits, and says why.
+        let mut waiting = Box::pin(slots(&a));
+        assert!(tokio::time::timeout(short, &mut waiting).await.is_err());
+        assert!(tokio::time::timeout(short, slots(&a)).await.is_err(), "a second wait");
+        let said = lines(&a);
+        assert_eq!(said.len(), 1, "once a call: {said:?}");
+        assert!(
+            said[0].contains("this Tool's 2 requests in flight")
+                && said[0].contains("`limits.http_requests_in_flight_host` (4)")
+                && said[0].contains("`limits.max_instances_per_tool`"),
+            "{said:?}"
+        );
+        // Another Tool gets the host's other two at once.
+        let held_b = (slots(&b).await, slots(&b).await);
+        assert!(lines(&b).is_empty(), "nothing waited");
+        // Now the host's pool is full: a third Tool waits, naming it.
+        assert!(tokio::time::timeout(short, slots(&c)).await.is_err());
+        let said = lines(&c);
+        assert!(said.len() == 1 && said[0].contains("all 4 requests in flight of the host"), "{said:?}");
+        // A slot freed goes to the request waiting for it.
+        drop(held_a.0);
+        let got = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("a freed slot is taken");
+        drop((got, held_a.1, held_b));
+        assert_eq!(pools.0.http.available_permits(), 4);
+    }
+
+    /// Invariant 14, threads: name lookups too — a Tool whose DNS never
+    /// answers holds its share of the host's lookups (here 1 of 3), and
+    /// another Tool's lookup still starts.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tool_whose_dns_never_answers_holds_only_its_share_of_the_lookups() {
+        let dns = Arc::new(SlowDns::default());
+        let pools = HostPools::new(4, dns.resolver(3), 2, 4);
+        let (a, b) = (pools.for_tool("a"), pools.for_tool("b"));
+        let short = Duration::from_millis(50);
+        let resolve = |p: &ToolPools, name: &'static str| {
+            let (p, call) = (p.clone(), Arc::new(Semaphore::new(LOOKUPS_PER_CALL)));
+            async move { p.pools.resolver.resolve(&call, &p.tool.lookups, name, 443, short).await.unwrap_err() }
+        };
+        assert!(resolve(&a, "slow.example").await.contains("took longer"));
+        let e = resolve(&a, "slow.example").await;
+        assert!(e.contains("could start") && e.contains("this Tool's 1 (its share of the host's 3)"), "{e}");
+        assert!(resolve(&b, "other.example").await.contains("took longer"), "another Tool's lookup starts");
+        assert_eq!(dns.started(), 2);
+        dns.answer();
     }
 
     /// HTTPS goes where the host's lookup said, not through a second lookup
@@ -2361,7 +2639,8 @@ mod tests {
         );
         let target = Target { host: "api.tool.example".into(), port, literal: None, tls: true };
         let lookups = Arc::new(Semaphore::new(1));
-        let addresses = checked_addresses(&resolver, &lookups, &target, Duration::from_secs(5)).await.ok().unwrap();
+        let addresses =
+            checked_addresses(&resolver, &lookups, &Share::new(1), &target, Duration::from_secs(5)).await.ok().unwrap();
         let body = http_body_util::Empty::<Bytes>::new().map_err(|never| -> HttpError { match never {} });
         let request = http::Request::get(format!("https://api.tool.example:{port}/x")).body(body).unwrap();
         let second = Duration::from_secs(5);
@@ -2453,8 +2732,7 @@ mod tests {
             Arc::default(),
             limits,
             Arc::default(),
-            Arc::new(Semaphore::new(8)),
-            Resolver::system(1),
+            HostPools::new(8, Resolver::system(1), 1, 1).for_tool("t"),
         );
         let call = policy.traffic().clone();
         let buffered = || call.buffered.load(std::sync::atomic::Ordering::SeqCst);
