@@ -80,7 +80,13 @@ impl StepStore for NullStore {
     ) -> Result<Result<i64, TicketError>, CommitError> {
         unreachable!("no tickets in this benchmark")
     }
-    async fn take_over_stale_claims(&self, _: &str, _: i64, _: i64) -> Result<Vec<ClaimedTicket>, CommitError> {
+    async fn take_over_stale_claims(
+        &self,
+        _: &str,
+        _: i64,
+        _: i64,
+        _: Option<&str>,
+    ) -> Result<Vec<ClaimedTicket>, CommitError> {
         Ok(Vec::new())
     }
     async fn prior_ask(&self, _: AskScope<'_>, _: &str, _: &str) -> Result<Option<PriorAsk>, CommitError> {
