@@ -1007,7 +1007,12 @@ impl Executor {
             grant.credentials.clone(),
             self.http_limits(),
             grant.watched.clone(),
-            self.http_slots.for_tool(&call.call().tool_id),
+            // A call granted no destination sends nothing: no share to look up.
+            if grant.hosts.is_empty() {
+                self.http_slots.no_network()
+            } else {
+                self.http_slots.for_tool(&call.call().tool_id)
+            },
         );
         let state = CallState {
             wasi,

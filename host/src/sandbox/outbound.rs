@@ -764,6 +764,8 @@ struct Pools {
     lookup_share: usize,
     /// Keys are installed Tool ids, one entry per Tool, as admission's.
     tools: std::sync::RwLock<std::collections::HashMap<String, ToolShares>>,
+    /// The shares of a call granted no destination: none of anything.
+    none: ToolShares,
 }
 
 /// One Tool's shares of the host's pools.
@@ -793,6 +795,7 @@ impl HostPools {
             lookup_share: tool_share(resolver.at_once, per_tool, instances),
             resolver,
             tools: Default::default(),
+            none: ToolShares { http: Share::new(0), lookups: Share::new(0) },
         }))
     }
 
@@ -808,9 +811,10 @@ impl HostPools {
     }
 
     /// The pools for a call granted no destination (its requests are all
-    /// denied before they take a slot): no share of anything.
+    /// denied before they take a slot): no share of anything, and nothing
+    /// looked up or made for it (most calls).
     pub fn no_network(&self) -> ToolPools {
-        ToolPools { pools: self.0.clone(), tool: ToolShares { http: Share::new(0), lookups: Share::new(0) } }
+        ToolPools { pools: self.0.clone(), tool: self.0.none.clone() }
     }
 }
 
