@@ -357,10 +357,13 @@ impl SkillAsks {
         self.outstanding.store(by_run.values().map(Vec::len).sum(), Ordering::Release);
     }
 
-    /// Forget asks past their expiry: those of runs that stopped calling too.
+    /// Forget asks an hour past their expiry: those of runs that stopped
+    /// calling too. Not sooner: a ticket claimed just before its expiry may
+    /// run its Skill, and commit its output, after it — such an ask is
+    /// forgotten only once read decided ([`Run::view`]).
     fn sweep(by_run: &mut std::collections::HashMap<String, Vec<(String, i64)>>, at: i64) {
         by_run.retain(|_, asks| {
-            asks.retain(|(_, expires)| *expires > at);
+            asks.retain(|(_, expires)| expires.saturating_add(SKILL_ASK_KEPT_SECS) > at);
             !asks.is_empty()
         });
     }
@@ -392,6 +395,10 @@ impl SkillAsks {
 }
 
 const SKILL_BUCKETS: usize = 64;
+
+/// How long past its expiry an outstanding Skill ask is still looked at
+/// ([`SkillAsks`]): far past any claim's call and lease.
+const SKILL_ASK_KEPT_SECS: i64 = 3600;
 
 impl SkillMarks {
     fn of(&self, run_id: &str) -> &AtomicU64 {
@@ -1982,6 +1989,22 @@ fn within_state_limit(
 #[cfg(test)]
 mod tests {
     use super::call_id;
+
+    /// An outstanding Skill ask past its expiry is still looked at — its
+    /// ticket may have been claimed just before it and its Skill commit
+    /// after — and forgotten only an hour later. Fails on 1dc9f92 (swept at
+    /// its expiry, so the run was never narrowed by that Skill).
+    #[test]
+    fn a_skill_ask_is_looked_at_past_its_expiry_and_forgotten_an_hour_later() {
+        let asks = super::SkillAsks::default();
+        let now = super::now();
+        asks.note("run-a", "t-claimed", now - 10);
+        asks.note("run-b", "t-long-gone", now - super::SKILL_ASK_KEPT_SECS - 10);
+        // The sweep runs at most once a second: make this call's run.
+        asks.swept_at.store(0, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(asks.of("run-a"), ["t-claimed"]);
+        assert!(asks.of("run-b").is_empty());
+    }
 
     /// A Tool's output that is a JSON string opening as the host's words (a
     /// remote behind the MCP adapter sending `structuredContent` as a
