@@ -664,8 +664,9 @@ impl Resolver {
         within: Duration,
     ) -> Result<Vec<std::net::SocketAddr>, String> {
         let deadline = tokio::time::Instant::now() + within;
-        // The call's slot first, then its Tool's: a call waiting for the
-        // host's holds none of them, and one Tool holds at most its share.
+        // The call's slot, then its Tool's, then the host's: a lookup
+        // waiting for the host's pool holds its call's and its Tool's slots
+        // only, so one Tool holds at most its share of the host's.
         let slots = tokio::time::timeout_at(deadline, async {
             let mine = call.clone().acquire_owned().await?;
             let tools = tool.slots.clone().acquire_owned().await?;
